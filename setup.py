@@ -1,0 +1,19 @@
+# Builds the C++ part of the spyre device (spyre_runtime._C). Everything else
+# is plain Python and is described in pyproject.toml.
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+csrc = Path("spyre_runtime") / "csrc"
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "spyre_runtime._C",
+            sources=sorted(str(p) for p in csrc.glob("*.cpp")),
+            extra_compile_args=["-O2", "-std=c++17", "-Wno-unused-parameter"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)

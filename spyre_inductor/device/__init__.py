@@ -1,0 +1,33 @@
+"""The PyTorch-facing spyre device: PrivateUse1 renamed, torch.spyre, fallback.
+
+``register()`` is all it takes; it runs on ``import spyre_inductor`` and, via
+the ``torch.backends`` entry point, on plain ``import torch``. It must stay
+cheap: load the C++ extension, name the device, nothing heavy (no Inductor).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from spyre_runtime import _C
+    from spyre_runtime.hardware import HARDWARE, device_count_from_env
+
+    from . import api, fallback
+
+    _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes)
+    if torch._C._get_privateuse1_backend_name() != "spyre":
+        torch.utils.rename_privateuse1_backend("spyre")
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+    if not hasattr(torch, "spyre"):
+        torch._register_device_module("spyre", api)
+    fallback.install()
+    _registered = True

@@ -1,0 +1,137 @@
+"""The ``torch.spyre`` module: torch.cuda's names, for the spyre device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spyre_runtime import _C
+from spyre_runtime.hardware import HARDWARE
+
+from ._index import device_index as _device_index
+from .memory import (  # noqa: F401
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+from .random import (  # noqa: F401
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import (  # noqa: F401
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+    synchronize,
+)
+
+
+def is_available() -> bool:
+    return _C.device_count() > 0
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def init() -> None:
+    """Devices are ready as soon as the package is loaded; kept for torch.cuda parity."""
+
+
+def device_count() -> int:
+    return _C.device_count()
+
+
+def current_device() -> int:
+    return _C.current_device()
+
+
+def set_device(device) -> None:
+    _C.set_device(_device_index(device))
+
+
+class device:
+    """``with torch.spyre.device(1):`` makes spyre:1 current, then restores."""
+
+    def __init__(self, device):
+        self.index = _device_index(device)
+        self._previous: int | None = None
+
+    def __enter__(self):
+        self._previous = _C.current_device()
+        _C.set_device(self.index)
+        return self
+
+    def __exit__(self, *exc):
+        _C.set_device(self._previous)
+        return False
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What torch.spyre.get_device_properties reports (figures from the hardware config)."""
+
+    name: str
+    total_memory: int
+    cores: int
+    scratchpad_bytes: int
+    stick_bytes: int
+    clock_ghz: float
+
+
+def get_device_name(device=None) -> str:
+    _device_index(device)
+    return HARDWARE.name
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    index = _device_index(device)
+    return DeviceProperties(
+        name=HARDWARE.name,
+        total_memory=torch.accelerator.get_memory_info(index)[1],
+        cores=HARDWARE.cores,
+        scratchpad_bytes=HARDWARE.scratchpad_bytes,
+        stick_bytes=HARDWARE.stick_bytes,
+        clock_ghz=HARDWARE.clock_ghz,
+    )
+
+
+def get_device_capability(device=None) -> dict:
+    return torch.accelerator.get_device_capability(torch.device("spyre", _device_index(device)))
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def __getattr__(name: str):
+    if name == "default_generators":
+        return tuple(_C.default_generator(i) for i in range(_C.device_count()))
+    raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")
+
+
+def _is_in_bad_fork() -> bool:
+    # torch.manual_seed asks; the simulated device survives fork.
+    return False

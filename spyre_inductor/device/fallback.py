@@ -1,0 +1,261 @@
+"""CPU fallback for ops that have no spyre kernel yet.
+
+The op runs on CPU tensors that alias the device bytes (the simulated device
+memory is host-addressable), so in-place ops and out= arguments write straight
+into device memory and views of inputs stay views. Fresh results are copied to
+the device. Each op warns once, naming itself; ``SPYRE_STRICT=1`` turns the
+fallback into an error naming the op.
+
+Later issues replace the fallback op by op with compile-backed kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from spyre_runtime import _C
+
+
+class SpyreFallbackWarning(UserWarning):
+    """An op ran on the CPU because spyre has no kernel for it yet."""
+
+
+_warned: set[str] = set()
+_lib: torch.library.Library | None = None
+_cpu = torch.device("cpu")
+_thread_state = threading.local()
+
+
+@dataclass(frozen=True)
+class _OpPlan:
+    """What the fallback needs to know about one op, read once from its schema."""
+
+    name: str
+    arg_names: tuple[str, ...]
+    out_args: frozenset[str]          # out= tensors (may need resizing)
+    written_args: frozenset[str]      # every argument the op writes
+    generator_args: frozenset[str]
+    # For each return: the name of the argument it aliases, or None if fresh.
+    return_aliases: tuple[str | None, ...]
+
+
+_plans: dict[torch._ops.OpOverload, _OpPlan] = {}
+
+
+def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
+    plan = _plans.get(op)
+    if plan is not None:
+        return plan
+    schema = op._schema
+    name = schema.name if op._overloadname == "default" else f"{schema.name}.{op._overloadname}"
+    alias_owner: dict[str, str] = {}
+    out_args, written, generators = set(), set(), set()
+    for arg in schema.arguments:
+        info = arg.alias_info
+        if info is not None:
+            for alias_set in info.before_set:
+                alias_owner.setdefault(alias_set, arg.name)
+            if info.is_write:
+                written.add(arg.name)
+                if arg.is_out:
+                    out_args.add(arg.name)
+        if "Generator" in str(arg.type):
+            generators.add(arg.name)
+    returns = []
+    for ret in schema.returns:
+        info = ret.alias_info
+        owner = None
+        if info is not None:
+            owner = next((alias_owner[s] for s in info.before_set if s in alias_owner), None)
+        returns.append(owner)
+    plan = _OpPlan(
+        name=name,
+        arg_names=tuple(a.name for a in schema.arguments),
+        out_args=frozenset(out_args),
+        written_args=frozenset(written),
+        generator_args=frozenset(generators),
+        return_aliases=tuple(returns),
+    )
+    _plans[op] = plan
+    return plan
+
+
+def _inside_tensor_printing() -> bool:
+    # Printing a tensor runs a handful of ops the user never asked for; they
+    # should not each produce a warning.
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("_tensor_str.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _announce(plan: _OpPlan) -> None:
+    if os.environ.get("SPYRE_STRICT", "0") not in ("", "0"):
+        raise NotImplementedError(
+            f"spyre: {plan.name} has no spyre kernel and SPYRE_STRICT=1 forbids "
+            f"running it through the CPU fallback"
+        )
+    if plan.name in _warned or _inside_tensor_printing():
+        return
+    _warned.add(plan.name)
+    warnings.warn(
+        f"spyre: {plan.name} has no spyre kernel yet; it runs on the CPU over the "
+        f"device bytes (this warning is shown once per op)",
+        SpyreFallbackWarning,
+        stacklevel=3,
+    )
+
+
+class _Call:
+    """One fallback call: maps arguments to CPU, remembers what to map back."""
+
+    def __init__(self, plan: _OpPlan):
+        self.plan = plan
+        self.device: torch.device | None = None
+        # (spyre tensor, its host alias) for every aliased argument, by name.
+        self.aliases: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.out_temps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.generators: list[tuple[torch.Generator, torch.Generator]] = []
+
+    def _note_device(self, device: torch.device) -> None:
+        if self.device is None:
+            self.device = device
+        elif self.device != device:
+            raise RuntimeError(
+                f"{self.plan.name}: expected all tensors to be on the same device, "
+                f"but found at least two devices, {self.device} and {device}!"
+            )
+
+    def to_host(self, name: str, value):
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "spyre":
+                return value
+            self._note_device(value.device)
+            if name in self.plan.out_args and value.numel() == 0:
+                # A CPU resize of an alias would write past the device block:
+                # compute into a temporary and resize the device tensor after.
+                temp = torch.empty(0, dtype=value.dtype)
+                self.out_temps[name] = (value, temp)
+                return temp
+            alias = _C.host_alias(value)
+            self.aliases.setdefault(name, (value, alias))
+            return alias
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_host(name, v) for v in value)
+        if isinstance(value, torch.device) and value.type == "spyre":
+            self._note_device(_with_index(value))
+            return _cpu
+        return value
+
+    def host_generator(self, value):
+        if value is None and self.device is None:
+            return None
+        if value is None:
+            value = _C.default_generator(self.device.index)
+        elif value.device.type != "spyre":
+            return value
+        host = _host_generator()
+        host.set_state(value.get_state())
+        self.generators.append((value, host))
+        return host
+
+    def finish(self, result):
+        for device_gen, host_gen in self.generators:
+            device_gen.set_state(host_gen.get_state())
+        for name, (tensor, temp) in self.out_temps.items():
+            tensor.resize_(temp.shape)
+            tensor.copy_(temp)
+        for name in self.plan.written_args:
+            if name in self.aliases:
+                _follow_metadata(*self.aliases[name])
+        aliases = self.plan.return_aliases
+        if len(aliases) == 1:
+            return self._to_device(result, aliases[0])
+        if isinstance(result, tuple):
+            return tuple(self._to_device(r, a) for r, a in zip(result, aliases))
+        return result
+
+    def _to_device(self, value, alias_of: str | None):
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._to_device(v, alias_of) for v in value)
+        if not isinstance(value, torch.Tensor) or self.device is None:
+            return value
+        if alias_of is not None:
+            if alias_of in self.out_temps:
+                return self.out_temps[alias_of][0]
+            if alias_of in self.aliases:
+                device_tensor, host = self.aliases[alias_of]
+                if value is host:
+                    return device_tensor
+                return _view_of(device_tensor, host, value)
+        return value.to(self.device)
+
+
+def _with_index(device: torch.device) -> torch.device:
+    if device.index is None:
+        return torch.device("spyre", _C.current_device())
+    return device
+
+
+def _host_generator() -> torch.Generator:
+    gen = getattr(_thread_state, "generator", None)
+    if gen is None:
+        gen = _thread_state.generator = torch.Generator(device="cpu")
+    return gen
+
+
+def _view_of(device_tensor: torch.Tensor, host: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """The spyre view matching a CPU view `view` of `host` (the alias of `device_tensor`)."""
+    delta_bytes = view.data_ptr() - host.data_ptr()
+    if delta_bytes % view.element_size() != 0 or view.dtype != device_tensor.dtype:
+        return view.to(device_tensor.device)
+    offset = device_tensor.storage_offset() + delta_bytes // view.element_size()
+    return torch.as_strided(device_tensor, view.size(), view.stride(), offset)
+
+
+def _follow_metadata(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
+    """An in-place op that changed its argument's shape: make the device tensor match."""
+    if host.size() == device_tensor.size() and host.stride() == device_tensor.stride():
+        return
+    delta = (host.data_ptr() - device_tensor.data_ptr()) // max(host.element_size(), 1)
+    device_tensor.set_(
+        device_tensor.untyped_storage(),
+        device_tensor.storage_offset() + delta,
+        host.size(),
+        host.stride(),
+    )
+
+
+def _fallback(keyset, op, *args, **kwargs):
+    plan = _plan_for(op)
+    _announce(plan)
+    call = _Call(plan)
+    names = plan.arg_names
+    host_args = [call.to_host(names[i], a) for i, a in enumerate(args)]
+    host_kwargs = {k: call.to_host(k, v) for k, v in kwargs.items()}
+    if plan.generator_args:
+        for i, a in enumerate(args):
+            if names[i] in plan.generator_args:
+                host_args[i] = call.host_generator(a)
+        for k in plan.generator_args:
+            if k in host_kwargs or (k not in names[: len(args)]):
+                host_kwargs[k] = call.host_generator(kwargs.get(k))
+    result = op(*host_args, **host_kwargs)
+    return call.finish(result)
+
+
+def install() -> None:
+    """Register the fallback for every op without a spyre kernel (once)."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("_", "IMPL")
+    _lib.fallback(_fallback, "PrivateUse1", with_keyset=True)

@@ -1,0 +1,176 @@
+// The memory and view kernels PyTorch needs in C++ for a device of its own:
+// allocation, views, storage swaps, resizes, copies and scalar reads. Every
+// other op goes through the Python CPU fallback (spyre_inductor/device).
+//
+// Copies compute on host aliases of the device bytes: in the simulator device
+// memory is host-addressable, so a device tensor's bytes can be viewed as a
+// CPU tensor with the same sizes and strides.
+#include "allocator.h"
+#include "kernels.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/set_cpu_dispatch.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace spyre {
+
+at::Tensor host_alias(const at::Tensor& t) {
+  if (!t.is_privateuseone()) {
+    return t;
+  }
+  // The alias keeps the device storage alive for as long as it lives.
+  c10::Storage keep = t.storage();
+  return at::for_blob(t.data_ptr(), t.sizes())
+      .strides(t.strides())
+      .deleter([keep](void*) {})
+      .options(t.options().device(at::kCPU))
+      .make_tensor();
+}
+
+namespace {
+
+constexpr c10::DispatchKeySet kSpyreKeys(c10::DispatchKey::PrivateUse1);
+
+at::Tensor empty_memory_format(
+    c10::IntArrayRef size,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device,
+    std::optional<bool> pin_memory,
+    std::optional<c10::MemoryFormat> memory_format) {
+  const auto dev = c10::device_or_default(device);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "spyre: only strided tensors are supported, got layout ", c10::layout_or_default(layout));
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
+              "spyre: pin_memory applies to CPU tensors only");
+  const c10::DeviceGuard guard(dev);
+  return at::detail::empty_generic(size, &device_allocator(), kSpyreKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device,
+    std::optional<bool> pin_memory) {
+  const auto dev = c10::device_or_default(device);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "spyre: only strided tensors are supported, got layout ", c10::layout_or_default(layout));
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
+              "spyre: pin_memory applies to CPU tensors only");
+  const c10::DeviceGuard guard(dev);
+  return at::detail::empty_strided_generic(size, stride, &device_allocator(), kSpyreKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size,
+                      c10::SymIntArrayRef stride, std::optional<c10::SymInt> storage_offset) {
+  return at::cpu::as_strided_symint(self, size, stride, std::move(storage_offset));
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
+                         std::optional<c10::MemoryFormat> memory_format) {
+  // The CPU resize grows storage through the storage's own allocator, which
+  // for a spyre tensor is the device allocator.
+  const c10::DeviceGuard guard(self.device());
+  return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, &device_allocator(), true);
+  return at::cpu::set_(self, storage, 0, {0}, {});
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  return at::native::set_(self, std::move(source));
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset,
+                               c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "spyre: set_ expects a spyre storage, got one on ", source.device());
+  return at::cpu::set_(self, std::move(source), offset.expect_int(),
+                       C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(self.defined() && dst.defined(), "spyre: copy_ needs defined tensors");
+  // Every copy involving spyre lands here (host<->device, device<->device,
+  // across devices). The device is synchronous, so copies complete here.
+  at::Tensor dst_host = host_alias(dst);
+  dst_host.copy_(host_alias(self));
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) {
+    if (dst.is_privateuseone()) {
+      resize(dst, self.sym_sizes(), std::nullopt);
+    } else {
+      dst.resize_(self.sizes());
+    }
+  }
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  return at::native::_local_scalar_dense_cpu(host_alias(self));
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "spyre: record_stream expects a spyre stream, got one on ", stream.device());
+  device_allocator().recordStream(self.storage().data_ptr(), stream);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("resize_", resize);
+  m.impl("set_", set_empty);
+  m.impl("set_.source_Storage", set_storage);
+  m.impl("set_.source_Storage_storage_offset", set_storage_offset);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("record_stream", record_stream);
+}
+
+// Autocast has no spyre cast rules yet: let every op fall through, so
+// torch.autocast("spyre") runs ops in the dtypes they were given.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+}  // namespace spyre

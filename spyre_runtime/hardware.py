@@ -1,0 +1,64 @@
+"""The one hardware-config object: every Spyre figure the project uses.
+
+Each value says where it comes from (see ../shared/SPYRE_MEASUREMENTS.md):
+M = measured on a card, F = fitted to measurements, E = datasheet or estimate.
+Override for experiments with ``dataclasses.replace(HARDWARE, ...)`` or, for
+the device itself, the environment variables named below (read once, when the
+device is first registered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def _figure(value, source: str):
+    return field(default=value, metadata={"source": source})
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    name: str = _figure("IBM Spyre (simulated)", "")
+    cores: int = _figure(32, "E: 32 cores on a bidirectional ring")
+    corelets_per_core: int = _figure(2, "E: 2 corelets per core sharing one scratchpad")
+    clock_ghz: float = _figure(1.5, "E: 1.5 GHz")
+    stick_bytes: int = _figure(128, "E: 128-byte words are the unit of data movement")
+    scratchpad_bytes: int = _figure(2 * MIB, "E: 2 MiB per core")
+    scratchpad_reserved_bytes: int = _figure(64 * KIB, "E: 64 KiB reserved for program/debug")
+    device_memory_bytes: int = _figure(128 * GIB, "E: LPDDR5, 128 GB per card")
+    device_memory_gbps_nominal: float = _figure(204.8, "E: LPDDR5 nominal")
+    device_memory_gbps_sustained: float = _figure(150.0, "M/F: pure reads or pure writes")
+    device_memory_gbps_mixed: float = _figure(105.0, "M/F: balanced read+write stream")
+    matrix_macs_per_ns_per_core: float = _figure(1140.0, "F: sustained fp16 MACs per ns per core")
+    sfp_results_per_us_per_core: float = _figure(1760.0, "F: special-function results per us per core")
+    ring_bytes_per_cycle: int = _figure(128, "E: per direction")
+    ring_hop_ns: float = _figure(5.0, "E: about 5 ns per hop")
+    burst_sticks: int = _figure(32, "E: bursts of at most 32 words (4 KB)")
+
+    @property
+    def scratchpad_usable_bytes(self) -> int:
+        return self.scratchpad_bytes - self.scratchpad_reserved_bytes
+
+    def sources(self) -> dict[str, str]:
+        """Each figure's provenance, for documentation and reports."""
+        return {f.name: f.metadata.get("source", "") for f in dataclasses.fields(self)}
+
+
+HARDWARE = HardwareConfig()
+
+
+def device_count_from_env() -> int:
+    raw = os.environ.get("SPYRE_NUM_DEVICES", "1")
+    try:
+        count = int(raw)
+    except ValueError:
+        raise ValueError(f"SPYRE_NUM_DEVICES must be an integer, got {raw!r}") from None
+    if not 1 <= count <= 64:
+        raise ValueError(f"SPYRE_NUM_DEVICES must be between 1 and 64, got {count}")
+    return count
