@@ -64,7 +64,7 @@ def test_rng_state_round_trip(spyre):
 
 def test_fork_rng_restores_spyre_state(spyre):
     torch.spyre.manual_seed(0)
-    with torch.random.fork_rng(device_type="spyre"):
+    with torch.random.fork_rng(devices=[0], device_type="spyre"):
         torch.rand(10, device=spyre)
     after_fork = torch.rand(3, device=spyre).cpu()
     torch.spyre.manual_seed(0)

@@ -33,12 +33,22 @@ class Stream(torch.Stream):
         return f"torch.spyre.Stream(device=spyre:{self.device_index} id={self.stream_id} priority={self.priority})"
 
 
-class Event(torch.Event):
-    """A marker in a spyre stream; ``elapsed_time`` gives milliseconds between two."""
+class _SpyreEventMeta(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "spyre"
+
+
+class Event(metaclass=_SpyreEventMeta):
+    """A marker in a spyre stream; ``elapsed_time`` gives milliseconds between two.
+
+    Constructs a plain ``torch.Event`` on spyre: torch.Event's C methods accept
+    only that exact type as the other event, so a subclass would not mix with
+    events made through ``torch.Event(device="spyre")``.
+    """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device="spyre", enable_timing=enable_timing,
-                               blocking=blocking, interprocess=interprocess)
+        return torch.Event(device="spyre", enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
 
 
 def _as_spyre_stream(stream: torch.Stream) -> Stream:
