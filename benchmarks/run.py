@@ -1,0 +1,10 @@
+"""Run every benchmark and print its table: `make bench`."""
+
+import warnings
+
+import device_overhead
+
+warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
+
+if __name__ == "__main__":
+    device_overhead.main()
