@@ -97,3 +97,28 @@ def test_dataloader_with_pin_memory(spyre):
         assert torch.equal(x.to(spyre, non_blocking=True).cpu(), x)
         seen += len(y)
     assert seen == 6
+
+
+def test_convolution_forward_and_backward_match_cpu(spyre):
+    # Convolution sends unknown devices to convolution_overrideable; spyre
+    # routes that to the CPU convolution on the device bytes.
+    torch.manual_seed(2)
+    conv = nn.Conv2d(3, 4, 3, padding=1, groups=1)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    conv(x).square().sum().backward()
+    expected = [x.grad, conv.weight.grad, conv.bias.grad]
+
+    conv_s = nn.Conv2d(3, 4, 3, padding=1).to(spyre)
+    conv_s.load_state_dict(conv.state_dict())
+    xs = x.detach().to(spyre).requires_grad_()
+    conv_s(xs).square().sum().backward()
+    for got, want in zip([xs.grad, conv_s.weight.grad, conv_s.bias.grad], expected):
+        assert got.device == spyre
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_mse_loss_reduces_into_a_scalar_out(spyre):
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    got = nn.functional.mse_loss(a.to(spyre), b.to(spyre))
+    assert got.device == spyre and got.shape == ()
+    assert torch.equal(got.cpu(), nn.functional.mse_loss(a, b))

@@ -19,7 +19,7 @@ def register() -> None:
     from spyre_runtime import _C
     from spyre_runtime.hardware import HARDWARE, device_count_from_env
 
-    from . import api, fallback
+    from . import api, fallback, routes
 
     _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes)
     if torch._C._get_privateuse1_backend_name() != "spyre":
@@ -30,4 +30,5 @@ def register() -> None:
     if not hasattr(torch, "spyre"):
         torch._register_device_module("spyre", api)
     fallback.install()
+    routes.install()
     _registered = True

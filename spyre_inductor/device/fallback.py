@@ -38,7 +38,7 @@ class _OpPlan:
 
     name: str
     arg_names: tuple[str, ...]
-    out_args: frozenset[str]          # out= tensors (may need resizing)
+    out_args: frozenset[str]          # out= tensors (CPU kernels may resize them)
     written_args: frozenset[str]      # every argument the op writes
     generator_args: frozenset[str]
     # For each return: the name of the argument it aliases, or None if fresh.
@@ -139,10 +139,11 @@ class _Call:
             if value.device.type != "spyre":
                 return value
             self._note_device(value.device)
-            if name in self.plan.out_args and value.numel() == 0:
-                # A CPU resize of an alias would write past the device block:
-                # compute into a temporary and resize the device tensor after.
-                temp = torch.empty(0, dtype=value.dtype)
+            if name in self.plan.out_args:
+                # CPU kernels may resize out= (even ones that already have
+                # elements); an alias cannot grow. Compute into a CPU tensor
+                # of the same layout, then resize the device tensor and copy.
+                temp = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype)
                 self.out_temps[name] = (value, temp)
                 return temp
             alias = _C.host_alias(value)
@@ -171,7 +172,8 @@ class _Call:
         for device_gen, host_gen in self.generators:
             device_gen.set_state(host_gen.get_state())
         for name, (tensor, temp) in self.out_temps.items():
-            tensor.resize_(temp.shape)
+            if tensor.shape != temp.shape:
+                tensor.resize_(temp.shape)
             tensor.copy_(temp)
         for name in self.plan.written_args:
             if name in self.aliases:
@@ -237,6 +239,20 @@ def _follow_metadata(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
 def _fallback(keyset, op, *args, **kwargs):
     plan = _plan_for(op)
     _announce(plan)
+    return _execute(plan, op, args, kwargs)
+
+
+def run_on_host(announced, host_op, *args, **kwargs):
+    """Run `host_op` on host aliases as the fallback for `announced`.
+
+    For ops whose generic kernel refuses unknown devices (convolution's
+    ``*_overrideable``): they get a spyre kernel that computes the CPU op.
+    """
+    _announce(_plan_for(announced))
+    return _execute(_plan_for(host_op), host_op, args, kwargs)
+
+
+def _execute(plan: _OpPlan, op, args, kwargs):
     call = _Call(plan)
     names = plan.arg_names
     host_args = [call.to_host(names[i], a) for i, a in enumerate(args)]
