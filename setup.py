@@ -1,8 +1,13 @@
 # Builds the C++ part of the spyre device (spyre_runtime._C). Everything else
 # is plain Python and is described in pyproject.toml.
+import os
 from pathlib import Path
 
 from setuptools import setup
+
+# torch autoloads installed device backends on import, and an editable
+# install of this package would load its stale (or missing) extension.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 csrc = Path("spyre_runtime") / "csrc"

@@ -40,6 +40,8 @@ class HardwareConfig:
     ring_bytes_per_cycle: int = _figure(128, "E: per direction")
     ring_hop_ns: float = _figure(5.0, "E: about 5 ns per hop")
     burst_sticks: int = _figure(32, "E: bursts of at most 32 words (4 KB)")
+    region_handles_pf: int = _figure(256, "E: region handles per card when dedicated (PF mode)")
+    region_handles_vf: int = _figure(16, "E: region handles per card when shared (VF mode)")
 
     @property
     def scratchpad_usable_bytes(self) -> int:
@@ -51,6 +53,18 @@ class HardwareConfig:
 
 
 HARDWARE = HardwareConfig()
+
+
+def mode_from_env() -> str:
+    """SPYRE_MODE: "pf" (card dedicated, the default) or "vf" (card shared)."""
+    mode = os.environ.get("SPYRE_MODE", "pf").strip().lower()
+    if mode not in ("pf", "vf"):
+        raise ValueError(f"SPYRE_MODE must be 'pf' or 'vf', got {mode!r}")
+    return mode
+
+
+def region_handles(mode: str, hardware: HardwareConfig = HARDWARE) -> int:
+    return hardware.region_handles_pf if mode == "pf" else hardware.region_handles_vf
 
 
 def device_count_from_env() -> int:

@@ -17,11 +17,12 @@ def register() -> None:
     if _registered:
         return
     from spyre_runtime import _C
-    from spyre_runtime.hardware import HARDWARE, device_count_from_env
+    from spyre_runtime.hardware import HARDWARE, device_count_from_env, mode_from_env, region_handles
 
     from . import api, fallback, routes
 
-    _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes)
+    mode = mode_from_env()
+    _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes, region_handles(mode), mode)
     if torch._C._get_privateuse1_backend_name() != "spyre":
         torch.utils.rename_privateuse1_backend("spyre")
         torch.utils.generate_methods_for_privateuse1_backend(

@@ -11,6 +11,10 @@ from spyre_runtime.hardware import HARDWARE
 
 from ._index import device_index as _device_index
 from .memory import (  # noqa: F401
+    Piece,
+    Region,
+    describe,
+    memory_regions,
     empty_cache,
     max_memory_allocated,
     max_memory_reserved,

@@ -1,22 +1,82 @@
-"""torch.spyre memory statistics.
+"""torch.spyre memory statistics and the placement of allocations.
 
 The numbers live in the C++ allocator; these functions read them through
 torch.accelerator, so torch.spyre.memory_* and torch.accelerator.memory_*
-can never disagree.
+can never disagree. memory_stats() adds what only spyre has: its regions.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+from spyre_runtime import _C
 
 from ._index import device_index
 
 
+class Piece(NamedTuple):
+    """A contiguous piece of an allocation: a region handle and a byte range in it."""
+
+    region: int
+    offset: int
+    length: int
+
+
+def describe(obj) -> list[Piece]:
+    """Where a spyre tensor's (or storage's) allocation lives: its pieces.
+
+    Today every allocation is one piece (a PyTorch storage must be contiguous
+    in the device's address space), but callers must not assume it.
+    """
+    storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else obj
+    if not isinstance(storage, torch.UntypedStorage):
+        storage = getattr(storage, "untyped_storage", lambda: storage)()
+    if not isinstance(storage, torch.UntypedStorage) or storage.device.type != "spyre":
+        raise TypeError(f"torch.spyre.describe expects a spyre tensor or storage, got {_what(obj)}")
+    return [Piece(*p) for p in _C.describe(storage.data_ptr())]
+
+
+class Region(NamedTuple):
+    """A region of device memory: its handle, size and how many blocks live in it."""
+
+    handle: int
+    size: int
+    live_blocks: int
+
+
+def memory_regions(device=None) -> list[Region]:
+    """The regions a device's allocator holds, in address order."""
+    return [Region(*r) for r in _C.regions(device_index(device))]
+
+
+def _what(obj) -> str:
+    device = getattr(obj, "device", None)
+    return f"{type(obj).__name__} on {device}" if device is not None else type(obj).__name__
+
+
 def memory_stats(device=None) -> OrderedDict[str, Any]:
-    return torch.accelerator.memory_stats(device_index(device))
+    """torch.accelerator.memory_stats() plus spyre's region keys.
+
+    ``regions.current`` / ``regions.budget``: region handles in use and allowed;
+    ``regions.min_bytes``: the smallest region the policy creates;
+    ``regions.free_bytes`` / ``regions.largest_free_block``: unused bytes
+    inside regions; ``fragmentation``: 1 - largest free block / free bytes
+    in regions; ``mode``: "pf" or "vf".
+    """
+    index = device_index(device)
+    stats = torch.accelerator.memory_stats(index)
+    info = _C.region_info(index)
+    stats["regions.current"] = info["regions"]
+    stats["regions.budget"] = info["region_budget"]
+    stats["regions.min_bytes"] = info["min_region_bytes"]
+    stats["regions.free_bytes"] = info["free_in_regions"]
+    stats["regions.largest_free_block"] = info["largest_free_block"]
+    stats["fragmentation"] = info["fragmentation"]
+    stats["mode"] = info["mode"]
+    return stats
 
 
 def memory_allocated(device=None) -> int:

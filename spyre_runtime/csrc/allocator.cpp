@@ -1,24 +1,26 @@
 #include "allocator.h"
 
+#include "free_list.h"
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
 
 namespace spyre {
 
-using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
 
 namespace {
 
@@ -26,80 +28,166 @@ namespace {
 // same keys with the same meaning.
 constexpr size_t kSmallBlockLimit = 1 << 20;
 
-size_t round_to_stick(size_t n) {
-  return (n + kStickBytes - 1) / kStickBytes * kStickBytes;
+size_t round_up(size_t n, size_t unit) {
+  return (n + unit - 1) / unit * unit;
 }
 
-// One device's memory: a virtual reservation and a best-fit free list with
-// coalescing. All fields are guarded by `mu` except `base`, which is written
-// once (under `mu`) and then only read.
+struct Region {
+  int64_t handle;
+  size_t base;  // offset of the region in the device's reservation
+  FreeList blocks;
+  size_t live = 0;  // blocks allocated in it
+};
+
+struct Block {
+  Region* region;
+  size_t length;
+  size_t requested;
+};
+
+// One device's memory. Everything is guarded by `mu` except `base`, which is
+// written once (under `mu`) and then only read.
 struct DeviceMemory {
   std::mutex mu;
   std::atomic<char*> base{nullptr};
   size_t capacity = 0;
-  std::map<size_t, size_t> free_by_offset;           // offset -> length
-  std::set<std::pair<size_t, size_t>> free_by_size;  // (length, offset)
-  struct Live {
-    size_t length;
-    size_t requested;
-  };
-  std::unordered_map<size_t, Live> live;  // offset -> block
+  int64_t budget = 0;
+  std::string mode;
+  std::unique_ptr<FreeList> address_space;             // where regions go
+  std::map<size_t, std::unique_ptr<Region>> regions;   // by base offset
+  std::unordered_map<size_t, Block> live;              // by device offset
+  int64_t next_handle = 1;
+  size_t allocated = 0;
   DeviceStats stats;
-  size_t free_bytes = 0;
+
+  size_t min_region() const {
+    return std::max(kRegionGranularity, capacity / budget / kRegionGranularity * kRegionGranularity);
+  }
 
   void reserve_locked(c10::DeviceIndex index) {
     if (base.load() != nullptr) {
       return;
     }
-    void* p = mmap(
-        nullptr,
-        capacity,
-        PROT_READ | PROT_WRITE,
-        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-        -1,
-        0);
-    TORCH_CHECK(
-        p != MAP_FAILED,
-        "spyre:",
-        static_cast<int>(index),
-        ": could not reserve ",
-        capacity,
-        " bytes of virtual address space for device memory: ",
-        std::strerror(errno));
-    free_by_offset[0] = capacity;
-    free_by_size.insert({capacity, 0});
-    free_bytes = capacity;
+    void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    TORCH_CHECK(p != MAP_FAILED, "spyre:", static_cast<int>(index), ": could not reserve ",
+                capacity, " bytes of virtual address space for device memory: ",
+                std::strerror(errno));
+    address_space = std::make_unique<FreeList>(capacity);
     base.store(static_cast<char*>(p));
   }
 
-  void add_free_locked(size_t offset, size_t length) {
-    auto next = free_by_offset.lower_bound(offset);
-    if (next != free_by_offset.end() && next->first == offset + length) {
-      length += next->second;
-      free_by_size.erase({next->second, next->first});
-      next = free_by_offset.erase(next);
-    }
-    if (next != free_by_offset.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == offset) {
-        offset = prev->first;
-        length += prev->second;
-        free_by_size.erase({prev->second, prev->first});
-        free_by_offset.erase(prev);
+  // The region whose free list holds the tightest fit for `length`.
+  Region* best_region_locked(size_t length) {
+    Region* best = nullptr;
+    size_t best_len = 0;
+    for (auto& [_, region] : regions) {
+      const size_t fit = region->blocks.best_fit_length(length);
+      if (fit != 0 && (best == nullptr || fit < best_len)) {
+        best = region.get();
+        best_len = fit;
       }
     }
-    free_by_offset[offset] = length;
-    free_by_size.insert({length, offset});
+    return best;
+  }
+
+  Region* new_region_locked(size_t length) {
+    if (static_cast<int64_t>(regions.size()) >= budget) {
+      return nullptr;
+    }
+    const size_t size = std::max(round_up(length, kRegionGranularity), min_region());
+    auto where = address_space->take(size);
+    if (!where && size > length) {
+      // Near the end of the capacity: a region just big enough may still fit.
+      const size_t tight = round_up(length, kStickBytes);
+      where = address_space->take(tight);
+      if (where) {
+        return add_region_locked(*where, tight);
+      }
+    }
+    return where ? add_region_locked(*where, size) : nullptr;
+  }
+
+  Region* add_region_locked(size_t where, size_t size) {
+    auto region = std::make_unique<Region>(Region{next_handle++, where, FreeList(size)});
+    Region* r = region.get();
+    regions[where] = std::move(region);
+    for (auto type : {StatType::AGGREGATE, pool(size)}) {
+      stats.segment[static_cast<size_t>(type)].increase(1);
+      stats.reserved_bytes[static_cast<size_t>(type)].increase(size);
+    }
+    stats.num_device_alloc += 1;
+    return r;
+  }
+
+  // Returns wholly unused regions (and their physical pages) to the device.
+  size_t release_unused_locked() {
+    size_t released = 0;
+    for (auto it = regions.begin(); it != regions.end();) {
+      Region& r = *it->second;
+      if (r.live != 0) {
+        ++it;
+        continue;
+      }
+      const size_t size = r.blocks.size();
+      madvise(base.load() + r.base, size, MADV_DONTNEED);
+      address_space->give(r.base, size);
+      for (auto type : {StatType::AGGREGATE, pool(size)}) {
+        stats.segment[static_cast<size_t>(type)].decrease(1);
+        stats.reserved_bytes[static_cast<size_t>(type)].decrease(size);
+      }
+      stats.num_device_free += 1;
+      it = regions.erase(it);
+      ++released;
+    }
+    return released;
+  }
+
+  size_t free_in_regions_locked() const {
+    size_t total = 0;
+    for (const auto& [_, r] : regions) {
+      total += r->blocks.free_bytes();
+    }
+    return total;
   }
 
   size_t largest_free_locked() const {
-    return free_by_size.empty() ? 0 : free_by_size.rbegin()->first;
+    size_t largest = 0;
+    for (const auto& [_, r] : regions) {
+      largest = std::max(largest, r->blocks.largest());
+    }
+    return largest;
+  }
+
+  static StatType pool(size_t length) {
+    return length <= kSmallBlockLimit ? StatType::SMALL_POOL : StatType::LARGE_POOL;
+  }
+
+  void count_block_locked(size_t length, size_t requested, bool add) {
+    for (auto type : {StatType::AGGREGATE, pool(length)}) {
+      const auto i = static_cast<size_t>(type);
+      if (add) {
+        stats.allocation[i].increase(1);
+        stats.active[i].increase(1);
+        stats.allocated_bytes[i].increase(length);
+        stats.active_bytes[i].increase(length);
+        stats.requested_bytes[i].increase(requested);
+      } else {
+        stats.allocation[i].decrease(1);
+        stats.active[i].decrease(1);
+        stats.allocated_bytes[i].decrease(length);
+        stats.active_bytes[i].decrease(length);
+        stats.requested_bytes[i].decrease(requested);
+      }
+    }
   }
 };
 
 std::mutex g_config_mu;
 int g_num_devices = 1;
 size_t g_capacity = size_t(128) << 30;
+int g_region_handles = 256;
+std::string g_mode = "pf";
 std::vector<std::unique_ptr<DeviceMemory>> g_devices;
 std::atomic<bool> g_configured{false};
 
@@ -113,91 +201,76 @@ void ensure_devices() {
   }
   g_devices.clear();
   for (int i = 0; i < g_num_devices; ++i) {
-    g_devices.push_back(std::make_unique<DeviceMemory>());
-    g_devices.back()->capacity = g_capacity;
+    auto mem = std::make_unique<DeviceMemory>();
+    mem->capacity = g_capacity;
+    mem->budget = g_region_handles;
+    mem->mode = g_mode;
+    g_devices.push_back(std::move(mem));
   }
   g_configured.store(true);
 }
 
 DeviceMemory& memory(c10::DeviceIndex device) {
   ensure_devices();
-  TORCH_CHECK_INDEX(
-      device >= 0 && device < static_cast<int>(g_devices.size()),
-      "spyre: device index ",
-      static_cast<int>(device),
-      " is out of range; there are ",
-      g_devices.size(),
-      " spyre devices (set SPYRE_NUM_DEVICES for more)");
+  TORCH_CHECK_INDEX(device >= 0 && device < static_cast<int>(g_devices.size()),
+                    "spyre: device index ", static_cast<int>(device),
+                    " is out of range; there are ", g_devices.size(),
+                    " spyre devices (set SPYRE_NUM_DEVICES for more)");
   return *g_devices[device];
 }
 
-void update_stats(DeviceStats& s, size_t length, size_t requested, bool add) {
-  const auto pool = length <= kSmallBlockLimit ? StatType::SMALL_POOL
-                                               : StatType::LARGE_POOL;
-  for (auto type : {StatType::AGGREGATE, pool}) {
-    const auto i = static_cast<size_t>(type);
-    if (add) {
-      s.allocation[i].increase(1);
-      s.segment[i].increase(1);
-      s.active[i].increase(1);
-      s.allocated_bytes[i].increase(length);
-      s.reserved_bytes[i].increase(length);
-      s.active_bytes[i].increase(length);
-      s.requested_bytes[i].increase(requested);
-    } else {
-      s.allocation[i].decrease(1);
-      s.segment[i].decrease(1);
-      s.active[i].decrease(1);
-      s.allocated_bytes[i].decrease(length);
-      s.reserved_bytes[i].decrease(length);
-      s.active_bytes[i].decrease(length);
-      s.requested_bytes[i].decrease(requested);
+std::pair<DeviceMemory*, size_t> locate(const void* ptr) {
+  ensure_devices();
+  const char* p = static_cast<const char*>(ptr);
+  for (auto& mem : g_devices) {
+    const char* base = mem->base.load();
+    if (base != nullptr && p >= base && p < base + mem->capacity) {
+      return {mem.get(), static_cast<size_t>(p - base)};
     }
   }
-  if (add) {
-    s.num_device_alloc += 1;
-  } else {
-    s.num_device_free += 1;
-  }
+  return {nullptr, 0};
 }
 
 void free_block(void* ptr) {
   if (ptr == nullptr) {
     return;
   }
-  auto& alloc = device_allocator();
-  auto device = alloc.device_of(ptr);
-  TORCH_INTERNAL_ASSERT(device.has_value(), "spyre: freeing a pointer that is not device memory");
-  auto& mem = memory(*device);
-  const size_t offset = static_cast<char*>(ptr) - mem.base.load();
-  std::lock_guard<std::mutex> lock(mem.mu);
-  auto it = mem.live.find(offset);
-  TORCH_INTERNAL_ASSERT(it != mem.live.end(), "spyre: double free at device offset ", offset);
-  const auto block = it->second;
-  mem.live.erase(it);
-  mem.add_free_locked(offset, block.length);
-  mem.free_bytes += block.length;
-  update_stats(mem.stats, block.length, block.requested, false);
+  auto [mem, offset] = locate(ptr);
+  TORCH_INTERNAL_ASSERT(mem != nullptr, "spyre: freeing a pointer that is not device memory");
+  std::lock_guard<std::mutex> lock(mem->mu);
+  auto it = mem->live.find(offset);
+  TORCH_INTERNAL_ASSERT(it != mem->live.end(), "spyre: double free at device offset ", offset);
+  const Block block = it->second;
+  mem->live.erase(it);
+  block.region->blocks.give(offset - block.region->base, block.length);
+  block.region->live -= 1;
+  mem->allocated -= block.length;
+  mem->count_block_locked(block.length, block.requested, false);
 }
 
 }  // namespace
 
-void configure(int num_devices, size_t capacity_bytes) {
+void configure(int num_devices, size_t capacity_bytes, int region_handles, const std::string& mode) {
   TORCH_CHECK(num_devices >= 1 && num_devices <= 64,
               "spyre: SPYRE_NUM_DEVICES must be between 1 and 64, got ", num_devices);
-  TORCH_CHECK(capacity_bytes >= kStickBytes && capacity_bytes % kStickBytes == 0,
-              "spyre: device memory capacity must be a positive multiple of ",
-              kStickBytes, " bytes, got ", capacity_bytes);
+  TORCH_CHECK(capacity_bytes >= kRegionGranularity && capacity_bytes % kStickBytes == 0,
+              "spyre: device memory capacity must be a multiple of ", kStickBytes,
+              " bytes and at least ", kRegionGranularity, ", got ", capacity_bytes);
+  TORCH_CHECK(region_handles >= 1, "spyre: the region handle budget must be at least 1, got ",
+              region_handles);
   std::lock_guard<std::mutex> lock(g_config_mu);
   if (g_configured.load()) {
-    TORCH_CHECK(
-        num_devices == g_num_devices && capacity_bytes == g_capacity,
-        "spyre: devices are already configured (", g_num_devices, " x ",
-        g_capacity, " bytes); they cannot be reconfigured in a running process");
+    TORCH_CHECK(num_devices == g_num_devices && capacity_bytes == g_capacity &&
+                    region_handles == g_region_handles && mode == g_mode,
+                "spyre: devices are already configured (", g_num_devices, " x ", g_capacity,
+                " bytes, ", g_mode, " mode, ", g_region_handles,
+                " region handles); they cannot be reconfigured in a running process");
     return;
   }
   g_num_devices = num_devices;
   g_capacity = capacity_bytes;
+  g_region_handles = region_handles;
+  g_mode = mode;
 }
 
 int device_count() {
@@ -211,7 +284,7 @@ size_t device_capacity() {
 }
 
 c10::DataPtr SpyreAllocator::allocate(size_t nbytes) {
-  // c10 allocators are told the device through the current device guard.
+  // c10 allocators learn the device from the current device guard.
   c10::DeviceIndex device = 0;
   if (auto impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
     device = impl->getDevice().index();
@@ -227,28 +300,37 @@ c10::DataPtr SpyreAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes)
   }
   std::lock_guard<std::mutex> lock(mem.mu);
   mem.reserve_locked(device);
-  const size_t length = nbytes > mem.capacity ? 0 : round_to_stick(nbytes);
-  auto fit = length == 0 ? mem.free_by_size.end()
-                         : mem.free_by_size.lower_bound({length, 0});
-  if (fit == mem.free_by_size.end()) {
+  Region* region = nullptr;
+  size_t length = 0;
+  if (nbytes <= mem.capacity) {
+    length = round_up(nbytes, kStickBytes);
+    region = mem.best_region_locked(length);
+    if (region == nullptr) {
+      region = mem.new_region_locked(length);
+    }
+    if (region == nullptr && mem.release_unused_locked() > 0) {
+      mem.stats.num_alloc_retries += 1;
+      region = mem.new_region_locked(length);
+    }
+  }
+  if (region == nullptr) {
     mem.stats.num_ooms += 1;
     std::ostringstream msg;
-    msg << "spyre:" << static_cast<int>(device) << " out of memory: tried to allocate "
-        << nbytes << " bytes; " << mem.free_bytes << " bytes free of "
-        << mem.capacity << " (largest free block " << mem.largest_free_locked()
-        << " bytes, " << mem.live.size() << " live blocks)";
+    msg << "spyre:" << static_cast<int>(device) << " out of memory (" << mem.mode
+        << " mode): tried to allocate " << nbytes << " bytes; "
+        << (mem.address_space->free_bytes() + mem.free_in_regions_locked())
+        << " bytes free (largest free block in a region " << mem.largest_free_locked()
+        << " bytes, " << mem.address_space->free_bytes() << " bytes not yet in a region) of "
+        << mem.capacity << "; " << mem.regions.size() << " of " << mem.budget
+        << " region handles in use";
     TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
   }
-  const auto [free_len, offset] = *fit;
-  mem.free_by_size.erase(fit);
-  mem.free_by_offset.erase(offset);
-  if (free_len > length) {
-    mem.free_by_offset[offset + length] = free_len - length;
-    mem.free_by_size.insert({free_len - length, offset + length});
-  }
-  mem.live[offset] = {length, nbytes};
-  mem.free_bytes -= length;
-  update_stats(mem.stats, length, nbytes, true);
+  const size_t in_region = *region->blocks.take(length);
+  const size_t offset = region->base + in_region;
+  region->live += 1;
+  mem.live[offset] = {region, length, nbytes};
+  mem.allocated += length;
+  mem.count_block_locked(length, nbytes, true);
   void* ptr = mem.base.load() + offset;
   return {ptr, ptr, &free_block, dev};
 }
@@ -267,8 +349,13 @@ bool SpyreAllocator::initialized() {
 }
 
 void SpyreAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
-  // Blocks are returned to the free list as soon as they die: nothing is
-  // cached above the device memory itself yet.
+  ensure_devices();
+  for (auto& mem : g_devices) {
+    std::lock_guard<std::mutex> lock(mem->mu);
+    if (mem->base.load() != nullptr) {
+      mem->release_unused_locked();
+    }
+  }
 }
 
 void SpyreAllocator::recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) {
@@ -286,9 +373,9 @@ void SpyreAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   auto& mem = memory(device);
   std::lock_guard<std::mutex> lock(mem.mu);
   auto& s = mem.stats;
-  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                    &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                    &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                    &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
+                    &s.requested_bytes}) {
     for (auto& stat : *arr) {
       stat.reset_accumulated();
     }
@@ -303,9 +390,9 @@ void SpyreAllocator::resetPeakStats(c10::DeviceIndex device) {
   auto& mem = memory(device);
   std::lock_guard<std::mutex> lock(mem.mu);
   auto& s = mem.stats;
-  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                    &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                    &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                    &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
+                    &s.requested_bytes}) {
     for (auto& stat : *arr) {
       stat.reset_peak();
     }
@@ -315,16 +402,19 @@ void SpyreAllocator::resetPeakStats(c10::DeviceIndex device) {
 std::pair<size_t, size_t> SpyreAllocator::getMemoryInfo(c10::DeviceIndex device) {
   auto& mem = memory(device);
   std::lock_guard<std::mutex> lock(mem.mu);
-  const size_t free = mem.base.load() ? mem.free_bytes : mem.capacity;
+  // As on CUDA: free is what the device has not handed to the allocator
+  // (bytes cached in regions count as used until empty_cache()).
+  const size_t free = mem.address_space ? mem.address_space->free_bytes() : mem.capacity;
   return {free, mem.capacity};
 }
 
 std::optional<c10::DeviceIndex> SpyreAllocator::device_of(const void* ptr) const {
-  ensure_devices();
-  const char* p = static_cast<const char*>(ptr);
+  auto [mem, offset] = locate(ptr);
+  if (mem == nullptr) {
+    return std::nullopt;
+  }
   for (size_t i = 0; i < g_devices.size(); ++i) {
-    const char* base = g_devices[i]->base.load();
-    if (base != nullptr && p >= base && p < base + g_devices[i]->capacity) {
+    if (g_devices[i].get() == mem) {
       return static_cast<c10::DeviceIndex>(i);
     }
   }
@@ -332,9 +422,48 @@ std::optional<c10::DeviceIndex> SpyreAllocator::device_of(const void* ptr) const
 }
 
 size_t SpyreAllocator::offset_of(const void* ptr) const {
-  auto device = device_of(ptr);
-  TORCH_CHECK(device.has_value(), "spyre: pointer ", ptr, " is not in device memory");
-  return static_cast<const char*>(ptr) - g_devices[*device]->base.load();
+  auto [mem, offset] = locate(ptr);
+  TORCH_CHECK(mem != nullptr, "spyre: pointer ", ptr, " is not in device memory");
+  return offset;
+}
+
+std::vector<Piece> SpyreAllocator::describe(const void* ptr) const {
+  if (ptr == nullptr) {
+    return {};  // a zero-byte allocation occupies no device memory
+  }
+  auto [mem, offset] = locate(ptr);
+  TORCH_CHECK(mem != nullptr, "spyre: pointer ", ptr, " is not in spyre device memory");
+  std::lock_guard<std::mutex> lock(mem->mu);
+  auto it = mem->live.find(offset);
+  TORCH_CHECK(it != mem->live.end(), "spyre: no live allocation starts at device offset ", offset);
+  const Block& b = it->second;
+  return {Piece{b.region->handle, offset - b.region->base, b.length}};
+}
+
+RegionInfo SpyreAllocator::region_info(c10::DeviceIndex device) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  const size_t free = mem.free_in_regions_locked();
+  const size_t largest = mem.largest_free_locked();
+  return RegionInfo{
+      mem.mode,
+      mem.budget,
+      static_cast<int64_t>(mem.regions.size()),
+      mem.min_region(),
+      free,
+      largest,
+      free == 0 ? 0.0 : 1.0 - static_cast<double>(largest) / static_cast<double>(free),
+  };
+}
+
+std::vector<std::tuple<int64_t, size_t, size_t>> SpyreAllocator::regions(c10::DeviceIndex device) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  std::vector<std::tuple<int64_t, size_t, size_t>> out;
+  for (const auto& [_, r] : mem.regions) {
+    out.emplace_back(r->handle, r->blocks.size(), r->live);
+  }
+  return out;
 }
 
 SpyreAllocator& device_allocator() {

@@ -1,10 +1,21 @@
 // Simulated Spyre device memory and the c10 allocator that hands it out.
 //
 // Each device owns one virtual reservation (mmap with MAP_NORESERVE, so
-// untouched bytes cost nothing). Blocks are carved out of it on 128-byte
-// (stick) boundaries. Device pointers are real host addresses inside that
-// reservation: the simulator, the CPU fallback and copies all address the same
-// bytes.
+// untouched bytes cost nothing). As on the card, memory is acquired in
+// regions, each a contiguous chunk named by a handle, and a device has a small
+// budget of handles (PF mode: card dedicated; VF mode: card shared, tighter).
+// Blocks are sub-allocated inside regions on 128-byte (stick) boundaries, so
+// many tensors share a handful of handles.
+//
+// Region size policy: a new region is max(request rounded up to 2 MiB,
+// capacity / handle budget). With that minimum the budget can always cover
+// the whole capacity, so the handle budget alone never makes memory
+// unreachable; a large request gets a region of its own size. Wholly unused
+// regions stay cached until empty_cache() or until an allocation needs their
+// handle or address space.
+//
+// Device pointers are real host addresses inside the reservation: the
+// simulator, the CPU fallback and copies all address the same bytes.
 #pragma once
 
 #include <c10/core/CachingDeviceAllocator.h>
@@ -12,17 +23,42 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 namespace spyre {
 
 // Every block starts and ends on a stick boundary.
 constexpr size_t kStickBytes = 128;
 
+// Regions are created in multiples of this.
+constexpr size_t kRegionGranularity = size_t(2) << 20;
+
 // Called once, before the first allocation, from the Python side that owns the
 // hardware configuration. Later calls with the same values are no-ops.
-void configure(int num_devices, size_t capacity_bytes);
+void configure(int num_devices, size_t capacity_bytes, int region_handles,
+               const std::string& mode);
 int device_count();
 size_t device_capacity();
+
+// One contiguous piece of an allocation: a region handle and a byte range in it.
+struct Piece {
+  int64_t region;
+  size_t offset;
+  size_t length;
+};
+
+// What memory_stats() adds to c10's DeviceStats.
+struct RegionInfo {
+  std::string mode;
+  int64_t region_budget;
+  int64_t regions;
+  size_t min_region_bytes;
+  size_t free_in_regions;
+  size_t largest_free_block;
+  double fragmentation;  // 1 - largest free block / free bytes in regions
+};
 
 class SpyreAllocator final : public c10::DeviceAllocator {
  public:
@@ -44,6 +80,11 @@ class SpyreAllocator final : public c10::DeviceAllocator {
   // Bytes from the start of that device's reservation.
   size_t offset_of(const void* ptr) const;
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
+  // The pieces of the live allocation that starts at `ptr`.
+  std::vector<Piece> describe(const void* ptr) const;
+  RegionInfo region_info(c10::DeviceIndex device);
+  // (handle, size in bytes, live blocks) of every region, in address order.
+  std::vector<std::tuple<int64_t, size_t, size_t>> regions(c10::DeviceIndex device);
 };
 
 SpyreAllocator& device_allocator();

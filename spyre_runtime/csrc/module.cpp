@@ -20,7 +20,8 @@ py::object default_generator(int device) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "C++ part of the spyre device: allocator, guard, hooks, memory kernels";
   m.def("configure", &spyre::configure, py::arg("num_devices"), py::arg("capacity_bytes"),
-        "Set the device count and per-device memory before first use.");
+        py::arg("region_handles"), py::arg("mode"),
+        "Set the device count, per-device memory and region handle budget before first use.");
   m.def("device_count", &spyre::device_count);
   m.def("device_capacity", &spyre::device_capacity);
   m.def("current_device", [] { return static_cast<int>(spyre::current_device()); });
@@ -31,6 +32,28 @@ PYBIND11_MODULE(_C, m) {
   m.def("default_generator", &default_generator, py::arg("device"));
   m.def("host_alias", &spyre::host_alias, py::arg("tensor"),
         "A CPU tensor viewing the same bytes as a spyre tensor.");
+  m.def("describe", [](uintptr_t ptr) {
+    py::list pieces;
+    for (const auto& p : spyre::device_allocator().describe(reinterpret_cast<void*>(ptr))) {
+      pieces.append(py::make_tuple(p.region, p.offset, p.length));
+    }
+    return pieces;
+  }, py::arg("ptr"), "(region, offset, length) pieces of the allocation starting at ptr.");
+  m.def("region_info", [](int device) {
+    const auto info = spyre::device_allocator().region_info(static_cast<c10::DeviceIndex>(device));
+    py::dict d;
+    d["mode"] = info.mode;
+    d["region_budget"] = info.region_budget;
+    d["regions"] = info.regions;
+    d["min_region_bytes"] = info.min_region_bytes;
+    d["free_in_regions"] = info.free_in_regions;
+    d["largest_free_block"] = info.largest_free_block;
+    d["fragmentation"] = info.fragmentation;
+    return d;
+  }, py::arg("device"));
+  m.def("regions", [](int device) {
+    return spyre::device_allocator().regions(static_cast<c10::DeviceIndex>(device));
+  }, py::arg("device"), "(handle, size, live blocks) of each region of a device.");
   m.def("device_offset", [](uintptr_t ptr) {
     return spyre::device_allocator().offset_of(reinterpret_cast<void*>(ptr));
   }, "Offset of a device pointer from the start of its device's memory.");
