@@ -2,9 +2,11 @@
 
 import warnings
 
+import allocator
 import device_overhead
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
 if __name__ == "__main__":
     device_overhead.main()
+    allocator.main()

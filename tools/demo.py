@@ -63,7 +63,9 @@ def main() -> None:
     print(f"  allocated {torch.spyre.memory_allocated():,} B (peak {torch.spyre.max_memory_allocated():,} B), "
           f"{stats['allocation.all.current']} live blocks, "
           f"{stats['allocation.all.allocated']} allocations so far")
-    print(f"  free {free / 2**30:.2f} GiB of {total / 2**30:.0f} GiB")
+    print(f"  free {free / 2**30:.2f} GiB of {total / 2**30:.0f} GiB; "
+          f"{stats['regions.current']} of {stats['regions.budget']} region handles in use ({stats['mode']} mode)")
+    print(f"  the model's first weight lives at {torch.spyre.describe(model_s[0].weight)}")
     try:
         torch.empty(2**60, dtype=torch.uint8, device="spyre")
     except torch.OutOfMemoryError as e:
