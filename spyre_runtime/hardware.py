@@ -39,6 +39,9 @@ class HardwareConfig:
     sfp_results_per_us_per_core: float = _figure(1760.0, "F: special-function results per us per core")
     ring_bytes_per_cycle: int = _figure(128, "E: per direction")
     ring_hop_ns: float = _figure(5.0, "E: about 5 ns per hop")
+    host_link_gbps: float = _figure(
+        25.0, "E: host<->card transfers over PCIe Gen4 x16 (~32 GB/s nominal); an estimate, no measurement yet"
+    )
     burst_sticks: int = _figure(32, "E: bursts of at most 32 words (4 KB)")
     region_handles_pf: int = _figure(256, "E: region handles per card when dedicated (PF mode)")
     region_handles_vf: int = _figure(16, "E: region handles per card when shared (VF mode)")
@@ -53,6 +56,18 @@ class HardwareConfig:
 
 
 HARDWARE = HardwareConfig()
+
+
+def wait_timeout_from_env() -> float:
+    """SPYRE_WAIT_TIMEOUT: seconds a stream waits for a signal that was never enqueued."""
+    raw = os.environ.get("SPYRE_WAIT_TIMEOUT", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"SPYRE_WAIT_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"SPYRE_WAIT_TIMEOUT must be positive, got {value}")
+    return value
 
 
 def mode_from_env() -> str:

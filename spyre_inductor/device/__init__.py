@@ -19,7 +19,7 @@ def register() -> None:
     from spyre_runtime import _C
     from spyre_runtime.hardware import HARDWARE, device_count_from_env, mode_from_env, region_handles
 
-    from . import api, fallback, routes
+    from . import api, copies, fallback, queues, routes
 
     mode = mode_from_env()
     _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes, region_handles(mode), mode)
@@ -30,6 +30,8 @@ def register() -> None:
         )
     if not hasattr(torch, "spyre"):
         torch._register_device_module("spyre", api)
+    queues.install()
+    copies.install()
     fallback.install()
     routes.install()
     _registered = True

@@ -136,6 +136,21 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")
 
 
+def timeline(path=None):
+    """``with torch.spyre.timeline("run.json"):`` records every device operation
+    and writes the simulated timeline (Chrome trace / Perfetto JSON) on exit."""
+    from . import queues
+
+    return queues.timeline(path)
+
+
+def clear_errors(device=None) -> None:
+    """Clear the sticky errors of a device's streams (after a failed operation)."""
+    from . import queues
+
+    queues.queue(_device_index(device)).clear_error()
+
+
 def _is_in_bad_fork() -> bool:
     # torch.manual_seed asks; the simulated device survives fork.
     return False

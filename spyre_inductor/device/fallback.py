@@ -3,7 +3,10 @@
 The op runs on CPU tensors that alias the device bytes (the simulated device
 memory is host-addressable), so in-place ops and out= arguments write straight
 into device memory and views of inputs stay views. Fresh results are copied to
-the device. Each op warns once, naming itself; ``SPYRE_STRICT=1`` turns the
+the device. It runs as a host operation on the current stream, with the
+op's tensors as its footprint, so it follows queued copies and work on other
+streams that touch the same memory; the caller waits for it (output shapes
+are only known once it has run). Each op warns once, naming itself; ``SPYRE_STRICT=1`` turns the
 fallback into an error naming the op.
 
 Later issues replace the fallback op by op with compile-backed kernels.
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from spyre_runtime import _C
+
+from . import queues
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -239,7 +244,7 @@ def _follow_metadata(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
 def _fallback(keyset, op, *args, **kwargs):
     plan = _plan_for(op)
     _announce(plan)
-    return _execute(plan, op, args, kwargs)
+    return _on_stream(plan, op, args, kwargs)
 
 
 def run_on_host(announced, host_op, *args, **kwargs):
@@ -249,7 +254,29 @@ def run_on_host(announced, host_op, *args, **kwargs):
     ``*_overrideable``): they get a spyre kernel that computes the CPU op.
     """
     _announce(_plan_for(announced))
-    return _execute(_plan_for(host_op), host_op, args, kwargs)
+    return _on_stream(_plan_for(host_op), host_op, args, kwargs)
+
+
+def _spyre_tensors(value):
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "spyre":
+            yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _spyre_tensors(v)
+
+
+def _on_stream(plan: _OpPlan, op, args, kwargs):
+    """Run the op as a host operation on the current stream, in order with queued work."""
+    named = list(zip(plan.arg_names, args)) + list(kwargs.items())
+    reads = [t for _, v in named for t in _spyre_tensors(v)]
+    if not reads:  # a factory: its outputs reach the device through copies
+        return _execute(plan, op, args, kwargs)
+    writes = [t for name, v in named if name in plan.written_args for t in _spyre_tensors(v)]
+    return queues.run_on_host(
+        reads[0].device.index, lambda: _execute(plan, op, args, kwargs),
+        reads=reads, writes=writes, name=plan.name,
+    )
 
 
 def _execute(plan: _OpPlan, op, args, kwargs):

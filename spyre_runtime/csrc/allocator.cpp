@@ -43,6 +43,19 @@ struct Block {
   Region* region;
   size_t length;
   size_t requested;
+  std::vector<c10::StreamId> streams;  // the allocation stream, then recorded ones
+};
+
+// A block PyTorch freed while some stream that used it still had work queued:
+// it is released once each stream's completed seq reaches its target.
+struct PendingFree {
+  size_t offset;
+  std::vector<std::pair<c10::StreamId, int64_t>> targets;
+};
+
+struct StreamProgress {
+  int64_t enqueued = 0;
+  int64_t completed = 0;
 };
 
 // One device's memory. Everything is guarded by `mu` except `base`, which is
@@ -59,6 +72,46 @@ struct DeviceMemory {
   int64_t next_handle = 1;
   size_t allocated = 0;
   DeviceStats stats;
+  std::unordered_map<c10::StreamId, StreamProgress> progress;
+  std::vector<PendingFree> pending;
+  size_t pending_bytes = 0;
+
+  void release_block_locked(size_t offset) {
+    auto it = live.find(offset);
+    TORCH_INTERNAL_ASSERT(it != live.end(), "spyre: double free at device offset ", offset);
+    const Block block = it->second;
+    live.erase(it);
+    block.region->blocks.give(offset - block.region->base, block.length);
+    block.region->live -= 1;
+    allocated -= block.length;
+    count_block_locked(block.length, block.requested, false);
+  }
+
+  bool done_locked(const PendingFree& p) const {
+    for (const auto& [stream, target] : p.targets) {
+      auto it = progress.find(stream);
+      if (it != progress.end() && it->second.completed < target) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void process_pending_locked() {
+    if (pending.empty()) {
+      return;
+    }
+    std::vector<PendingFree> still;
+    for (auto& p : pending) {
+      if (done_locked(p)) {
+        pending_bytes -= live.at(p.offset).length;
+        release_block_locked(p.offset);
+      } else {
+        still.push_back(std::move(p));
+      }
+    }
+    pending.swap(still);
+  }
 
   size_t min_region() const {
     return std::max(kRegionGranularity, capacity / budget / kRegionGranularity * kRegionGranularity);
@@ -240,12 +293,26 @@ void free_block(void* ptr) {
   std::lock_guard<std::mutex> lock(mem->mu);
   auto it = mem->live.find(offset);
   TORCH_INTERNAL_ASSERT(it != mem->live.end(), "spyre: double free at device offset ", offset);
-  const Block block = it->second;
-  mem->live.erase(it);
-  block.region->blocks.give(offset - block.region->base, block.length);
-  block.region->live -= 1;
-  mem->allocated -= block.length;
-  mem->count_block_locked(block.length, block.requested, false);
+  PendingFree p{offset, {}};
+  for (auto stream : it->second.streams) {
+    auto prog = mem->progress.find(stream);
+    if (prog != mem->progress.end() && prog->second.completed < prog->second.enqueued) {
+      p.targets.emplace_back(stream, prog->second.enqueued);
+    }
+  }
+  if (p.targets.empty()) {
+    mem->release_block_locked(offset);
+  } else {
+    mem->pending_bytes += it->second.length;
+    mem->pending.push_back(std::move(p));
+  }
+}
+
+c10::StreamId current_stream_of(c10::DeviceIndex device) {
+  if (auto impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
+    return impl->getStream(c10::Device(c10::DeviceType::PrivateUse1, device)).id();
+  }
+  return 0;
 }
 
 }  // namespace
@@ -298,8 +365,10 @@ c10::DataPtr SpyreAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes)
   if (nbytes == 0) {
     return {nullptr, nullptr, &free_block, dev};
   }
+  const c10::StreamId stream = current_stream_of(device);
   std::lock_guard<std::mutex> lock(mem.mu);
   mem.reserve_locked(device);
+  mem.process_pending_locked();
   Region* region = nullptr;
   size_t length = 0;
   if (nbytes <= mem.capacity) {
@@ -323,12 +392,16 @@ c10::DataPtr SpyreAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes)
         << " bytes, " << mem.address_space->free_bytes() << " bytes not yet in a region) of "
         << mem.capacity << "; " << mem.regions.size() << " of " << mem.budget
         << " region handles in use";
+    if (mem.pending_bytes > 0) {
+      msg << "; " << mem.pending_bytes
+          << " bytes are freed but still in use by unfinished streams (synchronize to reclaim them)";
+    }
     TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
   }
   const size_t in_region = *region->blocks.take(length);
   const size_t offset = region->base + in_region;
   region->live += 1;
-  mem.live[offset] = {region, length, nbytes};
+  mem.live[offset] = {region, length, nbytes, {stream}};
   mem.allocated += length;
   mem.count_block_locked(length, nbytes, true);
   void* ptr = mem.base.load() + offset;
@@ -353,19 +426,31 @@ void SpyreAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
   for (auto& mem : g_devices) {
     std::lock_guard<std::mutex> lock(mem->mu);
     if (mem->base.load() != nullptr) {
+      mem->process_pending_locked();
       mem->release_unused_locked();
     }
   }
 }
 
-void SpyreAllocator::recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) {
-  // Every operation completes before it is enqueued on this synchronous
-  // device, so no block can be in use by a stream when it is freed.
+void SpyreAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (ptr.get() == nullptr) {
+    return;
+  }
+  auto [mem, offset] = locate(ptr.get());
+  TORCH_CHECK(mem != nullptr, "spyre: record_stream on memory that is not spyre device memory");
+  std::lock_guard<std::mutex> lock(mem->mu);
+  auto it = mem->live.find(offset);
+  TORCH_CHECK(it != mem->live.end(), "spyre: record_stream needs the storage's own data pointer");
+  auto& streams = it->second.streams;
+  if (std::find(streams.begin(), streams.end(), stream.id()) == streams.end()) {
+    streams.push_back(stream.id());
+  }
 }
 
 DeviceStats SpyreAllocator::getDeviceStats(c10::DeviceIndex device) {
   auto& mem = memory(device);
   std::lock_guard<std::mutex> lock(mem.mu);
+  mem.process_pending_locked();
   return mem.stats;
 }
 
@@ -464,6 +549,39 @@ std::vector<std::tuple<int64_t, size_t, size_t>> SpyreAllocator::regions(c10::De
     out.emplace_back(r->handle, r->blocks.size(), r->live);
   }
   return out;
+}
+
+size_t SpyreAllocator::pending_free_bytes(c10::DeviceIndex device) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  mem.process_pending_locked();
+  return mem.pending_bytes;
+}
+
+void* SpyreAllocator::region_address(c10::DeviceIndex device, int64_t handle) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  for (const auto& [base, r] : mem.regions) {
+    if (r->handle == handle) {
+      return mem.base.load() + base;
+    }
+  }
+  TORCH_CHECK(false, "spyre:", static_cast<int>(device), ": no region with handle ", handle);
+}
+
+void note_enqueued(c10::DeviceIndex device, c10::StreamId stream, int64_t seq) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  auto& p = mem.progress[stream];
+  p.enqueued = std::max(p.enqueued, seq);
+}
+
+void note_completed(c10::DeviceIndex device, c10::StreamId stream, int64_t seq) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  auto& p = mem.progress[stream];
+  p.completed = std::max(p.completed, seq);
+  mem.process_pending_locked();
 }
 
 SpyreAllocator& device_allocator() {

@@ -14,6 +14,12 @@
 // regions stay cached until empty_cache() or until an allocation needs their
 // handle or address space.
 //
+// Streams: a freed block is reused only once every stream that used it (the
+// stream current when it was allocated, plus any given to record_stream) has
+// completed the work enqueued before the free, as with CUDA's caching
+// allocator. The queue layer reports each stream's progress (note_enqueued /
+// note_completed); until then the block stays allocated ("pending free").
+//
 // Device pointers are real host addresses inside the reservation: the
 // simulator, the CPU fallback and copies all address the same bytes.
 #pragma once
@@ -41,6 +47,10 @@ void configure(int num_devices, size_t capacity_bytes, int region_handles,
                const std::string& mode);
 int device_count();
 size_t device_capacity();
+
+// Stream progress, from the queue layer: `seq` numbers increase per stream.
+void note_enqueued(c10::DeviceIndex device, c10::StreamId stream, int64_t seq);
+void note_completed(c10::DeviceIndex device, c10::StreamId stream, int64_t seq);
 
 // One contiguous piece of an allocation: a region handle and a byte range in it.
 struct Piece {
@@ -85,6 +95,10 @@ class SpyreAllocator final : public c10::DeviceAllocator {
   RegionInfo region_info(c10::DeviceIndex device);
   // (handle, size in bytes, live blocks) of every region, in address order.
   std::vector<std::tuple<int64_t, size_t, size_t>> regions(c10::DeviceIndex device);
+  // Bytes freed by PyTorch but still waiting for a stream to finish with them.
+  size_t pending_free_bytes(c10::DeviceIndex device);
+  // Address of a region's first byte (for transfers addressed by region).
+  void* region_address(c10::DeviceIndex device, int64_t handle);
 };
 
 SpyreAllocator& device_allocator();

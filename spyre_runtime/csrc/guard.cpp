@@ -1,16 +1,15 @@
 #include "guard.h"
 
 #include "allocator.h"
+#include "runtime_bridge.h"
 
 #include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <chrono>
 #include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace spyre {
@@ -27,15 +26,7 @@ std::mutex g_streams_mu;
 std::vector<c10::StreamId> g_next_stream;                     // per device
 std::map<std::pair<int, c10::StreamId>, int> g_priorities;    // (device, id)
 
-struct EventRecord {
-  c10::DeviceIndex device = -1;
-  c10::StreamId stream = 0;
-  bool recorded = false;
-  int64_t time_ns = 0;
-};
-std::mutex g_events_mu;
 std::atomic<uint64_t> g_next_event{1};
-std::unordered_map<uint64_t, EventRecord> g_events;
 
 void check_device(c10::DeviceIndex index) {
   TORCH_CHECK_INDEX(
@@ -50,12 +41,6 @@ c10::StreamId& current_stream_slot(c10::DeviceIndex index) {
     tl_streams.resize(index + 1, 0);
   }
   return tl_streams[index];
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 uint64_t event_id(void* event) {
@@ -122,12 +107,12 @@ struct SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return c10::Stream(c10::Stream::UNSAFE, s.device(), old);
   }
 
+  // Events are ids; what an event means (the internal signal of its latest
+  // record, its simulated time) lives in the queue layer.
   void destroyEvent(void* event, const c10::DeviceIndex /*device*/) const noexcept override {
-    if (event == nullptr) {
-      return;
+    if (event != nullptr) {
+      bridge::event_destroy(event_id(event));
     }
-    std::lock_guard<std::mutex> lock(g_events_mu);
-    g_events.erase(event_id(event));
   }
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device,
@@ -139,20 +124,17 @@ struct SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (*event == nullptr) {
       *event = reinterpret_cast<void*>(static_cast<uintptr_t>(g_next_event++));
     }
-    std::lock_guard<std::mutex> lock(g_events_mu);
-    auto& rec = g_events[event_id(*event)];
-    rec.device = stream.device_index();
-    rec.stream = stream.id();
-    rec.recorded = true;
-    rec.time_ns = now_ns();
+    bridge::event_record(event_id(*event), stream.device_index(), stream.id());
   }
 
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {
-    // Work recorded before the event has already completed.
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event != nullptr) {  // never recorded: nothing to wait for, as on CUDA
+      bridge::event_block(event_id(event), stream.device_index(), stream.id());
+    }
   }
 
-  bool queryEvent(void* /*event*/) const override {
-    return true;
+  bool queryEvent(void* event) const override {
+    return event == nullptr || bridge::event_query(event_id(event));
   }
 
   c10::DeviceIndex deviceCount() const noexcept override {
@@ -170,16 +152,23 @@ struct SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return c10::DeviceCapability();
   }
 
-  bool queryStream(const c10::Stream& /*stream*/) const override {
-    return true;
+  bool queryStream(const c10::Stream& stream) const override {
+    return bridge::stream_query(stream.device_index(), stream.id());
   }
 
-  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+  void synchronizeStream(const c10::Stream& stream) const override {
+    bridge::stream_synchronize(stream.device_index(), stream.id());
+  }
 
-  void synchronizeEvent(void* /*event*/) const override {}
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) {
+      bridge::event_synchronize(event_id(event));
+    }
+  }
 
   void synchronizeDevice(const c10::DeviceIndex device) const override {
     check_device(device);
+    bridge::device_synchronize(device);
   }
 
   void recordDataPtrOnStream(const c10::DataPtr& ptr, const c10::Stream& stream) const override {
@@ -189,17 +178,7 @@ struct SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "spyre: both events must be recorded before elapsed_time");
-    std::lock_guard<std::mutex> lock(g_events_mu);
-    auto a = g_events.find(event_id(start));
-    auto b = g_events.find(event_id(end));
-    TORCH_CHECK(a != g_events.end() && a->second.recorded &&
-                    b != g_events.end() && b->second.recorded,
-                "spyre: both events must be recorded before elapsed_time");
-    TORCH_CHECK(a->second.device == b->second.device,
-                "spyre: elapsed_time needs two events of the same device, got spyre:",
-                static_cast<int>(a->second.device), " and spyre:",
-                static_cast<int>(b->second.device));
-    return static_cast<double>(b->second.time_ns - a->second.time_ns) / 1.0e6;
+    return bridge::event_elapsed_ms(event_id(start), event_id(end));
   }
 };
 
@@ -212,6 +191,10 @@ c10::DeviceIndex current_device() {
 void set_current_device(c10::DeviceIndex device) {
   check_device(device);
   tl_device = device;
+}
+
+c10::StreamId current_stream_id(c10::DeviceIndex device) {
+  return current_stream_slot(device);
 }
 
 int stream_priority(c10::DeviceIndex device, c10::StreamId id) {

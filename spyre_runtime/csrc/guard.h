@@ -1,10 +1,6 @@
 // Device guard: the current device and stream of each thread, stream ids and
-// priorities, and event identity.
-//
-// The device is synchronous for now: every operation has finished when the
-// call that enqueued it returns, so streams are always idle and a recorded
-// event is complete at once. Events still carry their identity, stream and
-// the time they were recorded, so elapsed_time and query behave as on CUDA.
+// priorities, and event identity. What streams and events do (ordering,
+// completion, timing) is the queue layer's, reached through runtime_bridge.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -17,5 +13,7 @@ void set_current_device(c10::DeviceIndex device);
 // Priority given to a stream when it was created (0 for the default stream;
 // lower is more urgent, as on CUDA).
 int stream_priority(c10::DeviceIndex device, c10::StreamId id);
+// This thread's current stream on `device`.
+c10::StreamId current_stream_id(c10::DeviceIndex device);
 
 }  // namespace spyre

@@ -1,18 +1,18 @@
 // The memory and view kernels PyTorch needs in C++ for a device of its own:
-// allocation, views, storage swaps, resizes, copies and scalar reads. Every
-// other op goes through the Python CPU fallback (spyre_inductor/device).
+// allocation, views, storage swaps and resizes. Copies and scalar reads go
+// through the queue layer and live in Python (spyre_inductor/device/copies.py),
+// as does the CPU fallback for every other op.
 //
-// Copies compute on host aliases of the device bytes: in the simulator device
-// memory is host-addressable, so a device tensor's bytes can be viewed as a
-// CPU tensor with the same sizes and strides.
+// host_alias views a device tensor's bytes as a CPU tensor with the same sizes
+// and strides: in the simulator device memory is host-addressable.
 #include "allocator.h"
 #include "kernels.h"
+#include "runtime_bridge.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <ATen/native/Resize.h>
-#include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
@@ -92,8 +92,14 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
 const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
                          std::optional<c10::MemoryFormat> memory_format) {
   // The CPU resize grows storage through the storage's own allocator, which
-  // for a spyre tensor is the device allocator.
+  // for a spyre tensor is the device allocator, and copies the old bytes on
+  // the host: queued work writing them must finish first.
   const c10::DeviceGuard guard(self.device());
+  const auto needed = at::detail::computeStorageNbytesContiguous(
+      C10_AS_INTARRAYREF_SLOW(size), self.dtype().itemsize(), self.storage_offset());
+  if (self.storage() && needed > self.storage().nbytes()) {
+    bridge::device_synchronize(self.device().index());
+  }
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
 }
 
@@ -118,30 +124,6 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
   return at::native::set_tensor_(self, source);
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
-  TORCH_CHECK(self.defined() && dst.defined(), "spyre: copy_ needs defined tensors");
-  // Every copy involving spyre lands here (host<->device, device<->device,
-  // across devices). The device is synchronous, so copies complete here.
-  at::Tensor dst_host = host_alias(dst);
-  dst_host.copy_(host_alias(self));
-  return dst;
-}
-
-at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  if (dst.sizes() != self.sizes()) {
-    if (dst.is_privateuseone()) {
-      resize(dst, self.sym_sizes(), std::nullopt);
-    } else {
-      dst.resize_(self.sizes());
-    }
-  }
-  return copy_from(self, dst, false);
-}
-
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  return at::native::_local_scalar_dense_cpu(host_alias(self));
-}
-
 void record_stream(at::Tensor& self, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
               "spyre: record_stream expects a spyre stream, got one on ", stream.device());
@@ -161,9 +143,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_storage);
   m.impl("set_.source_Storage_storage_offset", set_storage_offset);
   m.impl("set_.source_Tensor", set_tensor);
-  m.impl("_copy_from", copy_from);
-  m.impl("_copy_from_and_resize", copy_from_and_resize);
-  m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("record_stream", record_stream);
 }
 

@@ -8,6 +8,10 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+namespace spyre::bridge {
+void set_runtime(py::object runtime);
+}
+
 namespace {
 
 py::object default_generator(int device) {
@@ -26,6 +30,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_capacity", &spyre::device_capacity);
   m.def("current_device", [] { return static_cast<int>(spyre::current_device()); });
   m.def("set_device", [](int d) { spyre::set_current_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("current_stream_id", [](int device) {
+    return spyre::current_stream_id(static_cast<c10::DeviceIndex>(device));
+  });
   m.def("stream_priority", [](int device, int64_t id) {
     return spyre::stream_priority(static_cast<c10::DeviceIndex>(device), id);
   });
@@ -54,6 +61,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("regions", [](int device) {
     return spyre::device_allocator().regions(static_cast<c10::DeviceIndex>(device));
   }, py::arg("device"), "(handle, size, live blocks) of each region of a device.");
+  m.def("set_runtime", &spyre::bridge::set_runtime, py::arg("runtime"),
+        "Register the queue layer that answers stream and event calls.");
+  m.def("note_enqueued", [](int device, int64_t stream, int64_t seq) {
+    spyre::note_enqueued(static_cast<c10::DeviceIndex>(device), stream, seq);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("note_completed", [](int device, int64_t stream, int64_t seq) {
+    spyre::note_completed(static_cast<c10::DeviceIndex>(device), stream, seq);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("pending_free_bytes", [](int device) {
+    return spyre::device_allocator().pending_free_bytes(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("region_address", [](int device, int64_t handle) {
+    return reinterpret_cast<uintptr_t>(
+        spyre::device_allocator().region_address(static_cast<c10::DeviceIndex>(device), handle));
+  });
   m.def("device_offset", [](uintptr_t ptr) {
     return spyre::device_allocator().offset_of(reinterpret_cast<void*>(ptr));
   }, "Offset of a device pointer from the start of its device's memory.");

@@ -1,0 +1,130 @@
+"""Copies to, from and within spyre, as typed operations on the current stream.
+
+Dense copies of one dtype are Transfers (h2d, d2h, d2d pipelines); anything
+strided or converting runs as a host operation over the device bytes. A copy
+that is not non_blocking waits for what it reads and writes. Non-blocking
+host-to-device copies from pageable memory snapshot the source into a pinned
+staging buffer first, as CUDA does; to pageable host memory they are
+blocking, as on CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from spyre_runtime import _C
+from spyre_runtime.queue import HostAddress, HostCallback, Transfer, TransferKind, in_host_operation
+
+from . import queues
+
+_lib: torch.library.Library | None = None
+
+
+def _dense_same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.numel() == b.numel()
+        and a.is_contiguous()
+        and b.is_contiguous()
+    )
+
+
+def _spyre(t: torch.Tensor) -> bool:
+    return t.device.type == "spyre"
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if dst.numel() == 0:
+        return dst
+    if in_host_operation():
+        # Inside an operation that already holds its place in stream order.
+        _C.host_alias(dst).copy_(_C.host_alias(src))
+        return dst
+    if _spyre(src) and _spyre(dst):
+        _device_to_device(src, dst)
+    elif _spyre(dst):
+        _host_to_device(src, dst, non_blocking)
+    else:
+        _device_to_host(src, dst, non_blocking)
+    return dst
+
+
+def _host_to_device(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> None:
+    device = dst.device.index
+    q, stream = queues.queue(device), queues.current_stream(device)
+    dense = _dense_same_layout(src, dst)
+    nbytes = dst.numel() * dst.element_size()
+    if not non_blocking:
+        if dense:
+            q.run_inline(stream, Transfer(TransferKind.H2D, HostAddress(src.data_ptr()), queues.address(dst), nbytes))
+        else:
+            queues.run_on_host(device, lambda: _C.host_alias(dst).copy_(src), writes=(dst,), name="h2d (strided)")
+        return
+    if dense and src.is_pinned():
+        q.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(src.data_ptr()), queues.address(dst), nbytes, keepalive=src))
+    elif dense:
+        buf = queues.staging.acquire(nbytes)
+        ctypes.memmove(buf.address, src.data_ptr(), nbytes)  # the copy sees the source as it is now
+        ticket = q.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(buf.address), queues.address(dst), nbytes))
+        queues.staging.release(buf, ticket, (device, stream))
+    else:
+        snapshot = src.clone()
+        q.enqueue(stream, HostCallback(lambda: _C.host_alias(dst).copy_(snapshot),
+                                       queues.footprint(writes=(dst,)), name="h2d (strided)"))
+
+
+def _device_to_host(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> None:
+    device = src.device.index
+    q, stream = queues.queue(device), queues.current_stream(device)
+    dense = _dense_same_layout(src, dst)
+    nbytes = src.numel() * src.element_size()
+    if non_blocking and dst.is_pinned():
+        if dense:
+            q.enqueue(stream, Transfer(TransferKind.D2H, queues.address(src), HostAddress(dst.data_ptr()), nbytes, keepalive=dst))
+        else:
+            q.enqueue(stream, HostCallback(lambda: dst.copy_(_C.host_alias(src)),
+                                           queues.footprint(reads=(src,)), name="d2h (strided)"))
+    elif dense:
+        q.run_inline(stream, Transfer(TransferKind.D2H, queues.address(src), HostAddress(dst.data_ptr()), nbytes))
+    else:
+        queues.run_on_host(device, lambda: dst.copy_(_C.host_alias(src)), reads=(src,), name="d2h (strided)")
+
+
+def _device_to_device(src: torch.Tensor, dst: torch.Tensor) -> None:
+    device = dst.device.index
+    if src.device != dst.device:
+        # No edges cross devices: let the source's work finish, then copy in
+        # the destination's stream order.
+        queues.queue(src.device.index).synchronize_stream(queues.current_stream(src.device.index))
+        queues.run_on_host(device, lambda: _C.host_alias(dst).copy_(_C.host_alias(src)),
+                           writes=(dst,), name="d2d (cross-device)")
+        return
+    q, stream = queues.queue(device), queues.current_stream(device)
+    if _dense_same_layout(src, dst):
+        nbytes = src.numel() * src.element_size()
+        q.enqueue(stream, Transfer(TransferKind.D2D, queues.address(src), queues.address(dst), nbytes))
+    else:
+        q.enqueue(stream, HostCallback(lambda: _C.host_alias(dst).copy_(_C.host_alias(src)),
+                                       queues.footprint(reads=(src,), writes=(dst,)), name="d2d (strided)"))
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if dst.shape != src.shape:
+        dst.resize_(src.shape)
+    return copy_from(src, dst, False)
+
+
+def local_scalar_dense(t: torch.Tensor):
+    return queues.run_on_host(t.device.index, lambda: _C.host_alias(t).item(), reads=(t,), name="item")
+
+
+def install() -> None:
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("_copy_from", copy_from, "PrivateUse1")
+    _lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+    _lib.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")

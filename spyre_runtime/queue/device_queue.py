@@ -1,0 +1,449 @@
+"""One device's queues: streams, dependencies, pipelines and their workers.
+
+Rules, in the order they are applied to an enqueued operation:
+
+1. Stream order: it runs after the previous operation of its stream is done.
+2. Derived edges: it runs after every unfinished operation of another stream
+   whose footprint conflicts with its own (RAW, WAR, WAW on overlapping
+   ranges). Explicit Signal/Wait pairs cover what footprints cannot express.
+3. Pipelines: a ready operation runs on its pipeline. There is ONE compute
+   pipeline (ready computes go by stream priority, then enqueue order) and
+   separate h2d, d2h, d2d and host pipelines, each with its own worker, so a
+   transfer runs while a compute runs. Control operations (Signal, Wait,
+   Barrier) complete as soon as they are ready.
+
+Inline operations are run by the thread that enqueued them, once ready (eager
+ops that need their result now: the CPU fallback, blocking copies, item()).
+
+Every operation also gets a simulated start and end on its pipeline's
+timeline: the later of its dependencies' simulated ends and its pipeline's
+previous end, plus its cost from the hardware config.
+
+A failing operation makes its stream's error sticky: later operations of that
+stream are skipped and the next query/synchronize raises, naming it, until
+clear_error(). Other streams keep working.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import itertools
+import threading
+import time
+from typing import Callable
+
+from .operations import Barrier, Compute, DeviceAddress, HostCallback, Signal, Transfer, Wait
+from .signals import SoftSignal
+
+PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
+
+_local = threading.local()
+
+
+def in_host_operation() -> bool:
+    """True while this thread runs an inline operation: nested device work runs directly."""
+    return getattr(_local, "depth", 0) > 0
+
+
+class StreamError(RuntimeError):
+    """An operation failed on a stream; raised by the stream's query/synchronize until cleared."""
+
+
+class WaitTimeout(TimeoutError):
+    """A Wait whose signal was never enqueued."""
+
+
+class Ticket:
+    """The queue's record of one enqueued operation."""
+
+    __slots__ = (
+        "op", "stream", "seq", "pipeline", "inline", "priority", "deps_left", "dependents",
+        "edges", "ready", "done", "skipped", "error", "result", "pending_error", "deadline",
+        "ready_sim", "sim_start", "sim_end", "host_start", "host_end",
+    )
+
+    def __init__(self, op, stream, seq: int, inline: bool):
+        self.op = op
+        self.stream = stream
+        self.seq = seq
+        self.pipeline = op.pipeline
+        self.inline = inline
+        self.priority = stream.priority
+        self.deps_left = 0
+        self.dependents: list[Ticket] = []
+        self.edges: list[tuple[Ticket, str]] = []  # what it waited for, and why
+        self.ready = self.done = self.skipped = False
+        self.error: BaseException | None = None
+        self.result = None
+        self.pending_error: BaseException | None = None
+        self.deadline: float | None = None
+        self.ready_sim = 0.0
+        self.sim_start = self.sim_end = 0.0
+        self.host_start = self.host_end = 0
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else ("ready" if self.ready else "waiting")
+        return f"Ticket(#{self.seq} {self.name!r} on stream {self.stream.id}, {state})"
+
+
+class _Stream:
+    __slots__ = ("id", "priority", "last", "error", "error_seq")
+
+    def __init__(self, ident: int, priority: int):
+        self.id = ident
+        self.priority = priority
+        self.last: Ticket | None = None
+        self.error: StreamError | None = None
+        self.error_seq = 0
+
+
+class _Pipeline:
+    def __init__(self, name: str, lock: threading.Lock):
+        self.name = name
+        self.heap: list[tuple[int, int, Ticket]] = []
+        self.cond = threading.Condition(lock)
+        self.thread: threading.Thread | None = None
+        self.sim_free = 0.0
+        self.sim_busy = 0.0
+
+
+class Costs:
+    """Simulated cost of each operation kind, in ns (bandwidths in GB/s = bytes/ns)."""
+
+    def __init__(self, host_link_gbps: float, device_memory_gbps: float):
+        self.host_link_gbps = host_link_gbps
+        self.device_memory_gbps = device_memory_gbps
+
+    def transfer_ns(self, op: Transfer) -> float:
+        bw = self.device_memory_gbps if op.pipeline == "d2d" else self.host_link_gbps
+        return op.nbytes / bw
+
+
+class DeviceQueue:
+    def __init__(
+        self,
+        device: int,
+        costs: Costs,
+        resolve_region: Callable[[int], int],
+        stream_priority: Callable[[int], int] = lambda sid: 0,
+        on_enqueued: Callable[[int, int], None] = lambda sid, seq: None,
+        on_completed: Callable[[int, int], None] = lambda sid, seq: None,
+        wait_timeout: float = 60.0,
+    ):
+        self.device = device
+        self.costs = costs
+        self.wait_timeout = wait_timeout
+        self._resolve_region = resolve_region
+        self._region_addresses: dict[int, int] = {}
+        self._stream_priority = stream_priority
+        self._on_enqueued = on_enqueued
+        self._on_completed = on_completed
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.pipelines = {name: _Pipeline(name, self.lock) for name in PIPELINES}
+        self.streams: dict[int, _Stream] = {}
+        self.inflight: dict[int, Ticket] = {}
+        self.unsignaled: set[Ticket] = set()
+        self.recorders: list[list[Ticket]] = []
+        self._seq = itertools.count(1)
+        self._watchdog: threading.Thread | None = None
+
+    # ---- enqueueing -------------------------------------------------------
+
+    def enqueue(self, stream_id: int, op, inline: bool = False) -> Ticket:
+        with self.lock:
+            stream = self._stream(stream_id)
+            ticket = Ticket(op, stream, next(self._seq), inline)
+            self._add_dependencies(ticket, stream)
+            stream.last = ticket
+            self.inflight[ticket.seq] = ticket
+            if ticket.deps_left == 0:
+                self._make_ready([ticket])
+        self._on_enqueued(stream_id, ticket.seq)
+        return ticket
+
+    def _add_dependencies(self, ticket: Ticket, stream: _Stream) -> None:
+        op = ticket.op
+        deps: list[tuple[Ticket, str]] = []
+        if stream.last is not None:
+            if stream.last.done:
+                ticket.ready_sim = stream.last.sim_end
+            else:
+                deps.append((stream.last, "stream"))
+        footprint = op.footprint
+        if not footprint.empty:
+            for other in self.inflight.values():
+                if other.stream is not stream and footprint.conflicts(other.op.footprint):
+                    deps.append((other, "derived"))
+        if isinstance(op, Barrier):
+            deps.extend((o, "barrier") for o in self.inflight.values() if o.stream is not stream)
+        elif isinstance(op, Signal):
+            self._attach_signal(ticket, op.signal)
+        elif isinstance(op, Wait):
+            signal = op.signal
+            if signal.ticket is None:
+                # Its Signal may still come, from any stream: count it as a
+                # dependency now and give up at the deadline.
+                ticket.deps_left += 1
+                ticket.deadline = time.monotonic() + self.wait_timeout
+                signal.waiters.append(ticket)
+                self.unsignaled.add(ticket)
+                self._start_watchdog()
+            elif signal.ticket.done:
+                ticket.ready_sim = max(ticket.ready_sim, signal.ticket.sim_end)
+                ticket.edges.append((signal.ticket, "event"))
+            else:
+                deps.append((signal.ticket, "event"))
+        seen = set()
+        for dep, why in deps:
+            if dep.seq in seen:
+                continue
+            seen.add(dep.seq)
+            dep.dependents.append(ticket)
+            ticket.deps_left += 1
+            ticket.edges.append((dep, why))
+
+    def _attach_signal(self, ticket: Ticket, signal: SoftSignal) -> None:
+        if signal.ticket is not None:
+            raise ValueError(f"{signal!r} is single-use and was already enqueued")
+        signal.ticket = ticket
+        for waiter in signal.waiters:
+            # The waiter's placeholder dependency now stands for this ticket.
+            waiter.deadline = None
+            self.unsignaled.discard(waiter)
+            waiter.edges.append((ticket, "event"))
+            ticket.dependents.append(waiter)
+        signal.waiters.clear()
+
+    def _stream(self, stream_id: int) -> _Stream:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            stream = self.streams[stream_id] = _Stream(stream_id, self._stream_priority(stream_id))
+        return stream
+
+    # ---- readiness and completion (lock held) -----------------------------
+
+    def _make_ready(self, tickets: list[Ticket]) -> None:
+        work = list(tickets)
+        while work:
+            t = work.pop()
+            stream = t.stream
+            if t.pending_error is None and stream.error is not None and t.seq > stream.error_seq:
+                t.skipped = True
+                work.extend(self._complete(t, None))
+            elif t.pipeline == "control" or t.pending_error is not None:
+                t.sim_start = t.sim_end = t.ready_sim
+                work.extend(self._complete(t, t.pending_error))
+            elif t.inline:
+                t.ready = True
+                self.changed.notify_all()
+            else:
+                t.ready = True
+                pipe = self.pipelines[t.pipeline]
+                key = t.priority if t.pipeline == "compute" else 0
+                heapq.heappush(pipe.heap, (key, t.seq, t))
+                self._start_worker(pipe)
+                pipe.cond.notify()
+
+    def _complete(self, t: Ticket, error: BaseException | None) -> list[Ticket]:
+        """Mark done; returns dependents that became ready (the caller readies them)."""
+        t.done = True
+        t.error = error
+        self.inflight.pop(t.seq, None)
+        stream = t.stream
+        raise_to_caller = isinstance(t.op, HostCallback) and t.op.raise_to_caller
+        if error is not None and not raise_to_caller and stream.error is None:
+            stream.error = StreamError(
+                f"spyre:{self.device} stream {stream.id}: operation #{t.seq} ({t.name}) failed: "
+                f"{type(error).__name__}: {error}"
+            )
+            stream.error.__cause__ = error
+            stream.error_seq = t.seq
+        ready = []
+        for d in t.dependents:
+            d.ready_sim = max(d.ready_sim, t.sim_end)
+            d.deps_left -= 1
+            if d.deps_left == 0:
+                ready.append(d)
+        for rec in self.recorders:
+            rec.append(t)
+        self.changed.notify_all()
+        self._on_completed(stream.id, t.seq)
+        return ready
+
+    def _finish(self, t: Ticket, cost_ns: float, error: BaseException | None) -> None:
+        with self.lock:
+            pipe = self.pipelines[t.pipeline]
+            t.sim_end = t.sim_start + cost_ns
+            pipe.sim_free = max(pipe.sim_free, t.sim_end)
+            pipe.sim_busy += cost_ns
+            self._make_ready(self._complete(t, error))
+
+    # ---- execution ----------------------------------------------------------
+
+    def _start_worker(self, pipe: _Pipeline) -> None:
+        if pipe.thread is None:
+            pipe.thread = threading.Thread(
+                target=self._work, args=(pipe,), name=f"spyre{self.device}-{pipe.name}", daemon=True
+            )
+            pipe.thread.start()
+
+    def _work(self, pipe: _Pipeline) -> None:
+        while True:
+            with self.lock:
+                while not pipe.heap:
+                    pipe.cond.wait()
+                _, _, t = heapq.heappop(pipe.heap)
+                t.sim_start = max(t.ready_sim, pipe.sim_free)
+            cost, error = self._execute(t)
+            self._finish(t, cost, error)
+
+    def _execute(self, t: Ticket) -> tuple[float, BaseException | None]:
+        op = t.op
+        t.host_start = time.perf_counter_ns()
+        try:
+            if isinstance(op, Transfer):
+                ctypes.memmove(self._address(op.destination), self._address(op.source), op.nbytes)
+                cost = self.costs.transfer_ns(op)
+            elif isinstance(op, Compute):
+                op.executable.run(op.bindings)
+                cost_fn = getattr(op.executable, "simulated_ns", None)
+                cost = float(cost_fn(op.bindings)) if cost_fn is not None else 0.0
+            else:  # HostCallback: it holds the stream for as long as it takes
+                t.result = op.fn()
+                cost = None
+            error = None
+        except BaseException as e:  # noqa: BLE001 - reported through the stream
+            cost, error = None, e
+        t.host_end = time.perf_counter_ns()
+        if cost is None:
+            cost = float(t.host_end - t.host_start)
+        return cost, error
+
+    def _address(self, where) -> int:
+        if isinstance(where, DeviceAddress):
+            base = self._region_addresses.get(where.region)
+            if base is None:
+                base = self._region_addresses[where.region] = self._resolve_region(where.region)
+            return base + where.offset
+        return where.address
+
+    def run_inline(self, stream_id: int, op):
+        """Enqueue `op`, run it on this thread once ready, return its result or raise."""
+        if in_host_operation():
+            # Already inside an inline operation of this thread: stream order
+            # is already established; run directly.
+            return op.fn() if isinstance(op, HostCallback) else self._execute_direct(op)
+        t = self.enqueue(stream_id, op, inline=True)
+        with self.lock:
+            while not (t.ready or t.done):
+                self.changed.wait()
+            if not t.done:
+                t.sim_start = max(t.ready_sim, self.pipelines[t.pipeline].sim_free)
+        if not t.done:
+            _local.depth = getattr(_local, "depth", 0) + 1
+            try:
+                cost, error = self._execute(t)
+            finally:
+                _local.depth -= 1
+            self._finish(t, cost, error)
+        return self._outcome(t)
+
+    def _execute_direct(self, op):
+        probe = Ticket(op, _Stream(-1, 0), 0, True)
+        _, error = self._execute(probe)
+        if error is not None:
+            raise error
+        return probe.result
+
+    def _outcome(self, t: Ticket):
+        if t.error is not None:
+            raise t.error
+        if t.skipped:
+            raise t.stream.error
+        return t.result
+
+    def wait(self, t: Ticket):
+        """Block until `t` is done; return its result or raise its error."""
+        if in_host_operation() and not t.done:
+            raise RuntimeError(f"spyre: waiting for {t!r} from inside a host operation would deadlock")
+        with self.lock:
+            while not t.done:
+                self.changed.wait()
+        return self._outcome(t)
+
+    # ---- streams ---------------------------------------------------------------
+
+    def query_stream(self, stream_id: int) -> bool:
+        with self.lock:
+            stream = self._stream(stream_id)
+            if stream.error is not None:
+                raise stream.error
+            return stream.last is None or stream.last.done
+
+    def synchronize_stream(self, stream_id: int) -> None:
+        if in_host_operation():
+            return
+        with self.lock:
+            stream = self._stream(stream_id)
+            target = stream.last
+            while target is not None and not target.done:
+                self.changed.wait()
+            if stream.error is not None:
+                raise stream.error
+
+    def synchronize(self) -> None:
+        if in_host_operation():
+            return
+        with self.lock:
+            targets = list(self.inflight.values())
+            for t in targets:
+                while not t.done:
+                    self.changed.wait()
+            for stream in self.streams.values():
+                if stream.error is not None:
+                    raise stream.error
+
+    def clear_error(self, stream_id: int | None = None) -> None:
+        with self.lock:
+            for stream in self.streams.values():
+                if stream_id is None or stream.id == stream_id:
+                    stream.error = None
+
+    # ---- waits whose signal never comes -------------------------------------
+
+    def _start_watchdog(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name=f"spyre{self.device}-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                expired = [t for t in self.unsignaled if t.deadline is not None and t.deadline <= now]
+                ready = []
+                for t in expired:
+                    self.unsignaled.discard(t)
+                    t.op.signal.waiters.remove(t)
+                    t.pending_error = WaitTimeout(
+                        f"spyre:{self.device} stream {t.stream.id}: {t.name} waited "
+                        f"{self.wait_timeout:g} s for a signal that was never enqueued"
+                    )
+                    t.deps_left -= 1
+                    if t.deps_left == 0:
+                        ready.append(t)
+                self._make_ready(ready)
+                deadlines = [t.deadline for t in self.unsignaled if t.deadline is not None]
+                self.changed.wait(timeout=max(0.01, min(deadlines) - now) if deadlines else 1.0)
+
+    # ---- introspection -----------------------------------------------------------
+
+    def sim_busy_ns(self) -> dict[str, float]:
+        with self.lock:
+            return {name: p.sim_busy for name, p in self.pipelines.items()}

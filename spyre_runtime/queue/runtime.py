@@ -1,0 +1,95 @@
+"""The queue layer of all devices, and the stream/event calls PyTorch makes.
+
+The C++ device guard forwards torch.Stream / torch.Event operations here
+(runtime_bridge.cpp). User events map to single-use signals: each record
+enqueues a fresh Signal; waiting enqueues a Wait on the latest one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .device_queue import Costs, DeviceQueue
+from .operations import Signal, Wait
+from .signals import SoftSignal
+
+
+class Runtime:
+    def __init__(self, num_devices: int, costs: Costs, native=None, wait_timeout: float = 60.0):
+        """`native`: the C++ module (region addresses, stream priorities, progress)."""
+        self._lock = threading.Lock()
+        self._events: dict[int, tuple[int, SoftSignal]] = {}
+        self.devices = [self._make_queue(d, costs, native, wait_timeout) for d in range(num_devices)]
+
+    @staticmethod
+    def _make_queue(device: int, costs: Costs, native, wait_timeout: float) -> DeviceQueue:
+        if native is None:
+            return DeviceQueue(device, costs, resolve_region=_no_regions, wait_timeout=wait_timeout)
+        return DeviceQueue(
+            device,
+            costs,
+            resolve_region=lambda region: native.region_address(device, region),
+            stream_priority=lambda sid: native.stream_priority(device, sid),
+            on_enqueued=lambda sid, seq: native.note_enqueued(device, sid, seq),
+            on_completed=lambda sid, seq: native.note_completed(device, sid, seq),
+            wait_timeout=wait_timeout,
+        )
+
+    def queue(self, device: int) -> DeviceQueue:
+        return self.devices[device]
+
+    # ---- events (called by the C++ guard) ----------------------------------
+
+    def event_record(self, event: int, device: int, stream: int) -> None:
+        signal = SoftSignal()
+        self.devices[device].enqueue(stream, Signal(signal))
+        with self._lock:
+            self._events[event] = (device, signal)
+
+    def event_block(self, event: int, device: int, stream: int) -> None:
+        with self._lock:
+            entry = self._events.get(event)
+        if entry is not None:  # never recorded: nothing to wait for, as on CUDA
+            self.devices[device].enqueue(stream, Wait(entry[1]))
+
+    def event_query(self, event: int) -> bool:
+        with self._lock:
+            entry = self._events.get(event)
+        return entry is None or entry[1].fired
+
+    def event_synchronize(self, event: int) -> None:
+        with self._lock:
+            entry = self._events.get(event)
+        if entry is not None:
+            device, signal = entry
+            self.devices[device].wait(signal.ticket)
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        with self._lock:
+            a, b = self._events.get(start), self._events.get(end)
+        if a is None or b is None:
+            raise ValueError("spyre: both events must be recorded before elapsed_time")
+        if not (a[1].fired and b[1].fired):
+            raise ValueError("spyre: both events must have completed before elapsed_time (synchronize first)")
+        if a[0] != b[0]:
+            raise ValueError(f"spyre: elapsed_time needs events of one device, got spyre:{a[0]} and spyre:{b[0]}")
+        return (b[1].sim_time_ns - a[1].sim_time_ns) / 1e6
+
+    def event_destroy(self, event: int) -> None:
+        with self._lock:
+            self._events.pop(event, None)
+
+    # ---- streams -------------------------------------------------------------
+
+    def stream_query(self, device: int, stream: int) -> bool:
+        return self.devices[device].query_stream(stream)
+
+    def stream_synchronize(self, device: int, stream: int) -> None:
+        self.devices[device].synchronize_stream(stream)
+
+    def device_synchronize(self, device: int) -> None:
+        self.devices[device].synchronize()
+
+
+def _no_regions(region: int) -> int:
+    raise RuntimeError("this runtime has no device memory attached (created without native)")
