@@ -4,9 +4,11 @@ import warnings
 
 import allocator
 import device_overhead
+import queue_layer
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
 if __name__ == "__main__":
     device_overhead.main()
     allocator.main()
+    queue_layer.main()

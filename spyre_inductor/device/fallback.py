@@ -179,7 +179,8 @@ class _Call:
         for name, (tensor, temp) in self.out_temps.items():
             if tensor.shape != temp.shape:
                 tensor.resize_(temp.shape)
-            tensor.copy_(temp)
+            # Already in stream order (a host operation): copy the bytes directly.
+            _C.host_alias(tensor).copy_(temp)
         for name in self.plan.written_args:
             if name in self.aliases:
                 _follow_metadata(*self.aliases[name])
@@ -203,7 +204,9 @@ class _Call:
                 if value is host:
                     return device_tensor
                 return _view_of(device_tensor, host, value)
-        return value.to(self.device)
+        out = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=self.device)
+        _C.host_alias(out).copy_(value)
+        return out
 
 
 def _with_index(device: torch.device) -> torch.device:

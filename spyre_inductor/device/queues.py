@@ -49,11 +49,39 @@ def current_stream(device: int) -> int:
     return _C.current_stream_id(device)
 
 
+# (storage address, bytes) -> its allocation's pieces. A live allocation's
+# address and size determine its region, offset and length, so an entry can
+# never be stale.
+_pieces_cache: dict[tuple[int, int], tuple[Range, ...]] = {}
+
+
+def storage_ranges(storage: torch.UntypedStorage) -> tuple[Range, ...]:
+    key = (storage.data_ptr(), storage.nbytes())
+    found = _pieces_cache.get(key)
+    if found is None:
+        if key[1] == 0:
+            return ()
+        if len(_pieces_cache) > 4096:
+            _pieces_cache.clear()
+        found = _pieces_cache[key] = tuple(Range(*p) for p in _C.describe(key[0]))
+    return found
+
+
 def ranges(t: torch.Tensor) -> tuple[Range, ...]:
-    """The device memory a tensor may touch: its storage's allocation (conservatively)."""
-    if t.untyped_storage().nbytes() == 0:
-        return ()
-    return tuple(Range(*p) for p in _C.describe(t.untyped_storage().data_ptr()))
+    """The device memory a tensor touches: the span from its first to its last element.
+
+    Views of one storage that do not overlap get disjoint ranges, so work on
+    them can overlap across streams.
+    """
+    pieces = storage_ranges(t.untyped_storage())
+    if len(pieces) != 1 or t.numel() == 0:
+        return pieces if t.numel() else ()
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
+    if any(st < 0 for st in t.stride()):
+        return pieces  # negative strides: be conservative
+    size = t.element_size()
+    whole = pieces[0]
+    return (Range(whole.region, whole.offset + t.storage_offset() * size, extent * size),)
 
 
 def footprint(reads=(), writes=()) -> Footprint:
@@ -65,8 +93,8 @@ def footprint(reads=(), writes=()) -> Footprint:
 
 def address(t: torch.Tensor) -> DeviceAddress:
     """Where a tensor's first element lives: (region, offset in the region)."""
-    region, offset, _ = _C.describe(t.untyped_storage().data_ptr())[0]
-    return DeviceAddress(region, offset + t.storage_offset() * t.element_size())
+    first = storage_ranges(t.untyped_storage())[0]
+    return DeviceAddress(first.region, first.offset + t.storage_offset() * t.element_size())
 
 
 def run_on_host(device: int, fn, reads=(), writes=(), name: str = "host op"):

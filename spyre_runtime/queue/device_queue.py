@@ -26,6 +26,7 @@ clear_error(). Other streams keep working.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import heapq
 import itertools
@@ -91,13 +92,32 @@ class Ticket:
         return f"Ticket(#{self.seq} {self.name!r} on stream {self.stream.id}, {state})"
 
 
+def _drop(queue: collections.deque, t: Ticket) -> None:
+    # Tickets finish in stream order, so this is almost always the oldest.
+    if queue[0] is t:
+        queue.popleft()
+    else:
+        queue.remove(t)
+
+
+class _Finished:
+    """What remains of a finished operation: its name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
 class _Stream:
-    __slots__ = ("id", "priority", "last", "error", "error_seq")
+    __slots__ = ("id", "priority", "last", "pending", "writers", "error", "error_seq")
 
     def __init__(self, ident: int, priority: int):
         self.id = ident
         self.priority = priority
         self.last: Ticket | None = None
+        self.pending: collections.deque[Ticket] = collections.deque()  # unfinished, in order
+        self.writers: collections.deque[Ticket] = collections.deque()  # those that write memory
         self.error: StreamError | None = None
         self.error_seq = 0
 
@@ -152,19 +172,32 @@ class DeviceQueue:
         self.recorders: list[list[Ticket]] = []
         self._seq = itertools.count(1)
         self._watchdog: threading.Thread | None = None
+        # Simulated time the host has observed (by synchronizing or waiting):
+        # whatever it enqueues afterwards cannot start earlier.
+        self.sim_floor = 0.0
 
     # ---- enqueueing -------------------------------------------------------
 
     def enqueue(self, stream_id: int, op, inline: bool = False) -> Ticket:
         with self.lock:
-            stream = self._stream(stream_id)
-            ticket = Ticket(op, stream, next(self._seq), inline)
-            self._add_dependencies(ticket, stream)
-            stream.last = ticket
-            self.inflight[ticket.seq] = ticket
-            if ticket.deps_left == 0:
-                self._make_ready([ticket])
+            ticket = self._enqueue_locked(stream_id, op, inline)
         self._on_enqueued(stream_id, ticket.seq)
+        return ticket
+
+    def _enqueue_locked(self, stream_id: int, op, inline: bool) -> Ticket:
+        stream = self._stream(stream_id)
+        ticket = Ticket(op, stream, next(self._seq), inline)
+        self._add_dependencies(ticket, stream)
+        stream.last = ticket
+        stream.pending.append(ticket)
+        if op.footprint.writes:
+            stream.writers.append(ticket)
+        self.inflight[ticket.seq] = ticket
+        if ticket.deps_left == 0:
+            if inline and stream.error is None:
+                ticket.ready = True  # nobody waits for it yet: no need to notify
+            else:
+                self._make_ready([ticket])
         return ticket
 
     def _add_dependencies(self, ticket: Ticket, stream: _Stream) -> None:
@@ -175,13 +208,20 @@ class DeviceQueue:
                 ticket.ready_sim = stream.last.sim_end
             else:
                 deps.append((stream.last, "stream"))
+        ticket.ready_sim = max(ticket.ready_sim, self.sim_floor)
         footprint = op.footprint
+        others = [s for s in self.streams.values() if s is not stream and s.pending]
         if not footprint.empty:
-            for other in self.inflight.values():
-                if other.stream is not stream and footprint.conflicts(other.op.footprint):
-                    deps.append((other, "derived"))
+            for other in others:
+                # A stream finishes in order: depending on its newest
+                # conflicting operation covers the older ones. A read-only
+                # operation can only conflict with writers.
+                for pending in reversed(other.pending if footprint.writes else other.writers):
+                    if footprint.conflicts(pending.op.footprint):
+                        deps.append((pending, "derived"))
+                        break
         if isinstance(op, Barrier):
-            deps.extend((o, "barrier") for o in self.inflight.values() if o.stream is not stream)
+            deps.extend((other.pending[-1], "barrier") for other in others)
         elif isinstance(op, Signal):
             self._attach_signal(ticket, op.signal)
         elif isinstance(op, Wait):
@@ -256,6 +296,9 @@ class DeviceQueue:
         t.error = error
         self.inflight.pop(t.seq, None)
         stream = t.stream
+        _drop(stream.pending, t)
+        if stream.writers and t.op.footprint.writes:
+            _drop(stream.writers, t)
         raise_to_caller = isinstance(t.op, HostCallback) and t.op.raise_to_caller
         if error is not None and not raise_to_caller and stream.error is None:
             stream.error = StreamError(
@@ -270,8 +313,16 @@ class DeviceQueue:
             d.deps_left -= 1
             if d.deps_left == 0:
                 ready.append(d)
-        for rec in self.recorders:
-            rec.append(t)
+        # A finished ticket stays reachable (its stream's `last`, an event's
+        # signal): drop its operands so tensors and buffers can be freed, and
+        # its edges unless a timeline wants them.
+        t.op = _Finished(t.op.name)
+        t.dependents = []
+        if self.recorders:
+            for rec in self.recorders:
+                rec.append(t)
+        else:
+            t.edges = []
         self.changed.notify_all()
         self._on_completed(stream.id, t.seq)
         return ready
@@ -339,8 +390,9 @@ class DeviceQueue:
             # Already inside an inline operation of this thread: stream order
             # is already established; run directly.
             return op.fn() if isinstance(op, HostCallback) else self._execute_direct(op)
-        t = self.enqueue(stream_id, op, inline=True)
         with self.lock:
+            t = self._enqueue_locked(stream_id, op, True)
+            self._on_enqueued(stream_id, t.seq)
             while not (t.ready or t.done):
                 self.changed.wait()
             if not t.done:
@@ -352,7 +404,12 @@ class DeviceQueue:
             finally:
                 _local.depth -= 1
             self._finish(t, cost, error)
-        return self._outcome(t)
+        self._observe(t.sim_end)
+        return self._outcome(t, keep=False)
+
+    def _observe(self, sim_time: float) -> None:
+        with self.lock:
+            self.sim_floor = max(self.sim_floor, sim_time)
 
     def _execute_direct(self, op):
         probe = Ticket(op, _Stream(-1, 0), 0, True)
@@ -361,12 +418,15 @@ class DeviceQueue:
             raise error
         return probe.result
 
-    def _outcome(self, t: Ticket):
+    def _outcome(self, t: Ticket, keep: bool = True):
         if t.error is not None:
             raise t.error
         if t.skipped:
             raise t.stream.error
-        return t.result
+        result = t.result
+        if not keep:
+            t.result = None
+        return result
 
     def wait(self, t: Ticket):
         """Block until `t` is done; return its result or raise its error."""
@@ -375,6 +435,7 @@ class DeviceQueue:
         with self.lock:
             while not t.done:
                 self.changed.wait()
+            self.sim_floor = max(self.sim_floor, t.sim_end)
         return self._outcome(t)
 
     # ---- streams ---------------------------------------------------------------
@@ -394,6 +455,8 @@ class DeviceQueue:
             target = stream.last
             while target is not None and not target.done:
                 self.changed.wait()
+            if target is not None:
+                self.sim_floor = max(self.sim_floor, target.sim_end)
             if stream.error is not None:
                 raise stream.error
 
@@ -405,6 +468,7 @@ class DeviceQueue:
             for t in targets:
                 while not t.done:
                     self.changed.wait()
+            self.sim_floor = max([self.sim_floor] + [p.sim_free for p in self.pipelines.values()])
             for stream in self.streams.values():
                 if stream.error is not None:
                     raise stream.error

@@ -96,35 +96,36 @@ class Transfer:
     nbytes: int
     # Host objects that must stay alive until the transfer has run.
     keepalive: Any = field(default=None, compare=False)
+    pipeline: str = field(init=False, compare=False)
+    footprint: Footprint = field(init=False, compare=False)
 
     def __post_init__(self):
-        want = {
-            TransferKind.H2D: (HostAddress, DeviceAddress),
-            TransferKind.D2H: (DeviceAddress, HostAddress),
-            TransferKind.D2D: (DeviceAddress, DeviceAddress),
-        }[self.kind]
-        if not (isinstance(self.source, want[0]) and isinstance(self.destination, want[1])):
+        want = _TRANSFER_OPERANDS[self.kind]
+        if type(self.source) is not want[0] or type(self.destination) is not want[1]:
             raise TypeError(
                 f"{self.kind.value} transfer needs a {want[0].__name__} source and a "
                 f"{want[1].__name__} destination, got {self.source!r} -> {self.destination!r}"
             )
         if self.nbytes < 0:
             raise ValueError(f"transfer size must be non-negative, got {self.nbytes}")
+        # Computed once: the scheduler reads these on every conflict check.
+        object.__setattr__(self, "pipeline", self.kind.value)
+        object.__setattr__(self, "footprint", Footprint(
+            reads=self._range(self.source), writes=self._range(self.destination)))
+
+    def _range(self, addr) -> tuple[Range, ...]:
+        return (Range(addr.region, addr.offset, self.nbytes),) if type(addr) is DeviceAddress else ()
 
     @property
     def name(self) -> str:
         return f"{self.kind.value} {self.nbytes} B"
 
-    @property
-    def pipeline(self) -> str:
-        return self.kind.value
 
-    @property
-    def footprint(self) -> Footprint:
-        def rng(addr):
-            return (Range(addr.region, addr.offset, self.nbytes),) if isinstance(addr, DeviceAddress) else ()
-
-        return Footprint(reads=rng(self.source), writes=rng(self.destination))
+_TRANSFER_OPERANDS = {
+    TransferKind.H2D: (HostAddress, DeviceAddress),
+    TransferKind.D2H: (DeviceAddress, HostAddress),
+    TransferKind.D2D: (DeviceAddress, DeviceAddress),
+}
 
 
 @dataclass(frozen=True)
