@@ -38,6 +38,9 @@ from .operations import Barrier, Compute, DeviceAddress, HostCallback, Signal, T
 from .signals import SoftSignal
 
 PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
+# Finished operations per stream that later ones still order against in
+# simulated time (see DeviceQueue._follow_finished).
+RECENT = 16
 
 _local = threading.local()
 
@@ -101,16 +104,17 @@ def _drop(queue: collections.deque, t: Ticket) -> None:
 
 
 class _Finished:
-    """What remains of a finished operation: its name."""
+    """What remains of a finished operation: its name and footprint."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "footprint")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, footprint):
         self.name = name
+        self.footprint = footprint
 
 
 class _Stream:
-    __slots__ = ("id", "priority", "last", "pending", "writers", "error", "error_seq")
+    __slots__ = ("id", "priority", "last", "pending", "writers", "recent", "error", "error_seq")
 
     def __init__(self, ident: int, priority: int):
         self.id = ident
@@ -118,6 +122,7 @@ class _Stream:
         self.last: Ticket | None = None
         self.pending: collections.deque[Ticket] = collections.deque()  # unfinished, in order
         self.writers: collections.deque[Ticket] = collections.deque()  # those that write memory
+        self.recent: collections.deque[Ticket] = collections.deque(maxlen=RECENT)  # finished, with footprints
         self.error: StreamError | None = None
         self.error_seq = 0
 
@@ -127,6 +132,9 @@ class _Pipeline:
         self.name = name
         self.heap: list[tuple[int, int, Ticket]] = []
         self.cond = threading.Condition(lock)
+        # Held while an operation executes on it. Re-entrant: a host callback
+        # on the host worker may itself run inline work on the host pipeline.
+        self.running = threading.RLock()
         self.thread: threading.Thread | None = None
         self.sim_free = 0.0
         self.sim_busy = 0.0
@@ -194,7 +202,7 @@ class DeviceQueue:
             stream.writers.append(ticket)
         self.inflight[ticket.seq] = ticket
         if ticket.deps_left == 0:
-            if inline and stream.error is None:
+            if inline and stream.error is None and ticket.pipeline != "control":
                 ticket.ready = True  # nobody waits for it yet: no need to notify
             else:
                 self._make_ready([ticket])
@@ -222,6 +230,11 @@ class DeviceQueue:
                         break
         if isinstance(op, Barrier):
             deps.extend((other.pending[-1], "barrier") for other in others)
+            for other in self.streams.values():
+                if other is not stream and other.last is not None and other.last.done:
+                    ticket.ready_sim = max(ticket.ready_sim, other.last.sim_end)
+        if not footprint.empty:
+            self._follow_finished(ticket, stream, footprint)
         elif isinstance(op, Signal):
             self._attach_signal(ticket, op.signal)
         elif isinstance(op, Wait):
@@ -247,6 +260,28 @@ class DeviceQueue:
             dep.dependents.append(ticket)
             ticket.deps_left += 1
             ticket.edges.append((dep, why))
+
+    def _follow_finished(self, ticket: Ticket, stream: _Stream, footprint) -> None:
+        """Simulated time also follows conflicting work that already finished.
+
+        In host time it is done, but on the simulated timeline the new
+        operation must not start before it ends. Looks back RECENT finished
+        operations per stream (newest first: a stream's ends only grow).
+        """
+        for other in self.streams.values():
+            if other is stream:
+                continue
+            for done in reversed(other.recent):
+                if done.sim_end <= ticket.ready_sim:
+                    break
+                if footprint.conflicts(done.op.footprint):
+                    ticket.ready_sim = done.sim_end
+                    break
+            else:
+                if len(other.recent) == RECENT:
+                    # Older operations are forgotten; each ended before the
+                    # oldest remembered one started, so that start bounds them.
+                    ticket.ready_sim = max(ticket.ready_sim, other.recent[0].sim_start)
 
     def _attach_signal(self, ticket: Ticket, signal: SoftSignal) -> None:
         if signal.ticket is not None:
@@ -275,6 +310,8 @@ class DeviceQueue:
             stream = t.stream
             if t.pending_error is None and stream.error is not None and t.seq > stream.error_seq:
                 t.skipped = True
+                t.pending_error = stream.error  # why it was skipped, even after clear_error()
+                t.sim_start = t.sim_end = t.ready_sim
                 work.extend(self._complete(t, None))
             elif t.pipeline == "control" or t.pending_error is not None:
                 t.sim_start = t.sim_end = t.ready_sim
@@ -316,7 +353,10 @@ class DeviceQueue:
         # A finished ticket stays reachable (its stream's `last`, an event's
         # signal): drop its operands so tensors and buffers can be freed, and
         # its edges unless a timeline wants them.
-        t.op = _Finished(t.op.name)
+        footprint = t.op.footprint
+        t.op = _Finished(t.op.name, footprint)
+        if not footprint.empty and not t.skipped:
+            stream.recent.append(t)
         t.dependents = []
         if self.recorders:
             for rec in self.recorders:
@@ -350,6 +390,14 @@ class DeviceQueue:
                 while not pipe.heap:
                     pipe.cond.wait()
                 _, _, t = heapq.heappop(pipe.heap)
+            self._run_on_pipeline(t)
+
+    def _run_on_pipeline(self, t: Ticket) -> None:
+        """Execute `t` holding its pipeline, so a pipeline runs one operation at a
+        time whether its worker or an inline caller executes it."""
+        pipe = self.pipelines[t.pipeline]
+        with pipe.running:
+            with self.lock:
                 t.sim_start = max(t.ready_sim, pipe.sim_free)
             cost, error = self._execute(t)
             self._finish(t, cost, error)
@@ -392,18 +440,16 @@ class DeviceQueue:
             return op.fn() if isinstance(op, HostCallback) else self._execute_direct(op)
         with self.lock:
             t = self._enqueue_locked(stream_id, op, True)
-            self._on_enqueued(stream_id, t.seq)
+        self._on_enqueued(stream_id, t.seq)
+        with self.lock:
             while not (t.ready or t.done):
                 self.changed.wait()
-            if not t.done:
-                t.sim_start = max(t.ready_sim, self.pipelines[t.pipeline].sim_free)
-        if not t.done:
+        if not t.done:  # control operations complete as soon as they are ready
             _local.depth = getattr(_local, "depth", 0) + 1
             try:
-                cost, error = self._execute(t)
+                self._run_on_pipeline(t)
             finally:
                 _local.depth -= 1
-            self._finish(t, cost, error)
         self._observe(t.sim_end)
         return self._outcome(t, keep=False)
 
@@ -422,7 +468,7 @@ class DeviceQueue:
         if t.error is not None:
             raise t.error
         if t.skipped:
-            raise t.stream.error
+            raise t.pending_error
         result = t.result
         if not keep:
             t.result = None
