@@ -6,12 +6,9 @@ Spyre vs CPU in one run, with an empty device and with 10,000 live blocks
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
-from _table import print_table
+from _bench import per_call_us, print_table
 
 PAIRS = 20000
 
@@ -21,15 +18,7 @@ def pair_us(device: str, nbytes: int) -> float:
         t = torch.empty(nbytes, dtype=torch.uint8, device=device)
         del t
 
-    for _ in range(200):
-        one()
-    runs = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(PAIRS):
-            one()
-        runs.append((time.perf_counter() - start) / PAIRS * 1e6)
-    return statistics.median(runs)
+    return per_call_us(one, repeats=PAIRS, warmup=200)
 
 
 def main() -> None:

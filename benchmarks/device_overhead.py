@@ -10,9 +10,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
-from _table import print_table
+from _bench import per_call_us, print_table
 
 IMPORT_RUNS = 9
 
@@ -40,18 +39,6 @@ def import_table() -> None:
             ["added by spyre (budget 0.5 s)", with_ - without],
         ],
     )
-
-
-def per_call_us(fn, repeats: int = 2000) -> float:
-    for _ in range(50):
-        fn()
-    best = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        best.append((time.perf_counter() - t) / repeats * 1e6)
-    return statistics.median(best)
 
 
 def eager_add_table() -> None:

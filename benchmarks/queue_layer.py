@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from _table import print_table
+from _bench import print_table
 from spyre_inductor.device import queues
 from spyre_runtime.queue import Compute, HostCallback, Timeline, Transfer, TransferKind, HostAddress
 

@@ -73,12 +73,18 @@ def ranges(t: torch.Tensor) -> tuple[Range, ...]:
     Views of one storage that do not overlap get disjoint ranges, so work on
     them can overlap across streams.
     """
+    if t.numel() == 0:
+        return ()
     pieces = storage_ranges(t.untyped_storage())
-    if len(pieces) != 1 or t.numel() == 0:
-        return pieces if t.numel() else ()
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
-    if any(st < 0 for st in t.stride()):
-        return pieces  # negative strides: be conservative
+    if len(pieces) != 1:
+        return pieces
+    if t.is_contiguous():
+        extent = t.numel()
+    else:
+        strides = t.stride()
+        if min(strides) < 0:
+            return pieces  # negative strides: be conservative
+        extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, strides))
     size = t.element_size()
     whole = pieces[0]
     return (Range(whole.region, whole.offset + t.storage_offset() * size, extent * size),)
