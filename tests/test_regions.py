@@ -195,3 +195,36 @@ def test_vf_budget_exhaustion_is_reported_and_recoverable():
 def test_bad_mode_names_the_variable():
     result = run_python("import torch", SPYRE_MODE="shared")
     assert result.returncode != 0 and "SPYRE_MODE must be 'pf' or 'vf'" in result.stderr
+
+
+def test_allocations_and_frees_from_many_threads_keep_statistics_exact():
+    import threading
+
+    gc.collect()
+    torch.spyre.empty_cache()
+    d = f"spyre:{DEVICE}"
+    errors = []
+
+    def churn(seed):
+        try:
+            sizes = [(seed * 7919 + i * 104729) % 50000 + 1 for i in range(400)]
+            held = []
+            for i, n in enumerate(sizes):
+                held.append(torch.empty(n, dtype=torch.uint8, device=d))
+                if i % 3 == 2:
+                    held.pop(0)  # frees interleave with other threads' allocations
+            del held
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    stats = torch.spyre.memory_stats(DEVICE)
+    assert stats["allocated_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
+    assert stats["allocation.all.allocated"] == stats["allocation.all.freed"]
+    torch.spyre.empty_cache()
+    assert torch.spyre.memory_stats(DEVICE)["reserved_bytes.all.current"] == 0

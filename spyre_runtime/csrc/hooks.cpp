@@ -2,6 +2,7 @@
 
 #include "allocator.h"
 #include "guard.h"
+#include "runtime_bridge.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -167,6 +168,8 @@ struct SpyreHooks final : public at::PrivateUse1HooksInterface {
     auto* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "spyre: trying to resize a storage that is not resizable");
     const auto device = storage.device().index();
+    // The old bytes are copied on the host: queued work writing them must finish.
+    bridge::device_synchronize(device);
     auto fresh = device_allocator().allocate_on(device, newsize);
     const size_t keep = std::min(newsize, impl->nbytes());
     if (keep > 0) {
