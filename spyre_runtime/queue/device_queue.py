@@ -12,6 +12,9 @@ Rules, in the order they are applied to an enqueued operation:
    transfer runs while a compute runs. Control operations (Signal, Wait,
    Barrier) complete as soon as they are ready.
 
+Program distribution: a Compute whose executable can `fetch` is fetched when
+it is enqueued (ahead of execution), or, behind a Barrier, when it is ready.
+
 Inline operations are run by the thread that enqueued them, once ready (eager
 ops that need their result now: the CPU fallback, blocking copies, item()).
 
@@ -64,7 +67,7 @@ class Ticket:
     __slots__ = (
         "op", "stream", "seq", "pipeline", "inline", "priority", "deps_left", "dependents",
         "edges", "ready", "done", "skipped", "error", "result", "pending_error", "deadline",
-        "ready_sim", "sim_start", "sim_end", "host_start", "host_end",
+        "ready_sim", "sim_start", "sim_end", "host_start", "host_end", "fetch_on_ready",
     )
 
     def __init__(self, op, stream, seq: int, inline: bool):
@@ -85,6 +88,7 @@ class Ticket:
         self.ready_sim = 0.0
         self.sim_start = self.sim_end = 0.0
         self.host_start = self.host_end = 0
+        self.fetch_on_ready = False
 
     @property
     def name(self) -> str:
@@ -195,7 +199,15 @@ class DeviceQueue:
     def _enqueue_locked(self, stream_id: int, op, inline: bool) -> Ticket:
         stream = self._stream(stream_id)
         ticket = Ticket(op, stream, next(self._seq), inline)
+        previous = stream.last
         self._add_dependencies(ticket, stream)
+        if type(op) is Compute and hasattr(op.executable, "fetch"):
+            # Program distribution fetches ahead of execution, unless a
+            # Barrier ahead of it on the stream holds the fetch back.
+            if previous is not None and not previous.done and type(previous.op) is Barrier:
+                ticket.fetch_on_ready = True
+            else:
+                op.executable.fetch(op.bindings)
         stream.last = ticket
         stream.pending.append(ticket)
         if op.footprint.writes:
@@ -321,6 +333,8 @@ class DeviceQueue:
                 self.changed.notify_all()
             else:
                 t.ready = True
+                if t.fetch_on_ready:
+                    t.op.executable.fetch(t.op.bindings)
                 pipe = self.pipelines[t.pipeline]
                 key = t.priority if t.pipeline == "compute" else 0
                 heapq.heappush(pipe.heap, (key, t.seq, t))

@@ -14,6 +14,21 @@ from .operations import Signal, Wait
 from .signals import SoftSignal
 
 
+_current: Runtime | None = None
+
+
+def set_current(runtime: Runtime) -> None:
+    """The runtime the device uses (set once, when the device registers)."""
+    global _current
+    _current = runtime
+
+
+def current() -> Runtime:
+    if _current is None:
+        raise RuntimeError("spyre: no runtime is running (import torch or spyre_inductor first)")
+    return _current
+
+
 class Runtime:
     def __init__(self, num_devices: int, costs: Costs, native=None, wait_timeout: float = 60.0):
         """`native`: the C++ module (region addresses, stream priorities, progress)."""

@@ -1,0 +1,18 @@
+"""Dataflow programs for Spyre: the format, its validator and the functional simulator."""
+
+from . import isa
+from .execute import Machine
+from .isa import (
+    Binary, Copy, EndLoop, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Select, Send, Store, Unary,
+)
+from .operands import STICK, Addr, DevAddr, Tile
+from .program import CoreProgram, Program, ProgramFormatError, Queue, Symbol
+from .run import Artifact, ProgramExecutable, prepare_artifact, run_program, write_correction_area
+from .validate import ProgramError, validate
+
+__all__ = [
+    "Addr", "Artifact", "Binary", "Copy", "CoreProgram", "DevAddr", "EndLoop", "Fill", "Load", "Loop",
+    "Machine", "MatMul", "Pop", "Program", "ProgramError", "ProgramExecutable", "ProgramFormatError",
+    "Push", "Queue", "Reduce", "STICK", "Select", "Send", "Store", "Symbol", "Tile", "Unary", "isa",
+    "prepare_artifact", "run_program", "validate", "write_correction_area",
+]

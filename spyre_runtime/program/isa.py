@@ -1,0 +1,338 @@
+"""The instruction set: each instruction's operands, unit and semantics in one place.
+
+Adding an instruction is one class here: its fields (operands), the unit it
+runs on, ``run`` (what it does, on the machine of execute.py) and ``cost``
+(what it would take on the card: None until the timing model declares it,
+next to the semantics). ``touches`` lists the memory it reads and writes, for
+the validator.
+
+Units of a core: "ls" (load/store: device memory <-> scratchpad, scratchpad
+copies, ring sends), "pe" (the processing-element array: matrix tiles, fp32
+accumulation) and "sfp" (the special-function pipeline: elementwise,
+transcendental, compare, select, cast, reduce, broadcast). Every unit also
+runs the control instructions (push/pop on queues, counted loops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import torch
+
+from .operands import COMPUTE, STICK, Addr, DevAddr, Tile
+
+UNITS = ("ls", "pe", "sfp")
+REGISTRY: dict[str, type] = {}
+
+
+def instruction(opcode: str, units: tuple[str, ...]):
+    def register(cls):
+        cls.opcode = opcode
+        cls.units = units
+        REGISTRY[opcode] = cls
+        return cls
+
+    return register
+
+
+class Instruction:
+    opcode: ClassVar[str]
+    units: ClassVar[tuple[str, ...]]
+
+    def run(self, m, core: int, idx: tuple[int, ...]) -> None:
+        raise NotImplementedError(f"instruction {self.opcode} has no semantics")
+
+    def cost(self, hw) -> float | None:
+        """Cycles on the card; declared by the timing model (not yet)."""
+        return None
+
+    def touches(self):
+        """(kind, operand, nbytes-or-None) for every memory access: kind is
+        'sp_tile', 'sp' (with a byte count) or 'dev' (with rows/row bytes/stride)."""
+        return ()
+
+    def listing(self) -> str:
+        parts = []
+        for f in fields(self):
+            parts.append(f"{f.name}={_show(getattr(self, f.name))}")
+        return f"{self.opcode:<8} " + " ".join(parts)
+
+
+def _show(value) -> str:
+    if isinstance(value, Addr):
+        return f"sp[{value.base}{_steps(value.steps)}]"
+    if isinstance(value, DevAddr):
+        return f"{value.symbol}[{value.offset}{_steps(value.steps)}]"
+    if isinstance(value, Tile):
+        b = "" if value.broadcast == "none" else f" bcast={value.broadcast}"
+        return f"{_show(value.addr)}:{value.dtype}[{value.rows}x{value.cols}/{value.row_stride}{b}]"
+    return str(value)
+
+
+def _steps(steps: tuple[int, ...]) -> str:
+    return "".join(f"{s:+d}*i{k}" for k, s in enumerate(steps) if s)
+
+
+# ---- control ------------------------------------------------------------------
+
+
+@instruction("loop", UNITS)
+@dataclass(frozen=True)
+class Loop(Instruction):
+    """Run the instructions up to the matching endloop `count` times."""
+
+    count: int
+
+
+@instruction("endloop", UNITS)
+@dataclass(frozen=True)
+class EndLoop(Instruction):
+    pass
+
+
+@instruction("push", UNITS)
+@dataclass(frozen=True)
+class Push(Instruction):
+    """Put a token on a queue (blocks while the queue is full)."""
+
+    queue: str
+
+
+@instruction("pop", UNITS)
+@dataclass(frozen=True)
+class Pop(Instruction):
+    """Take a token from a queue (blocks while it is empty)."""
+
+    queue: str
+
+
+# ---- load/store unit -------------------------------------------------------------
+
+
+@instruction("load", ("ls",))
+@dataclass(frozen=True)
+class Load(Instruction):
+    """Device memory -> scratchpad, `rows` rows of `row_bytes` valid bytes.
+
+    Moves whole sticks: each scratchpad row is padded to a stick boundary and
+    the bytes past `row_bytes` are masked (written as zero).
+    """
+
+    dst: Addr
+    src: DevAddr
+    rows: int
+    row_bytes: int
+    src_stride: int
+    dst_stride: int
+
+    def run(self, m, core, idx):
+        src = m.device_rows(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride)
+        dst = m.scratch_rows(core, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride)
+        dst.copy_(src)
+        pad = -self.row_bytes % STICK
+        if pad:
+            m.scratch_rows(core, self.dst.at(idx) + self.row_bytes, self.rows, pad, self.dst_stride).zero_()
+
+    def touches(self):
+        return (("sp_rows", self.dst, self.rows, _sticks(self.row_bytes), self.dst_stride),
+                ("dev_rows", self.src, self.rows, self.row_bytes, self.src_stride))
+
+
+@instruction("store", ("ls",))
+@dataclass(frozen=True)
+class Store(Instruction):
+    """Scratchpad -> device memory: only the `row_bytes` valid bytes of each row land."""
+
+    dst: DevAddr
+    src: Addr
+    rows: int
+    row_bytes: int
+    dst_stride: int
+    src_stride: int
+
+    def run(self, m, core, idx):
+        src = m.scratch_rows(core, self.src.at(idx), self.rows, self.row_bytes, self.src_stride)
+        m.device_rows(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride).copy_(src)
+
+    def touches(self):
+        return (("sp_rows", self.src, self.rows, _sticks(self.row_bytes), self.src_stride),
+                ("dev_rows", self.dst, self.rows, self.row_bytes, self.dst_stride))
+
+
+@instruction("copy", ("ls",))
+@dataclass(frozen=True)
+class Copy(Instruction):
+    """Scratchpad -> scratchpad on the same core, whole sticks."""
+
+    dst: Addr
+    src: Addr
+    nbytes: int
+
+    def run(self, m, core, idx):
+        m.scratch_rows(core, self.dst.at(idx), 1, self.nbytes, 0).copy_(
+            m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0).clone())
+
+    def touches(self):
+        return (("sp_rows", self.dst, 1, self.nbytes, 0), ("sp_rows", self.src, 1, self.nbytes, 0),
+                ("whole_sticks", self.nbytes))
+
+
+@instruction("send", ("ls",))
+@dataclass(frozen=True)
+class Send(Instruction):
+    """Scratchpad -> a neighbour core's scratchpad over the ring, whole sticks."""
+
+    core: int
+    dst: Addr
+    src: Addr
+    nbytes: int
+
+    def run(self, m, core, idx):
+        data = m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0)
+        m.scratch_rows(self.core, self.dst.at(idx), 1, self.nbytes, 0).copy_(data)
+
+    def touches(self):
+        return (("sp_rows", self.src, 1, self.nbytes, 0), ("sp_rows_on", self.core, self.dst, 1, self.nbytes, 0),
+                ("whole_sticks", self.nbytes), ("neighbour", self.core))
+
+
+def _sticks(nbytes: int) -> int:
+    return -(-nbytes // STICK) * STICK
+
+
+# ---- processing-element array ------------------------------------------------------
+
+
+@instruction("matmul", ("pe",))
+@dataclass(frozen=True)
+class MatMul(Instruction):
+    """acc[M,N] (fp32) = (acc if accumulate else 0) + a[M,K] @ b[K,N], accumulated in fp32."""
+
+    acc: Tile
+    a: Tile
+    b: Tile
+    accumulate: bool = True
+
+    def run(self, m, core, idx):
+        a = m.read(core, self.a, idx, torch.float32)
+        b = m.read(core, self.b, idx, torch.float32)
+        out = m.view(core, self.acc, idx)
+        if self.accumulate:
+            out.add_(a @ b)
+        else:
+            torch.mm(a, b, out=out)
+
+    def touches(self):
+        return (("tile", self.acc), ("tile", self.a), ("tile", self.b))
+
+
+# ---- special-function pipeline ------------------------------------------------------
+
+UNARY = {
+    "copy": lambda x: x,  # with a different destination dtype: a cast
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
+    "log2": torch.log2, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal,
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "sin": torch.sin,
+    "cos": torch.cos, "erf": torch.erf, "floor": torch.floor, "ceil": torch.ceil,
+    "not": torch.logical_not,
+}
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+    "min": torch.minimum, "pow": torch.pow, "and": torch.logical_and, "or": torch.logical_or,
+    "xor": torch.logical_xor, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
+    "gt": torch.gt, "ge": torch.ge,
+}
+REDUCE = {
+    "sum": lambda x: x.sum(dim=1, keepdim=True),
+    "max": lambda x: x.amax(dim=1, keepdim=True),
+    "min": lambda x: x.amin(dim=1, keepdim=True),
+    "prod": lambda x: x.prod(dim=1, keepdim=True),
+}
+COMBINE = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}
+
+
+@instruction("unary", ("sfp",))
+@dataclass(frozen=True)
+class Unary(Instruction):
+    op: str
+    dst: Tile
+    src: Tile
+
+    def run(self, m, core, idx):
+        m.write(core, self.dst, idx, UNARY[self.op](m.read(core, self.src, idx)))
+
+    def touches(self):
+        return (("tile", self.dst), ("tile", self.src))
+
+
+@instruction("binary", ("sfp",))
+@dataclass(frozen=True)
+class Binary(Instruction):
+    """Elementwise a (op) b, including compares (bool result); broadcasts by tile."""
+
+    op: str
+    dst: Tile
+    a: Tile
+    b: Tile
+
+    def run(self, m, core, idx):
+        m.write(core, self.dst, idx, BINARY[self.op](m.read(core, self.a, idx), m.read(core, self.b, idx)))
+
+    def touches(self):
+        return (("tile", self.dst), ("tile", self.a), ("tile", self.b))
+
+
+@instruction("select", ("sfp",))
+@dataclass(frozen=True)
+class Select(Instruction):
+    """dst = where(cond, a, b)."""
+
+    dst: Tile
+    cond: Tile
+    a: Tile
+    b: Tile
+
+    def run(self, m, core, idx):
+        cond = m.read(core, self.cond, idx).to(torch.bool)
+        m.write(core, self.dst, idx, torch.where(cond, m.read(core, self.a, idx), m.read(core, self.b, idx)))
+
+    def touches(self):
+        return (("tile", self.dst), ("tile", self.cond), ("tile", self.a), ("tile", self.b))
+
+
+@instruction("reduce", ("sfp",))
+@dataclass(frozen=True)
+class Reduce(Instruction):
+    """dst[rows,1] = reduce over each row of src (combined with dst when accumulate)."""
+
+    op: str
+    dst: Tile
+    src: Tile
+    accumulate: bool = False
+
+    def run(self, m, core, idx):
+        value = REDUCE[self.op](m.read(core, self.src, idx))
+        if self.accumulate:
+            value = COMBINE[self.op](m.read(core, self.dst, idx), value)
+        m.write(core, self.dst, idx, value)
+
+    def touches(self):
+        return (("tile", self.dst), ("tile", self.src))
+
+
+@instruction("fill", ("sfp",))
+@dataclass(frozen=True)
+class Fill(Instruction):
+    dst: Tile
+    value: float
+
+    def run(self, m, core, idx):
+        m.view(core, self.dst, idx).fill_(self.value)
+
+    def touches(self):
+        return (("tile", self.dst),)
+
+
+def compute_dtype(tile: Tile) -> torch.dtype:
+    return COMPUTE[tile.dtype]

@@ -1,0 +1,35 @@
+"""The readable listing of a program, rendered through templates/program_listing.j2."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import jinja2
+
+from . import isa
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True)
+
+
+def _indent(instrs) -> list[str]:
+    lines, depth = [], 0
+    for ins in instrs:
+        if isinstance(ins, isa.EndLoop):
+            depth -= 1
+        lines.append("  " * depth + ins.listing())
+        if isinstance(ins, isa.Loop):
+            depth += 1
+    return lines
+
+
+def render(program) -> str:
+    from .program import FORMAT_VERSION, SLOT_BYTES
+
+    body = json.loads(program.to_json())["header"]["checksum"]
+    return _env.get_template("program_listing.j2").render(
+        p=program, version=FORMAT_VERSION, checksum=body, slot_bytes=SLOT_BYTES,
+        high_water=program.scratchpad_high_water(), indent=_indent, list=list,
+    )

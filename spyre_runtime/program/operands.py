@@ -1,0 +1,112 @@
+"""Operands of Spyre instructions: where data lives and how it is laid out.
+
+Every address is affine in the enclosing loop counters of its unit: the
+effective address is ``base + sum(steps[k] * i_k)``, with ``i_k`` the
+counter of the k-th enclosing loop (outermost first). That keeps programs
+small for big tensors: one instruction in a loop walks a whole tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "bool": torch.bool,
+}
+# The arithmetic type of each dtype: the special-function pipeline computes
+# floats in fp32 and integers in int32; results are rounded (to nearest even)
+# or wrapped when stored in the destination dtype.
+COMPUTE = {
+    "fp16": torch.float32,
+    "bf16": torch.float32,
+    "fp32": torch.float32,
+    "int32": torch.int32,
+    "int8": torch.int32,
+    "bool": torch.bool,
+}
+ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES.items()}
+STICK = 128
+
+
+def _affine(base: int, steps: tuple[int, ...], idx: tuple[int, ...]) -> int:
+    return base + sum(s * i for s, i in zip(steps, idx))
+
+
+def _extent(base: int, steps: tuple[int, ...], counts: tuple[int, ...]) -> tuple[int, int]:
+    """Lowest and highest value of an affine address over all loop iterations."""
+    lo = hi = base
+    for s, n in zip(steps, counts):
+        span = s * (max(n, 1) - 1)
+        lo += min(0, span)
+        hi += max(0, span)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class Addr:
+    """A byte address in the core's scratchpad."""
+
+    base: int
+    steps: tuple[int, ...] = ()
+
+    def at(self, idx: tuple[int, ...]) -> int:
+        return _affine(self.base, self.steps, idx)
+
+    def extent(self, counts: tuple[int, ...]) -> tuple[int, int]:
+        return _extent(self.base, self.steps, counts)
+
+
+@dataclass(frozen=True)
+class DevAddr:
+    """A byte offset into a device buffer named by a symbol of the program."""
+
+    symbol: str
+    offset: int = 0
+    steps: tuple[int, ...] = ()
+
+    def at(self, idx: tuple[int, ...]) -> int:
+        return _affine(self.offset, self.steps, idx)
+
+    def extent(self, counts: tuple[int, ...]) -> tuple[int, int]:
+        return _extent(self.offset, self.steps, counts)
+
+
+BROADCASTS = ("none", "rows", "cols", "scalar")
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A rows x cols tile of `dtype` in scratchpad, rows `row_stride` bytes apart.
+
+    broadcast: "rows" stores one row used for every row, "cols" one column
+    used for every column, "scalar" one element used everywhere.
+    """
+
+    addr: Addr
+    dtype: str
+    rows: int
+    cols: int
+    row_stride: int
+    broadcast: str = "none"
+
+    @property
+    def stored_shape(self) -> tuple[int, int]:
+        return {
+            "none": (self.rows, self.cols),
+            "rows": (1, self.cols),
+            "cols": (self.rows, 1),
+            "scalar": (1, 1),
+        }[self.broadcast]
+
+    def byte_extent(self, counts: tuple[int, ...]) -> tuple[int, int]:
+        """[lo, hi) bytes of scratchpad the tile touches over all iterations."""
+        rows, cols = self.stored_shape
+        lo, hi = self.addr.extent(counts)
+        return lo, hi + (rows - 1) * self.row_stride + cols * ITEMSIZE[self.dtype]

@@ -1,0 +1,225 @@
+"""A kernel artifact: per core, one instruction stream per unit, plus its symbols.
+
+Device buffers are symbols. Inputs and outputs are placeholders: their
+addresses are written at launch into the correction area, a table at the
+start of the artifact's own device allocation (one 16-byte slot per
+placeholder: region, offset). Temporaries have fixed offsets in the same
+allocation. The artifact's allocation is laid out as
+
+    [correction area][temporaries][program image]
+
+Serialized form: a JSON document with a header (magic, format version,
+checksum of the body, symbol table, correction-area offset and layout,
+per-core scratchpad high-water mark) and the body (queues and programs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import isa
+from .operands import ITEMSIZE, STICK, Addr, DevAddr, Tile
+
+FORMAT_VERSION = 1
+MAGIC = "spyre-program"
+SLOT_BYTES = 16  # (region, offset) as two little-endian uint64
+ROLES = ("input", "output", "temp")
+
+
+class ProgramFormatError(ValueError):
+    """A serialized program that cannot be trusted (magic, version, checksum)."""
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A device buffer: inputs/outputs are placeholders, temps live in the artifact."""
+
+    name: str
+    role: str
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements, as PyTorch's
+    offset: int | None = None  # temps: byte offset in the artifact allocation
+
+    @property
+    def nbytes(self) -> int:
+        if any(n == 0 for n in self.shape):
+            return 0
+        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        return span * ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A bounded token queue from one (core, unit) to another."""
+
+    name: str
+    producer: tuple[int, str]
+    consumer: tuple[int, str]
+    depth: int = 2
+
+
+@dataclass(frozen=True)
+class CoreProgram:
+    core: int
+    units: tuple[tuple[str, tuple[isa.Instruction, ...]], ...]
+
+    def unit(self, name: str) -> tuple[isa.Instruction, ...]:
+        return dict(self.units).get(name, ())
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    symbols: tuple[Symbol, ...]
+    cores: tuple[CoreProgram, ...]
+    queues: tuple[Queue, ...] = ()
+    notes: str = field(default="", compare=False)
+
+    def symbol(self, name: str) -> Symbol:
+        for s in self.symbols:
+            if s.name == name:
+                return s
+        raise KeyError(f"program {self.name!r} has no symbol {name!r}")
+
+    @property
+    def placeholders(self) -> tuple[Symbol, ...]:
+        return tuple(s for s in self.symbols if s.role in ("input", "output"))
+
+    @property
+    def correction_layout(self) -> tuple[dict, ...]:
+        """One slot per placeholder. `kind` leaves room for sizes (symbolic dims) later."""
+        return tuple(
+            {"slot": i, "symbol": s.name, "kind": "address", "offset": i * SLOT_BYTES}
+            for i, s in enumerate(self.placeholders)
+        )
+
+    @property
+    def correction_offset(self) -> int:
+        return 0
+
+    @property
+    def correction_bytes(self) -> int:
+        return _round(len(self.placeholders) * SLOT_BYTES)
+
+    @property
+    def allocation_bytes(self) -> int:
+        """Correction area and temporaries (the image is placed after them)."""
+        end = self.correction_bytes
+        for s in self.symbols:
+            if s.role == "temp":
+                end = max(end, s.offset + s.nbytes)
+        return _round(end)
+
+    def scratchpad_high_water(self) -> dict[int, int]:
+        from .validate import scratchpad_high_water
+
+        return scratchpad_high_water(self)
+
+    # ---- serialized form ---------------------------------------------------------
+
+    def to_json(self) -> str:
+        body = {
+            "queues": [_encode(q) for q in self.queues],
+            "cores": [
+                {"core": c.core, "units": {u: [_encode(i) for i in instrs] for u, instrs in c.units}}
+                for c in self.cores
+            ],
+        }
+        body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        header = {
+            "magic": MAGIC,
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "checksum": hashlib.sha256(body_text.encode()).hexdigest(),
+            "symbols": [_encode(s) for s in self.symbols],
+            "correction_area": {
+                "offset": self.correction_offset,
+                "slot_bytes": SLOT_BYTES,
+                "layout": list(self.correction_layout),
+            },
+            "allocation_bytes": self.allocation_bytes,
+            "scratchpad_high_water": {str(k): v for k, v in self.scratchpad_high_water().items()},
+            "notes": self.notes,
+        }
+        return json.dumps({"header": header, "body": body}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Program:
+        doc = json.loads(text)
+        header, body = doc.get("header", {}), doc.get("body", {})
+        if header.get("magic") != MAGIC:
+            raise ProgramFormatError(f"not a spyre program (magic {header.get('magic')!r})")
+        if header.get("version") != FORMAT_VERSION:
+            raise ProgramFormatError(
+                f"program {header.get('name')!r} has format version {header.get('version')}, "
+                f"this runtime reads version {FORMAT_VERSION}"
+            )
+        body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        if hashlib.sha256(body_text.encode()).hexdigest() != header.get("checksum"):
+            raise ProgramFormatError(f"program {header.get('name')!r}: checksum mismatch (body was altered)")
+        return cls(
+            name=header["name"],
+            symbols=tuple(_decode(s) for s in header["symbols"]),
+            queues=tuple(_decode(q) for q in body["queues"]),
+            cores=tuple(
+                CoreProgram(c["core"], tuple((u, tuple(_decode(i) for i in instrs)) for u, instrs in c["units"].items()))
+                for c in body["cores"]
+            ),
+            notes=header.get("notes", ""),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Program:
+        return cls.from_json(Path(path).read_text())
+
+    def listing(self) -> str:
+        from .listing import render
+
+        return render(self)
+
+
+def _round(n: int) -> int:
+    return -(-n // STICK) * STICK
+
+
+_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue)}
+
+
+def _encode(obj):
+    if dataclasses.is_dataclass(obj):
+        kind = obj.opcode if isinstance(obj, isa.Instruction) else type(obj).__name__
+        return {"@": kind, **{f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    return obj
+
+
+def _decode(data):
+    if isinstance(data, dict) and "@" in data:
+        kind = data["@"]
+        cls = isa.REGISTRY.get(kind) or _OPERANDS.get(kind)
+        if cls is None:
+            raise ProgramFormatError(f"unknown instruction or operand {kind!r}")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                v = _decode(data[f.name])
+                values[f.name] = tuple(_tuple(x) for x in v) if isinstance(v, list) and f.name in ("producer", "consumer") else _tuple(v)
+        return cls(**values)
+    if isinstance(data, list):
+        return [_decode(v) for v in data]
+    return data
+
+
+def _tuple(v):
+    return tuple(_tuple(x) for x in v) if isinstance(v, list) else v

@@ -1,0 +1,239 @@
+"""The validator: every program is checked before it runs.
+
+Rejects, naming core, unit and instruction index: scratchpad access outside
+the core's usable scratchpad; device access outside a buffer; data movement
+that is not whole, stick-aligned sticks on the scratchpad side; sends to a
+core that is not a ring neighbour; instructions on the wrong unit;
+unbalanced loops; queues that are unknown, used by the wrong unit, or whose
+pushes and pops cannot match (a token-level dry run finds deadlocks).
+Format problems (magic, version, checksum) are rejected when a program is read.
+"""
+
+from __future__ import annotations
+
+from . import isa
+from .operands import ITEMSIZE, STICK, Addr, Tile
+from .program import ROLES, Program
+
+DRY_RUN_LIMIT = 2_000_000  # control steps; beyond this the runtime's own deadlock check stands
+
+
+class ProgramError(ValueError):
+    """A program the device must not run."""
+
+
+def _where(program: Program, core: int, unit: str, index: int, ins) -> str:
+    return f"program {program.name!r}: core {core} unit {unit} instruction {index} ({ins.opcode})"
+
+
+def loop_counts(instrs) -> list[tuple[int, ...]]:
+    """For each instruction, the counts of the loops enclosing it (outermost first)."""
+    stack: list[int] = []
+    out = []
+    for ins in instrs:
+        if isinstance(ins, isa.EndLoop):
+            if not stack:
+                out.append(tuple(stack))
+                continue
+            stack.pop()
+        out.append(tuple(stack))
+        if isinstance(ins, isa.Loop):
+            stack.append(ins.count)
+    return out
+
+
+def validate(program: Program, hardware=None) -> None:
+    from ..hardware import HARDWARE
+
+    hw = hardware or HARDWARE
+    usable = hw.scratchpad_usable_bytes
+    for sym in program.symbols:
+        if sym.role not in ROLES:
+            raise ProgramError(f"program {program.name!r}: symbol {sym.name!r} has unknown role {sym.role!r}")
+        if sym.dtype not in ITEMSIZE:
+            raise ProgramError(f"program {program.name!r}: symbol {sym.name!r} has unknown dtype {sym.dtype!r}")
+        if sym.role == "temp" and (sym.offset is None or sym.offset % STICK or sym.offset < program.correction_bytes):
+            raise ProgramError(
+                f"program {program.name!r}: temporary {sym.name!r} needs a stick-aligned offset after the "
+                f"correction area ({program.correction_bytes} B), got {sym.offset}")
+    queues = {q.name: q for q in program.queues}
+    seen_cores = set()
+    for cp in program.cores:
+        if not 0 <= cp.core < hw.cores:
+            raise ProgramError(f"program {program.name!r}: core {cp.core} does not exist (0..{hw.cores - 1})")
+        if cp.core in seen_cores:
+            raise ProgramError(f"program {program.name!r}: core {cp.core} has two programs")
+        seen_cores.add(cp.core)
+        for unit, instrs in cp.units:
+            if unit not in isa.UNITS:
+                raise ProgramError(f"program {program.name!r}: core {cp.core} has unknown unit {unit!r}")
+            _check_unit(program, cp.core, unit, instrs, queues, usable, hw.cores)
+    _check_queues(program, queues)
+
+
+def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
+    depth = 0
+    for i, (ins, counts) in enumerate(zip(instrs, loop_counts(instrs))):
+        where = _where(program, core, unit, i, ins)
+        if unit not in ins.units:
+            raise ProgramError(f"{where}: runs on {'/'.join(ins.units)}, not on {unit}")
+        if isinstance(ins, isa.Loop):
+            depth += 1
+            if ins.count < 1:
+                raise ProgramError(f"{where}: loop count must be at least 1, got {ins.count}")
+        elif isinstance(ins, isa.EndLoop):
+            depth -= 1
+            if depth < 0:
+                raise ProgramError(f"{where}: endloop without a loop")
+        elif isinstance(ins, (isa.Push, isa.Pop)):
+            q = queues.get(ins.queue)
+            if q is None:
+                raise ProgramError(f"{where}: unknown queue {ins.queue!r}")
+            end = q.producer if isinstance(ins, isa.Push) else q.consumer
+            if tuple(end) != (core, unit):
+                role = "pushed by" if isinstance(ins, isa.Push) else "popped by"
+                raise ProgramError(f"{where}: queue {ins.queue!r} is {role} core {end[0]} unit {end[1]}")
+        for access in ins.touches():
+            _check_access(program, where, core, access, counts, usable, ncores)
+    if depth != 0:
+        raise ProgramError(f"program {program.name!r}: core {core} unit {unit}: {depth} loop(s) not closed")
+
+
+def _aligned(where: str, what: str, addr: Addr) -> None:
+    if addr.base % STICK or any(s % STICK for s in addr.steps):
+        raise ProgramError(f"{where}: {what} address {addr.base} (steps {addr.steps}) is not on a {STICK}-byte stick boundary")
+
+
+def _in_scratchpad(where, what, lo, hi, usable) -> None:
+    if lo < 0 or hi > usable:
+        raise ProgramError(f"{where}: {what} touches scratchpad bytes [{lo}, {hi}) outside the usable {usable} bytes")
+
+
+def _check_access(program, where, core, access, counts, usable, ncores) -> None:
+    kind = access[0]
+    if kind == "tile":
+        tile: Tile = access[1]
+        _aligned(where, "tile", tile.addr)
+        rows, _ = tile.stored_shape
+        if rows > 1 and tile.row_stride % STICK:
+            raise ProgramError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks")
+        if tile.dtype not in ITEMSIZE:
+            raise ProgramError(f"{where}: unknown dtype {tile.dtype!r}")
+        _in_scratchpad(where, "tile", *tile.byte_extent(counts), usable)
+    elif kind in ("sp_rows", "sp_rows_on"):
+        if kind == "sp_rows_on":
+            access = access[1:]
+        _, addr, rows, nbytes, stride = access
+        _aligned(where, "scratchpad", addr)
+        if rows > 1 and stride % STICK:
+            raise ProgramError(f"{where}: scratchpad row stride {stride} is not a whole number of sticks")
+        lo, hi = addr.extent(counts)
+        _in_scratchpad(where, "transfer", lo, hi + (rows - 1) * stride + nbytes, usable)
+    elif kind == "dev_rows":
+        _, dev, rows, nbytes, stride = access
+        try:
+            sym = program.symbol(dev.symbol)
+        except KeyError:
+            raise ProgramError(f"{where}: unknown device buffer {dev.symbol!r}") from None
+        lo, hi = dev.extent(counts)
+        end = hi + (rows - 1) * stride + nbytes
+        if lo < 0 or end > sym.nbytes:
+            raise ProgramError(
+                f"{where}: touches bytes [{lo}, {end}) of {dev.symbol!r}, which has {sym.nbytes} bytes")
+    elif kind == "whole_sticks":
+        if access[1] % STICK:
+            raise ProgramError(f"{where}: moves {access[1]} bytes, not a whole number of {STICK}-byte sticks")
+    elif kind == "neighbour":
+        dst = access[1]
+        if (dst - core) % ncores not in (1, ncores - 1):
+            raise ProgramError(f"{where}: core {dst} is not a ring neighbour of core {core}")
+
+
+def _check_queues(program: Program, queues) -> None:
+    """Pushes and pops must match, and a token-level dry run must finish."""
+    units = []
+    for cp in program.cores:
+        for unit, instrs in cp.units:
+            ops = [ins for ins in instrs if isinstance(ins, (isa.Loop, isa.EndLoop, isa.Push, isa.Pop))]
+            if any(isinstance(o, (isa.Push, isa.Pop)) for o in ops):
+                units.append(((cp.core, unit), ops))
+    if not units:
+        return
+    totals = {name: [0, 0] for name in queues}
+    for _, ops in units:
+        mult = [1]
+        for op in ops:
+            if isinstance(op, isa.Loop):
+                mult.append(mult[-1] * op.count)
+            elif isinstance(op, isa.EndLoop):
+                mult.pop()
+            else:
+                totals[op.queue][0 if isinstance(op, isa.Push) else 1] += mult[-1]
+    for name, (pushes, pops) in totals.items():
+        if pushes != pops:
+            raise ProgramError(
+                f"program {program.name!r}: queue {name!r} gets {pushes} pushes but {pops} pops: they cannot match")
+    _dry_run(program, queues, units)
+
+
+def _dry_run(program, queues, units) -> None:
+    tokens = {name: 0 for name in queues}
+    states = [[0, []] for _ in units]  # pc, loop stack of [start, remaining]
+    steps = 0
+    while True:
+        progressed, finished = False, True
+        for (who, ops), state in zip(units, states):
+            while state[0] < len(ops):
+                op = ops[state[0]]
+                if isinstance(op, isa.Push):
+                    if tokens[op.queue] >= queues[op.queue].depth:
+                        break
+                    tokens[op.queue] += 1
+                elif isinstance(op, isa.Pop):
+                    if tokens[op.queue] == 0:
+                        break
+                    tokens[op.queue] -= 1
+                elif isinstance(op, isa.Loop):
+                    state[1].append([state[0], op.count])
+                elif isinstance(op, isa.EndLoop):
+                    top = state[1][-1]
+                    top[1] -= 1
+                    if top[1] > 0:
+                        state[0] = top[0]
+                    else:
+                        state[1].pop()
+                state[0] += 1
+                progressed = True
+                steps += 1
+                if steps > DRY_RUN_LIMIT:
+                    return
+            if state[0] < len(ops):
+                finished = False
+        if finished:
+            return
+        if not progressed:
+            blocked = [f"core {who[0]} unit {who[1]} at {ops[st[0]].opcode} {ops[st[0]].queue!r}"
+                       for (who, ops), st in zip(units, states) if st[0] < len(ops)]
+            raise ProgramError(f"program {program.name!r}: queues deadlock: " + "; ".join(blocked))
+
+
+def scratchpad_high_water(program: Program) -> dict[int, int]:
+    """Per core, the highest scratchpad byte any instruction touches (+1)."""
+    high: dict[int, int] = {}
+
+    def note(core, hi):
+        high[core] = max(high.get(core, 0), hi)
+
+    for cp in program.cores:
+        for _, instrs in cp.units:
+            for ins, counts in zip(instrs, loop_counts(instrs)):
+                for access in ins.touches():
+                    if access[0] == "tile":
+                        note(cp.core, access[1].byte_extent(counts)[1])
+                    elif access[0] == "sp_rows":
+                        _, addr, rows, nbytes, stride = access
+                        note(cp.core, addr.extent(counts)[1] + (rows - 1) * stride + nbytes)
+                    elif access[0] == "sp_rows_on":
+                        _, other, addr, rows, nbytes, stride = access
+                        note(other, addr.extent(counts)[1] + (rows - 1) * stride + nbytes)
+    return high
