@@ -233,3 +233,41 @@ def test_a_runtime_deadlock_raises_naming_the_units():
     buffers = {"x": torch.zeros(NB, dtype=torch.uint8), "y": torch.zeros(NB, dtype=torch.uint8)}
     with pytest.raises(ProgramError, match="deadlocked: core 0 unit ls instruction 0 \\(pop out\\)"):
         Machine(p, buffers, 2 << 20).run()
+
+
+def one_core_binary(op, in_dtype, out_dtype, n=64):
+    """out = a (op) b elementwise, one core, dtypes as given."""
+    from spyre_runtime.program.operands import ITEMSIZE
+
+    ib, ob = n * ITEMSIZE[in_dtype], n * ITEMSIZE[out_dtype]
+    a, b, o = (Tile(Addr(k * ROW), dt, 1, n, ROW) for k, dt in enumerate((in_dtype, in_dtype, out_dtype)))
+    return Program(
+        f"{op}-{in_dtype}", symbols=(Symbol("a", "input", in_dtype, (n,), (1,)), Symbol("b", "input", in_dtype, (n,), (1,)),
+                                     Symbol("y", "output", out_dtype, (n,), (1,))),
+        queues=(Queue("in", (0, "ls"), (0, "sfp")), Queue("out", (0, "sfp"), (0, "ls"))),
+        cores=(CoreProgram(0, (
+            ("ls", (Load(Addr(0), DevAddr("a"), 1, ib, 0, ROW), Load(Addr(ROW), DevAddr("b"), 1, ib, 0, ROW),
+                    Push("in"), Pop("out"), Store(DevAddr("y"), Addr(2 * ROW), 1, ob, 0, ROW))),
+            ("sfp", (Pop("in"), Binary(op, o, a, b), Push("out"))),
+        )),),
+    )
+
+
+def test_integer_arithmetic_is_int32_and_wraps_on_an_int8_store():
+    a = torch.tensor([100, -100, 127, 5] * 16, dtype=torch.int8)
+    b = torch.tensor([100, -100, 1, 5] * 16, dtype=torch.int8)
+    y = run_program(one_core_binary("add", "int8", "int8"), a=a, b=b)["y"].cpu()
+    assert torch.equal(y, (a.int() + b.int()).to(torch.int8))  # 200 -> -56, -200 -> 56, 128 -> -128
+    y32 = run_program(one_core_binary("mul", "int32", "int32"),
+                      a=torch.arange(64, dtype=torch.int32), b=torch.full((64,), -3, dtype=torch.int32))["y"]
+    assert torch.equal(y32.cpu(), torch.arange(64, dtype=torch.int32) * -3)
+
+
+def test_compares_produce_bool_and_bf16_computes_in_fp32():
+    a, b = torch.randn(64), torch.randn(64)
+    lt = run_program(one_core_binary("lt", "fp32", "bool"), a=a, b=b)["y"].cpu()
+    assert lt.dtype == torch.bool and torch.equal(lt, a < b)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    y = run_program(one_core_binary("mul", "bf16", "bf16"), a=a16, b=b16)["y"].cpu()
+    # One rounding of the fp32 product, as stated: exactly torch's fp32 math then a bf16 store.
+    assert torch.equal(y, (a16.float() * b16.float()).bfloat16())
