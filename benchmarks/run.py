@@ -5,6 +5,7 @@ import warnings
 import allocator
 import device_overhead
 import queue_layer
+import simulator
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
@@ -12,3 +13,4 @@ if __name__ == "__main__":
     device_overhead.main()
     allocator.main()
     queue_layer.main()
+    simulator.main()

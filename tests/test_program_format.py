@@ -271,3 +271,12 @@ def test_compares_produce_bool_and_bf16_computes_in_fp32():
     y = run_program(one_core_binary("mul", "bf16", "bf16"), a=a16, b=b16)["y"].cpu()
     # One rounding of the fp32 product, as stated: exactly torch's fp32 math then a bf16 store.
     assert torch.equal(y, (a16.float() * b16.float()).bfloat16())
+
+
+def test_rejects_a_result_that_partly_overlaps_its_operand():
+    src = Tile(Addr(0), "fp32", 1, N, ROW)
+    shifted = Tile(Addr(128), "fp32", 1, N, ROW)
+    sfp = (Pop("in"), Unary("copy", shifted, src), Push("out"))
+    rejects(scale_program(sfp=sfp), r"instruction 1 \(unary\): destination bytes .* partly overlap")
+    in_place = (Pop("in"), Unary("neg", src, src), Push("out"))  # the same tile: allowed
+    validate(scale_program(sfp=in_place))

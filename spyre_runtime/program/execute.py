@@ -8,12 +8,15 @@ that is a deadlock and it raises, naming the blocked units.
 
 Data lives in torch CPU tensors: device buffers are views of the simulated
 device memory (or of any host bytes, for tests); each core has a 2 MiB
-scratchpad. Arithmetic rules are those stated in operands.py (fp32 for
+scratchpad, which keeps whatever the previous kernel left in it (programs
+must write before they read). Arithmetic rules are those stated in operands.py (fp32 for
 floats, int32 for integers, rounding to nearest even on store; matmul
 accumulates in fp32).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -42,7 +45,7 @@ class Machine:
     def scratch(self, core: int) -> torch.Tensor:
         sp = self._scratch.get(core)
         if sp is None:
-            sp = self._scratch[core] = torch.zeros(self.scratchpad_bytes, dtype=torch.uint8)
+            sp = self._scratch[core] = _scratchpads.take(self.scratchpad_bytes)
         return sp
 
     def scratch_rows(self, core: int, addr: int, rows: int, nbytes: int, stride: int) -> torch.Tensor:
@@ -75,14 +78,43 @@ class Machine:
     def run(self) -> None:
         units = [_Unit(cp.core, unit, instrs) for cp in self.program.cores for unit, instrs in cp.units if instrs]
         live = units
-        while live:
-            progressed = False
-            for u in live:
-                progressed |= u.advance(self)
-            live = [u for u in live if not u.done]
-            if live and not progressed:
-                blocked = "; ".join(u.blocked_on() for u in live)
-                raise ProgramError(f"program {self.program.name!r} deadlocked: {blocked}")
+        try:
+            while live:
+                progressed = False
+                for u in live:
+                    progressed |= u.advance(self)
+                live = [u for u in live if not u.done]
+                if live and not progressed:
+                    blocked = "; ".join(u.blocked_on() for u in live)
+                    raise ProgramError(f"program {self.program.name!r} deadlocked: {blocked}")
+        finally:
+            for sp in self._scratch.values():
+                _scratchpads.give(sp)
+            self._scratch.clear()
+            self._typed.clear()
+
+
+class _ScratchpadPool:
+    """Scratchpads outlive a kernel, as on the card: reused, not zeroed, between runs."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free: list[torch.Tensor] = []
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            for i, sp in enumerate(self._free):
+                if sp.numel() == nbytes:
+                    return self._free.pop(i)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, sp: torch.Tensor) -> None:
+        with self._lock:
+            if len(self._free) < 64:
+                self._free.append(sp)
+
+
+_scratchpads = _ScratchpadPool()
 
 
 class _Unit:

@@ -122,7 +122,14 @@ class Program:
 
     # ---- serialized form ---------------------------------------------------------
 
-    def to_json(self) -> str:
+    def image(self) -> bytes:
+        """The serialized form as the device holds it (compact; computed once)."""
+        cached = self.__dict__.get("_image")
+        if cached is None:
+            cached = self.__dict__["_image"] = self.to_json(indent=None).encode()
+        return cached
+
+    def to_json(self, indent: int | None = 1) -> str:
         body = {
             "queues": [_encode(q) for q in self.queues],
             "cores": [
@@ -146,7 +153,7 @@ class Program:
             "scratchpad_high_water": {str(k): v for k, v in self.scratchpad_high_water().items()},
             "notes": self.notes,
         }
-        return json.dumps({"header": header, "body": body}, indent=1, sort_keys=True)
+        return json.dumps({"header": header, "body": body}, indent=indent, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Program:

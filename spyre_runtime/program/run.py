@@ -26,13 +26,11 @@ from .execute import Machine
 from .program import SLOT_BYTES, Program
 from .validate import ProgramError, validate
 
-_validated: set[int] = set()
-
-
 def _validate_once(program: Program) -> None:
-    if id(program) not in _validated:
+    # Remembered on the (immutable) program itself, never by id(): ids are reused.
+    if not program.__dict__.get("_validated"):
         validate(program)
-        _validated.add(id(program))
+        program.__dict__["_validated"] = True
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ def write_correction_area(program: Program, artifact_tensor: torch.Tensor, bound
 
 def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
     """Allocate the program's device memory and place its image after the temporaries."""
-    image = program.to_json().encode()
+    image = program.image()
     alloc = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, device=f"spyre:{device}")
     _C.host_alias(alloc)[program.allocation_bytes:].copy_(torch.frombuffer(bytearray(image), dtype=torch.uint8))
     piece = storage_ranges(alloc.untyped_storage())[0]
@@ -144,8 +142,8 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
     outputs = [bound[s.name] for s in program.placeholders if s.role == "output"]
     op = Compute(ProgramExecutable(program), artifact,
                  footprint(reads=inputs + [alloc], writes=outputs + [alloc]), name=program.name)
-    q = current().queue(device)
-    q.wait(q.enqueue(_C.current_stream_id(device), op))
+    # Blocking: run it on this thread once its turn comes (see DeviceQueue.run_inline).
+    current().queue(device).run_inline(_C.current_stream_id(device), op)
     return {s.name: bound[s.name] for s in program.placeholders if s.role == "output"}
 
 

@@ -95,6 +95,7 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
                 raise ProgramError(f"{where}: queue {ins.queue!r} is {role} core {end[0]} unit {end[1]}")
         for access in ins.touches():
             _check_access(program, where, core, access, counts, usable, ncores)
+        _check_overlap(where, ins, counts)
     if depth != 0:
         raise ProgramError(f"program {program.name!r}: core {core} unit {unit}: {depth} loop(s) not closed")
 
@@ -147,6 +148,22 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
         dst = access[1]
         if (dst - core) % ncores not in (1, ncores - 1):
             raise ProgramError(f"{where}: core {dst} is not a ring neighbour of core {core}")
+
+
+def _check_overlap(where, ins, counts) -> None:
+    """A tile result may overwrite an operand in place, but not partly overlap it."""
+    tiles = [a[1] for a in ins.touches() if a[0] == "tile"]
+    if len(tiles) < 2 or ins.opcode == "matmul":
+        return
+    dst, srcs = tiles[0], tiles[1:]
+    d_lo, d_hi = dst.byte_extent(counts)
+    for src in srcs:
+        s_lo, s_hi = src.byte_extent(counts)
+        same = src.addr == dst.addr and src.row_stride == dst.row_stride and src.stored_shape == dst.stored_shape
+        if d_lo < s_hi and s_lo < d_hi and not same:
+            raise ProgramError(
+                f"{where}: destination bytes [{d_lo}, {d_hi}) partly overlap an operand's [{s_lo}, {s_hi}); "
+                f"write in place (same tile) or to separate scratchpad")
 
 
 def _check_queues(program: Program, queues) -> None:
