@@ -280,3 +280,20 @@ def test_rejects_a_result_that_partly_overlaps_its_operand():
     rejects(scale_program(sfp=sfp), r"instruction 1 \(unary\): destination bytes .* partly overlap")
     in_place = (Pop("in"), Unary("neg", src, src), Push("out"))  # the same tile: allowed
     validate(scale_program(sfp=in_place))
+
+
+def test_temporaries_live_at_fixed_offsets_in_the_artifacts_own_allocation():
+    """y = 2x through a device temporary: store 2x to `t`, load it back, store it to y."""
+    t_off = 128  # after the 2-slot correction area (32 B, rounded to a stick)
+    sym = (Symbol("x", "input", "fp32", (N,), (1,)), Symbol("y", "output", "fp32", (N,), (1,)),
+           Symbol("t", "temp", "fp32", (N,), (1,), offset=t_off))
+    ls = (Load(Addr(0), DevAddr("x"), 1, NB, 0, ROW), Push("in"), Pop("out"),
+          Store(DevAddr("t"), Addr(ROW), 1, NB, 0, ROW),
+          Load(Addr(2 * ROW), DevAddr("t"), 1, NB, 0, ROW),
+          Store(DevAddr("y"), Addr(2 * ROW), 1, NB, 0, ROW))
+    p = scale_program(ls=ls, symbols=sym)
+    assert p.allocation_bytes == t_off + 4096  # correction area, then the temporary (whole sticks)
+    x = torch.randn(N)
+    assert torch.equal(run_program(p, x=x)["y"].cpu(), x * 2)
+    bad = scale_program(ls=ls, symbols=sym[:2] + (dataclasses.replace(sym[2], offset=0),))
+    rejects(bad, r"temporary 't' needs a stick-aligned offset after the correction area")
