@@ -58,16 +58,20 @@ class HardwareConfig:
 HARDWARE = HardwareConfig()
 
 
+def _number_from_env(name: str, default: str, parse, valid, what: str):
+    raw = os.environ.get(name, default)
+    try:
+        value = parse(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be {what}, got {raw!r}") from None
+    if not valid(value):
+        raise ValueError(f"{name} must be {what}, got {value}")
+    return value
+
+
 def wait_timeout_from_env() -> float:
     """SPYRE_WAIT_TIMEOUT: seconds a stream waits for a signal that was never enqueued."""
-    raw = os.environ.get("SPYRE_WAIT_TIMEOUT", "60")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"SPYRE_WAIT_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"SPYRE_WAIT_TIMEOUT must be positive, got {value}")
-    return value
+    return _number_from_env("SPYRE_WAIT_TIMEOUT", "60", float, lambda v: v > 0, "a positive number of seconds")
 
 
 def mode_from_env() -> str:
@@ -83,11 +87,5 @@ def region_handles(mode: str, hardware: HardwareConfig = HARDWARE) -> int:
 
 
 def device_count_from_env() -> int:
-    raw = os.environ.get("SPYRE_NUM_DEVICES", "1")
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ValueError(f"SPYRE_NUM_DEVICES must be an integer, got {raw!r}") from None
-    if not 1 <= count <= 64:
-        raise ValueError(f"SPYRE_NUM_DEVICES must be between 1 and 64, got {count}")
-    return count
+    """SPYRE_NUM_DEVICES: how many simulated cards (default 1)."""
+    return _number_from_env("SPYRE_NUM_DEVICES", "1", int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")

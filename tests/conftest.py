@@ -7,6 +7,7 @@ through autoload), so it is set here before anything imports torch.
 import os
 import subprocess
 import sys
+import threading
 
 os.environ.setdefault("SPYRE_NUM_DEVICES", "2")
 
@@ -25,3 +26,23 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120
     )
+
+
+def run_in_threads(fn, count: int, timeout: float = 60.0) -> None:
+    """Run fn(0) .. fn(count - 1) on their own threads; re-raise the first failure."""
+    errors = []
+
+    def guarded(k):
+        try:
+            fn(k)
+        except Exception as e:  # noqa: BLE001 - handed to the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    if errors:
+        raise errors[0]

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import run_python
+from conftest import run_in_threads, run_python
 
 STICK = 128
 GIB = 1 << 30
@@ -198,31 +198,19 @@ def test_bad_mode_names_the_variable():
 
 
 def test_allocations_and_frees_from_many_threads_keep_statistics_exact():
-    import threading
-
     gc.collect()
     torch.spyre.empty_cache()
     d = f"spyre:{DEVICE}"
-    errors = []
 
     def churn(seed):
-        try:
-            sizes = [(seed * 7919 + i * 104729) % 50000 + 1 for i in range(400)]
-            held = []
-            for i, n in enumerate(sizes):
-                held.append(torch.empty(n, dtype=torch.uint8, device=d))
-                if i % 3 == 2:
-                    held.pop(0)  # frees interleave with other threads' allocations
-            del held
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        sizes = [(seed * 7919 + i * 104729) % 50000 + 1 for i in range(400)]
+        held = []
+        for i, n in enumerate(sizes):
+            held.append(torch.empty(n, dtype=torch.uint8, device=d))
+            if i % 3 == 2:
+                held.pop(0)  # frees interleave with other threads' allocations
 
-    threads = [threading.Thread(target=churn, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors
+    run_in_threads(churn, 4)
     stats = torch.spyre.memory_stats(DEVICE)
     assert stats["allocated_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
     assert stats["allocation.all.allocated"] == stats["allocation.all.freed"]

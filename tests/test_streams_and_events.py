@@ -207,30 +207,22 @@ def test_non_blocking_copy_from_pageable_memory_snapshots_the_source():
 
 
 def test_staging_buffers_are_safe_under_four_concurrent_streams():
-    import threading
+    from conftest import run_in_threads
 
-    results, errors = {}, []
+    results = {}
 
     def worker(k):
-        try:
-            s = torch.spyre.Stream()
-            outs = []
-            with torch.spyre.stream(s):
-                for i in range(25):
-                    src = torch.full((4096,), float(k * 100 + i))
-                    outs.append(src.to("spyre", non_blocking=True))
-                    src.fill_(-1.0)
-            s.synchronize()
-            results[k] = [o.cpu()[0].item() for o in outs] + [o.cpu()[-1].item() for o in outs]
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        s = torch.spyre.Stream()
+        outs = []
+        with torch.spyre.stream(s):
+            for i in range(25):
+                src = torch.full((4096,), float(k * 100 + i))
+                outs.append(src.to("spyre", non_blocking=True))
+                src.fill_(-1.0)
+        s.synchronize()
+        results[k] = [o.cpu()[0].item() for o in outs] + [o.cpu()[-1].item() for o in outs]
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors
+    run_in_threads(worker, 4)
     for k in range(4):
         assert results[k] == [float(k * 100 + i) for i in range(25)] * 2
 
