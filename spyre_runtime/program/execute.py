@@ -27,7 +27,7 @@ from .validate import ProgramError
 
 
 class Machine:
-    def __init__(self, program: Program, buffers: dict[str, torch.Tensor], scratchpad_bytes: int):
+    def __init__(self, program: Program, buffers: dict[str, torch.Tensor], scratchpad_bytes: int, timing=None):
         missing = [s.name for s in program.symbols if s.name not in buffers]
         if missing:
             raise ProgramError(f"program {program.name!r}: no memory bound for {', '.join(missing)}")
@@ -39,6 +39,7 @@ class Machine:
         self.tokens = {q.name: 0 for q in program.queues}
         self.depth = {q.name: q.depth for q in program.queues}
         self.executed = 0
+        self.timing = timing  # a timing.Timing, or None for results only
 
     # ---- memory -------------------------------------------------------------------
 
@@ -134,14 +135,19 @@ class _Unit:
         while self.pc < n:
             ins = instrs[self.pc]
             kind = type(ins)
+            timing = m.timing
             if kind is isa.Pop:
                 if m.tokens[ins.queue] == 0:
                     return ran
                 m.tokens[ins.queue] -= 1
+                if timing is not None:
+                    timing.pop(self.core, self.unit, ins.queue)
             elif kind is isa.Push:
                 if m.tokens[ins.queue] >= m.depth[ins.queue]:
                     return ran
                 m.tokens[ins.queue] += 1
+                if timing is not None:
+                    timing.push(self.core, self.unit, ins.queue, m.depth[ins.queue])
             elif kind is isa.Loop:
                 self.loops.append([self.pc, ins.count, 0])
             elif kind is isa.EndLoop:
@@ -152,8 +158,11 @@ class _Unit:
                 else:
                     self.loops.pop()
             else:
+                idx = tuple(loop[2] for loop in self.loops)
+                if timing is not None:
+                    timing.run(self.core, self.unit, ins, idx)
                 try:
-                    ins.run(m, self.core, tuple(loop[2] for loop in self.loops))
+                    ins.run(m, self.core, idx)
                 except ProgramError:
                     raise
                 except Exception as e:

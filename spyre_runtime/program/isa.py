@@ -2,8 +2,7 @@
 
 Adding an instruction is one class here: its fields (operands), the unit it
 runs on, ``run`` (what it does, on the machine of execute.py) and ``cost``
-(what it would take on the card: None until the timing model declares it,
-next to the semantics). ``touches`` lists the memory it reads and writes, for
+(what it would take on the card, from the rates of timing.py). ``touches`` lists the memory it reads and writes, for
 the validator.
 
 Units of a core: "ls" (load/store: device memory <-> scratchpad, scratchpad
@@ -43,9 +42,9 @@ class Instruction:
     def run(self, m, core: int, idx: tuple[int, ...]) -> None:
         raise NotImplementedError(f"instruction {self.opcode} has no semantics")
 
-    def cost(self, hw) -> float | None:
-        """Cycles on the card; declared by the timing model (not yet)."""
-        return None
+    def cost(self, t, core: int, idx: tuple[int, ...]) -> float:
+        """Simulated ns on the card, from the timing model `t` (timing.py). Control: free."""
+        return 0.0
 
     def touches(self):
         """(kind, operand, nbytes-or-None) for every memory access: kind is
@@ -134,6 +133,9 @@ class Load(Instruction):
         if pad:
             m.scratch_rows(core, self.dst.at(idx) + self.row_bytes, self.rows, pad, self.dst_stride).zero_()
 
+    def cost(self, t, core, idx):
+        return t.dma(self.src.at(idx), self.rows, self.row_bytes, self.src_stride, write=False)
+
     def touches(self):
         return (("sp_rows", self.dst, self.rows, _sticks(self.row_bytes), self.dst_stride),
                 ("dev_rows", self.src, self.rows, self.row_bytes, self.src_stride))
@@ -155,6 +157,9 @@ class Store(Instruction):
         src = m.scratch_rows(core, self.src.at(idx), self.rows, self.row_bytes, self.src_stride)
         m.device_rows(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride).copy_(src)
 
+    def cost(self, t, core, idx):
+        return t.dma(self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride, write=True)
+
     def touches(self):
         return (("sp_rows", self.src, self.rows, _sticks(self.row_bytes), self.src_stride),
                 ("dev_rows", self.dst, self.rows, self.row_bytes, self.dst_stride))
@@ -172,6 +177,9 @@ class Copy(Instruction):
     def run(self, m, core, idx):
         m.scratch_rows(core, self.dst.at(idx), 1, self.nbytes, 0).copy_(
             m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0).clone())
+
+    def cost(self, t, core, idx):
+        return t.local(self.nbytes)
 
     def touches(self):
         return (("sp_rows", self.dst, 1, self.nbytes, 0), ("sp_rows", self.src, 1, self.nbytes, 0),
@@ -191,6 +199,9 @@ class Send(Instruction):
     def run(self, m, core, idx):
         data = m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0)
         m.scratch_rows(self.core, self.dst.at(idx), 1, self.nbytes, 0).copy_(data)
+
+    def cost(self, t, core, idx):
+        return t.ring(core, self.core, self.nbytes)
 
     def touches(self):
         return (("sp_rows", self.src, 1, self.nbytes, 0), ("sp_rows_on", self.core, self.dst, 1, self.nbytes, 0),
@@ -222,6 +233,9 @@ class MatMul(Instruction):
             out.add_(a @ b)
         else:
             torch.mm(a, b, out=out)
+
+    def cost(self, t, core, idx):
+        return t.pe(self.a.rows, self.b.cols, self.a.cols)
 
     def touches(self):
         return (("tile", self.acc), ("tile", self.a), ("tile", self.b))
@@ -262,6 +276,9 @@ class Unary(Instruction):
     def run(self, m, core, idx):
         m.write(core, self.dst, idx, UNARY[self.op](m.read(core, self.src, idx)))
 
+    def cost(self, t, core, idx):
+        return t.sfp(self.dst.rows * self.dst.cols)
+
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
 
@@ -278,6 +295,9 @@ class Binary(Instruction):
 
     def run(self, m, core, idx):
         m.write(core, self.dst, idx, BINARY[self.op](m.read(core, self.a, idx), m.read(core, self.b, idx)))
+
+    def cost(self, t, core, idx):
+        return t.sfp(self.dst.rows * self.dst.cols)
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.a), ("tile", self.b))
@@ -296,6 +316,9 @@ class Select(Instruction):
     def run(self, m, core, idx):
         cond = m.read(core, self.cond, idx).to(torch.bool)
         m.write(core, self.dst, idx, torch.where(cond, m.read(core, self.a, idx), m.read(core, self.b, idx)))
+
+    def cost(self, t, core, idx):
+        return t.sfp(self.dst.rows * self.dst.cols)
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.cond), ("tile", self.a), ("tile", self.b))
@@ -317,6 +340,9 @@ class Reduce(Instruction):
             value = COMBINE[self.op](m.read(core, self.dst, idx), value)
         m.write(core, self.dst, idx, value)
 
+    def cost(self, t, core, idx):
+        return t.sfp(self.src.rows * self.src.cols)
+
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
 
@@ -329,6 +355,9 @@ class Fill(Instruction):
 
     def run(self, m, core, idx):
         m.view(core, self.dst, idx).fill_(self.value)
+
+    def cost(self, t, core, idx):
+        return t.sfp(self.dst.rows * self.dst.cols)
 
     def touches(self):
         return (("tile", self.dst),)

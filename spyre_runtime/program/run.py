@@ -23,6 +23,7 @@ from ..hardware import HARDWARE
 from ..memory import device_view
 from ..tensors import footprint, storage_ranges
 from .execute import Machine
+from .timing import Report, Timing
 from .program import SLOT_BYTES, Program
 from .validate import ProgramError, validate
 
@@ -50,6 +51,7 @@ class ProgramExecutable:
         self.program = program
         self.hardware = hardware
         self._fetched: dict[Artifact, list[tuple[int, int]]] = {}
+        self.last_report: Report | None = None
 
     def fetch(self, artifact: Artifact) -> None:
         """Read the correction area now (the program-distribution unit's fetch)."""
@@ -77,7 +79,26 @@ class ProgramExecutable:
             if sym.role == "temp":
                 buffers[sym.name] = device_view(artifact.device, artifact.region,
                                                  artifact.offset + sym.offset, sym.nbytes)
-        Machine(self.program, buffers, self.hardware.scratchpad_bytes).run()
+        timing = Timing(self.program, self.hardware)
+        Machine(self.program, buffers, self.hardware.scratchpad_bytes, timing).run()
+        self.last_report = timing.finish()
+        _reports.append(self.last_report)
+
+    def simulated_ns(self, artifact: Artifact) -> float:
+        """The last run's simulated time: the Compute's duration on the timeline."""
+        return self.last_report.simulated_ns if self.last_report is not None else 0.0
+
+
+_reports: list[Report] = []
+
+
+def kernel_reports() -> list[Report]:
+    """Reports of the programs run since the last reset_kernel_reports() (timing is a draft)."""
+    return list(_reports)
+
+
+def reset_kernel_reports() -> None:
+    _reports.clear()
 
 
 def write_correction_area(program: Program, artifact_tensor: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
