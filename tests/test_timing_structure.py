@@ -87,3 +87,16 @@ def test_a_ring_reduction_takes_longer_with_more_hops():
         run_program(ring_sum(32 * cores, cores), x=torch.ones(32 * cores))
         times.append(kernel_reports()[0].simulated_ns)
     assert times[0] < times[1] < times[2]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 4096), st.integers(1, 600), st.integers(1, 2048), st.integers(0, 5000))
+def test_dma_counts_every_stick_each_row_touches(offset, rows, row_bytes, stride):
+    timing = Timing(vector_add(32, "fp32"), HARDWARE)
+    timing.dma(offset, rows, row_bytes, stride, write=False)
+    expected = sum(-(-(((offset + r * stride) % 128) + row_bytes) // 128) for r in range(rows)) * 128
+    assert timing.report.bytes_read == expected

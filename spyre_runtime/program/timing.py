@@ -20,6 +20,7 @@ among them, capped by the pure-read/write or mixed sustained figure.
 from __future__ import annotations
 
 import bisect
+import math
 import collections
 from dataclasses import dataclass, field
 
@@ -140,13 +141,12 @@ class Timing:
 
     def dma(self, offset: int, rows: int, row_bytes: int, stride: int, write: bool) -> float:
         """Device transfer of `rows` rows: every stick a row touches moves."""
-        sticks = 0
-        if stride % STICK == 0:
-            sticks = rows * -(-((offset % STICK) + row_bytes) // STICK)
-        else:
-            for r in range(rows):
-                start = offset + r * stride
-                sticks += -(-((start % STICK) + row_bytes) // STICK)
+        # A row's sticks depend on where it starts within a stick, which
+        # repeats every `period` rows: count one period, not every row.
+        period = STICK // math.gcd(stride % STICK, STICK) if stride % STICK else 1
+        per_row = [-(-(((offset + r * stride) % STICK) + row_bytes) // STICK) for r in range(min(period, rows))]
+        full, rest = divmod(rows, len(per_row)) if per_row else (0, 0)
+        sticks = full * sum(per_row) + sum(per_row[:rest])
         nbytes = sticks * STICK
         if write:
             self.report.bytes_written += nbytes
