@@ -100,3 +100,52 @@ def test_dma_counts_every_stick_each_row_touches(offset, rows, row_bytes, stride
     timing.dma(offset, rows, row_bytes, stride, write=False)
     expected = sum(-(-(((offset + r * stride) % 128) + row_bytes) // 128) for r in range(rows)) * 128
     assert timing.report.bytes_read == expected
+
+
+def test_reports_through_torch_spyre_with_roofline_and_bottleneck():
+    from spyre_runtime.program.handwritten import row_softmax, tiled_matmul
+
+    torch.spyre.reset_kernel_reports()
+    run_program(vector_add(1 << 16, "fp16"), x=torch.randn(1 << 16).half(), y=torch.randn(1 << 16).half())
+    run_program(tiled_matmul(64, 128, 128, "fp16", cores=2), a=torch.randn(64, 128).half(), b=torch.randn(128, 128).half())
+    run_program(row_softmax(64, 256, "fp32", cores=2), x=torch.randn(64, 256))
+    reports = torch.spyre.kernel_reports()
+    assert [r.name for r in reports] == ["vector_add_fp16_65536", "tiled_matmul_fp16_64x128x128_on_2",
+                                         "row_softmax_fp32_64x256"]
+    for r in reports:
+        assert r.simulated_us > 0 and r.roofline_us > 0
+        assert 0 < r.efficiency <= 1  # the roofline uses rates no plan can beat
+        assert r.bottleneck in ("memory", "compute", "ring", "latency")
+        assert r.bytes_moved == r.bytes_read + r.bytes_written > 0
+    assert reports[1].flops >= 2 * 64 * 128 * 128 and reports[1].cores_used == 2
+    torch.spyre.reset_kernel_reports()
+    assert torch.spyre.kernel_reports() == []
+
+
+def test_a_pure_copy_is_memory_bound():
+    from spyre_runtime.program import Store
+
+    n = 1 << 16
+    ls = (Loop(8), Load(Addr(0), DevAddr("x", 0, (n // 8 * 4,)), 1, n // 8 * 4, 0, n // 8 * 4),
+          Store(DevAddr("y", 0, (n // 8 * 4,)), Addr(0), 1, n // 8 * 4, 0, n // 8 * 4), EndLoop())
+    p = Program("copy", symbols=(Symbol("x", "input", "fp32", (n,), (1,)), Symbol("y", "output", "fp32", (n,), (1,))),
+                cores=(CoreProgram(0, (("ls", ls),)),))
+    torch.spyre.reset_kernel_reports()
+    x = torch.randn(n)
+    assert torch.equal(run_program(p, x=x)["y"].cpu(), x)
+    (r,) = torch.spyre.kernel_reports()
+    assert r.bottleneck == "memory" and r.bytes_read == r.bytes_written == n * 4
+
+
+def test_per_unit_activity_can_be_recorded_for_a_compute():
+    from spyre_runtime.program.timing import record_activity
+
+    torch.spyre.reset_kernel_reports()
+    with record_activity():
+        run_program(vector_add(4096, "fp32"), x=torch.randn(4096), y=torch.randn(4096))
+    (r,) = torch.spyre.kernel_reports()
+    units = {(core, unit) for core, unit, *_ in r.activity}
+    assert units == {(0, "ls"), (0, "sfp")}
+    assert max(end for *_, end in r.activity) == pytest.approx(r.simulated_ns)
+    trace = r.trace()["traceEvents"]
+    assert {e["tid"] for e in trace} == {"ls", "sfp"} and all(e["ph"] == "X" for e in trace)

@@ -144,6 +144,21 @@ def timeline(path=None):
     return queues.timeline(path)
 
 
+def kernel_reports():
+    """Reports of the programs launched since reset_kernel_reports(): simulated_us,
+    roofline_us, efficiency, bytes_moved, flops, cores_used, bottleneck, per-unit busy time.
+    The timing model is not yet calibrated against the measured kernels (issue 6)."""
+    from spyre_runtime.program.run import kernel_reports as reports
+
+    return reports()
+
+
+def reset_kernel_reports() -> None:
+    from spyre_runtime.program.run import reset_kernel_reports as reset
+
+    reset()
+
+
 def clear_errors(device=None) -> None:
     """Clear the sticky errors of a device's streams (after a failed operation)."""
     from . import queues

@@ -70,6 +70,57 @@ class Report:
     def flops(self) -> int:
         return 2 * self.macs + self.sfp_elements
 
+    # Time each core spent per kind of work, for the bottleneck.
+    memory_ns: dict = field(default_factory=dict)   # core -> device transfers
+    ring_ns: dict = field(default_factory=dict)     # core -> ring sends
+    roof_matrix_ns_per_mac: float = 0.0              # 1 / (sustained MAC rate of the cores used)
+    roof_read_gbps: float = 0.0
+    roof_mixed_gbps: float = 0.0
+    activity: list = field(default_factory=list)    # (core, unit, opcode, start ns, end ns) if recorded
+
+    @property
+    def roofline_ns(self) -> float:
+        """max(matrix FLOPs at the sustained matrix rate, bytes at the sustained bandwidth for this mix)."""
+        compute = self.macs * self.roof_matrix_ns_per_mac
+        total = self.bytes_moved
+        if total == 0:
+            return compute
+        # Pure reads or writes sustain roof_read_gbps, a balanced mix roof_mixed_gbps.
+        balance = 2 * min(self.bytes_read, self.bytes_written) / total
+        gbps = self.roof_read_gbps + (self.roof_mixed_gbps - self.roof_read_gbps) * balance
+        return max(compute, total / gbps)
+
+    @property
+    def roofline_us(self) -> float:
+        return self.roofline_ns / 1e3
+
+    @property
+    def efficiency(self) -> float:
+        return self.roofline_ns / self.simulated_ns if self.simulated_ns else 0.0
+
+    @property
+    def bottleneck(self) -> str:
+        """memory, compute, ring, or latency (time mostly spent waiting on dependencies)."""
+        compute = collections.defaultdict(float)
+        for (core, unit), busy in self.unit_busy_ns.items():
+            if unit in ("pe", "sfp"):
+                compute[core] = max(compute[core], busy)
+        parts = {
+            "memory": max(self.memory_ns.values(), default=0.0),
+            "compute": max(compute.values(), default=0.0),
+            "ring": max(self.ring_ns.values(), default=0.0),
+        }
+        kind, busiest = max(parts.items(), key=lambda kv: kv[1])
+        return kind if busiest >= 0.6 * self.simulated_ns else "latency"
+
+    def trace(self) -> dict:
+        """The recorded per-unit activity as a Chrome trace (one process per core, a track per unit)."""
+        events = []
+        for core, unit, opcode, start, end in self.activity:
+            events.append({"name": opcode, "ph": "X", "pid": core, "tid": unit, "ts": start / 1e3,
+                           "dur": (end - start) / 1e3})
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
     def utilization(self) -> float:
         """Mean busy fraction of the cores' busiest unit."""
         if not self.simulated_ns or not self.cores_used:
@@ -78,6 +129,22 @@ class Report:
         for (core, _), busy in self.unit_busy_ns.items():
             per_core[core] = max(per_core[core], busy)
         return sum(per_core.values()) / (len(per_core) * self.simulated_ns)
+
+
+_recording = False
+
+
+class record_activity:
+    """``with record_activity():`` keeps every instruction's simulated span in the reports."""
+
+    def __enter__(self):
+        global _recording
+        self._previous, _recording = _recording, True
+        return self
+
+    def __exit__(self, *exc):
+        global _recording
+        _recording = self._previous
 
 
 class Timing:
@@ -90,6 +157,7 @@ class Timing:
         self.pop_times = {q.name: [] for q in program.queues}
         self.pushed = {q.name: 0 for q in program.queues}
         self.report = Report(program.name, 0.0)
+        self._core = 0
         loads, stores, cores = False, False, set()
         for cp in program.cores:
             for _, instrs in cp.units:
@@ -101,6 +169,10 @@ class Timing:
                         stores = True
                         cores.add(cp.core)
         self.report.cores_used = len(program.cores)
+        self.report.roof_matrix_ns_per_mac = 1.0 / (hardware.matrix_macs_per_ns_per_core * max(len(program.cores), 1))
+        self.report.roof_read_gbps = hardware.device_memory_gbps_sustained
+        self.report.roof_mixed_gbps = hardware.device_memory_gbps_mixed
+        self.record = _recording
         active = max(len(cores), 1)
         nominal = hardware.device_memory_gbps_nominal
         cap = hardware.device_memory_gbps_mixed if (loads and stores) else hardware.device_memory_gbps_sustained
@@ -126,11 +198,15 @@ class Timing:
         self.free[key] = start
 
     def run(self, core: int, unit: str, ins, idx) -> None:
+        self._core = core
         cost = ins.cost(self, core, idx)
         if cost:
             key = (core, unit)
-            self.free[key] += cost
+            start = self.free[key]
+            self.free[key] = start + cost
             self.busy[key] += cost
+            if self.record:
+                self.report.activity.append((core, unit, ins.opcode, start, start + cost))
 
     def finish(self) -> Report:
         self.report.simulated_ns = max(self.free.values(), default=0.0)
@@ -152,7 +228,9 @@ class Timing:
             self.report.bytes_written += nbytes
         else:
             self.report.bytes_read += nbytes
-        return nbytes / self.core_gbps
+        ns = nbytes / self.core_gbps
+        self.report.memory_ns[self._core] = self.report.memory_ns.get(self._core, 0.0) + ns
+        return ns
 
     def pe(self, m: int, n: int, k: int) -> float:
         macs = m * n * k
@@ -168,7 +246,9 @@ class Timing:
         hops = min((dst - src) % self.hw.cores, (src - dst) % self.hw.cores)
         self.report.ring_bytes += nbytes
         bytes_per_ns = self.hw.ring_bytes_per_cycle * self.hw.clock_ghz
-        return nbytes / bytes_per_ns + hops * self.hw.ring_hop_ns
+        ns = nbytes / bytes_per_ns + hops * self.hw.ring_hop_ns
+        self.report.ring_ns[src] = self.report.ring_ns.get(src, 0.0) + ns
+        return ns
 
     def local(self, nbytes: int) -> float:
         return nbytes / (self.hw.ring_bytes_per_cycle * self.hw.clock_ghz)
