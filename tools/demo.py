@@ -73,13 +73,18 @@ def main() -> None:
 
     program = tiled_matmul(256, 512, 256, "fp16", cores=4, tile_k=128)
     a, b = torch.randn(256, 512).half(), torch.randn(512, 256).half()
+    torch.spyre.reset_kernel_reports()
     out = run_program(program, a=a, b=b)["out"]
+    (report,) = torch.spyre.kernel_reports()
     ref = (a.float() @ b.float()).half()
     ulp = (out.cpu().float() - ref.float()).abs().max().item()
     instrs = sum(len(i) for c in program.cores for _, i in c.units)
     print(f"  {program.name}: {program.notes}")
     print(f"  {len(program.cores)} cores, {instrs} instructions; max |spyre - cpu fp32->fp16| = {ulp:.3g} "
           "(fp32 sums in another order, one fp16 rounding; the tests pin the bound)")
+    print(f"  kernel report (timing model not yet calibrated): {report.simulated_us:.1f} us simulated, "
+          f"roofline {report.roofline_us:.1f} us, efficiency {report.efficiency:.2f}, "
+          f"bottleneck {report.bottleneck}, {report.bytes_moved:,} bytes moved, {report.flops:,} flops")
     listing = program.listing().splitlines()
     start = next(i for i, line in enumerate(listing) if line.startswith("core 0"))
     print("  listing (core 0, first lines):")
