@@ -3,6 +3,7 @@
 import warnings
 
 import allocator
+import calibration
 import device_overhead
 import queue_layer
 import simulator
@@ -14,3 +15,4 @@ if __name__ == "__main__":
     allocator.main()
     queue_layer.main()
     simulator.main()
+    calibration.main()
