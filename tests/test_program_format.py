@@ -297,3 +297,14 @@ def test_temporaries_live_at_fixed_offsets_in_the_artifacts_own_allocation():
     assert torch.equal(run_program(p, x=x)["y"].cpu(), x * 2)
     bad = scale_program(ls=ls, symbols=sym[:2] + (dataclasses.replace(sym[2], offset=0),))
     rejects(bad, r"temporary 't' needs a stick-aligned offset after the correction area")
+
+
+def test_rejects_unknown_operations_broadcasts_and_queue_depths():
+    t = Tile(Addr(0), "fp32", 1, N, ROW)
+    rejects(scale_program(sfp=(Pop("in"), Unary("cube", t, t), Push("out"))),
+            r"instruction 1 \(unary\): unknown operation 'cube'; unary knows abs, ceil")
+    odd = Tile(Addr(0), "fp32", 1, N, ROW, broadcast="diagonal")
+    rejects(scale_program(sfp=(Pop("in"), Unary("neg", odd, odd), Push("out"))),
+            r"tile broadcast 'diagonal' is not one of none, rows, cols, scalar")
+    shallow = (Queue("in", (0, "ls"), (0, "sfp"), 0), Queue("out", (0, "sfp"), (0, "ls")))
+    rejects(scale_program(queues_=shallow), r"queue 'in' has depth 0; it must be at least 1")

@@ -918,3 +918,15 @@ def test_transfer_checks_its_operands():
     fp = Transfer(D2D, DeviceAddress(1, 4), DeviceAddress(2, 8), 16).footprint
     assert fp == Footprint(reads=(Range(1, 4, 16),), writes=(Range(2, 8, 16),))
     assert Transfer(H2D, HostAddress(0), DeviceAddress(1, 0), 8).footprint.reads == ()
+
+
+def test_malformed_operations_are_refused_at_enqueue():
+    """Bad operations fail where they are made, naming what is wrong, not on a worker."""
+    q = FakeDevice().queue()
+    with pytest.raises(TypeError, match="cannot enqueue str; operations are HostCallback"):
+        q.enqueue(1, "copy please")
+    with pytest.raises(TypeError, match="Compute 'k': the executable must have run"):
+        Compute(object(), None, name="k")
+    with pytest.raises(TypeError, match="HostCallback 'h': fn must be callable"):
+        HostCallback(42, name="h")
+    assert q.query_stream(1)

@@ -1,5 +1,10 @@
 """Running programs: on given tensors (run_program), or as a Compute operation.
 
+ProgramExecutable is the device's side: what the queue layer runs for a
+Compute. run_program sits above the queue (it prepares an artifact and
+enqueues a Compute, as the launch layer's prepare_kernel/launch_jobplan will
+for compiled kernels); the queue itself never learns what a program is.
+
 A launched program owns one device allocation, laid out as in program.py:
 its correction area, its temporaries, its program image. Placeholder
 addresses reach the program only through the correction area.

@@ -12,7 +12,7 @@ Format problems (magic, version, checksum) are rejected when a program is read.
 from __future__ import annotations
 
 from . import isa
-from .operands import ITEMSIZE, STICK, Addr, Tile
+from .operands import BROADCASTS, ITEMSIZE, STICK, Addr, Tile
 from .program import ROLES, Program
 
 DRY_RUN_LIMIT = 2_000_000  # control steps; beyond this the runtime's own deadlock check stands
@@ -57,6 +57,9 @@ def validate(program: Program, hardware=None) -> None:
                 f"program {program.name!r}: temporary {sym.name!r} needs a stick-aligned offset after the "
                 f"correction area ({program.correction_bytes} B), got {sym.offset}")
     queues = {q.name: q for q in program.queues}
+    for q in program.queues:
+        if q.depth < 1:
+            raise ProgramError(f"program {program.name!r}: queue {q.name!r} has depth {q.depth}; it must be at least 1")
     seen_cores = set()
     for cp in program.cores:
         if not 0 <= cp.core < hw.cores:
@@ -93,11 +96,21 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
             if tuple(end) != (core, unit):
                 role = "pushed by" if isinstance(ins, isa.Push) else "popped by"
                 raise ProgramError(f"{where}: queue {ins.queue!r} is {role} core {end[0]} unit {end[1]}")
+        _check_operation(where, ins)
         for access in ins.touches():
             _check_access(program, where, core, access, counts, usable, ncores)
         _check_overlap(where, ins, counts)
     if depth != 0:
         raise ProgramError(f"program {program.name!r}: core {core} unit {unit}: {depth} loop(s) not closed")
+
+
+_OPERATIONS = {"unary": isa.UNARY, "binary": isa.BINARY, "reduce": isa.REDUCE}
+
+
+def _check_operation(where: str, ins) -> None:
+    table = _OPERATIONS.get(ins.opcode)
+    if table is not None and ins.op not in table:
+        raise ProgramError(f"{where}: unknown operation {ins.op!r}; {ins.opcode} knows {', '.join(sorted(table))}")
 
 
 def _aligned(where: str, what: str, addr: Addr) -> None:
@@ -114,6 +127,10 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
     kind = access[0]
     if kind == "tile":
         tile: Tile = access[1]
+        if tile.broadcast not in BROADCASTS:
+            raise ProgramError(f"{where}: tile broadcast {tile.broadcast!r} is not one of {', '.join(BROADCASTS)}")
+        if tile.rows < 1 or tile.cols < 1:
+            raise ProgramError(f"{where}: tile of {tile.rows} x {tile.cols} elements; both must be at least 1")
         _aligned(where, "tile", tile.addr)
         rows, _ = tile.stored_shape
         if rows > 1 and tile.row_stride % STICK:

@@ -44,6 +44,7 @@ PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
 # Finished operations per stream that later ones still order against in
 # simulated time (see DeviceQueue._follow_finished).
 RECENT = 16
+_KNOWN_PIPELINES = frozenset(PIPELINES) | {"control"}
 
 _local = threading.local()
 
@@ -197,6 +198,9 @@ class DeviceQueue:
         return ticket
 
     def _enqueue_locked(self, stream_id: int, op, inline: bool) -> Ticket:
+        if getattr(op, "pipeline", None) not in _KNOWN_PIPELINES:
+            raise TypeError(f"spyre:{self.device}: cannot enqueue {type(op).__name__}; operations are "
+                            f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
         stream = self._stream(stream_id)
         ticket = Ticket(op, stream, next(self._seq), inline)
         previous = stream.last

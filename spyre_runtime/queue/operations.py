@@ -85,6 +85,10 @@ class HostCallback:
     raise_to_caller: bool = False
     pipeline = "host"
 
+    def __post_init__(self):
+        if not callable(self.fn):
+            raise TypeError(f"HostCallback {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+
 
 @dataclass(frozen=True)
 class Transfer:
@@ -142,6 +146,11 @@ class Compute:
     footprint: Footprint = NO_FOOTPRINT
     name: str = "compute"
     pipeline = "compute"
+
+    def __post_init__(self):
+        if not callable(getattr(self.executable, "run", None)):
+            raise TypeError(f"Compute {self.name!r}: the executable must have run(bindings), "
+                            f"got {type(self.executable).__name__}")
 
 
 @dataclass(frozen=True)
