@@ -1,0 +1,1 @@
+"""The Inductor backend for spyre: FX graph -> kernel IR -> planned, verified dataflow programs."""

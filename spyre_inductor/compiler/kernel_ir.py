@@ -1,0 +1,212 @@
+"""The kernel IR: what the Inductor side hands the passes, and nothing more.
+
+One ``PointwiseKernel`` is one future dataflow program: an iteration space
+(``ranges``, outermost first), the device buffers it touches in PyTorch's
+strided layout, a straight-line list of values (SSA: a value refers to
+earlier values by their position) and the stores that leave the kernel.
+
+Every index is affine in the iteration variables: element index =
+``offset + sum(strides[d] * i_d)``. A stride of 0 is a broadcast. Inductor
+index expressions that are not affine (modular indexing from reshapes,
+indirect indexing) do not reach this IR: capture turns such a node into a
+CPU fallback.
+
+Values whose result is only used inside the kernel stay on chip; a value
+reaches device memory only through a ``Store``. Arithmetic follows
+Inductor's contract: floats are computed in fp32 and rounded when stored
+(or when a ``Cast`` says so), integers in their own width.
+
+The IR is frozen and JSON-serialisable (``to_json``/``from_json``) so a
+kernel can be dumped, diffed and unit-tested without Inductor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import torch
+
+# IR dtype names; the same spelling as the program format (operands.DTYPES) where both exist.
+DTYPE_NAMES = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+    torch.uint8: "uint8", torch.bool: "bool",
+}
+TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+# Operations a pointwise kernel may contain, by arity; names are Inductor's ops names.
+UNARY_OPS = frozenset({
+    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "sigmoid",
+    "tanh", "relu", "erf", "sin", "cos", "floor", "ceil", "trunc", "round", "sign", "logical_not",
+    "bitwise_not", "square",
+})
+BINARY_OPS = frozenset({
+    "add", "sub", "mul", "truediv", "div", "floordiv", "mod", "remainder", "pow", "maximum", "minimum",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "bitwise_and", "bitwise_or", "bitwise_xor",
+})
+TERNARY_OPS = frozenset({"where"})  # where(cond, a, b)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A device buffer the kernel reads or writes, in PyTorch's strided layout (elements)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0  # storage offset, elements
+
+
+@dataclass(frozen=True)
+class Index:
+    """Element index = offset + sum(strides[d] * i_d) over the kernel's ranges."""
+
+    strides: tuple[int, ...]
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Load:
+    buffer: str
+    index: Index
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Constant:
+    value: float | int | bool  # float("inf") / float("nan") allowed
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Op:
+    """An elementwise operation on earlier values (positions); result dtype `dtype`."""
+
+    name: str
+    args: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Cast:
+    arg: int
+    dtype: str
+
+
+Value = Load | Constant | Op | Cast
+
+
+@dataclass(frozen=True)
+class Store:
+    buffer: str
+    index: Index
+    value: int  # position in PointwiseKernel.values
+
+
+@dataclass(frozen=True)
+class PointwiseKernel:
+    name: str
+    ranges: tuple[int, ...]
+    buffers: tuple[Buffer, ...]
+    values: tuple[Value, ...]
+    stores: tuple[Store, ...]
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name!r} has no buffer {name!r}")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        seen = []
+        for v in self.values:
+            if isinstance(v, Load) and v.buffer not in seen:
+                seen.append(v.buffer)
+        return tuple(seen)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        seen = []
+        for s in self.stores:
+            if s.buffer not in seen:
+                seen.append(s.buffer)
+        return tuple(seen)
+
+    def check(self) -> None:
+        """Raise ValueError naming the first malformed part (a bad IR is a capture bug)."""
+        names = {b.name for b in self.buffers}
+        rank = len(self.ranges)
+
+        def index_ok(where: str, index: Index) -> None:
+            if len(index.strides) != rank:
+                raise ValueError(f"kernel {self.name!r}: {where} has {len(index.strides)} strides for "
+                                 f"{rank} ranges")
+
+        for i, v in enumerate(self.values):
+            if isinstance(v, Load):
+                if v.buffer not in names:
+                    raise ValueError(f"kernel {self.name!r}: value {i} loads unknown buffer {v.buffer!r}")
+                index_ok(f"value {i} (load of {v.buffer})", v.index)
+            elif isinstance(v, Op):
+                arity = 1 if v.name in UNARY_OPS else 2 if v.name in BINARY_OPS else 3 if v.name in TERNARY_OPS else None
+                if arity is None:
+                    raise ValueError(f"kernel {self.name!r}: value {i} uses unknown op {v.name!r}")
+                if len(v.args) != arity or any(not 0 <= a < i for a in v.args):
+                    raise ValueError(f"kernel {self.name!r}: value {i} ({v.name}) has bad args {v.args}")
+            elif isinstance(v, Cast):
+                if not 0 <= v.arg < i:
+                    raise ValueError(f"kernel {self.name!r}: value {i} (cast) has bad arg {v.arg}")
+            elif not isinstance(v, Constant):
+                raise ValueError(f"kernel {self.name!r}: value {i} is not an IR value: {v!r}")
+            if v.dtype not in TORCH_DTYPES:
+                raise ValueError(f"kernel {self.name!r}: value {i} has unknown dtype {v.dtype!r}")
+        for s in self.stores:
+            if s.buffer not in names:
+                raise ValueError(f"kernel {self.name!r}: store to unknown buffer {s.buffer!r}")
+            if not 0 <= s.value < len(self.values):
+                raise ValueError(f"kernel {self.name!r}: store to {s.buffer!r} of missing value {s.value}")
+            index_ok(f"store to {s.buffer}", s.index)
+
+    # ---- dump / load ---------------------------------------------------------------
+
+    def to_json(self) -> str:
+        def enc(v):
+            d = dataclasses.asdict(v)
+            d["kind"] = type(v).__name__
+            return d
+
+        return json.dumps({
+            "name": self.name, "ranges": list(self.ranges),
+            "buffers": [dataclasses.asdict(b) for b in self.buffers],
+            "values": [enc(v) for v in self.values],
+            "stores": [dataclasses.asdict(s) for s in self.stores],
+        }, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PointwiseKernel":
+        d = json.loads(text)
+        kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast}
+
+        def index(x):
+            return Index(tuple(x["strides"]), x["offset"])
+
+        def dec(v):
+            kind = kinds[v.pop("kind")]
+            if kind is Load:
+                return Load(v["buffer"], index(v["index"]), v["dtype"])
+            if kind is Op:
+                return Op(v["name"], tuple(v["args"]), v["dtype"])
+            return kind(**v)
+
+        return cls(
+            d["name"], tuple(d["ranges"]),
+            tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
+                  for b in d["buffers"]),
+            tuple(dec(v) for v in d["values"]),
+            tuple(Store(s["buffer"], index(s["index"]), s["value"]) for s in d["stores"]),
+        )
