@@ -35,8 +35,19 @@ class HardwareConfig:
     device_memory_gbps_nominal: float = _figure(204.8, "E: LPDDR5 nominal")
     device_memory_gbps_sustained: float = _figure(150.0, "M/F: pure reads or pure writes")
     device_memory_gbps_mixed: float = _figure(105.0, "M/F: balanced read+write stream")
+    bus_ceiling: tuple = _figure(
+        ((1, 0.11), (2, 0.22), (4, 0.43), (8, 0.54), (16, 0.54), (32, 0.72)),
+        "M: fraction of the nominal bus reached with n transfers in flight: reductions on 1, 2, 4, 8-16 cores "
+        "(one transfer per core); 32: the row sum (16 MiB in 113.3 us); interpolated between, "
+        "the sustained caps beyond")
     matrix_macs_per_ns_per_core: float = _figure(1140.0, "F: sustained fp16 MACs per ns per core")
-    sfp_results_per_us_per_core: float = _figure(1760.0, "F: special-function results per us per core")
+    pe_fill: tuple = _figure(
+        ((1, 0.5), (2, 0.5), (8, 0.72), (64, 1.0)),
+        "F: PE fill efficiency by rows per core: 0.50 at 2 rows, 0.72 at 8, full from 64 (8 rows x 8 passes)")
+    sfp_sticks_per_us_per_core: float = _figure(
+        1760.0, "F: special-function results per us per core, a result being one 128-byte stick (64 fp16 lanes): "
+                "the resident dim-0 softmax (5 passes over 8192 sticks) measures 23.67 us")
+    transpose_gbps_per_core: float = _figure(40.0, "M: on-chip transpose, about 40 GB/s per core")
     ring_bytes_per_cycle: int = _figure(128, "E: per direction")
     ring_hop_ns: float = _figure(5.0, "E: about 5 ns per hop")
     host_link_gbps: float = _figure(

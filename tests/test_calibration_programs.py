@@ -23,7 +23,7 @@ import torch
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program import Load, Machine, Store, validate
 from spyre_runtime.program.calibration import (
-    CALIBRATION, add, fused_mul_add, matmul, neg, row_sum, softmax_dim0,
+    CALIBRATION, add, fused_mul_add, matmul, neg, row_sum, softmax_dim0, softmax_dim0_from_memory,
 )
 from spyre_runtime.program.operands import STICK
 
@@ -124,6 +124,18 @@ def test_softmax_dim0_resident(rows, cols, cores):
         out_t[c0:c0 + count] = view
     out = out_t.t()
     ref = _softmax_dim0_fp16(x)
+    ulp = torch.finfo(torch.float16).eps * ref.float().abs().clamp_min(2.0 ** -14)
+    assert ((out.float() - ref.float()).abs() <= 2 * ulp).all()
+    torch.testing.assert_close(out.float(), torch.softmax(x.float(), dim=0), atol=3e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("rows,cols,cores", [(48, 40, 1), (100, 37, 4), (64, 200, 3)])
+def test_softmax_dim0_from_memory(rows, cols, cores):
+    x = _data((rows, cols), 5)
+    out = _run(softmax_dim0_from_memory(rows, cols, cores), {"x": x}, torch.empty_like(x))
+    # Its roundings: max exact, x - max and exp rounded to fp16, the column sum in fp32.
+    e = (x.float() - x.amax(dim=0).float()).half().float().exp().half().float()
+    ref = (e / e.sum(dim=0)).half()
     ulp = torch.finfo(torch.float16).eps * ref.float().abs().clamp_min(2.0 ** -14)
     assert ((out.float() - ref.float()).abs() <= 2 * ulp).all()
     torch.testing.assert_close(out.float(), torch.softmax(x.float(), dim=0), atol=3e-3, rtol=2e-2)

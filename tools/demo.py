@@ -82,7 +82,7 @@ def main() -> None:
     print(f"  {program.name}: {program.notes}")
     print(f"  {len(program.cores)} cores, {instrs} instructions; max |spyre - cpu fp32->fp16| = {ulp:.3g} "
           "(fp32 sums in another order, one fp16 rounding; the tests pin the bound)")
-    print(f"  kernel report (timing model not yet calibrated): {report.simulated_us:.1f} us simulated, "
+    print(f"  kernel report: {report.simulated_us:.1f} us simulated, "
           f"roofline {report.roofline_us:.1f} us, efficiency {report.efficiency:.2f}, "
           f"bottleneck {report.bottleneck}, {report.bytes_moved:,} bytes moved, {report.flops:,} flops")
     listing = program.listing().splitlines()

@@ -130,9 +130,19 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+# Read by Inductor's init_backend_registration on the first compile. Resolved
+# lazily so that `import torch` does not import Inductor (seconds); the first
+# read registers the whole spyre backend (spyre_inductor.compiler.registration).
+_INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
 def __getattr__(name: str):
     if name == "default_generators":
         return tuple(_C.default_generator(i) for i in range(_C.device_count()))
+    if name in _INDUCTOR_NAMES:
+        from spyre_inductor.compiler.registration import inductor_attribute
+
+        return inductor_attribute(name)
     raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")
 
 
@@ -146,8 +156,8 @@ def timeline(path=None):
 
 def kernel_reports():
     """Reports of the programs launched since reset_kernel_reports(): simulated_us,
-    roofline_us, efficiency, bytes_moved, flops, cores_used, bottleneck, per-unit busy time.
-    The timing model is not yet calibrated against the measured kernels (issue 6)."""
+    roofline_us, efficiency, bytes_moved, flops, cores_used, bottleneck, per-unit busy time
+    (docs/timing_model.md)."""
     from spyre_runtime.program.run import kernel_reports as reports
 
     return reports()

@@ -27,8 +27,11 @@ from .validate import ProgramError
 
 
 class Machine:
-    def __init__(self, program: Program, buffers: dict[str, torch.Tensor], scratchpad_bytes: int, timing=None):
-        missing = [s.name for s in program.symbols if s.name not in buffers]
+    def __init__(self, program: Program, buffers: dict[str, torch.Tensor], scratchpad_bytes: int, timing=None,
+                 functional: bool = True):
+        # functional=False walks the control flow only (queues, loops, costs): a timing estimate.
+        self.functional = functional
+        missing = [s.name for s in program.symbols if s.name not in buffers] if functional else []
         if missing:
             raise ProgramError(f"program {program.name!r}: no memory bound for {', '.join(missing)}")
         self.program = program
@@ -161,14 +164,15 @@ class _Unit:
                 idx = tuple(loop[2] for loop in self.loops)
                 if timing is not None:
                     timing.run(self.core, self.unit, ins, idx)
-                try:
-                    ins.run(m, self.core, idx)
-                except ProgramError:
-                    raise
-                except Exception as e:
-                    raise ProgramError(
-                        f"program {m.program.name!r}: core {self.core} unit {self.unit} instruction "
-                        f"{self.pc} ({ins.opcode}) failed: {type(e).__name__}: {e}") from e
+                if m.functional:
+                    try:
+                        ins.run(m, self.core, idx)
+                    except ProgramError:
+                        raise
+                    except Exception as e:
+                        raise ProgramError(
+                            f"program {m.program.name!r}: core {self.core} unit {self.unit} instruction "
+                            f"{self.pc} ({ins.opcode}) failed: {type(e).__name__}: {e}") from e
             m.executed += 1
             self.pc += 1
             ran = True

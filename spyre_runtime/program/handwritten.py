@@ -125,24 +125,23 @@ class _Unit:
             with self.loop(count) as i:
                 yield i
 
-    def each(self, count: int, offset: int = 0):
-        """Iterations offset..offset+count-1 unrolled by two: yields (index, index % 2).
+    def each(self, count: int, offset: int = 0, ways: int = 2):
+        """Iterations offset..offset+count-1 unrolled by `ways`: yields (index, index % ways).
 
-        The parity is static in every emitted body, so it can pick a buffer.
+        The remainder is static in every emitted body, so it can pick a buffer.
         """
         if count <= 0:
             return
-        pairs, tail = divmod(count, 2)
-        if pairs == 1:
-            yield _Aff(offset), offset % 2
-            yield _Aff(offset + 1), (offset + 1) % 2
-        elif pairs > 1:
-            with self.loop(pairs) as p:
-                for j in (0, 1):
-                    yield p * 2 + (offset + j), (offset + j) % 2
-        if tail:
-            t = offset + count - 1
-            yield _Aff(t), t % 2
+        groups, tail = divmod(count, ways)
+        if groups == 1:
+            for j in range(ways):
+                yield _Aff(offset + j), (offset + j) % ways
+        elif groups > 1:
+            with self.loop(groups) as p:
+                for j in range(ways):
+                    yield p * ways + (offset + j), (offset + j) % ways
+        for t in range(offset + count - tail, offset + count):
+            yield _Aff(t), t % ways
 
 
 class _Scratch:
@@ -190,31 +189,38 @@ def _split(total: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, store) -> None:
-    """Stream `tiles` equal tiles (then one remainder tile, if `rem`) through two buffers.
+def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, store, buffers: int = 2) -> None:
+    """Stream `tiles` equal tiles (then one remainder tile, if `rem`) through `buffers` buffers.
 
-    ls loads tile t into buffer t % 2 and pushes q["full", b]; sfp pops it,
-    computes, pushes q["done", b]; ls pops that, stores tile t (if `store`
-    emits anything) and loads tile t + 2 into the same buffer. ls starts two
-    loads ahead, so the load of tile t + 1 overlaps the compute of tile t.
+    ls loads tile t into buffer t % buffers and pushes q["full", b]; sfp pops
+    it, computes, pushes q["done", b]; ls pops that, stores tile t (if
+    `store` emits anything) and loads tile t + 2 into buffer (t + 2) % buffers.
+    ls starts two loads ahead, so the load of tile t + 1 overlaps the compute
+    of tile t. With two buffers the load of tile t + 2 reuses tile t's buffer
+    and so waits for its store; with three it goes to the buffer tile t - 1
+    freed, and the store of tile t and the load of tile t + 2 are in flight
+    together (a streaming plan: reads and writes interleave on the bus).
     The remainder tile (a different shape, e.g. a partial stick or fewer
     rows) goes through buffer 0 after the stream has drained.
 
     load/compute/store(unit, t, b, size) emit one tile's instructions, t an
     affine tile index, b the buffer, size `None` for a full tile or `rem`.
     """
+    if buffers not in (2, 3):
+        raise ValueError(f"buffers must be 2 or 3, got {buffers}")
     for t in range(min(tiles, 2)):
         load(ls, _Aff(t), t, None)
         ls.emit(Push(q["full", t]))
-    for t, b in ls.each(tiles - 2):
+    for t, b in ls.each(tiles - 2, ways=buffers):
+        ahead = (b + 2) % buffers
         ls.emit(Pop(q["done", b]))
         store(ls, t, b, None)
-        load(ls, t + 2, b, None)
-        ls.emit(Push(q["full", b]))
+        load(ls, t + 2, ahead, None)
+        ls.emit(Push(q["full", ahead]))
     for t in range(max(tiles - 2, 0), tiles):
-        ls.emit(Pop(q["done", t % 2]))
-        store(ls, _Aff(t), t % 2, None)
-    for t, b in sfp.each(tiles):
+        ls.emit(Pop(q["done", t % buffers]))
+        store(ls, _Aff(t), t % buffers, None)
+    for t, b in sfp.each(tiles, ways=buffers):
         sfp.emit(Pop(q["full", b]))
         compute(sfp, t, b, None)
         sfp.emit(Push(q["done", b]))
@@ -228,10 +234,10 @@ def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, sto
         sfp.emit(Push(q["done", 0]))
 
 
-def _pipeline_queues(core: int) -> tuple[dict, list[Queue]]:
+def _pipeline_queues(core: int, buffers: int = 2) -> tuple[dict, list[Queue]]:
     q, queues = {}, []
     for kind, producer, consumer in (("full", "ls", "sfp"), ("done", "sfp", "ls")):
-        for b in (0, 1):
+        for b in range(buffers):
             name = f"c{core}.{kind}{b}"
             q[kind, b] = name
             queues.append(Queue(name, (core, producer), (core, consumer), depth=1))

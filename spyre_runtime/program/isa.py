@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from .operands import COMPUTE, STICK, Addr, DevAddr, Tile
+from .operands import COMPUTE, ITEMSIZE, STICK, Addr, DevAddr, Tile
 
 UNITS = ("ls", "pe", "sfp")
 REGISTRY: dict[str, type] = {}
@@ -50,6 +50,10 @@ class Instruction:
         """(kind, operand, nbytes-or-None) for every memory access: kind is
         'sp_tile', 'sp' (with a byte count) or 'dev' (with rows/row bytes/stride)."""
         return ()
+
+    def problem(self) -> str | None:
+        """What is wrong with this instruction's own operands (shapes, dtypes), for the validator."""
+        return None
 
     def listing(self) -> str:
         parts = []
@@ -134,7 +138,8 @@ class Load(Instruction):
             m.scratch_rows(core, self.dst.at(idx) + self.row_bytes, self.rows, pad, self.dst_stride).zero_()
 
     def cost(self, t, core, idx):
-        return t.dma(self.src.at(idx), self.rows, self.row_bytes, self.src_stride, write=False)
+        return t.dma(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride,
+                     self.dst.at(idx), self.dst_stride, write=False)
 
     def touches(self):
         return (("sp_rows", self.dst, self.rows, _sticks(self.row_bytes), self.dst_stride),
@@ -158,7 +163,8 @@ class Store(Instruction):
         m.device_rows(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride).copy_(src)
 
     def cost(self, t, core, idx):
-        return t.dma(self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride, write=True)
+        return t.dma(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride,
+                     self.src.at(idx), self.src_stride, write=True)
 
     def touches(self):
         return (("sp_rows", self.src, self.rows, _sticks(self.row_bytes), self.src_stride),
@@ -208,6 +214,34 @@ class Send(Instruction):
                 ("whole_sticks", self.nbytes), ("neighbour", self.core))
 
 
+@instruction("transpose", ("ls",))
+@dataclass(frozen=True)
+class Transpose(Instruction):
+    """dst[cols, rows] = src[rows, cols] transposed within the scratchpad (same dtype)."""
+
+    dst: Tile
+    src: Tile
+
+    def run(self, m, core, idx):
+        m.view(core, self.dst, idx).copy_(m.view(core, self.src, idx).t().clone())
+
+    def cost(self, t, core, idx):
+        return t.transpose(self.src.rows * self.src.cols * ITEMSIZE[self.src.dtype])
+
+    def touches(self):
+        return (("tile", self.dst), ("tile", self.src))
+
+    def problem(self):
+        if self.dst.dtype != self.src.dtype:
+            return f"transpose cannot cast ({self.src.dtype} -> {self.dst.dtype})"
+        if (self.dst.rows, self.dst.cols) != (self.src.cols, self.src.rows):
+            return (f"transpose of a {self.src.rows} x {self.src.cols} tile needs a {self.src.cols} x "
+                    f"{self.src.rows} destination, got {self.dst.rows} x {self.dst.cols}")
+        if "none" != self.dst.broadcast or "none" != self.src.broadcast:
+            return "transpose tiles cannot broadcast"
+        return None
+
+
 def _sticks(nbytes: int) -> int:
     return -(-nbytes // STICK) * STICK
 
@@ -250,12 +284,18 @@ UNARY = {
     "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "sin": torch.sin,
     "cos": torch.cos, "erf": torch.erf, "floor": torch.floor, "ceil": torch.ceil,
     "not": torch.logical_not,
+    # Added for compiled pointwise kernels (issue 7): Inductor ops with no exact composition.
+    "expm1": torch.expm1, "log1p": torch.log1p, "trunc": torch.trunc, "round": torch.round,
+    "sign": torch.sign,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
     "min": torch.minimum, "pow": torch.pow, "and": torch.logical_and, "or": torch.logical_or,
     "xor": torch.logical_xor, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
     "gt": torch.gt, "ge": torch.ge,
+    # Added for compiled pointwise kernels (issue 7): integer division with Python (floordiv,
+    # remainder) and C (fmod) semantics.
+    "floordiv": torch.floor_divide, "fmod": torch.fmod, "remainder": torch.remainder,
 }
 REDUCE = {
     "sum": lambda x: x.sum(dim=1, keepdim=True),
@@ -277,7 +317,7 @@ class Unary(Instruction):
         m.write(core, self.dst, idx, UNARY[self.op](m.read(core, self.src, idx)))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows * self.dst.cols)
+        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.src))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
@@ -297,7 +337,7 @@ class Binary(Instruction):
         m.write(core, self.dst, idx, BINARY[self.op](m.read(core, self.a, idx), m.read(core, self.b, idx)))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows * self.dst.cols)
+        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.a), ("tile", self.b))
@@ -318,7 +358,7 @@ class Select(Instruction):
         m.write(core, self.dst, idx, torch.where(cond, m.read(core, self.a, idx), m.read(core, self.b, idx)))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows * self.dst.cols)
+        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.cond), ("tile", self.a), ("tile", self.b))
@@ -341,7 +381,7 @@ class Reduce(Instruction):
         m.write(core, self.dst, idx, value)
 
     def cost(self, t, core, idx):
-        return t.sfp(self.src.rows * self.src.cols)
+        return t.sfp(self.src.rows, self.src.cols, _widest(self.src))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
@@ -357,10 +397,15 @@ class Fill(Instruction):
         m.view(core, self.dst, idx).fill_(self.value)
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows * self.dst.cols)
+        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
 
     def touches(self):
         return (("tile", self.dst),)
+
+
+def _widest(*tiles: Tile) -> int:
+    # The pipeline streams sticks: an fp32 operand takes two passes per 64 lanes.
+    return max(ITEMSIZE[t.dtype] for t in tiles)
 
 
 def compute_dtype(tile: Tile) -> torch.dtype:

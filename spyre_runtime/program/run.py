@@ -98,7 +98,7 @@ _reports: list[Report] = []
 
 
 def kernel_reports() -> list[Report]:
-    """Reports of the programs run since the last reset_kernel_reports() (timing is a draft)."""
+    """Reports of the programs run since the last reset_kernel_reports()."""
     return list(_reports)
 
 

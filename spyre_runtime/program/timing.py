@@ -1,39 +1,53 @@
-"""What a program would take on the card: per-unit timelines as it executes.
+"""What a program would take on the card: a discrete-event model of its units.
 
-Work in progress (issue 6): the structure is here, the constants are the
-hardware config's and are NOT yet calibrated against SPYRE_MEASUREMENTS.md.
+Two phases. While the functional machine (execute.py) runs a program, every
+unit's instructions are recorded in order with what they demand: a fixed
+duration for compute and on-chip moves (each instruction's ``cost`` in
+isa.py, beside its semantics, computed from the rates below), a transfer of
+whole sticks for device loads and stores, and the queue pushes and pops that
+order the units. ``finish()`` then replays that record on simulated clocks:
 
-Each (core, unit) has a clock. An instruction starts when its unit is free
-and, for a pop, when the token it takes was pushed; a push waits for a free
-slot (the pop that freed it). So units overlap exactly as far as their
-queues allow: a double-buffered loop costs about the larger of load and
-compute, a single-buffered one about their sum. Each instruction's duration
-is its ``cost`` (isa.py, next to its semantics), computed from the rates
-below; the data-movement engine counts the bytes it moves in whole sticks
-touched, as it executes.
+* A unit runs its instructions in order; a pop waits for a token, a push for
+  a free slot (queue depth), so units overlap exactly as far as their queues
+  allow (a double-buffered loop costs about the larger of load and compute,
+  a single-buffered one their sum).
+* Device loads and stores are issued to the data-movement engine and run
+  asynchronously; the issuing unit goes on. A push from that unit (the
+  signal that data has landed or a buffer is free) and any of its later
+  non-transfer work wait until its transfers are done, and a transfer waits
+  for an earlier one of the same unit whose scratchpad or device bytes it
+  overlaps.
+* The transfers in flight share device memory as a fluid: the aggregate rate
+  is the measured ceiling for that many transfers in flight (a core keeps
+  one in flight in the measured reductions: 11% of the bus for 1, 22% for 2,
+  43% for 4, 54% for 8-16, 72% for 32), capped by the sustained rate for the
+  current read/write mix (150 GB/s pure, 105 GB/s balanced: the turnaround),
+  and split evenly among them. So cores contend for bandwidth, and a plan
+  that separates a read phase from a write phase beats one that interleaves
+  them.
+* Ring sends take bytes / ring bandwidth plus 5 ns per hop; ring links are
+  not contended in this model.
 
-Device-memory bandwidth is shared: each core doing device transfers gets
-the aggregate the active core count reaches (the measured ceilings) divided
-among them, capped by the pure-read/write or mixed sustained figure.
+Bytes moved are counted by the data-movement engine as it executes: every
+stick a row touches, whole, and the bursts (at most 32 contiguous sticks)
+it issues; no per-burst overhead is charged (nothing measured to fit one).
+
+Every constant is a field of the one hardware config (hardware.py) with its
+source; docs/timing_model.md has the calibration table.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 import collections
+import heapq
+import math
 from dataclasses import dataclass, field
 
 from .operands import STICK
 
-# Fraction of the nominal bus that reductions reach on 1, 2, 4, 8 and 16
-# cores (SPYRE_MEASUREMENTS, M); beyond 16 cores the sustained figures cap it.
-_BUS_FRACTION = ((1, 0.11), (2, 0.22), (4, 0.43), (8, 0.54), (16, 0.54))
-# PE fill efficiency by rows per core (F): 0.50 at 2 rows, 0.72 at 8, full from 64.
-_FILL = ((1, 0.5), (2, 0.5), (8, 0.72), (64, 1.0))
 
-
-def _interpolate(table, x: float) -> float:
+def interpolate(table, x: float) -> float:
     xs = [p[0] for p in table]
     if x <= xs[0]:
         return table[0][1]
@@ -44,19 +58,43 @@ def _interpolate(table, x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def mix_gbps(hw, reads: float, writes: float) -> float:
+    """Sustained device bandwidth for a read/write mix: pure streams vs the balanced turnaround."""
+    total = reads + writes
+    if total <= 0:
+        return hw.device_memory_gbps_sustained
+    balance = 2 * min(reads, writes) / total
+    return hw.device_memory_gbps_sustained + (hw.device_memory_gbps_mixed - hw.device_memory_gbps_sustained) * balance
+
+
+def aggregate_gbps(hw, reads: int, writes: int) -> float:
+    """Device-memory bandwidth shared by `reads` + `writes` transfers in flight."""
+    n = reads + writes
+    ceiling = interpolate(hw.bus_ceiling, n) * hw.device_memory_gbps_nominal
+    return min(ceiling, mix_gbps(hw, reads, writes))
+
+
 @dataclass
 class Report:
-    """One kernel's simulated cost (first draft of issue 6's report)."""
+    """One kernel's simulated cost on the card."""
 
     name: str
     simulated_ns: float
-    unit_busy_ns: dict = field(default_factory=dict)  # (core, unit) -> ns
+    unit_busy_ns: dict = field(default_factory=dict)  # (core, unit) -> ns busy (ls: with a transfer in flight)
     bytes_read: int = 0
     bytes_written: int = 0
+    bursts: int = 0                                     # device bursts (<= burst_sticks contiguous sticks)
     ring_bytes: int = 0
     macs: int = 0
+    sfp_sticks: int = 0                                 # sticks through the special-function pipeline
     sfp_elements: int = 0
     cores_used: int = 0
+    memory_ns: float = 0.0                              # time with any device transfer in flight
+    compute_ns: dict = field(default_factory=dict)      # core -> pe + sfp busy (the busier)
+    ring_ns: dict = field(default_factory=dict)         # core -> ring sends
+    roof_flops_per_ns: float = 0.0                      # the card's sustained matrix rate, FLOPs
+    activity: list = field(default_factory=list)        # (core, unit, opcode, start ns, end ns) if recorded
+    hardware: object = None
 
     @property
     def simulated_us(self) -> float:
@@ -70,25 +108,17 @@ class Report:
     def flops(self) -> int:
         return 2 * self.macs + self.sfp_elements
 
-    # Time each core spent per kind of work, for the bottleneck.
-    memory_ns: dict = field(default_factory=dict)   # core -> device transfers
-    ring_ns: dict = field(default_factory=dict)     # core -> ring sends
-    roof_matrix_ns_per_mac: float = 0.0              # 1 / (sustained MAC rate of the cores used)
-    roof_read_gbps: float = 0.0
-    roof_mixed_gbps: float = 0.0
-    activity: list = field(default_factory=list)    # (core, unit, opcode, start ns, end ns) if recorded
-
     @property
     def roofline_ns(self) -> float:
-        """max(matrix FLOPs at the sustained matrix rate, bytes at the sustained bandwidth for this mix)."""
-        compute = self.macs * self.roof_matrix_ns_per_mac
-        total = self.bytes_moved
-        if total == 0:
-            return compute
-        # Pure reads or writes sustain roof_read_gbps, a balanced mix roof_mixed_gbps.
-        balance = 2 * min(self.bytes_read, self.bytes_written) / total
-        gbps = self.roof_read_gbps + (self.roof_mixed_gbps - self.roof_read_gbps) * balance
-        return max(compute, total / gbps)
+        """max(FLOPs at the card's sustained matrix rate, bytes at the card's sustained bandwidth for this mix).
+
+        The card, not the cores the plan used: a plan that leaves cores idle shows it as lost
+        efficiency. For any mix the best rate is the pure-stream one: a plan can always run its
+        reads and its writes as separate phases, and the turnaround only costs plans that
+        interleave them, so it shows as lost efficiency too.
+        """
+        compute = self.flops / self.roof_flops_per_ns if self.roof_flops_per_ns else 0.0
+        return max(compute, self.bytes_moved / self.hardware.device_memory_gbps_sustained)
 
     @property
     def roofline_us(self) -> float:
@@ -96,22 +126,33 @@ class Report:
 
     @property
     def efficiency(self) -> float:
-        return self.roofline_ns / self.simulated_ns if self.simulated_ns else 0.0
+        """roofline / simulated: 1 is the card's limit; never above it (the model never beats its caps)."""
+        return min(1.0, self.roofline_ns / self.simulated_ns) if self.simulated_ns else 0.0
 
     @property
     def bottleneck(self) -> str:
-        """memory, compute, ring, or latency (time mostly spent waiting on dependencies)."""
-        compute = collections.defaultdict(float)
-        for (core, unit), busy in self.unit_busy_ns.items():
-            if unit in ("pe", "sfp"):
-                compute[core] = max(compute[core], busy)
+        """memory, compute or ring: the kind of work that kept the card busy >= 60% of the time; else latency."""
         parts = {
-            "memory": max(self.memory_ns.values(), default=0.0),
-            "compute": max(compute.values(), default=0.0),
+            "memory": self.memory_ns,
+            "compute": max(self.compute_ns.values(), default=0.0),
             "ring": max(self.ring_ns.values(), default=0.0),
         }
         kind, busiest = max(parts.items(), key=lambda kv: kv[1])
-        return kind if busiest >= 0.6 * self.simulated_ns else "latency"
+        return kind if self.simulated_ns and busiest >= 0.6 * self.simulated_ns else "latency"
+
+    def utilization(self) -> float:
+        """Mean over the card's cores of the busiest unit's busy fraction (idle cores count as 0)."""
+        if not self.simulated_ns or self.hardware is None:
+            return 0.0
+        per_core = collections.defaultdict(float)
+        for (core, _), busy in self.unit_busy_ns.items():
+            per_core[core] = max(per_core[core], busy)
+        return sum(per_core.values()) / (self.hardware.cores * self.simulated_ns)
+
+    def summary(self) -> dict:
+        return {"name": self.name, "simulated_us": self.simulated_us, "roofline_us": self.roofline_us,
+                "efficiency": self.efficiency, "bytes_moved": self.bytes_moved, "flops": self.flops,
+                "cores_used": self.cores_used, "utilization": self.utilization(), "bottleneck": self.bottleneck}
 
     def trace(self) -> dict:
         """The recorded per-unit activity as a Chrome trace (one process per core, a track per unit)."""
@@ -120,15 +161,6 @@ class Report:
             events.append({"name": opcode, "ph": "X", "pid": core, "tid": unit, "ts": start / 1e3,
                            "dur": (end - start) / 1e3})
         return {"traceEvents": events, "displayTimeUnit": "ns"}
-
-    def utilization(self) -> float:
-        """Mean busy fraction of the cores' busiest unit."""
-        if not self.simulated_ns or not self.cores_used:
-            return 0.0
-        per_core = collections.defaultdict(float)
-        for (core, _), busy in self.unit_busy_ns.items():
-            per_core[core] = max(per_core[core], busy)
-        return sum(per_core.values()) / (len(per_core) * self.simulated_ns)
 
 
 _recording = False
@@ -147,76 +179,68 @@ class record_activity:
         _recording = self._previous
 
 
+# ---- what the instructions demand --------------------------------------------------------
+
+_POP, _PUSH, _WORK, _DMA = range(4)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One device load or store as the data-movement engine sees it."""
+
+    nbytes: int
+    write: bool              # to device memory (a store)
+    symbol: str
+    dev_span: tuple[int, int]  # [lo, hi) bytes of the symbol
+    sp_span: tuple[int, int]   # [lo, hi) bytes of the core's scratchpad
+
+    def conflicts(self, other: "Transfer") -> bool:
+        # A store reads the scratchpad and writes the device; a load the reverse.
+        sp = _overlap(self.sp_span, other.sp_span) and (not self.write or not other.write)
+        dev = self.symbol == other.symbol and _overlap(self.dev_span, other.dev_span) and (self.write or other.write)
+        return sp or dev
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
 class Timing:
+    """Attach to a Machine to time its run; ``finish()`` returns the Report."""
+
     def __init__(self, program, hardware):
         self.hw = hardware
         self.program = program
-        self.free: dict[tuple[int, str], float] = collections.defaultdict(float)
-        self.busy: dict[tuple[int, str], float] = collections.defaultdict(float)
-        self.push_times = {q.name: collections.deque() for q in program.queues}
-        self.pop_times = {q.name: [] for q in program.queues}
-        self.pushed = {q.name: 0 for q in program.queues}
-        self.report = Report(program.name, 0.0)
-        self._core = 0
-        loads, stores, cores = False, False, set()
-        for cp in program.cores:
-            for _, instrs in cp.units:
-                for ins in instrs:
-                    if ins.opcode == "load":
-                        loads = True
-                        cores.add(cp.core)
-                    elif ins.opcode == "store":
-                        stores = True
-                        cores.add(cp.core)
+        self.depth = {q.name: q.depth for q in program.queues}
+        self.items: dict[tuple[int, str], list] = collections.defaultdict(list)
+        self.report = Report(program.name, 0.0, hardware=hardware)
         self.report.cores_used = len(program.cores)
-        self.report.roof_matrix_ns_per_mac = 1.0 / (hardware.matrix_macs_per_ns_per_core * max(len(program.cores), 1))
-        self.report.roof_read_gbps = hardware.device_memory_gbps_sustained
-        self.report.roof_mixed_gbps = hardware.device_memory_gbps_mixed
+        self.report.roof_flops_per_ns = 2 * hardware.matrix_macs_per_ns_per_core * hardware.cores
         self.record = _recording
-        active = max(len(cores), 1)
-        nominal = hardware.device_memory_gbps_nominal
-        cap = hardware.device_memory_gbps_mixed if (loads and stores) else hardware.device_memory_gbps_sustained
-        aggregate = min(_interpolate(_BUS_FRACTION, active) * nominal if active <= 16 else cap, cap)
-        self.core_gbps = aggregate / active  # bytes per ns for each active core
+        self._unit = None
 
-    # ---- token causality ----------------------------------------------------------
+    # ---- recording, called by the machine ------------------------------------------------
 
     def pop(self, core: int, unit: str, queue: str) -> None:
-        key = (core, unit)
-        start = max(self.free[key], self.push_times[queue].popleft())
-        self.free[key] = start
-        self.pop_times[queue].append(start)
+        self.items[(core, unit)].append((_POP, queue))
 
     def push(self, core: int, unit: str, queue: str, depth: int) -> None:
-        key = (core, unit)
-        n = self.pushed[queue]
-        start = self.free[key]
-        if n >= depth:
-            start = max(start, self.pop_times[queue][n - depth])
-        self.pushed[queue] = n + 1
-        self.push_times[queue].append(start)
-        self.free[key] = start
+        self.items[(core, unit)].append((_PUSH, queue))
 
     def run(self, core: int, unit: str, ins, idx) -> None:
-        self._core = core
+        self._unit = (core, unit)
         cost = ins.cost(self, core, idx)
-        if cost:
-            key = (core, unit)
-            start = self.free[key]
-            self.free[key] = start + cost
-            self.busy[key] += cost
-            if self.record:
-                self.report.activity.append((core, unit, ins.opcode, start, start + cost))
+        if isinstance(cost, Transfer):
+            self.items[(core, unit)].append((_DMA, ins.opcode, cost))
+        elif cost:
+            kind = "ring" if ins.opcode == "send" else unit
+            self.items[(core, unit)].append((_WORK, ins.opcode, cost, kind))
 
-    def finish(self) -> Report:
-        self.report.simulated_ns = max(self.free.values(), default=0.0)
-        self.report.unit_busy_ns = dict(self.busy)
-        return self.report
+    # ---- rates the instructions' costs use ------------------------------------------------
 
-    # ---- rates the instructions' costs use ---------------------------------------------
-
-    def dma(self, offset: int, rows: int, row_bytes: int, stride: int, write: bool) -> float:
-        """Device transfer of `rows` rows: every stick a row touches moves."""
+    def dma(self, symbol: str, offset: int, rows: int, row_bytes: int, stride: int,
+            sp_addr: int, sp_stride: int, write: bool) -> Transfer:
+        """Device transfer of `rows` rows: every stick a row touches moves, in bursts."""
         # A row's sticks depend on where it starts within a stick, which
         # repeats every `period` rows: count one period, not every row.
         period = STICK // math.gcd(stride % STICK, STICK) if stride % STICK else 1
@@ -228,27 +252,186 @@ class Timing:
             self.report.bytes_written += nbytes
         else:
             self.report.bytes_read += nbytes
-        ns = nbytes / self.core_gbps
-        self.report.memory_ns[self._core] = self.report.memory_ns.get(self._core, 0.0) + ns
-        return ns
+        burst = self.hw.burst_sticks
+        if stride == row_bytes and row_bytes % STICK == 0:  # rows back to back: one contiguous run
+            self.report.bursts += -(-sticks // burst)
+        else:
+            self.report.bursts += (full * sum(-(-s // burst) for s in per_row)
+                                   + sum(-(-s // burst) for s in per_row[:rest]))
+        last = offset + (rows - 1) * stride if rows else offset
+        dev = (min(offset, last), max(offset, last) + row_bytes)
+        sp_last = sp_addr + (rows - 1) * sp_stride if rows else sp_addr
+        sp = (min(sp_addr, sp_last), max(sp_addr, sp_last) + -(-row_bytes // STICK) * STICK)
+        return Transfer(nbytes, write, symbol, dev, sp)
 
     def pe(self, m: int, n: int, k: int) -> float:
-        macs = m * n * k
-        self.report.macs += macs
-        passes_rate = self.hw.matrix_macs_per_ns_per_core * _interpolate(_FILL, m)
-        return macs / passes_rate
+        """Matrix tile on the PE array: passes of 8 rows at the sustained MAC rate times the fill efficiency."""
+        self.report.macs += m * n * k
+        rows = -(-m // 8) * 8
+        return rows * n * k / (self.hw.matrix_macs_per_ns_per_core * interpolate(self.hw.pe_fill, m))
 
-    def sfp(self, elements: int) -> float:
-        self.report.sfp_elements += elements
-        return elements / (self.hw.sfp_results_per_us_per_core / 1e3)
+    def sfp(self, rows: int, cols: int, itemsize: int) -> float:
+        """Special-function work over a rows x cols tile: one pass per stick of the widest operand."""
+        sticks = rows * -(-(cols * itemsize) // STICK)
+        self.report.sfp_sticks += sticks
+        self.report.sfp_elements += rows * cols
+        return sticks / (self.hw.sfp_sticks_per_us_per_core / 1e3)
 
     def ring(self, src: int, dst: int, nbytes: int) -> float:
         hops = min((dst - src) % self.hw.cores, (src - dst) % self.hw.cores)
         self.report.ring_bytes += nbytes
         bytes_per_ns = self.hw.ring_bytes_per_cycle * self.hw.clock_ghz
-        ns = nbytes / bytes_per_ns + hops * self.hw.ring_hop_ns
-        self.report.ring_ns[src] = self.report.ring_ns.get(src, 0.0) + ns
-        return ns
+        return nbytes / bytes_per_ns + hops * self.hw.ring_hop_ns
 
     def local(self, nbytes: int) -> float:
-        return nbytes / (self.hw.ring_bytes_per_cycle * self.hw.clock_ghz)
+        """Scratchpad-to-scratchpad copy on one core: one stick per cycle."""
+        return nbytes / (STICK * self.hw.clock_ghz)
+
+    def transpose(self, nbytes: int) -> float:
+        return nbytes / self.hw.transpose_gbps_per_core
+
+    # ---- replay -------------------------------------------------------------------------
+
+    def finish(self) -> Report:
+        _Replay(self).run()
+        return self.report
+
+
+class _Flow:
+    __slots__ = ("transfer", "remaining", "unit", "start", "opcode", "rate")
+
+    def __init__(self, transfer, unit, start, opcode):
+        self.transfer, self.unit, self.start, self.opcode = transfer, unit, start, opcode
+        self.remaining = float(transfer.nbytes)
+        self.rate = 0.0
+
+
+class _Replay:
+    """The discrete-event replay of the recorded per-unit streams."""
+
+    def __init__(self, timing: Timing):
+        self.t = timing
+        self.hw = timing.hw
+        self.report = timing.report
+        self.keys = list(timing.items)
+        self.pc = {k: 0 for k in self.keys}
+        self.busy_until: dict = {}        # unit -> end of its fixed work in progress
+        self.outstanding = {k: [] for k in self.keys}
+        self.flows: list[_Flow] = []
+        self.tokens = {q: 0 for q in timing.depth}
+        self.heap: list = []
+        self.now = 0.0
+        self.busy = collections.defaultdict(float)
+        self.kind_busy = collections.defaultdict(float)  # (core, kind) -> ns
+
+    def _span(self, unit, opcode, start, end) -> None:
+        if self.t.record:
+            self.report.activity.append((unit[0], unit[1], opcode, start, end))
+
+    def _advance(self, key) -> bool:
+        """Run `key`'s instructions at `now` until it blocks; True if it moved."""
+        items, moved = self.t.items[key], False
+        while key not in self.busy_until and self.pc[key] < len(items):
+            item = items[self.pc[key]]
+            kind = item[0]
+            if kind == _POP:
+                if not self.tokens[item[1]]:
+                    break
+                self.tokens[item[1]] -= 1
+            elif kind == _PUSH:
+                if self.outstanding[key] or self.tokens[item[1]] >= self.t.depth[item[1]]:
+                    break
+                self.tokens[item[1]] += 1
+            elif kind == _WORK:
+                if self.outstanding[key]:
+                    break
+                _, opcode, ns, what = item
+                end = self.now + ns
+                self.busy_until[key] = end
+                heapq.heappush(self.heap, (end, key))
+                self.busy[key] += ns
+                self.kind_busy[(key[0], what)] += ns
+                self._span(key, opcode, self.now, end)
+            else:
+                _, opcode, transfer = item
+                if any(transfer.conflicts(f.transfer) for f in self.outstanding[key]):
+                    break
+                if transfer.nbytes:
+                    flow = _Flow(transfer, key, self.now, opcode)
+                    self.flows.append(flow)
+                    self.outstanding[key].append(flow)
+            self.pc[key] += 1
+            moved = True
+        return moved
+
+    def _rates(self) -> None:
+        writes = sum(1 for f in self.flows if f.transfer.write)
+        reads = len(self.flows) - writes
+        share = aggregate_gbps(self.hw, reads, writes) / len(self.flows)  # GB/s = bytes per ns
+        for f in self.flows:
+            f.rate = share
+
+    def run(self) -> None:
+        while True:
+            moved = True
+            while moved:
+                moved = False
+                for key in self.keys:
+                    moved |= self._advance(key)
+            if not self.flows and not self.heap:
+                stuck = [k for k in self.keys if self.pc[k] < len(self.t.items[k])]
+                if stuck:
+                    raise RuntimeError(f"timing replay of {self.t.program.name!r} stalled at {stuck} "
+                                       f"(the functional run did not): a timing-model bug")
+                self._close()
+                return
+            step = math.inf
+            if self.flows:
+                self._rates()
+                step = min(f.remaining / f.rate for f in self.flows)
+            if self.heap:
+                step = min(step, self.heap[0][0] - self.now)
+            step = max(step, 0.0)
+            if self.flows:
+                self.report.memory_ns += step
+                for key in {f.unit for f in self.flows}:
+                    self.busy[key] += step
+            self.now += step
+            self._progress(step)
+
+    def _progress(self, step: float) -> None:
+        done = []
+        for f in self.flows:
+            f.remaining -= f.rate * step
+            if f.remaining <= 1e-6 * f.transfer.nbytes:
+                done.append(f)
+        for f in done:
+            self.flows.remove(f)
+            self.outstanding[f.unit].remove(f)
+            self._span(f.unit, f.opcode, f.start, self.now)
+        while self.heap and self.heap[0][0] <= self.now + 1e-9:
+            _, key = heapq.heappop(self.heap)
+            del self.busy_until[key]
+
+    def _close(self) -> None:
+        r = self.report
+        r.simulated_ns = self.now
+        r.unit_busy_ns = dict(self.busy)
+        compute = collections.defaultdict(float)
+        for (core, kind), ns in self.kind_busy.items():
+            if kind in ("pe", "sfp"):
+                compute[core] = max(compute[core], ns)
+            elif kind == "ring":
+                r.ring_ns[core] = ns
+        r.compute_ns = dict(compute)
+
+
+def estimate(program, hardware=None) -> Report:
+    """The simulated cost of `program` without computing its results (for planners choosing between plans)."""
+    from ..hardware import HARDWARE
+    from .execute import Machine
+
+    hw = hardware or HARDWARE
+    timing = Timing(program, hw)
+    Machine(program, {}, hw.scratchpad_bytes, timing, functional=False).run()
+    return timing.finish()

@@ -97,6 +97,9 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
                 role = "pushed by" if isinstance(ins, isa.Push) else "popped by"
                 raise ProgramError(f"{where}: queue {ins.queue!r} is {role} core {end[0]} unit {end[1]}")
         _check_operation(where, ins)
+        problem = ins.problem()
+        if problem:
+            raise ProgramError(f"{where}: {problem}")
         for access in ins.touches():
             _check_access(program, where, core, access, counts, usable, ncores)
         _check_overlap(where, ins, counts)
