@@ -1,0 +1,122 @@
+"""Instruction selection: the plans become one dataflow Program (per core, per unit).
+
+Per core, over its share of the iteration space:
+
+* sfp: fill the constant tiles once; then, around the stream, the loops of
+  the loop dims; inside, per tile, pop ``full<b>``, run the fusion plan's
+  steps on buffer b's tiles, push ``done<b>``;
+* ls: the same loops; inside, the double-buffered stream of
+  spyre_runtime.program.handwritten._pipeline (load tile t into buffer
+  t % 2, store it once the sfp is done, load tile t + 2 into the freed
+  buffer; a smaller remainder tile last, through buffer 0).
+
+Device addresses are affine in the loop counters: the byte offset of an
+access at tile origin (i_loop..., t) is
+itemsize * (offset + sum(stride_d * (share start_d + i_d)) + stride_stream * t * T).
+Broadcast operands load one row, one column (a strided column load, one
+element per stick) or one element, and the sfp reads them as broadcast
+tiles. Inputs and outputs are placeholder symbols; there are no
+temporaries (nothing but the stores leaves the chip).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+from spyre_runtime.program.handwritten import _Aff, _Unit, _pipeline, _pipeline_queues
+from spyre_runtime.program.isa import Binary, Fill, Load, Select, Store, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.program import CoreProgram, Program, Symbol
+
+from .division import CoreShare, DivisionPlan
+from .fusion import FusionPlan
+from .layout import Access, LayoutPlan
+from .scratchpad import ScratchpadPlan
+
+
+def build_program(name: str, layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan,
+                  division: DivisionPlan, notes: str = "") -> Program:
+    symbols = tuple(Symbol(b.name, b.role, b.dtype, b.shape, b.strides) for b in layout.buffers)
+    queues, cores = [], []
+    for share in division.shares:
+        units, qs = _core(layout, fusion, spad, share)
+        queues += qs
+        cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
+    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
+    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+
+
+def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: CoreShare):
+    tiling = spad.tiling
+    ls, sfp = _Unit(), _Unit()
+    q, queues = _pipeline_queues(share.core)
+    for tile, value in fusion.constants:
+        a = spad.at(tile)
+        sfp.emit(Fill(sfp.tile(a.offset, fusion.tile(tile).dtype, 1, 1, STICK), value))
+    stream = tiling.stream_dim
+    extent = share.counts[stream]
+    step = min(tiling.tile_extent, extent)
+    tiles, rem = divmod(extent, step)
+    row_axis = tiling.row_dim if stream == tiling.row_dim else None  # the tile's rows walk this dim
+    counters: dict[int, _Aff] = {}
+
+    def shape(size):
+        n = size or step
+        if stream == tiling.stick_dim:
+            return 1, n
+        cols = share.counts[tiling.stick_dim] if tiling.stick_dim is not None else 1
+        return n, cols
+
+    def device(u, access: Access, t) -> object:
+        isz = ITEMSIZE[access.dtype]
+        value = _Aff(access.offset) + sum(
+            (access.strides[d] * share.starts[d] for d in range(len(tiling.ranges))), 0)
+        for d, c in counters.items():
+            value = value + c * access.strides[d]
+        value = value + t * (access.strides[stream] * step)
+        return u.dev(access.buffer, value * isz)
+
+    def row_stride(access: Access) -> int:
+        return access.strides[row_axis] * ITEMSIZE[access.dtype] if row_axis is not None else 0
+
+    def load(u, t, b, size):
+        rows, cols = shape(size)
+        for tile, access in fusion.loads:
+            a, bc, isz = spad.at(tile, b), fusion.tile(tile).broadcast, ITEMSIZE[access.dtype]
+            n_rows = 1 if bc in ("rows", "scalar") else rows
+            n_bytes = isz if bc in ("cols", "scalar") else cols * isz
+            u.emit(Load(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
+                        row_stride(access) if n_rows > 1 else 0, a.row_stride))
+
+    def store(u, t, b, size):
+        rows, cols = shape(size)
+        for tile, access in fusion.stores:
+            a, isz = spad.at(tile, b), ITEMSIZE[access.dtype]
+            u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
+                         row_stride(access) if rows > 1 else 0, a.row_stride))
+
+    def compute(u, t, b, size):
+        rows, cols = shape(size)
+
+        def tile(name):
+            tv = fusion.tile(name)
+            a = spad.at(name, b if tv.streamed else None)
+            return u.tile(a.offset, tv.dtype, rows, cols, a.row_stride, tv.broadcast)
+
+        for st in fusion.steps:
+            dst, args = tile(st.dst), [tile(x) for x in st.args]
+            if st.kind == "unary":
+                u.emit(Unary(st.op, dst, args[0]))
+            elif st.kind == "binary":
+                u.emit(Binary(st.op, dst, args[0], args[1]))
+            else:
+                u.emit(Select(dst, args[0], args[1], args[2]))
+
+    with ExitStack() as stack:
+        for d in tiling.loop_dims:
+            n = share.counts[d]
+            if n > 1:
+                counters[d] = stack.enter_context(ls.loop(n))
+                stack.enter_context(sfp.loop(n))
+        _pipeline(ls, sfp, tiles, rem, q, load, compute, store)
+    return {"ls": ls.instrs, "sfp": sfp.instrs}, queues

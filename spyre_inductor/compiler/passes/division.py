@@ -1,0 +1,143 @@
+"""Work division: which cores get which part of the iteration space.
+
+Pointwise work is parallel along every dim, so the planner splits ONE dim
+into near-equal contiguous shares, one per core: the stream dim or a loop
+dim around it (never the columns of a whole-row tile: that would only make
+rows narrower). A share of the stick dim is a whole number of sticks of
+the narrowest dtype (the granule), so no two cores touch one stick of a
+contiguous operand; only the last share carries the ragged tail.
+
+How many cores: more cores add device-memory streams and sfp throughput but
+each core pays its own pipeline fill and drain, and a tiny tensor gains
+nothing. So candidate core counts (1, 2, 4, ... up to 32 and the number of
+granules) are each emitted and run through the timing model
+(``spyre_runtime.program.timing.estimate``), and the fastest wins; a count
+within TIE of the fastest with fewer cores wins over it (fewer cores leave
+the others free and cost nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from spyre_runtime.hardware import HARDWARE
+
+from ._dump import Describable
+from .tiling import TilePlan
+
+TIE = 0.01  # relative: a count this close to the fastest counts as equally fast
+
+
+@dataclass(frozen=True)
+class CoreShare:
+    core: int
+    starts: tuple[int, ...]  # per canonical dim
+    counts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DivisionPlan(Describable):
+    split_dim: int | None
+    granule: int                                  # elements per unit of the split
+    shares: tuple[CoreShare, ...]
+    candidates: tuple[tuple[int, float], ...]     # (cores, simulated ns) the choice compared
+    reason: str
+
+    @property
+    def cores(self) -> int:
+        return len(self.shares)
+
+
+def _split(total: int, parts: int) -> list[tuple[int, int]]:
+    q, r = divmod(total, parts)
+    out, start = [], 0
+    for p in range(parts):
+        count = q + (p < r)
+        out.append((start, count))
+        start += count
+    return out
+
+
+def split_dim(tiling: TilePlan) -> tuple[int | None, int]:
+    """(dim, granule): the loop or stream dim with the most units, loops first (they keep streams long)."""
+    best, best_key = None, None
+    for rank, d in enumerate(tiling.loop_dims + (tiling.stream_dim,)):
+        granule = tiling.granule if d == tiling.stick_dim else 1
+        units = -(-tiling.ranges[d] // granule)
+        if units <= 1:
+            continue
+        key = (min(units, HARDWARE.cores), d != tiling.stream_dim, -rank)
+        if best_key is None or key > best_key:
+            best, best_key = (d, granule), key
+    return best if best is not None else (None, 1)
+
+
+def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | None = None) -> DivisionPlan:
+    """Split over `cores` cores (fewer if the dim has fewer units)."""
+    if dim is None and granule is None:
+        dim, granule = split_dim(tiling)
+    ranges = tiling.ranges
+    if any(r == 0 for r in ranges):
+        return DivisionPlan(dim, granule or 1, (), (), "empty iteration space")
+    if dim is None:
+        share = CoreShare(0, tuple(0 for _ in ranges), ranges)
+        return DivisionPlan(None, 1, (share,), (), "nothing to split")
+    units = -(-ranges[dim] // granule)
+    shares = []
+    for core, (u0, n) in enumerate(_split(units, min(cores, units))):
+        start = u0 * granule
+        count = min(n * granule, ranges[dim] - start)
+        starts = tuple(start if d == dim else 0 for d in range(len(ranges)))
+        counts = tuple(count if d == dim else r for d, r in enumerate(ranges))
+        shares.append(CoreShare(core, starts, counts))
+    return DivisionPlan(dim, granule, tuple(shares), (), f"split dim {dim} in units of {granule}")
+
+
+def simulated_ns(program) -> float:
+    """The timing model's estimate of one program (the one place division asks it)."""
+    from spyre_runtime.program import timing
+
+    estimate = getattr(timing, "estimate", None)
+    if estimate is not None:
+        return estimate(program, HARDWARE).simulated_ns
+    # Before timing.estimate existed: run the program on zero buffers with the timing model attached.
+    import torch
+
+    from spyre_runtime.program.execute import Machine
+
+    buffers = {s.name: torch.zeros(max(s.nbytes, 1), dtype=torch.uint8) for s in program.symbols}
+    t = timing.Timing(program, HARDWARE)
+    Machine(program, buffers, HARDWARE.scratchpad_bytes, t).run()
+    return t.finish().simulated_ns
+
+
+def candidate_counts(units: int) -> list[int]:
+    limit = min(units, HARDWARE.cores)
+    counts = {c for c in (1, 2, 4, 8, 16, 32) if c <= limit} | {limit}
+    return sorted(counts)
+
+
+def choose_division(tiling: TilePlan, build: Callable[[DivisionPlan], object], force: int | None = None,
+                    estimate: Callable[[object], float] = simulated_ns) -> DivisionPlan:
+    """The division the timing model says is fastest (or exactly `force` cores)."""
+    dim, granule = split_dim(tiling)
+    if force is not None:
+        if dim is not None and -(-tiling.ranges[dim] // granule) < force:
+            granule = 1  # forced: split finer than a stick (correct, and charged for shared sticks)
+        plan = divide(tiling, force, dim, granule)
+        return DivisionPlan(plan.split_dim, plan.granule, plan.shares, (),
+                            f"forced to {force} core(s); {plan.reason}")
+    if dim is None or any(r == 0 for r in tiling.ranges):
+        return divide(tiling, 1, dim, granule)
+    units = -(-tiling.ranges[dim] // granule)
+    results = []
+    for n in candidate_counts(units):
+        plan = divide(tiling, n, dim, granule)
+        results.append((n, estimate(build(plan)), plan))
+    fastest = min(ns for _, ns, _ in results)
+    n, ns, plan = next(r for r in results if r[1] <= fastest * (1 + TIE))
+    cands = tuple((c, t) for c, t, _ in results)
+    return DivisionPlan(plan.split_dim, plan.granule, plan.shares, cands,
+                        f"{n} core(s): {ns:.0f} ns, the fastest of {len(results)} candidate(s) "
+                        f"(ties within {TIE:.0%} go to fewer cores); {plan.reason}")

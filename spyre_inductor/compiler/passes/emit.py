@@ -1,0 +1,100 @@
+"""Emission: the artifact directory of one compiled kernel.
+
+    kernel.json           the kernel IR it was compiled from
+    program.json          the program (program.py's checksummed format)
+    listing.txt           its per-core, per-unit listing (listing.py)
+    symbols.json          the symbol table: placeholders and temporaries
+    execution_plan.json   what a launch does, step by step (launch.py reads it)
+    launch_spec.json      the arguments: order, role, dtype, shape, stride
+    plan.json             every pass's result, for debugging and tests
+    summary.txt           a person's view of the plan
+    call.py               the wrapper's call
+
+The JSON and text files are rendered through the jinja2 templates next to
+this package (templates/); launch_spec.json is written last, so a
+directory that has it is complete.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from spyre_runtime.program.program import Program
+
+from ..kernel_ir import PointwiseKernel
+from ._dump import plain
+from .division import DivisionPlan
+from .fusion import FusionPlan
+from .layout import LayoutPlan
+from .scratchpad import ScratchpadPlan
+
+LAUNCH_FORMAT = 1
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
+                          undefined=jinja2.StrictUndefined)
+_env.filters["json"] = lambda v: json.dumps(plain(v))
+
+
+@dataclass(frozen=True)
+class Plans:
+    layout: LayoutPlan
+    fusion: FusionPlan
+    scratchpad: ScratchpadPlan
+    division: DivisionPlan
+
+    def describe(self) -> dict:
+        return {"layout": self.layout.describe(), "fusion": self.fusion.describe(),
+                "tiling": self.scratchpad.tiling.describe(), "scratchpad": self.scratchpad.describe(),
+                "division": self.division.describe()}
+
+
+def launch_args(kernel: PointwiseKernel, layout: LayoutPlan) -> list[dict]:
+    read = set(kernel.inputs)
+    args = []
+    for i, b in enumerate(layout.buffers):
+        role = "inout" if (b.role == "output" and b.name in read) else b.role
+        args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype, "shape": list(b.shape),
+                     "stride": list(b.strides), "storage_offset": b.offset, "slot": i})
+    return args
+
+
+def write_artifact(directory: Path, kernel: PointwiseKernel, plans: Plans, program: Program,
+                   compiler: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    args = launch_args(kernel, plans.layout)
+    arg_of = {a["name"]: a["index"] for a in args}
+    slots = [{"slot": s["slot"], "arg": arg_of[s["symbol"]], "symbol": s["symbol"], "offset": s["offset"]}
+             for s in program.correction_layout]
+    common = {"format": LAUNCH_FORMAT, "kernel": kernel.name, "compiler": compiler}
+
+    def render(template: str, **extra) -> str:
+        return _env.get_template(template).render(**common, **extra)
+
+    files = {
+        "kernel.json": kernel.to_json(),
+        "program.json": program.to_json(),
+        "listing.txt": program.listing(),
+        "plan.json": json.dumps(plans.describe(), indent=1),
+        "symbols.json": render("symbols.json.j2", symbols=program.symbols),
+        "execution_plan.json": render(
+            "execution_plan.json.j2", slots=slots, correction_offset=program.correction_offset,
+            correction_bytes=program.correction_bytes,
+            reads=[a["index"] for a in args if a["role"] in ("input", "inout")],
+            writes=[a["index"] for a in args if a["role"] in ("output", "inout")]),
+        "summary.txt": render("summary.txt.j2", layout=plans.layout, fusion=plans.fusion,
+                              tiling=plans.scratchpad.tiling, spad=plans.scratchpad, division=plans.division),
+        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", artifact=str(directory),
+                          args=[a["name"] for a in args]),
+    }
+    for name, text in files.items():
+        if name.endswith(".json"):
+            json.loads(text)  # a template bug fails here, not at launch
+        (directory / name).write_text(text)
+    spec = render("launch_spec.json.j2", args=args)
+    json.loads(spec)
+    (directory / "launch_spec.json").write_text(spec)
+    return directory

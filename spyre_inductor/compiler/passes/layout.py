@@ -1,0 +1,191 @@
+"""Layout: how every buffer and on-chip value is laid out.
+
+Graph inputs and outputs keep PyTorch's strided layout (DESIGN, "where
+layouts live"): the plan only records them. What the compiler owns are the
+scratchpad tiles of the kernel's values, and for them it chooses
+
+* the element type on chip: floats are computed in fp32 (Inductor's
+  contract), so every float operation result is an fp32 tile; loaded values
+  keep their buffer's dtype (the reader widens exactly); a Cast to fp16/bf16
+  keeps that dtype, because the Cast is where rounding happens;
+* the stick dim: the iteration dim that runs along a tile row, i.e. along
+  a stick. Every access must have stride 0 or 1 there (a row load moves
+  contiguous bytes). If no dim qualifies (a transposed operand) the kernel
+  is laid out one element per stick ("elements" mode): correct for any
+  strides, and charged honestly for the wasted bytes;
+* padding: each tile row is padded to whole sticks of 128 bytes (64 fp16 /
+  bf16, 32 fp32, 128 int8 elements).
+
+Before choosing, the iteration space is canonicalized: dims of extent 1
+are dropped and neighbouring dims that every access walks contiguously are
+merged, so a contiguous (67, 71) kernel is one flat dim of 4757 elements
+with no per-row padding.
+
+Element indices are relative to each buffer's first element (the address a
+placeholder resolves to); ``Buffer.offset`` is the tensor's storage offset
+and is already folded into that address at launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.program.operands import DTYPES, ITEMSIZE, STICK
+
+from ..errors import Unsupported
+from ..kernel_ir import Cast, Load, PointwiseKernel
+from ._dump import Describable
+
+FLOATS = ("fp16", "bf16", "fp32")
+
+
+def on_chip_dtype(dtype: str, where: str) -> str:
+    """The tile dtype that holds a computed value of IR dtype `dtype`."""
+    if dtype not in DTYPES:
+        raise Unsupported(f"{where}: dtype {dtype} has no spyre tile type (the ISA has {', '.join(DTYPES)})")
+    return "fp32" if dtype in FLOATS else dtype
+
+
+@dataclass(frozen=True)
+class Access:
+    """One load or store in the canonical iteration space (element strides, may be 0)."""
+
+    buffer: str
+    dtype: str
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    name: str
+    role: str  # "input", "output" (stored; may also be read: an in-place update)
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    layout: str = "strided"  # graph buffers keep PyTorch's layout
+
+
+@dataclass(frozen=True)
+class ValueLayout:
+    value: int
+    dtype: str            # on-chip element type
+    elems_per_stick: int  # 128 bytes / itemsize
+
+
+@dataclass(frozen=True)
+class LayoutPlan(Describable):
+    ranges: tuple[int, ...]               # canonical iteration space, outermost first
+    dim_map: tuple[tuple[int, ...], ...]  # for each canonical dim, the IR dims merged into it
+    stick_dim: int | None                 # canonical dim along tile rows; None: one element per stick
+    row_dim: int | None                   # canonical dim along tile columns of rows
+    buffers: tuple[BufferLayout, ...]
+    loads: tuple[tuple[int, Access], ...]  # (value position, access)
+    stores: tuple[Access, ...]             # parallel to kernel.stores
+    values: tuple[ValueLayout, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for r in self.ranges:
+            n *= r
+        return n
+
+    def load(self, value: int) -> Access:
+        return dict(self.loads)[value]
+
+    def accesses(self) -> tuple[Access, ...]:
+        return tuple(a for _, a in self.loads) + self.stores
+
+    def value(self, position: int) -> ValueLayout:
+        return self.values[position]
+
+
+def _canonical(ranges, accesses):
+    """Drop extent-1 dims, merge neighbours walked contiguously by every access."""
+    dims = [(r, [s[d] for s in accesses], (d,)) for d, r in enumerate(ranges) if r != 1]
+    merged = []
+    for r, strides, orig in dims:
+        if merged:
+            pr, pstrides, porig = merged[-1]
+            if all(ps == s * r for ps, s in zip(pstrides, strides)):
+                merged[-1] = (pr * r, strides, porig + orig)
+                continue
+        merged.append((r, strides, orig))
+    if not merged:
+        merged = [(1, [0] * len(accesses), ())]
+    out_ranges = tuple(m[0] for m in merged)
+    out_strides = [tuple(m[1][i] for m in merged) for i in range(len(accesses))]
+    return out_ranges, tuple(m[2] for m in merged), out_strides
+
+
+def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
+    kernel.check()
+    where = f"kernel {kernel.name!r}"
+    stored = set(kernel.outputs)
+    buffers = []
+    for b in kernel.buffers:
+        if b.dtype not in DTYPES:
+            raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}, which the ISA has no type for")
+        role = "output" if b.name in stored else "input"
+        buffers.append(BufferLayout(b.name, role, b.dtype, tuple(b.shape), tuple(b.strides), b.offset))
+    # Loads with the same buffer and index are one load (each input is read once).
+    load_values = [(i, v) for i, v in enumerate(kernel.values) if isinstance(v, Load)]
+    for i, v in load_values:
+        if v.dtype != kernel.buffer(v.buffer).dtype:
+            raise Unsupported(f"{where}: value {i} loads {v.buffer!r} as {v.dtype}, the buffer is "
+                              f"{kernel.buffer(v.buffer).dtype}")
+    raw = [v.index.strides for _, v in load_values] + [s.index.strides for s in kernel.stores]
+    ranges, dim_map, strides = _canonical(kernel.ranges, raw)
+    loads = tuple((i, Access(v.buffer, v.dtype, strides[k], v.index.offset)) for k, (i, v) in enumerate(load_values))
+    stores = tuple(Access(s.buffer, kernel.buffer(s.buffer).dtype, strides[len(load_values) + k], s.index.offset)
+                   for k, s in enumerate(kernel.stores))
+    _check_stores(where, kernel, ranges, loads, stores)
+    stick_dim, row_dim = _choose_dims(where, ranges, loads, stores)
+    values = tuple(_value_layout(where, i, v, kernel) for i, v in enumerate(kernel.values))
+    return LayoutPlan(ranges, dim_map, stick_dim, row_dim, tuple(buffers), loads, stores, values)
+
+
+def _check_stores(where, kernel, ranges, loads, stores) -> None:
+    for st in stores:
+        if any(s == 0 and r > 1 for s, r in zip(st.strides, ranges)):
+            raise Unsupported(f"{where}: the store to {st.buffer!r} writes one element from several iterations")
+    # An in-place update is safe only if every iteration reads exactly what it writes.
+    for st in stores:
+        for _, ld in loads:
+            if ld.buffer == st.buffer and (ld.strides, ld.offset) != (st.strides, st.offset):
+                raise Unsupported(f"{where}: {st.buffer!r} is read and written at different indices")
+
+
+def _choose_dims(where, ranges, loads, stores):
+    accesses = [a for _, a in loads] + list(stores)
+    stick_dim = None
+    for d in reversed(range(len(ranges))):
+        col = [a.strides[d] for a in accesses]
+        if all(s in (0, 1) for s in col) and any(s == 1 for s in col):
+            stick_dim = d
+            break
+    row_dim = None
+    for d in reversed(range(len(ranges))):
+        if d != stick_dim and all(a.strides[d] >= 0 for a in accesses):
+            row_dim = d
+            break
+    if stick_dim is None and row_dim is None:
+        raise Unsupported(f"{where}: no iteration dim is walked with non-negative strides by every access")
+    return stick_dim, row_dim
+
+
+def _value_layout(where, i, v, kernel) -> ValueLayout:
+    if isinstance(v, Load):
+        dtype = v.dtype
+    elif isinstance(v, Cast) and v.dtype in ("fp16", "bf16"):
+        dtype = v.dtype  # the Cast is the rounding point: keep the narrow type
+    else:
+        dtype = on_chip_dtype(v.dtype, f"{where} value {i}")
+    if dtype not in ITEMSIZE:
+        raise Unsupported(f"{where} value {i}: dtype {dtype} has no spyre tile type")
+    return ValueLayout(i, dtype, STICK // ITEMSIZE[dtype])
+
+
+__all__ = ["Access", "BufferLayout", "LayoutPlan", "ValueLayout", "on_chip_dtype", "plan_layout"]

@@ -1,0 +1,62 @@
+"""An independent check of the final scratchpad plan, run before emission.
+
+It recomputes what each tile needs from the fusion plan and the tile shape
+(not from the planner's arithmetic) and checks: every tile has its copies
+(two for streamed tiles), each is stick-aligned, big enough and inside the
+usable scratchpad, and no two allocations that are live at the same time
+share a byte. A violation is a planner bug: it raises PlanError naming the
+buffers, never emits a program that would corrupt data.
+"""
+
+from __future__ import annotations
+
+from spyre_runtime.program.operands import ITEMSIZE, STICK
+
+from ..errors import PlanError
+from .fusion import FusionPlan
+from .scratchpad import ScratchpadPlan
+
+
+def _needed(tile, tiling) -> int:
+    bcast = tile.broadcast
+    rows = 1 if bcast in ("rows", "scalar") or tile.kind == "const" else tiling.tile_rows
+    cols = 1 if bcast in ("cols", "scalar") or tile.kind == "const" else tiling.tile_cols
+    row = cols * ITEMSIZE[tile.dtype]
+    row += -row % STICK
+    return rows * row
+
+
+def _overlap_in_time(a, b) -> bool:
+    if a.live is None or b.live is None:
+        return True
+    return not (a.live[1] < b.live[0] or b.live[1] < a.live[0])
+
+
+def verify(plan: ScratchpadPlan, fusion: FusionPlan) -> None:
+    tiling = plan.tiling
+    by_tile: dict[str, list] = {}
+    for a in plan.allocations:
+        by_tile.setdefault(a.tile, []).append(a)
+    for t in fusion.tiles:
+        copies = by_tile.get(t.name, [])
+        want = {0, 1} if t.streamed else {None}
+        if {a.buffer for a in copies} != want or len(copies) != len(want):
+            raise PlanError(f"scratchpad plan: tile {t.name!r} has copies {[a.buffer for a in copies]}, "
+                            f"needs {sorted(want, key=str)}")
+        for a in copies:
+            if a.offset % STICK or a.row_stride % STICK:
+                raise PlanError(f"scratchpad plan: {a.name} at {a.offset} (row stride {a.row_stride}) is not "
+                                f"on {STICK}-byte stick boundaries")
+            if a.nbytes < _needed(t, tiling):
+                raise PlanError(f"scratchpad plan: {a.name} has {a.nbytes} B, its tile needs {_needed(t, tiling)} B")
+            if a.offset < 0 or a.offset + a.nbytes > plan.usable:
+                raise PlanError(f"scratchpad plan: {a.name} at [{a.offset}, {a.offset + a.nbytes}) is outside the "
+                                f"usable {plan.usable} B")
+    allocs = sorted(plan.allocations, key=lambda a: a.offset)
+    for i, a in enumerate(allocs):
+        for b in allocs[i + 1:]:
+            if b.offset >= a.offset + a.nbytes:
+                break
+            if _overlap_in_time(a, b):
+                raise PlanError(f"scratchpad plan: {a.name} [{a.offset}, {a.offset + a.nbytes}) and {b.name} "
+                                f"[{b.offset}, {b.offset + b.nbytes}) overlap while both are live")

@@ -1,0 +1,227 @@
+"""The launch layer: prepare a compiled artifact once, launch it per call on the current stream.
+
+``prepare_kernel(artifact_dir)`` reads the artifact (program, launch spec,
+execution plan), parses and validates the program, allocates its device
+memory ([correction area][temporaries][program image], program.py) and
+transfers the image there (an h2d Transfer on the current stream), and
+turns the execution plan into typed steps.
+
+``launch_jobplan(plan, args)`` checks the arguments against the launch spec
+(raising, naming the argument, before anything is enqueued: a bad call
+leaves the device untouched), resolves each argument's (region, offset),
+and enqueues the plan's steps on the current stream without waiting:
+
+1. a HostCallback writes the addresses into a pinned staging buffer
+   (a completion-gated pool; filled in stream order, so a buffer whose
+   last transfer is earlier on the same stream is safe to reuse);
+2. a Transfer copies the staging buffer into the correction area;
+3. a Barrier holds program distribution: the device fetches a program and
+   its correction area ahead of execution, and without the Barrier the
+   fetch could read the previous launch's addresses;
+4. a Compute runs the program (run.ProgramExecutable), with a footprint of
+   what it reads and writes so the queue layer orders it against other
+   streams' work.
+
+A launch that fails on the device stops its stream like any failed
+operation (the error names the kernel); ``torch.spyre.clear_errors()``
+makes the stream usable again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import _C
+from .program.operands import DTYPES
+from .program.program import SLOT_BYTES, Program
+from .program.run import Artifact, ProgramExecutable
+from .program.validate import validate
+from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, Transfer, TransferKind
+from .queue.runtime import current
+from .queue.staging import StagingPool
+from .tensors import address, footprint, storage_ranges
+
+__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_kernel"]
+
+LAUNCH_FORMAT = 1
+_staging = StagingPool(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True), min_bytes=256)
+
+
+class LaunchError(TypeError):
+    """The arguments do not match the kernel's launch spec (nothing was enqueued)."""
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    index: int
+    name: str
+    role: str  # input, output, inout
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    slot: int
+
+
+# ---- typed steps of the execution plan ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolveAddresses:
+    """Host callback: each argument's (region, offset) into its correction slot in staging memory."""
+
+    slots: tuple[tuple[int, int], ...]  # (slot, argument index)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class PatchCorrectionArea:
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class HoldFetch:
+    pass
+
+
+@dataclass(frozen=True)
+class RunProgram:
+    reads: tuple[int, ...]   # argument indices
+    writes: tuple[int, ...]
+
+
+Step = ResolveAddresses | PatchCorrectionArea | HoldFetch | RunProgram
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    name: str
+    artifact_dir: Path
+    device: int
+    program: Program
+    args: tuple[ArgSpec, ...]
+    steps: tuple[Step, ...]
+    executable: ProgramExecutable
+    artifact: Artifact
+    allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
+
+
+def _steps(doc: dict, program: Program, nargs: int) -> tuple[Step, ...]:
+    steps = []
+    for s in doc["steps"]:
+        kind = s.get("kind")
+        if kind == "host_callback" and s.get("action") == "resolve_addresses":
+            slots = tuple((x["slot"], x["arg"]) for x in s["slots"])
+            if sorted(x for x, _ in slots) != list(range(len(program.placeholders))) or \
+                    any(not 0 <= a < nargs for _, a in slots):
+                raise ValueError(f"execution plan of {program.name!r}: slots {slots} do not match the program's "
+                                 f"{len(program.placeholders)} placeholder(s)")
+            steps.append(ResolveAddresses(slots, s["staging_bytes"]))
+        elif kind == "transfer" and s.get("destination") == "correction_area":
+            steps.append(PatchCorrectionArea(s["offset"], s["nbytes"]))
+        elif kind == "barrier":
+            steps.append(HoldFetch())
+        elif kind == "compute":
+            steps.append(RunProgram(tuple(s["reads"]), tuple(s["writes"])))
+        else:
+            raise ValueError(f"execution plan of {program.name!r}: unknown step {s!r}")
+    return tuple(steps)
+
+
+def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
+    """Parse, validate, allocate and transfer the program of `artifact_dir` (once per artifact)."""
+    root = Path(artifact_dir)
+    spec = json.loads((root / "launch_spec.json").read_text())
+    if spec.get("format") != LAUNCH_FORMAT:
+        raise ValueError(f"{root}: launch spec format {spec.get('format')}, this runtime reads {LAUNCH_FORMAT}")
+    program = Program.load(root / spec["program"])
+    validate(program)
+    args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
+                         tuple(a["stride"]), a["slot"]) for a in spec["args"])
+    plan_doc = json.loads((root / spec["execution_plan"]).read_text())
+    steps = _steps(plan_doc, program, len(args))
+    device = _C.current_device() if device is None else device
+    image = program.image()
+    host = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
+    host[program.allocation_bytes:] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
+    alloc = torch.empty(host.numel(), dtype=torch.uint8, device=torch.device("spyre", device))
+    queue = current().queue(device)
+    queue.enqueue(_C.current_stream_id(device),
+                  Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), address(alloc), host.numel(),
+                           keepalive=host))
+    piece = storage_ranges(alloc.untyped_storage())[0]
+    return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutable(program),
+                   Artifact(device, piece.region, piece.offset), alloc)
+
+
+def _check(plan: JobPlan, args) -> None:
+    if len(args) != len(plan.args):
+        names = ", ".join(a.name for a in plan.args)
+        raise LaunchError(f"kernel {plan.name!r} takes {len(plan.args)} argument(s) ({names}), got {len(args)}")
+    want_device = torch.device("spyre", plan.device)
+    for spec, t in zip(plan.args, args):
+        where = f"kernel {plan.name!r} argument {spec.index} ({spec.name!r}, {spec.role})"
+        if not isinstance(t, torch.Tensor):
+            raise LaunchError(f"{where}: expected a tensor, got {type(t).__name__}")
+        if t.device != want_device:
+            raise LaunchError(f"{where}: expected a tensor on {want_device}, got one on {t.device}")
+        if t.dtype != spec.dtype:
+            raise LaunchError(f"{where}: expected dtype {spec.dtype}, got {t.dtype}")
+        if tuple(t.shape) != spec.shape:
+            raise LaunchError(f"{where}: expected shape {list(spec.shape)}, got {list(t.shape)}")
+        if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
+            raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
+
+
+def _slot_words(plan: JobPlan, args, step: ResolveAddresses) -> torch.Tensor:
+    words = torch.zeros(step.nbytes // 8, dtype=torch.int64)
+    for slot, index in step.slots:
+        t = args[index]
+        if t.numel() == 0 or not storage_ranges(t.untyped_storage()):
+            region, offset = 1 << 62, 0  # nothing is touched: any address will do
+        else:
+            a = address(t)
+            region, offset = a.region, a.offset
+        words[slot * SLOT_BYTES // 8] = region
+        words[slot * SLOT_BYTES // 8 + 1] = offset
+    return words
+
+
+def launch_jobplan(plan: JobPlan, args) -> None:
+    """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring)."""
+    args = list(args)
+    _check(plan, args)
+    device = plan.device
+    queue, stream = current().queue(device), _C.current_stream_id(device)
+    alloc = plan.allocation
+    staged = None
+    for step in plan.steps:
+        if isinstance(step, ResolveAddresses):
+            words = _slot_words(plan, args, step)  # resolved now: the tensors' storage is fixed
+            staged = _staging.acquire(step.nbytes, stream=(device, stream), filled_in_stream_order=True)
+            buf = staged
+
+            def fill(buf=buf, words=words):
+                buf.memory[: words.numel() * 8].copy_(words.view(torch.uint8))
+
+            queue.enqueue(stream, HostCallback(fill, name=f"{plan.name}: resolve addresses"))
+        elif isinstance(step, PatchCorrectionArea):
+            if staged is None:
+                raise ValueError(f"execution plan of {plan.name!r}: correction transfer before addresses")
+            dst = DeviceAddress(plan.artifact.region, plan.artifact.offset + step.offset)
+            ticket = queue.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(staged.address), dst,
+                                                    step.nbytes, keepalive=staged.memory))
+            _staging.release(staged, ticket, (device, stream))
+            staged = None
+        elif isinstance(step, HoldFetch):
+            queue.enqueue(stream, Barrier(name=f"{plan.name}: hold program fetch"))
+        elif isinstance(step, RunProgram):
+            reads = [args[i] for i in step.reads] + [alloc]
+            writes = [args[i] for i in step.writes]
+            queue.enqueue(stream, Compute(plan.executable, plan.artifact, footprint(reads=reads, writes=writes),
+                                          name=plan.name))
+
