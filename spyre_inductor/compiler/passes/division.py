@@ -12,8 +12,12 @@ each core pays its own pipeline fill and drain, and a tiny tensor gains
 nothing. So candidate core counts (1, 2, 4, ... up to 32 and the number of
 granules) are each emitted and run through the timing model
 (``spyre_runtime.program.timing.estimate``), and the fastest wins; a count
-within TIE of the fastest with fewer cores wins over it (fewer cores leave
-the others free and cost nothing).
+with fewer cores within TIE (relative) or TIE_NS (absolute) of the fastest
+wins over it: fewer cores leave the others free, and the timing model has no
+per-core start-up cost (distributing a program to one more core is not
+free on the card), so differences of a few tens of ns between tiny plans
+are below what it can tell apart. This is what makes a (1, 64) add run on
+one core.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from spyre_runtime.hardware import HARDWARE
 from ._dump import Describable
 from .tiling import TilePlan
 
-TIE = 0.01  # relative: a count this close to the fastest counts as equally fast
+TIE = 0.01     # relative: a count this close to the fastest counts as equally fast
+TIE_NS = 100.0  # absolute, ns: likewise (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -136,8 +141,8 @@ def choose_division(tiling: TilePlan, build: Callable[[DivisionPlan], object], f
         plan = divide(tiling, n, dim, granule)
         results.append((n, estimate(build(plan)), plan))
     fastest = min(ns for _, ns, _ in results)
-    n, ns, plan = next(r for r in results if r[1] <= fastest * (1 + TIE))
+    n, ns, plan = next(r for r in results if r[1] <= max(fastest * (1 + TIE), fastest + TIE_NS))
     cands = tuple((c, t) for c, t, _ in results)
     return DivisionPlan(plan.split_dim, plan.granule, plan.shares, cands,
                         f"{n} core(s): {ns:.0f} ns, the fastest of {len(results)} candidate(s) "
-                        f"(ties within {TIE:.0%} go to fewer cores); {plan.reason}")
+                        f"(ties within {TIE:.0%} or {TIE_NS:.0f} ns go to fewer cores); {plan.reason}")

@@ -1,0 +1,265 @@
+"""Each planning pass alone, on hand-built kernel IR: results that can be wrong, checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from pointwise_ir import KernelBuilder, binary_kernel, unary_kernel
+from spyre_inductor.compiler.backend import Unsupported, compile_kernel, plan_kernel
+from spyre_inductor.compiler.errors import PlanError
+from spyre_inductor.compiler.passes.division import choose_division, divide, simulated_ns
+from spyre_inductor.compiler.passes.fusion import plan_fusion
+from spyre_inductor.compiler.passes.layout import plan_layout
+from spyre_inductor.compiler.passes.scratchpad import plan_scratchpad
+from spyre_inductor.compiler.passes.tiling import plan_tiling
+from spyre_inductor.compiler.passes.verify import verify
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.program.run import kernel_reports, reset_kernel_reports
+
+
+def chain5(shape=(67, 71), dtype="fp16"):
+    """relu(sigmoid(x * y + 1) - 0.5) * 2: five ops, two inputs, one output."""
+    k = KernelBuilder(f"chain5_{dtype}", shape)
+    for name in ("x", "y", "out"):
+        k.buffer(name, dtype, shape)
+    x, y = k.cast(k.load("x"), "fp32"), k.cast(k.load("y"), "fp32")
+    v = k.op("add", k.op("mul", x, y), k.const(1.0))
+    v = k.op("mul", k.op("relu", k.op("sub", k.op("sigmoid", v), k.const(0.5))), k.const(2.0))
+    k.store("out", k.cast(v, dtype))
+    return k.build()
+
+
+# ---- layout -----------------------------------------------------------------------------
+
+
+def test_layout_merges_contiguous_dims_and_keeps_graph_layouts():
+    lay = plan_layout(binary_kernel("add", (4, 67, 71), "fp16"))
+    assert lay.ranges == (4 * 67 * 71,) and lay.dim_map == ((0, 1, 2),) and lay.stick_dim == 0
+    assert [(b.name, b.layout, b.strides) for b in lay.buffers] == [
+        ("x", "strided", (67 * 71, 71, 1)), ("y", "strided", (67 * 71, 71, 1)), ("out", "strided", (67 * 71, 71, 1))]
+    # fp16 loads stay fp16 on chip (64 per stick); the fp32 result is an fp32 tile (32 per stick)
+    assert {v.dtype: v.elems_per_stick for v in lay.values} == {"fp16": 64, "fp32": 32}
+
+
+def test_layout_broadcast_keeps_dims_and_transpose_goes_one_element_per_stick():
+    lay = plan_layout(binary_kernel("add", (67, 71), "fp32", y_shape=(71,)))
+    assert lay.ranges == (67, 71) and lay.stick_dim == 1 and lay.row_dim == 0
+    k = KernelBuilder("t", (40, 90))
+    k.buffer("x", "fp32", (40, 90), (1, 40))
+    k.buffer("out", "fp32", (40, 90))
+    k.store("out", k.op("neg", k.load("x", (1, 40))))
+    lay = plan_layout(k.build())
+    assert lay.stick_dim is None and lay.row_dim == 1
+
+
+def test_int64_and_unknown_ops_are_unsupported():
+    k = KernelBuilder("i64", (8,))
+    k.buffer("x", "int64", (8,))
+    k.buffer("out", "int64", (8,))
+    k.store("out", k.op("add", k.load("x"), k.load("x"), dtype="int64"))
+    with pytest.raises(Unsupported, match="int64"):
+        plan_kernel(k.build())
+    k = KernelBuilder("bits", (8,))
+    k.buffer("x", "int32", (8,))
+    k.buffer("out", "int32", (8,))
+    k.store("out", k.op("bitwise_and", k.load("x"), k.load("x"), dtype="int32"))
+    with pytest.raises(Unsupported, match="bitwise_and"):
+        plan_kernel(k.build())
+
+
+# ---- fusion -----------------------------------------------------------------------------
+
+
+def test_fusion_reads_each_input_once_and_rounds_only_at_the_store():
+    kernel = chain5()
+    fusion = plan_fusion(kernel, plan_layout(kernel))
+    assert [a.buffer for _, a in fusion.loads] == ["x", "y"]
+    assert [a.buffer for _, a in fusion.stores] == ["out"]
+    kinds = {t.name: (t.kind, t.dtype) for t in fusion.tiles}
+    work = [t for t in fusion.tiles if t.kind == "work"]
+    assert work and all(t.dtype == "fp32" for t in work)  # fused intermediates stay fp32
+    (out_tile, _), = fusion.stores
+    assert kinds[out_tile] == ("out", "fp16")
+    assert fusion.steps[-1].op == "copy" and fusion.steps[-1].dst == out_tile  # the one rounding
+    assert [s.op for s in fusion.steps] == ["mul", "add", "sigmoid", "sub", "relu", "mul", "copy"]
+
+
+def test_fusion_dedupes_loads_and_aliases_widening_casts():
+    k = KernelBuilder("dup", (64,))
+    k.buffer("x", "fp16", (64,))
+    k.buffer("out", "fp32", (64,))
+    a, b = k.cast(k.load("x"), "fp32"), k.cast(k.load("x"), "fp32")
+    k.store("out", k.op("mul", a, b))
+    kernel = k.build()
+    fusion = plan_fusion(kernel, plan_layout(kernel))
+    assert len(fusion.loads) == 1
+    assert [s.op for s in fusion.steps] == ["mul"]  # no copies for fp16 -> fp32
+
+
+# ---- tiling and scratchpad -------------------------------------------------------------
+
+
+def test_tiles_are_stick_aligned_chunks_and_fit_the_scratchpad():
+    kernel = binary_kernel("add", (100003,), "fp16")
+    lay = plan_layout(kernel)
+    fusion = plan_fusion(kernel, lay)
+    tiling = plan_tiling(lay, fusion)
+    assert tiling.stream_dim == 0 and tiling.tile_cols % 64 == 0 and tiling.tile_cols * 2 == 32 * 1024
+    spad = plan_scratchpad(fusion, tiling)
+    assert spad.high_water <= HARDWARE.scratchpad_usable_bytes
+    assert all(a.offset % 128 == 0 for a in spad.allocations)
+    streamed = {a.tile for a in spad.allocations if a.buffer is not None}
+    assert streamed == {t.name for t in fusion.tiles if t.streamed}
+    verify(spad, fusion)
+
+
+def test_scratchpad_shrinks_tiles_that_do_not_fit():
+    kernel = chain5((64, 4096), "fp32")
+    lay = plan_layout(kernel)
+    fusion = plan_fusion(kernel, lay)
+    big = dataclasses.replace(plan_tiling(lay, fusion), tile_rows=64, tile_cols=4096)
+    spad = plan_scratchpad(fusion, big, usable=HARDWARE.scratchpad_usable_bytes)
+    assert spad.tiling.tile_rows * spad.tiling.tile_cols < 64 * 4096
+    assert spad.high_water <= spad.usable
+    verify(spad, fusion)
+
+
+def test_work_tiles_share_bytes_when_their_live_ranges_do_not_overlap():
+    kernel = chain5((64, 64), "fp32")
+    lay = plan_layout(kernel)
+    fusion = plan_fusion(kernel, lay)
+    spad = plan_scratchpad(fusion, plan_tiling(lay, fusion))
+    work = [a for a in spad.allocations if a.live is not None]
+    assert len({a.offset for a in work}) < len(work)
+
+
+def test_verifier_rejects_an_overlapping_plan_naming_the_buffers():
+    kernel = chain5()
+    lay = plan_layout(kernel)
+    fusion = plan_fusion(kernel, lay)
+    spad = plan_scratchpad(fusion, plan_tiling(lay, fusion))
+    allocs = list(spad.allocations)
+    i = next(k for k, a in enumerate(allocs) if a.name == "in0[1]")
+    allocs[i] = dataclasses.replace(allocs[i], offset=spad.at("in1", 0).offset)  # on top of in1[0]
+    with pytest.raises(PlanError, match=r"in0\[1\].*in1\[0\]|in1\[0\].*in0\[1\]"):
+        verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+    allocs = list(spad.allocations)
+    allocs[0] = dataclasses.replace(allocs[0], offset=spad.usable)
+    with pytest.raises(PlanError, match="outside the usable"):
+        verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+    allocs = list(spad.allocations)
+    allocs[0] = dataclasses.replace(allocs[0], offset=allocs[0].offset + 64)
+    with pytest.raises(PlanError, match="stick"):
+        verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+
+
+# ---- division -----------------------------------------------------------------------------
+
+
+def test_tiny_add_uses_one_core_and_is_not_slower_than_32():
+    kernel = binary_kernel("add", (1, 64), "fp32")
+    chosen = plan_kernel(kernel)
+    forced = plan_kernel(kernel, cores=32)
+    assert chosen.plans.division.cores == 1
+    assert forced.plans.division.cores == 32
+    assert simulated_ns(chosen.program) <= simulated_ns(forced.program)
+
+
+def test_large_add_uses_many_cores_split_on_stick_boundaries():
+    compiled = plan_kernel(binary_kernel("add", (512, 1024), "fp16"))
+    division = compiled.plans.division
+    assert division.cores >= 8
+    dim = division.split_dim
+    starts = [s.starts[dim] for s in division.shares]
+    assert all(s % division.granule == 0 for s in starts) and division.granule == 64
+    counts = [s.counts[dim] for s in division.shares]
+    assert max(counts) - min(counts) <= division.granule  # balanced
+    assert sum(counts) == compiled.plans.layout.ranges[dim]
+
+
+def test_division_takes_the_fastest_candidate_and_ties_go_to_fewer_cores():
+    kernel = binary_kernel("add", (4096,), "fp32")
+    lay = plan_layout(kernel)
+    fusion = plan_fusion(kernel, lay)
+    tiling = plan_scratchpad(fusion, plan_tiling(lay, fusion)).tiling
+    fake = {1: 10000.0, 2: 5000.0, 4: 4990.0, 8: 8000.0}
+    plan = choose_division(tiling, lambda d: d.cores, estimate=lambda n: fake.get(n, 1e9))
+    assert plan.cores == 2 and dict(plan.candidates)[4] == 4990.0
+    fake = {1: 2000.0, 2: 1000.0, 4: 500.0}
+    assert choose_division(tiling, lambda d: d.cores, estimate=lambda n: fake.get(n, 1e9)).cores == 4
+    assert divide(tiling, 3).cores == 3
+
+
+# ---- emission -----------------------------------------------------------------------------
+
+
+def test_artifact_is_complete_and_content_addressed(tmp_path):
+    kernel = chain5()
+    d1 = compile_kernel(kernel, tmp_path)
+    renamed = dataclasses.replace(kernel, name="other_name")
+    assert compile_kernel(renamed, tmp_path) == d1  # identical kernels reuse the artifact
+    assert compile_kernel(kernel, tmp_path, cores=1) != d1
+    names = {p.name for p in d1.iterdir()}
+    assert {"program.json", "listing.txt", "execution_plan.json", "symbols.json", "launch_spec.json",
+            "plan.json", "kernel.json", "summary.txt", "call.py"} <= names
+    spec = json.loads((d1 / "launch_spec.json").read_text())
+    assert [(a["name"], a["role"], a["dtype"], a["shape"], a["stride"]) for a in spec["args"]] == [
+        ("x", "input", "fp16", [67, 71], [71, 1]), ("y", "input", "fp16", [67, 71], [71, 1]),
+        ("out", "output", "fp16", [67, 71], [71, 1])]
+    symbols = json.loads((d1 / "symbols.json").read_text())["symbols"]
+    assert [s["role"] for s in symbols] == ["input", "input", "output"]
+    steps = [s["kind"] for s in json.loads((d1 / "execution_plan.json").read_text())["steps"]]
+    assert steps == ["host_callback", "transfer", "barrier", "compute"]
+    plan = json.loads((d1 / "plan.json").read_text())
+    assert set(plan) == {"layout", "fusion", "tiling", "scratchpad", "division"}
+    assert "core 0" in (d1 / "listing.txt").read_text()
+
+
+def test_five_op_chain_is_one_program_reading_inputs_once_writing_output_once(tmp_path):
+    shape = (256, 1024)
+    kernel = chain5(shape, "fp16")
+    plan = prepare_kernel(compile_kernel(kernel, tmp_path))
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(shape, generator=g).half() for _ in range(2))
+    out = torch.empty(shape, dtype=torch.float16, device="spyre")
+    torch.spyre.synchronize()
+    reset_kernel_reports()
+    launch_jobplan(plan, [x.to("spyre"), y.to("spyre"), out])
+    torch.spyre.synchronize()
+    reports = kernel_reports()
+    assert len(reports) == 1
+    nbytes = x.numel() * 2
+    assert reports[0].bytes_read == 2 * nbytes and reports[0].bytes_written == nbytes
+    want = (torch.relu(torch.sigmoid(x.float() * y.float() + 1) - 0.5) * 2).half()
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-3, atol=1e-3)
+
+
+def test_unsupported_never_writes_an_artifact(tmp_path):
+    k = KernelBuilder("bad", (8,))
+    k.buffer("x", "int64", (8,))
+    k.buffer("out", "int64", (8,))
+    k.store("out", k.load("x"))
+    with pytest.raises(Unsupported):
+        compile_kernel(k.build(), tmp_path)
+    assert not any(p.name.endswith("launch_spec.json") for p in tmp_path.rglob("*"))
+
+
+def test_dead_values_are_dropped():
+    k = KernelBuilder("dead", (64,))
+    k.buffer("x", "fp32", (64,))
+    k.buffer("out", "fp32", (64,))
+    x = k.load("x")
+    k.op("exp", x)  # never stored
+    k.store("out", k.op("neg", x))
+    fusion = plan_kernel(k.build()).plans.fusion
+    assert [s.op for s in fusion.steps] == ["neg"]
+
+
+def test_unary_kernel_plan_describes_as_json():
+    compiled = plan_kernel(unary_kernel("exp", (3, 255), "fp32"))
+    json.dumps(compiled.plans.describe())
