@@ -1,0 +1,119 @@
+"""The launch layer: prepare_kernel once, launch_jobplan per call, on the current stream, asynchronously."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from compiler.pointwise_ir import KernelBuilder, binary_kernel
+from spyre_inductor.compiler.backend import compile_kernel
+from spyre_runtime.launch import (
+    HoldFetch, LaunchError, PatchCorrectionArea, ResolveAddresses, RunProgram, launch_jobplan, prepare_kernel,
+)
+from spyre_runtime.queue import HostCallback
+from spyre_runtime.queue.runtime import current
+from spyre_runtime import _C
+
+SHAPE = (67, 71)
+
+
+@pytest.fixture(scope="module")
+def add_plan(tmp_path_factory):
+    return prepare_kernel(compile_kernel(binary_kernel("add", SHAPE, "fp32"), tmp_path_factory.mktemp("art")))
+
+
+def operands(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
+    return x, y, x.to("spyre"), y.to("spyre"), torch.empty(SHAPE, device="spyre")
+
+
+def test_plan_has_ordered_typed_steps(add_plan):
+    assert [type(s) for s in add_plan.steps] == [ResolveAddresses, PatchCorrectionArea, HoldFetch, RunProgram]
+    assert [(a.name, a.role, a.dtype, a.shape, a.stride) for a in add_plan.args] == [
+        ("x", "input", torch.float32, SHAPE, (71, 1)), ("y", "input", torch.float32, SHAPE, (71, 1)),
+        ("out", "output", torch.float32, SHAPE, (71, 1))]
+
+
+def test_launch_many_times_with_different_arguments(add_plan):
+    results = []
+    for seed in range(4):
+        x, y, xs, ys, out = operands(seed)
+        launch_jobplan(add_plan, [xs, ys, out])  # no synchronize between launches
+        results.append((x + y, out))
+    torch.spyre.synchronize()
+    for want, out in results:
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+
+
+def test_launch_does_not_block_and_orders_on_the_current_stream(add_plan):
+    x, y, xs, ys, out = operands(5)
+    out.zero_()
+    torch.spyre.synchronize()
+    gate = threading.Event()
+    q, stream = current().queue(0), _C.current_stream_id(0)
+    q.enqueue(stream, HostCallback(lambda: gate.wait(30), name="gate"))
+    launch_jobplan(add_plan, [xs, ys, out])  # returns while the stream is held
+    assert not gate.is_set()
+    assert torch.count_nonzero(_C.host_alias(out)) == 0  # nothing ran yet
+    gate.set()
+    torch.spyre.synchronize()
+    torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
+
+
+def test_launch_on_a_side_stream_is_ordered_against_the_producer(add_plan):
+    x, y, xs, ys, out = operands(6)
+    side = torch.spyre.Stream()
+    with torch.spyre.stream(side):
+        launch_jobplan(add_plan, [xs, ys, out])
+    side.synchronize()
+    torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda a: a[:2], "takes 3 argument"),
+    (lambda a: [a[0].half(), a[1], a[2]], r"argument 0 \('x', input\): expected dtype torch.float32"),
+    (lambda a: [a[0], a[1][:5], a[2]], r"argument 1 \('y', input\): expected shape"),
+    (lambda a: [a[0], a[1], a[2].t().contiguous().t()], r"argument 2 \('out', output\): expected strides"),
+    (lambda a: [a[0].cpu(), a[1], a[2]], r"argument 0 \('x', input\): expected a tensor on spyre:0"),
+])
+def test_bad_arguments_raise_naming_the_argument_and_leave_the_device_usable(add_plan, bad, match):
+    x, y, xs, ys, out = operands(7)
+    with pytest.raises(LaunchError, match=match):
+        launch_jobplan(add_plan, bad([xs, ys, out]))
+    launch_jobplan(add_plan, [xs, ys, out])
+    torch.spyre.synchronize()
+    torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
+
+
+def test_a_launch_that_fails_on_the_device_leaves_it_usable(tmp_path, add_plan):
+    k = KernelBuilder("idiv", (64,))
+    for name in ("a", "b", "out"):
+        k.buffer(name, "int32", (64,))
+    k.store("out", k.op("floordiv", k.load("a"), k.load("b"), dtype="int32"))
+    plan = prepare_kernel(compile_kernel(k.build(), tmp_path))
+    a = torch.arange(64, dtype=torch.int32).to("spyre")
+    zero = torch.zeros(64, dtype=torch.int32).to("spyre")
+    out = torch.empty(64, dtype=torch.int32, device="spyre")
+    torch.spyre.synchronize()
+    launch_jobplan(plan, [a, zero, out])  # integer division by zero fails inside the program
+    with pytest.raises(RuntimeError, match="idiv"):
+        torch.spyre.synchronize()
+    torch.spyre.clear_errors()
+    x, y, xs, ys, res = operands(8)
+    launch_jobplan(add_plan, [xs, ys, res])
+    two = torch.full((64,), 2, dtype=torch.int32).to("spyre")
+    launch_jobplan(plan, [a, two, out])
+    torch.spyre.synchronize()
+    torch.testing.assert_close(res.cpu(), x + y, rtol=0, atol=0)
+    assert torch.equal(out.cpu(), torch.arange(64, dtype=torch.int32) // 2)
+
+
+def test_prepare_validates_the_program(tmp_path):
+    d = compile_kernel(binary_kernel("mul", (64,), "fp32"), tmp_path)
+    text = (d / "program.json").read_text()
+    (d / "program.json").write_text(text.replace('"mul"', '"add"', 1))
+    with pytest.raises(ValueError, match="checksum"):
+        prepare_kernel(d)
