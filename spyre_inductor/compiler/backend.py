@@ -29,19 +29,19 @@ from spyre_runtime.program.validate import ProgramError, validate
 from .errors import PlanError, Unsupported
 from .kernel_ir import PointwiseKernel
 from .passes.codegen import build_program
-from .passes.division import DivisionPlan, choose_division
+from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns
 from .passes.emit import Plans, write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import plan_layout
 from .passes.scratchpad import plan_scratchpad
-from .passes.tiling import plan_tiling
+from .passes.tiling import TARGETS, plan_tiling
 from .passes.verify import verify
 
 __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact_key", "compile_kernel",
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-pointwise-1"
+COMPILER_VERSION = "spyre-pointwise-2"
 
 
 @dataclass(frozen=True)
@@ -62,40 +62,55 @@ def _build(kernel: PointwiseKernel, plans_without_division, division: DivisionPl
     return program
 
 
-def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, estimate=None) -> Compiled:
-    """Run every pass; `cores` forces the core count (default: the timing model chooses)."""
+def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores: int | None = None,
+                estimate=None) -> Compiled:
+    """Run every pass. `cores` forces the core count, `max_cores` caps it (default: the timing model
+    chooses among up to all cores); each tile-size target of tiling.TARGETS is planned and the fastest
+    (by the timing model; ties to the smaller tile) is kept."""
     try:
         kernel.check()
     except ValueError as e:
         raise Unsupported(str(e)) from e
-    if cores is not None and not 1 <= cores <= HARDWARE.cores:
-        raise ValueError(f"cores must be in 1..{HARDWARE.cores}, got {cores}")
+    for name, n in (("cores", cores), ("max_cores", max_cores)):
+        if n is not None and not 1 <= n <= HARDWARE.cores:
+            raise ValueError(f"{name} must be in 1..{HARDWARE.cores}, got {n}")
     layout = plan_layout(kernel)
     fusion = plan_fusion(kernel, layout)
-    spad = plan_scratchpad(fusion, plan_tiling(layout, fusion))
-    verify(spad, fusion)
-    fixed = (layout, fusion, spad)
     kwargs = {} if estimate is None else {"estimate": estimate}
-    division = choose_division(spad.tiling, lambda d: _build(kernel, fixed, d), force=cores, **kwargs)
-    program = _build(kernel, fixed, division)
+    best, seen = None, set()
+    for target in TARGETS:
+        spad = plan_scratchpad(fusion, plan_tiling(layout, fusion, target))
+        if spad.tiling in seen:
+            continue  # the kernel is smaller than the target: same plan
+        seen.add(spad.tiling)
+        verify(spad, fusion)
+        fixed = (layout, fusion, spad)
+        division = choose_division(spad.tiling, lambda d, fixed=fixed: _build(kernel, fixed, d), force=cores,
+                                   max_cores=max_cores, **kwargs)
+        ns = chosen_ns(division)
+        if best is None or ns < best[0] * (1 - TIE):
+            best = (ns, spad, division)
+    _, spad, division = best
+    program = _build(kernel, (layout, fusion, spad), division)
     return Compiled(Plans(layout, fusion, spad, division), program)
 
 
-def artifact_key(kernel: PointwiseKernel, cores: int | None = None) -> str:
+def artifact_key(kernel: PointwiseKernel, cores: int | None = None, max_cores: int | None = None) -> str:
     ir = json.loads(kernel.to_json())
     ir.pop("name")  # identical kernels under different names share an artifact
-    text = json.dumps({"ir": ir, "compiler": COMPILER_VERSION, "cores": cores,
+    text = json.dumps({"ir": ir, "compiler": COMPILER_VERSION, "cores": cores, "max_cores": max_cores,
                        "hardware": dataclasses.asdict(HARDWARE)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def compile_kernel(kernel: PointwiseKernel, artifact_root: Path, *, cores: int | None = None) -> Path:
+def compile_kernel(kernel: PointwiseKernel, artifact_root: Path, *, cores: int | None = None,
+                   max_cores: int | None = None) -> Path:
     """The artifact directory of `kernel` under `artifact_root` (reused if already compiled)."""
     root = Path(artifact_root)
-    final = root / artifact_key(kernel, cores)
+    final = root / artifact_key(kernel, cores, max_cores)
     if (final / "launch_spec.json").exists():
         return final
-    compiled = plan_kernel(kernel, cores=cores)
+    compiled = plan_kernel(kernel, cores=cores, max_cores=max_cores)
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:

@@ -5,10 +5,10 @@ Per core, over its share of the iteration space:
 * sfp: fill the constant tiles once; then, around the stream, the loops of
   the loop dims; inside, per tile, pop ``full<b>``, run the fusion plan's
   steps on buffer b's tiles, push ``done<b>``;
-* ls: the same loops; inside, the double-buffered stream of
+* ls: the same loops; inside, the multi-buffered stream of
   spyre_runtime.program.handwritten._pipeline (load tile t into buffer
-  t % 2, store it once the sfp is done, load tile t + 2 into the freed
-  buffer; a smaller remainder tile last, through buffer 0).
+  t % B, store it once the sfp is done, load tile t + 2; a smaller
+  remainder tile last, through buffer 0).
 
 Device addresses are affine in the loop counters: the byte offset of an
 access at tile origin (i_loop..., t) is
@@ -49,7 +49,7 @@ def build_program(name: str, layout: LayoutPlan, fusion: FusionPlan, spad: Scrat
 def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: CoreShare):
     tiling = spad.tiling
     ls, sfp = _Unit(), _Unit()
-    q, queues = _pipeline_queues(share.core)
+    q, queues = _pipeline_queues(share.core, spad.buffers)
     for tile, value in fusion.constants:
         a = spad.at(tile)
         sfp.emit(Fill(sfp.tile(a.offset, fusion.tile(tile).dtype, 1, 1, STICK), value))
@@ -118,5 +118,5 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
             if n > 1:
                 counters[d] = stack.enter_context(ls.loop(n))
                 stack.enter_context(sfp.loop(n))
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, store)
+        _pipeline(ls, sfp, tiles, rem, q, load, compute, store, spad.buffers)
     return {"ls": ls.instrs, "sfp": sfp.instrs}, queues

@@ -124,20 +124,23 @@ def candidate_counts(units: int) -> list[int]:
 
 
 def choose_division(tiling: TilePlan, build: Callable[[DivisionPlan], object], force: int | None = None,
-                    estimate: Callable[[object], float] = simulated_ns) -> DivisionPlan:
-    """The division the timing model says is fastest (or exactly `force` cores)."""
+                    estimate: Callable[[object], float] = simulated_ns,
+                    max_cores: int | None = None) -> DivisionPlan:
+    """The division the timing model says is fastest (or exactly `force` cores), at most `max_cores`."""
     dim, granule = split_dim(tiling)
     if force is not None:
         if dim is not None and -(-tiling.ranges[dim] // granule) < force:
             granule = 1  # forced: split finer than a stick (correct, and charged for shared sticks)
         plan = divide(tiling, force, dim, granule)
-        return DivisionPlan(plan.split_dim, plan.granule, plan.shares, (),
+        return DivisionPlan(plan.split_dim, plan.granule, plan.shares, ((plan.cores, estimate(build(plan))),),
                             f"forced to {force} core(s); {plan.reason}")
     if dim is None or any(r == 0 for r in tiling.ranges):
-        return divide(tiling, 1, dim, granule)
+        plan = divide(tiling, 1, dim, granule)
+        return DivisionPlan(plan.split_dim, plan.granule, plan.shares,
+                            ((plan.cores, estimate(build(plan))),) if plan.shares else (), plan.reason)
     units = -(-tiling.ranges[dim] // granule)
     results = []
-    for n in candidate_counts(units):
+    for n in candidate_counts(min(units, max_cores or HARDWARE.cores)):
         plan = divide(tiling, n, dim, granule)
         results.append((n, estimate(build(plan)), plan))
     fastest = min(ns for _, ns, _ in results)
@@ -146,3 +149,8 @@ def choose_division(tiling: TilePlan, build: Callable[[DivisionPlan], object], f
     return DivisionPlan(plan.split_dim, plan.granule, plan.shares, cands,
                         f"{n} core(s): {ns:.0f} ns, the fastest of {len(results)} candidate(s) "
                         f"(ties within {TIE:.0%} or {TIE_NS:.0f} ns go to fewer cores); {plan.reason}")
+
+
+def chosen_ns(plan: DivisionPlan) -> float:
+    """The estimate of the chosen division (0 for an empty kernel)."""
+    return dict(plan.candidates).get(plan.cores, 0.0)

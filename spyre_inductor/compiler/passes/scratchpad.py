@@ -6,9 +6,11 @@ scratchpad (2 MiB minus the reserve for program and debug state,
 hardware.scratchpad_usable_bytes):
 
 * constants: one stick each, filled once, live for the whole program;
-* streamed tiles (loaded or stored): two copies, buffer 0 and 1, live for
-  the whole program (the load/store unit works on one while the sfp
-  computes on the other);
+* streamed tiles (loaded or stored): BUFFERS copies, live for the whole
+  program: the load/store unit fills one while the sfp computes on another,
+  and with three the store of tile t and the load of tile t + 2 are in
+  flight together (reads and writes interleave on the bus: the streaming
+  plan of the calibration kernels, handwritten._pipeline);
 * work tiles: one copy, live from the sfp step that writes them to the last
   step that reads them; a later work tile reuses the bytes of dead ones
   (first fit, in step order).
@@ -30,6 +32,8 @@ from ._dump import Describable
 from .fusion import FusionPlan, TileValue
 from .tiling import TilePlan
 
+BUFFERS = 3
+
 
 def sticks(nbytes: int) -> int:
     return -(-nbytes // STICK) * STICK
@@ -38,7 +42,7 @@ def sticks(nbytes: int) -> int:
 @dataclass(frozen=True)
 class Allocation:
     tile: str
-    buffer: int | None        # 0/1 for streamed tiles, None for single copies
+    buffer: int | None        # 0, 1, ... for streamed tiles, None for single copies
     offset: int
     nbytes: int
     row_stride: int
@@ -53,6 +57,7 @@ class Allocation:
 class ScratchpadPlan(Describable):
     usable: int
     tiling: TilePlan          # the tile shape the plan is for (possibly shrunk)
+    buffers: int              # copies of each streamed tile
     allocations: tuple[Allocation, ...]
     high_water: int
 
@@ -70,7 +75,7 @@ def tile_geometry(t: TileValue, tiling: TilePlan) -> tuple[int, int]:
     return rows, sticks(cols * ITEMSIZE[t.dtype])
 
 
-def _layout(fusion: FusionPlan, tiling: TilePlan, usable: int) -> ScratchpadPlan:
+def _layout(fusion: FusionPlan, tiling: TilePlan, usable: int, buffers: int) -> ScratchpadPlan:
     allocs, top = [], 0
     for t in fusion.tiles:
         if t.kind == "const":
@@ -79,7 +84,7 @@ def _layout(fusion: FusionPlan, tiling: TilePlan, usable: int) -> ScratchpadPlan
     for t in fusion.tiles:
         if t.streamed:
             rows, stride = tile_geometry(t, tiling)
-            for b in (0, 1):
+            for b in range(buffers):
                 allocs.append(Allocation(t.name, b, top, rows * stride, stride, None))
                 top += rows * stride
     base, high = top, top
@@ -96,14 +101,15 @@ def _layout(fusion: FusionPlan, tiling: TilePlan, usable: int) -> ScratchpadPlan
         a = Allocation(name, None, offset, size, stride, (first, last))
         placed.append(a)
         high = max(high, offset + size)
-    return ScratchpadPlan(usable, tiling, tuple(allocs + placed), high)
+    return ScratchpadPlan(usable, tiling, buffers, tuple(allocs + placed), high)
 
 
-def plan_scratchpad(fusion: FusionPlan, tiling: TilePlan, usable: int | None = None) -> ScratchpadPlan:
+def plan_scratchpad(fusion: FusionPlan, tiling: TilePlan, usable: int | None = None,
+                    buffers: int = BUFFERS) -> ScratchpadPlan:
     usable = HARDWARE.scratchpad_usable_bytes if usable is None else usable
     current = tiling
     while True:
-        plan = _layout(fusion, current, usable)
+        plan = _layout(fusion, current, usable, buffers)
         if plan.high_water <= usable:
             return plan
         smaller = current.shrunk()

@@ -14,10 +14,12 @@ computes (emit.py); every other dim is a plain loop around that stream.
   boundaries stay stick-aligned; one row per tile.
 * "elements" layout (no stick dim): one element per stick, ``tile_cols`` 1.
 
-The target is TARGET_BYTES per streamed operand per tile (32 KiB, the chunk
-the calibration kernels use: large enough to amortise per-instruction costs,
-small enough that a core's share is many tiles and load, compute and store
-overlap). scratchpad.py shrinks the tile if the kernel's tiles do not fit.
+The tile is sized by a target of bytes per streamed operand per tile.
+Which target is best depends on the kernel and the core count (small tiles
+overlap load, compute and store sooner; large ones keep more of the bus in
+one direction at a time), so the backend plans each of TARGETS and keeps the
+one the timing model says is fastest (32 KiB is the chunk the calibration
+kernels use). scratchpad.py shrinks the tile if the kernel's tiles do not fit.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .fusion import FusionPlan
 from .layout import LayoutPlan
 
 TARGET_BYTES = 32 * 1024
+TARGETS = (32 * 1024, 128 * 1024)
 
 
 @dataclass(frozen=True)

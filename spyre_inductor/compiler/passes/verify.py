@@ -2,7 +2,7 @@
 
 It recomputes what each tile needs from the fusion plan and the tile shape
 (not from the planner's arithmetic) and checks: every tile has its copies
-(two for streamed tiles), each is stick-aligned, big enough and inside the
+(one per stream buffer for streamed tiles), each is stick-aligned, big enough and inside the
 usable scratchpad, and no two allocations that are live at the same time
 share a byte. A violation is a planner bug: it raises PlanError naming the
 buffers, never emits a program that would corrupt data.
@@ -39,7 +39,7 @@ def verify(plan: ScratchpadPlan, fusion: FusionPlan) -> None:
         by_tile.setdefault(a.tile, []).append(a)
     for t in fusion.tiles:
         copies = by_tile.get(t.name, [])
-        want = {0, 1} if t.streamed else {None}
+        want = set(range(plan.buffers)) if t.streamed else {None}
         if {a.buffer for a in copies} != want or len(copies) != len(want):
             raise PlanError(f"scratchpad plan: tile {t.name!r} has copies {[a.buffer for a in copies]}, "
                             f"needs {sorted(want, key=str)}")
