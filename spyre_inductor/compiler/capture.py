@@ -1,0 +1,277 @@
+"""Capture: Inductor scheduler nodes -> one PointwiseKernel (kernel_ir), or a reason why not.
+
+Each node's loop body is an FX graph of Inductor ``ops`` calls. We run it
+under our own ops handler (``with V.set_ops_handler(h): node._body(vars, [])``)
+with symbolic loop variables; every call appends a value to the kernel IR
+instead of printing code. Anything the IR cannot say raises NotCapturable
+with a reason, and the caller turns the node into a CPU fallback.
+
+A group of nodes (a fusion candidate or a FusedSchedulerNode) becomes one
+kernel over the common ranges of its nodes. Inside the group:
+
+- a load of a buffer an earlier node stored, at the same index, takes the
+  stored value (cast to the buffer's dtype, as a round trip through memory
+  would); any other index refuses the group (the value is not on chip);
+- a store whose buffer nobody outside the group reads (Inductor's
+  ``can_buffer_be_removed_through_fusion``) stays on chip: no Store, and the
+  scheduler removes the buffer so the wrapper never allocates it;
+- buffer names go through ``mutation_real_name``, so an in-place update of
+  a graph input stores into the input itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch._inductor import ir
+from torch._inductor.dtype_propagation import DtypePropagationOpsHandler
+from torch._inductor.ops_handler import DefaultHandler
+from torch._inductor.virtualized import V
+
+from .indexing import NotCapturable, affine_index, common_ranges, loop_vars, node_vars, static_int
+from .kernel_ir import (
+    BINARY_OPS,
+    DTYPE_NAMES,
+    TERNARY_OPS,
+    UNARY_OPS,
+    Buffer,
+    Cast,
+    Constant,
+    Index,
+    Load,
+    Op,
+    PointwiseKernel,
+    Store,
+)
+
+# Inductor ops spelled differently in the IR (same semantics).
+_OP_ALIASES = {
+    "and_": "bitwise_and", "or_": "bitwise_or", "xor": "bitwise_xor",
+    "div_rn": "truediv", "mul_rn": "mul",
+}
+_IR_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What capture made of a group of nodes."""
+
+    kernel: PointwiseKernel | None  # None: nothing to run (no elements, or nothing stored)
+    removed: frozenset[str]  # Inductor buffers that stay on chip (the wrapper must not allocate them)
+
+
+@dataclass(frozen=True)
+class _V:
+    """A value inside the handler: its position in the kernel's values and its dtype."""
+
+    pos: int
+    dtype: torch.dtype
+    is_scalar: bool = False  # read by Inductor's dtype propagation rules
+
+
+def real_name(name: str) -> str:
+    scheduler = V.graph.scheduler
+    return scheduler.mutation_real_name.get(name, name) if scheduler is not None else name
+
+
+def dtype_name(dtype: torch.dtype, what: str) -> str:
+    name = DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise NotCapturable(f"{what} has dtype {dtype}, which spyre kernels do not handle")
+    return name
+
+
+def buffer_of(name: str) -> Buffer:
+    """The IR Buffer for a real (post-mutation) buffer name, from its Inductor layout."""
+    node = V.graph.get_buffer(name)
+    if node is None:
+        raise NotCapturable(f"no buffer named {name}")
+    device = node.get_device()
+    if device is None or device.type != "spyre":
+        raise NotCapturable(f"{name} lives on {device}, not on spyre")
+    layout = node.get_output_spec()
+    if not isinstance(layout, ir.Layout) or isinstance(layout, ir.NonOwningLayout):
+        raise NotCapturable(f"{name} has layout {type(layout).__name__}")
+    shape = tuple(static_int(s, f"size of {name}") for s in layout.size)
+    strides = tuple(static_int(s, f"stride of {name}") for s in layout.stride)
+    if static_int(layout.offset, f"offset of {name}") != 0:
+        # Indices from Inductor already include a layout offset; keep the IR's
+        # Buffer.offset meaning unambiguous by not compiling such buffers yet.
+        raise NotCapturable(f"{name} has a storage offset in its layout")
+    return Buffer(name, dtype_name(layout.dtype, name), shape, strides, 0)
+
+
+class _Group:
+    """The kernel under construction, shared by the handlers of the group's nodes."""
+
+    def __init__(self, ranges: tuple[int, ...], removable: frozenset[str]):
+        self.ranges = ranges
+        self.vars = loop_vars(len(ranges))
+        self.removable = removable
+        self.values: list = []
+        self.buffers: dict[str, Buffer] = {}
+        self.stores: dict[str, Store] = {}
+        self.stored: dict[str, tuple[Index, _V]] = {}  # real name -> last store, for forwarding
+        self.loaded: dict[str, set[Index]] = {}  # real name -> indices read from memory
+        self.removed: set[str] = set()
+
+    def add(self, value, dtype: torch.dtype) -> _V:
+        self.values.append(value)
+        return _V(len(self.values) - 1, dtype)
+
+    def use_buffer(self, name: str) -> Buffer:
+        if name not in self.buffers:
+            self.buffers[name] = buffer_of(name)
+        return self.buffers[name]
+
+
+class CaptureHandler(DefaultHandler):
+    """Inductor ops -> kernel IR values, for one node of a group."""
+
+    def __init__(self, group: _Group):
+        self.g = group
+
+    # ---- values --------------------------------------------------------------------
+
+    def _as_value(self, x, like: torch.dtype | None = None) -> _V:
+        if isinstance(x, _V):
+            return x
+        if isinstance(x, bool):
+            return self.constant(x, torch.bool)
+        if isinstance(x, int):
+            return self.constant(x, torch.int64)
+        if isinstance(x, float):
+            dtype = like if like is not None and like.is_floating_point else torch.float32
+            return self.constant(x, dtype)
+        raise NotCapturable(f"operand {x!r} of type {type(x).__name__}")
+
+    def constant(self, value, dtype: torch.dtype) -> _V:
+        name = dtype_name(dtype, "a constant")
+        if dtype.is_floating_point:
+            value = float(value)
+        elif dtype == torch.bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        return self.g.add(Constant(value, name), dtype)
+
+    def index_expr(self, expr, dtype: torch.dtype) -> _V:
+        expr = sympy.sympify(expr)
+        if isinstance(expr, sympy.Integer):
+            return self.constant(int(expr), dtype)
+        raise NotCapturable(f"index_expr {expr} (a value computed from loop indices)")
+
+    value_expr = index_expr
+
+    def to_dtype(self, x, dtype: torch.dtype, src_dtype=None, use_compute_types=True) -> _V:
+        x = self._as_value(x)
+        return self.g.add(Cast(x.pos, dtype_name(dtype, "a cast")), dtype)
+
+    def identity(self, x):
+        return x
+
+    def _default(self, name: str, args, kwargs):
+        if kwargs:
+            raise NotCapturable(f"op {name} with keyword arguments")
+        ir_name = _OP_ALIASES.get(name, name)
+        if ir_name not in _IR_OPS:
+            raise NotCapturable(f"op {name} is not in the spyre kernel IR")
+        like = next((a.dtype for a in args if isinstance(a, _V)), None)
+        values = [self._as_value(a, like) for a in args]
+        result = getattr(DtypePropagationOpsHandler(), name)(*values)
+        return self.g.add(Op(ir_name, tuple(v.pos for v in values), dtype_name(result, f"op {name}")),
+                          result)
+
+    # ---- memory --------------------------------------------------------------------
+
+    def load(self, name: str, index) -> _V:
+        g = self.g
+        real = real_name(name)
+        idx = affine_index(index, g.vars, f"the load of {name}")
+        if real in g.stored:
+            stored_idx, value = g.stored[real]
+            if stored_idx != idx:
+                raise NotCapturable(f"{name} is read at another index than this kernel writes it")
+            dtype = V.graph.get_dtype(real)
+            if value.dtype != dtype:  # what a round trip through the buffer would do
+                value = g.add(Cast(value.pos, dtype_name(dtype, name)), dtype)
+            return value
+        buf = g.use_buffer(real)
+        g.loaded.setdefault(real, set()).add(idx)
+        dtype = V.graph.get_dtype(real)
+        return g.add(Load(real, idx, buf.dtype), dtype)
+
+    def store(self, name: str, index, value, mode=None) -> None:
+        g = self.g
+        if mode is not None:
+            raise NotCapturable(f"store with mode {mode} to {name}")
+        real = real_name(name)
+        idx = affine_index(index, g.vars, f"the store to {name}")
+        value = self._as_value(value)
+        if any(i != idx for i in g.loaded.get(real, ())):
+            raise NotCapturable(f"{name} is read and written at different indices in one kernel")
+        if real in g.stored and g.stored[real][0] != idx:
+            raise NotCapturable(f"{name} is written at two different indices in one kernel")
+        g.stored[real] = (idx, value)
+        if name in g.removable:
+            g.removed.add(name)
+            return
+        g.use_buffer(real)
+        g.stores[real] = Store(real, idx, value.pos)
+
+    # ---- what the IR does not have (yet) -----------------------------------------------
+
+    def masked(self, mask, body, other):
+        raise NotCapturable("masked computation (padding, cat or out-of-bounds guards)")
+
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        raise NotCapturable("indirect indexing (gather/scatter)")
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        raise NotCapturable(f"reduction {reduction_type} (reductions are compiled in a later issue)")
+
+    def store_reduction(self, name, index, value):
+        raise NotCapturable("reduction store")
+
+
+def _check_node(node) -> tuple[int, ...]:
+    """The node's static pointwise ranges, or NotCapturable."""
+    if not hasattr(node, "_body") or node.is_reduction() or node.is_template() or node.is_extern():
+        kind = "reduction" if getattr(node, "is_reduction", lambda: False)() else type(node).__name__
+        raise NotCapturable(f"{kind} node")
+    sizes, reduction_sizes = node.get_ranges()
+    if any(static_int(s, "reduction range") != 1 for s in reduction_sizes):
+        raise NotCapturable("reduction node")
+    return tuple(static_int(s, "loop range") for s in sizes)
+
+
+def capture(nodes, name: str = "spyre_kernel") -> Capture:
+    """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable."""
+    nodes = list(nodes)
+    node_ranges = [_check_node(n) for n in nodes]
+    ranges = common_ranges(node_ranges)
+    scheduler = V.graph.scheduler
+    op_names = {n.get_name() for n in nodes}
+    removable = frozenset(
+        buf for n in nodes for buf in n.get_buffer_names()
+        if scheduler is not None and scheduler.can_buffer_be_removed_through_fusion(buf, op_names)
+    )
+    group = _Group(ranges, removable)
+    for node, own_ranges in zip(nodes, node_ranges):
+        index_vars = node_vars(own_ranges, ranges, group.vars)
+        with V.set_ops_handler(CaptureHandler(group)):
+            node._body(index_vars, [])
+    if math.prod(ranges) == 0 or not group.stores:
+        return Capture(None, frozenset(group.removed))
+    kernel = PointwiseKernel(
+        name=name,
+        ranges=ranges,
+        buffers=tuple(group.buffers.values()),
+        values=tuple(group.values),
+        stores=tuple(group.stores.values()),
+    )
+    kernel.check()
+    return Capture(kernel, frozenset(group.removed))

@@ -1,0 +1,207 @@
+"""What generated CPU fallback kernels call at run time (imported as ``spyre_host``).
+
+A fallback kernel (host_kernel.py) is the node's own loop body, evaluated
+with whole-tensor torch CPU ops instead of a loop: each loop variable is an
+``arange`` broadcast along its dim, an index expression evaluates to a
+tensor of element positions, a load gathers, a store scatters. The buffers
+are CPU tensors aliasing the device bytes (the simulated device memory is
+host-addressable, as in device/fallback.py), flattened to 1-D from the
+tensor's first element, because Inductor's indices count elements from
+there. The kernel runs as a host operation on the current stream, in order
+with queued device work that touches the same memory.
+
+Floating values are computed in fp32 when they are stored as fp16/bf16
+(Inductor's compute-type contract) and rounded on store.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from spyre_runtime import _C
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+# ---- buffers -----------------------------------------------------------------------
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D CPU view of every element `t` can address, starting at its first element."""
+    host = _C.host_alias(t) if t.device.type == "spyre" else t
+    if t.numel() == 0:
+        return host.new_empty(0)
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return host.as_strided((span,), (1,))
+
+
+def iota(shape) -> list[torch.Tensor]:
+    """One int64 tensor per dim of `shape`: its index along that dim, broadcastable to `shape`."""
+    rank = len(shape)
+    out = []
+    for d, size in enumerate(shape):
+        view = [1] * rank
+        view[d] = int(size)
+        out.append(torch.arange(int(size), dtype=torch.int64).view(view))
+    return out
+
+
+def _index(index, mask):
+    index = torch.as_tensor(index, dtype=torch.int64)
+    if mask is not None:
+        # Masked-off lanes may hold out-of-range positions (padding, cat):
+        # read a harmless element there; the caller discards it.
+        index = torch.where(mask, index, 0)
+    return index
+
+
+def load(buffer: torch.Tensor, index, mask=None) -> torch.Tensor:
+    values = buffer[_index(index, mask)]
+    return values.to(compute_dtype(values.dtype))
+
+
+def store(buffer: torch.Tensor, index, value, mode=None) -> None:
+    index = torch.as_tensor(index, dtype=torch.int64)
+    value = torch.as_tensor(value)
+    index, value = torch.broadcast_tensors(index, value)
+    if mode == "atomic_add":
+        buffer.index_put_((index.reshape(-1),), value.reshape(-1).to(buffer.dtype), accumulate=True)
+    elif mode is None:
+        buffer[index.reshape(-1)] = value.reshape(-1).to(buffer.dtype)
+    else:
+        raise NotImplementedError(f"spyre CPU fallback: store mode {mode!r}")
+
+
+# ---- values ------------------------------------------------------------------------
+
+
+def constant(value, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(value, dtype=compute_dtype(dtype))
+
+
+def index_value(value, dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(value).to(dtype)
+
+
+def to_dtype(x, dtype: torch.dtype) -> torch.Tensor:
+    # Rounds to `dtype`, then back to the compute type, as Inductor's to_dtype does.
+    return torch.as_tensor(x).to(dtype).to(compute_dtype(dtype))
+
+
+def bitcast(x, dtype: torch.dtype, src_dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(x).to(src_dtype).view(dtype).to(compute_dtype(dtype))
+
+
+def where(cond, a, b) -> torch.Tensor:
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.dtype != b.dtype:
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(dtype), b.to(dtype)
+    return torch.where(torch.as_tensor(cond, dtype=torch.bool), a, b)
+
+
+def minimum(*xs):
+    return functools.reduce(lambda a, b: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)), xs)
+
+
+def maximum(*xs):
+    return functools.reduce(lambda a, b: torch.maximum(torch.as_tensor(a), torch.as_tensor(b)), xs)
+
+
+def indirect(x, size, wrap_neg: bool = True) -> torch.Tensor:
+    x = torch.as_tensor(x).to(torch.int64)
+    if wrap_neg:
+        x = torch.where(x < 0, x + size, x)
+    return x
+
+
+def check_bounds(index, size, lower: bool, upper: bool, mask=None) -> None:
+    index = torch.as_tensor(index)
+    bad = torch.zeros_like(index, dtype=torch.bool)
+    if lower:
+        bad |= index < 0
+    if upper:
+        bad |= index >= size
+    if mask is not None:
+        bad &= mask
+    if bool(bad.any()):
+        raise IndexError(f"index out of bounds: an index is outside [0, {size})")
+
+
+def truncdiv(a, b):
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def fma(a, b, c):
+    return a * b + c
+
+
+# ---- reductions --------------------------------------------------------------------
+
+
+def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
+    """Reduce `value` (broadcastable to `shape`) over its last `reduced` dims, keeping them as 1s."""
+    shape = tuple(int(s) for s in shape)
+    kept, rnumel = shape[: len(shape) - reduced], math.prod(shape[len(shape) - reduced:])
+    keep_shape = kept + (1,) * reduced
+    if kind == "welford_combine":
+        mean, m2, weight = (torch.as_tensor(v).expand(shape).reshape(kept + (rnumel,)) for v in value)
+        total = weight.sum(-1)
+        safe = torch.where(total == 0, torch.ones_like(total), total)
+        new_mean = (mean * weight).sum(-1) / safe
+        new_m2 = (m2 + weight * (mean - new_mean.unsqueeze(-1)) ** 2).sum(-1)
+        return tuple(t.reshape(keep_shape) for t in (new_mean, new_m2, total))
+    flat_values = torch.as_tensor(value).expand(shape).reshape(kept + (rnumel,))
+    acc = compute_dtype(dtype)
+    if kind == "sum":
+        out = flat_values.sum(-1, dtype=acc if acc.is_floating_point else None)
+    elif kind == "prod":
+        out = flat_values.prod(-1)
+    elif kind == "max":
+        out = flat_values.amax(-1) if rnumel else flat_values.sum(-1)
+    elif kind == "min":
+        out = flat_values.amin(-1) if rnumel else flat_values.sum(-1)
+    elif kind == "any":
+        out = flat_values.to(torch.bool).any(-1)
+    elif kind == "argmax":
+        out = flat_values.argmax(-1)
+    elif kind == "argmin":
+        out = flat_values.argmin(-1)
+    elif kind == "xor_sum":
+        out = functools.reduce(torch.bitwise_xor, flat_values.unbind(-1), torch.zeros_like(flat_values[..., 0]))
+    elif kind == "welford_reduce":
+        x = flat_values.to(torch.float32 if not flat_values.dtype.is_floating_point else acc)
+        mean = x.mean(-1)
+        m2 = ((x - mean.unsqueeze(-1)) ** 2).sum(-1)
+        weight = torch.full_like(mean, float(rnumel))
+        return tuple(t.reshape(keep_shape) for t in (mean, m2, weight))
+    else:
+        raise NotImplementedError(f"spyre CPU fallback: reduction {kind!r}")
+    return out.to(acc).reshape(keep_shape)
+
+
+# ---- running -----------------------------------------------------------------------
+
+
+def run(body, args, written: tuple[int, ...], name: str) -> None:
+    """Run `body` over flat CPU views of `args` as a host operation on the current stream."""
+    spyre = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "spyre"]
+
+    def execute():
+        body(*[flat(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+    if not spyre:
+        execute()
+        return
+    from spyre_inductor.device import queues
+
+    writes = [args[i] for i in written if isinstance(args[i], torch.Tensor) and args[i].device.type == "spyre"]
+    queues.run_on_host(spyre[0].device.index, execute, reads=spyre, writes=writes,
+                       name=f"cpu fallback ({name})")

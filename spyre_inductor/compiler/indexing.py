@@ -1,0 +1,124 @@
+"""Index arithmetic for capture: static sizes, affine indices, common loop ranges.
+
+Inductor hands a node's loop body sympy index expressions in the iteration
+variables we pass in. The kernel IR only has affine indices
+(offset + sum stride * var), so anything else -- ModularIndexing and
+FloorDiv from reshapes, Min/Max, indirect (data-dependent) variables, or a
+symbol that is not one of our loop variables (a dynamic size) -- is refused
+here with a reason, and the node becomes a CPU fallback.
+
+Nodes fused into one kernel may come with differently simplified ranges for
+the same iteration space (Inductor merges contiguous dims per node): one add
+sees (32,), its broadcasting neighbour (4, 8). ``common_ranges`` finds the
+coarsest ranges both factor into, and ``node_vars`` re-expresses each node's
+variables in them (for (32,) inside (4, 8): i = 8*j0 + j1), which keeps the
+indices affine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import sympy
+
+from torch._inductor.utils import sympy_index_symbol
+from torch._inductor.virtualized import V
+
+from .kernel_ir import Index
+
+
+class NotCapturable(Exception):
+    """A node (or group of nodes) the kernel IR cannot express; `reason` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def static_int(expr, what: str) -> int:
+    """`expr` as a Python int, or NotCapturable when it is symbolic (dynamic shapes)."""
+    if isinstance(expr, int):
+        return expr
+    try:
+        expr = V.graph.sizevars.simplify(sympy.sympify(expr))
+    except Exception:  # noqa: BLE001 - outside a graph: keep the expression as given
+        expr = sympy.sympify(expr)
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")
+
+
+def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
+    return [sympy_index_symbol(f"{prefix}{d}") for d in range(count)]
+
+
+def affine_index(expr, variables: Sequence[sympy.Symbol], what: str) -> Index:
+    """The IR Index of `expr` over `variables`, or NotCapturable naming `what`."""
+    expr = sympy.expand(sympy.sympify(expr))
+    if expr.atoms(sympy.Function) or expr.atoms(sympy.Mod) or expr.atoms(sympy.Pow):
+        raise NotCapturable(f"non-affine index {expr} for {what}")
+    unknown = expr.free_symbols - set(variables)
+    if unknown:
+        names = ", ".join(sorted(str(s) for s in unknown))
+        raise NotCapturable(f"index of {what} depends on {names} (indirect or symbolic)")
+    strides = []
+    rest = expr
+    for v in variables:
+        c = expr.coeff(v, 1)
+        if not isinstance(c, sympy.Integer):
+            raise NotCapturable(f"non-affine index {expr} for {what}")
+        strides.append(int(c))
+        rest = rest - c * v
+    rest = sympy.expand(rest)
+    if not isinstance(rest, sympy.Integer):
+        raise NotCapturable(f"non-affine index {expr} for {what}")
+    return Index(tuple(strides), int(rest))
+
+
+def common_ranges(all_ranges: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The coarsest ranges every one of `all_ranges` factors into (same numel), or NotCapturable.
+
+    Each range tuple cuts the flat iteration space at the suffix products of
+    its dims; the common ranges cut at the union of those points, which works
+    exactly when the points form a divisibility chain.
+    """
+    numels = {math.prod(r) for r in all_ranges}
+    if len(numels) != 1:
+        raise NotCapturable(f"different iteration sizes {sorted(numels)}")
+    (numel,) = numels
+    if numel <= 1:
+        return (numel,)  # one element (or none): a single loop of that size
+    cuts = {1, numel}
+    for ranges in all_ranges:
+        suffix = 1
+        for size in reversed(ranges):
+            suffix *= size
+            cuts.add(suffix)
+    cuts = sorted(cuts)
+    for inner, outer in zip(cuts, cuts[1:]):
+        if outer % inner:
+            shapes = " and ".join(str(tuple(r)) for r in all_ranges)
+            raise NotCapturable(f"loop ranges {shapes} have no common refinement")
+    # cuts are suffix products from the innermost dim outwards.
+    return tuple(outer // inner for inner, outer in reversed(list(zip(cuts, cuts[1:]))))
+
+
+def node_vars(ranges: Sequence[int], common: Sequence[int], variables: Sequence[sympy.Symbol]) -> list:
+    """Each of `ranges`' loop variables as an affine expression in the `common` ranges' `variables`."""
+    if math.prod(common) == 0:
+        return [sympy.Integer(0) for _ in ranges]
+    exprs = []
+    j = len(common)
+    # Walk from the innermost dim: each node dim covers the next few common dims.
+    for size in reversed(ranges):
+        expr, scale, covered = sympy.Integer(0), 1, 1
+        while covered < size:
+            j -= 1
+            expr += variables[j] * scale
+            scale *= common[j]
+            covered *= common[j]
+        if covered != size:
+            raise AssertionError(f"{tuple(ranges)} does not factor into {tuple(common)}")
+        exprs.append(expr)
+    return list(reversed(exprs))

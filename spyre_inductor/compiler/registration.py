@@ -1,0 +1,105 @@
+"""Registering the spyre backend with Inductor, lazily.
+
+``import torch`` must stay cheap, and importing Inductor costs seconds. So
+nothing here runs at autoload: ``torch.spyre`` exposes the four names
+Inductor's ``init_backend_registration`` reads on the first compile
+(``Scheduling``, ``PythonWrapperCodegen``, ``CppWrapperCodegen``,
+``WrapperFxCodegen``) through a module ``__getattr__`` that imports this
+module; reading any of them runs ``register()`` once.
+
+``register()`` hands Inductor everything in one go, through its public
+registration points: the backend (scheduling and wrappers) together with a
+custom pass whose uuid is our compiler version (so the FX graph cache key
+changes with the compiler), the device op overrides, and Dynamo's device
+interface. Inductor's own lazy registration would then register the backend
+a second time without our pass; wrapper.NoWrapper explains how that is
+avoided (and tests/compiler/test_registration.py checks the key).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch._inductor.codegen.common import (
+    custom_backend_passes,
+    register_backend_for_device,
+    register_device_op_overrides,
+)
+from torch._inductor.custom_graph_pass import CustomGraphModulePass
+
+from .version import compiler_version
+
+DEVICE = "spyre"
+INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+_lock = threading.Lock()
+_registered = False
+
+
+class VersionPass(CustomGraphModulePass):
+    """A post-grad pass on graphs that touch spyre. It changes nothing; it
+    exists for its uuid, which Inductor hashes into the FX graph cache key."""
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return f"spyre-inductor {compiler_version()}"
+
+
+VERSION_PASS = VersionPass()
+
+
+def backend_classes() -> dict[str, object]:
+    from .scheduling import SpyreScheduling
+    from .wrapper import SpyreCppWrapperCodegen, SpyrePythonWrapperCodegen, SpyreWrapperFxCodegen
+
+    return {
+        "Scheduling": SpyreScheduling,
+        "PythonWrapperCodegen": SpyrePythonWrapperCodegen,
+        "CppWrapperCodegen": SpyreCppWrapperCodegen,
+        "WrapperFxCodegen": SpyreWrapperFxCodegen,
+    }
+
+
+def _register_backend() -> None:
+    classes = backend_classes()
+    register_backend_for_device(
+        DEVICE,
+        classes["Scheduling"],
+        classes["PythonWrapperCodegen"],
+        classes["CppWrapperCodegen"],
+        classes["WrapperFxCodegen"],
+        device_custom_pass=VERSION_PASS,
+    )
+
+
+def register() -> None:
+    """Register everything Inductor and Dynamo need for spyre (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from torch._dynamo.device_interface import register_interface_for_device
+
+        from .device_interface import SpyreInterface
+        from .device_op_overrides import SpyreDeviceOpOverrides
+
+        _register_backend()
+        register_device_op_overrides(DEVICE, SpyreDeviceOpOverrides())
+        register_interface_for_device(DEVICE, SpyreInterface)
+        for index in range(torch.spyre.device_count()):
+            register_interface_for_device(f"{DEVICE}:{index}", SpyreInterface)
+        _registered = True
+
+
+def version_in_cache_key() -> bool:
+    """Whether the FX graph cache key currently carries our version."""
+    return custom_backend_passes.get(DEVICE) is VERSION_PASS
+
+
+def inductor_attribute(name: str):
+    """What ``torch.spyre.<name>`` returns for the four names Inductor reads."""
+    register()
+    return backend_classes()[name]

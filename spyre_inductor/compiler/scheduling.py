@@ -1,0 +1,190 @@
+"""SpyreScheduling: Inductor's per-device code generator for spyre.
+
+Inductor's scheduler decides the order of nodes and asks us which pairs may
+fuse; for each (fused) node it then asks us for code. Our answers:
+
+- Fusion: pointwise nodes fuse (vertically or horizontally) when the merged
+  group still captures into ONE kernel (capture.py: common ranges, affine
+  indices, intermediates forwarded on chip). Reductions, extern kernels and
+  templates never fuse here (reductions come in the next issue).
+- Code: a group that captures and compiles becomes a dataflow program
+  (backend.compile_kernel -> artifact directory) that the wrapper prepares
+  once and launches per call. Anything else becomes a CPU fallback kernel
+  inside the graph (host_kernel.py), announced once per op
+  (fallback_policy.py; an error under SPYRE_STRICT=1).
+
+Extern kernels (``extern_kernels.mm``...) and Inductor's FallbackKernels are
+emitted by Inductor itself; on spyre tensors they run through the eager
+device's kernels or its CPU fallback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch._inductor.codegen.common import BackendFeature
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+from torch._inductor.scheduler import BaseScheduling, SchedulerNode
+from torch._inductor.utils import sympy_product
+from torch._inductor.virtualized import V
+from torch.utils._ordered_set import OrderedSet
+
+from .capture import Capture, capture
+from .fallback_policy import announce, origin_ops
+from .host_kernel import HostUnsupported, write_host_kernel
+from .indexing import NotCapturable
+from .kernel_ir import PointwiseKernel
+from .version import compiler_version
+
+log = logging.getLogger(__name__)
+
+# Kernels compiled in this process, newest last (debug.record_kernels reads it).
+compiled_kernels: list[tuple[PointwiseKernel, Path]] = []
+
+
+def artifact_root() -> Path:
+    """Where artifacts go: Inductor's cache dir, per compiler version (so a new
+    compiler never picks up an old compiler's programs)."""
+    return Path(cache_dir()) / "spyre" / compiler_version()
+
+
+def content_name(kernel: PointwiseKernel) -> PointwiseKernel:
+    """The kernel, named after its content: identical kernels share one artifact."""
+    digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:16]
+    return replace(kernel, name=f"spyre_pw_{digest}")
+
+
+def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
+    """(artifact dir, None), or (None, why the backend cannot compile it)."""
+    try:
+        from . import backend
+    except ImportError as e:
+        return None, f"the spyre backend is not available: {e}"
+    try:
+        return Path(backend.compile_kernel(kernel, artifact_root())), None
+    except backend.Unsupported as e:
+        return None, f"backend: {e}"
+
+
+class SpyreScheduling(BaseScheduling):
+    def __init__(self, scheduler):
+        super().__init__(scheduler)
+        # Fusion asks about the same groups many times; capture each once.
+        self._captures: dict[tuple[str, ...], Capture | NotCapturable] = {}
+
+    def get_backend_features(self, device) -> OrderedSet[BackendFeature]:
+        # A reduction stays one node (one kernel, or one CPU fallback) instead
+        # of Inductor's split into two.
+        return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT])
+
+    def group_fn(self, sizes):
+        # SIMD-style (numel, rnumel): the scheduler's other heuristics expect it.
+        return tuple(V.graph.sizevars.simplify(sympy_product(s)) for s in sizes)
+
+    # ---- fusion --------------------------------------------------------------------
+
+    def try_capture(self, nodes) -> Capture | NotCapturable:
+        key = tuple(n.get_name() for n in nodes)
+        found = self._captures.get(key)
+        if found is None:
+            try:
+                found = capture(nodes)
+            except NotCapturable as e:
+                found = e
+            except Exception as e:  # noqa: BLE001 - a capture bug must not cost a wrong answer
+                log.warning("spyre: capture of %s failed", key, exc_info=True)
+                found = NotCapturable(f"capture error {type(e).__name__}: {e}")
+            self._captures[key] = found
+        return found
+
+    def _can_fuse(self, node1, node2) -> bool:
+        nodes = [*node1.get_nodes(), *node2.get_nodes()]
+        if not all(isinstance(n, SchedulerNode) and not n.is_reduction() for n in nodes):
+            return False
+        return isinstance(self.try_capture(nodes), Capture)
+
+    def can_fuse_vertical(self, node1, node2) -> bool:
+        return self._can_fuse(node1, node2)
+
+    def can_fuse_horizontal(self, node1, node2) -> bool:
+        return self._can_fuse(node1, node2)
+
+    # ---- code ----------------------------------------------------------------------
+
+    def codegen_node(self, node) -> None:
+        nodes = list(node.get_nodes())
+        result = self.try_capture(nodes)
+        if isinstance(result, Capture):
+            if result.kernel is None:  # no elements, or nothing leaves the kernel
+                self._finish(nodes, result.removed)
+                return
+            kernel = content_name(result.kernel)
+            artifact, reason = compile_kernel(kernel)
+            if artifact is not None:
+                self._emit_program(nodes, kernel, artifact, result.removed)
+                return
+        else:
+            reason = result.reason
+        self._emit_cpu_fallback(nodes, reason)
+
+    def _emit_program(self, nodes, kernel: PointwiseKernel, artifact: Path, removed) -> None:
+        wrapper = V.graph.wrapper_code
+        compiled_kernels.append((kernel, artifact))
+        del compiled_kernels[:-256]
+        comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
+        device = nodes[0].get_device()
+        index = device.index if device.index is not None else torch.spyre.current_device()
+        plan = wrapper.define_spyre_kernel(str(artifact), index, comment)
+        V.graph.removed_buffers |= removed  # before mark_run: never allocated
+        for n in nodes:
+            n.mark_run()  # allocates outputs; FusedSchedulerNode.mark_run itself crashes
+        wrapper.call_spyre_kernel(plan, [b.name for b in kernel.buffers])
+        self.free_buffers_in_scheduler()
+
+    def _emit_cpu_fallback(self, nodes, reason: str) -> None:
+        label = origin_ops(nodes)
+        announce(label, reason)
+        wrapper = V.graph.wrapper_code
+        name = wrapper.new_kernel_name("spyre_cpu_kernel")
+        try:
+            source, args = write_host_kernel(nodes, name, label)
+        except HostUnsupported as e:
+            raise NotImplementedError(
+                f"spyre: {label} can neither be compiled for spyre ({reason}) nor run by the "
+                f"CPU fallback ({e})"
+            ) from e
+        wrapper.define_host_kernel(source)
+        for n in nodes:
+            n.mark_run()
+        wrapper.call_host_kernel(name, args)
+        self.free_buffers_in_scheduler()
+
+    def _finish(self, nodes, removed) -> None:
+        V.graph.removed_buffers |= removed
+        for n in nodes:
+            n.mark_run()
+        self.free_buffers_in_scheduler()
+
+    # ---- the rest of BaseScheduling's contract -------------------------------------------
+
+    def codegen_template(self, template_node, epilogue_nodes, prologue_nodes):
+        raise NotImplementedError("spyre has no kernel templates")
+
+    def codegen_sync(self) -> None:
+        # Kernels are ordered on the current stream; a debug sync waits for them.
+        V.graph.wrapper_code.writeline("torch.spyre.synchronize()")
+
+    def flush(self) -> None:
+        # Each kernel is written out as soon as it is generated; nothing is pending.
+        pass
+
+    def ready_to_flush(self) -> bool:
+        return False
+
+    def benchmark_fused_nodes(self, nodes):
+        # Asked only when benchmark_fusion is on; we have no timing to offer here.
+        return 0.0, ""

@@ -1,0 +1,137 @@
+"""The Python wrapper Inductor generates for graphs that touch spyre.
+
+Inductor's own wrapper already allocates buffers, calls extern kernels and
+frees; what it does not know is how to launch a spyre kernel. Two kinds of
+kernel reach it from SpyreScheduling, each defined once at module level and
+called where the schedule puts it:
+
+- a compiled dataflow program: ``name = prepare_kernel(<artifact dir>)``
+  (parse, validate, allocate and transfer the program, once per loaded
+  module) and per call ``launch_jobplan(name, [buffers])`` on the current
+  stream, buffers in the kernel IR's buffer order;
+- a CPU fallback (see host_kernel.py): a plain Python function over the
+  buffers, called like any other function.
+
+Both go through the wrapper's line machinery (``define_kernel``, ``writeline``,
+custom ``WrapperLine``s); the generated code is never edited as text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch._inductor.codegen.wrapper import (
+    PythonWrapperCodegen,
+    SubgraphPythonWrapperCodegen,
+    WrapperLine,
+)
+from torch._inductor.utils import IndentedBuffer
+
+LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan, prepare_kernel"
+HOST_IMPORT = "from spyre_inductor.compiler import host_runtime as spyre_host"
+
+
+@dataclasses.dataclass
+class HostKernelDefinitionLine(WrapperLine):
+    """Puts a fallback kernel's ``def`` in the module header when lines are generated."""
+
+    wrapper: PythonWrapperCodegen
+    source: str
+
+    def codegen(self, code: IndentedBuffer) -> None:
+        self.wrapper.header.splice("\n\n" + self.source)
+
+
+class SpyreWrapperMixin:
+    """What SpyreScheduling asks of the wrapper; shared by the graph and subgraph wrappers."""
+
+    def _definitions(self) -> PythonWrapperCodegen:
+        # Kernels live in the root module's header, even when a subgraph (cond,
+        # while_loop) calls them: one prepare per artifact per module.
+        root = self.get_root_graph() if isinstance(self, SubgraphPythonWrapperCodegen) else self
+        if not hasattr(root, "spyre_plans"):
+            root.spyre_plans = {}
+        return root
+
+    def define_spyre_kernel(self, artifact_dir: str, device_index: int, comment: str) -> str:
+        """The module-level name of the plan for `artifact_dir` on spyre:`device_index` (defined once).
+
+        prepare_kernel places the program on one device, so a graph on
+        spyre:1 gets its own plan there (and launch_jobplan checks the buffers
+        are on it)."""
+        root = self._definitions()
+        key = (artifact_dir, device_index)
+        name = root.spyre_plans.get(key)
+        if name is None:
+            name = f"spyre_plan_{root.next_kernel_suffix()}"
+            root.spyre_plans[key] = name
+            root.add_import_once(LAUNCH_IMPORT)
+            root.define_kernel(name, f"prepare_kernel({artifact_dir!r}, device={device_index})",
+                               metadata=comment, gpu=False)
+        return name
+
+    def call_spyre_kernel(self, plan_name: str, args: list[str]) -> None:
+        self.writeline(f"launch_jobplan({plan_name}, [{', '.join(args)}])")
+
+    def new_kernel_name(self, hint: str) -> str:
+        return f"{hint}_{self._definitions().next_kernel_suffix()}"
+
+    def define_host_kernel(self, source: str) -> None:
+        """Define a CPU fallback kernel (its ``def`` source) at module level."""
+        root = self._definitions()
+        root.add_import_once(HOST_IMPORT)
+        root.writeline(HostKernelDefinitionLine(root, source))
+
+    def call_host_kernel(self, name: str, args: list[str]) -> None:
+        self.writeline(f"{name}({', '.join(args)})")
+
+
+class SpyrePythonWrapperCodegen(SpyreWrapperMixin, PythonWrapperCodegen):
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        # Inductor calls create() on the registered class; without this
+        # override the base class would be instantiated instead.
+        if is_subgraph:
+            assert subgraph_name is not None and parent_wrapper is not None
+            return SpyreSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return SpyrePythonWrapperCodegen()
+
+
+class SpyreSubgraphWrapperCodegen(SpyreWrapperMixin, SubgraphPythonWrapperCodegen):
+    pass
+
+
+class NoWrapper:
+    """Fills the C++ and FX wrapper slots: spyre has neither. Using one
+    (``cpp_wrapper=True`` / ``fx_wrapper=True`` on a spyre graph) says why.
+
+    It is falsy on purpose. Inductor's lazy registration reads the four
+    ``torch.spyre`` names and, when the Python and C++ wrappers are truthy,
+    registers them itself WITHOUT a custom pass, overwriting ours (the one
+    that puts our version into the FX graph cache key). Reading the first
+    name has already run registration.register(), which registered
+    everything with that pass; a falsy C++ wrapper makes Inductor leave it be.
+    """
+
+    supports_caching = False
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<spyre has no {self.kind} wrapper>"
+
+    def create(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"spyre: the {self.kind} wrapper is not supported; compile spyre graphs with the "
+            f"default Python wrapper (torch._inductor.config.{self.kind}_wrapper=False)"
+        )
+
+    __call__ = create
+
+
+SpyreCppWrapperCodegen = NoWrapper("cpp")
+SpyreWrapperFxCodegen = NoWrapper("fx")
