@@ -40,6 +40,9 @@ class HardwareConfig:
         "M: fraction of the nominal bus reached with n transfers in flight: reductions on 1, 2, 4, 8-16 cores "
         "(one transfer per core); 32: the row sum (16 MiB in 113.3 us); interpolated between, "
         "the sustained caps beyond")
+    core_dma_gbps: float = _figure(
+        67.0, "F: the most one core's transfers were measured to move: add on 1 core, 96 MiB in 1499 us; "
+              "the model lets no core go faster, however many transfers it keeps in flight")
     matrix_macs_per_ns_per_core: float = _figure(1140.0, "F: sustained fp16 MACs per ns per core")
     pe_fill: tuple = _figure(
         ((1, 0.5), (2, 0.5), (8, 0.72), (64, 1.0)),

@@ -33,7 +33,7 @@ from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns
 from .passes.emit import Plans, write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import plan_layout
-from .passes.scratchpad import plan_scratchpad
+from .passes.scratchpad import BUFFER_CHOICES, plan_scratchpad
 from .passes.tiling import TARGETS, plan_tiling
 from .passes.verify import verify
 
@@ -78,11 +78,11 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
     fusion = plan_fusion(kernel, layout)
     kwargs = {} if estimate is None else {"estimate": estimate}
     best, seen = None, set()
-    for target in TARGETS:
-        spad = plan_scratchpad(fusion, plan_tiling(layout, fusion, target))
-        if spad.tiling in seen:
+    for target, buffers in ((t, b) for t in TARGETS for b in BUFFER_CHOICES):
+        spad = plan_scratchpad(fusion, plan_tiling(layout, fusion, target), buffers=buffers)
+        if (spad.tiling, buffers) in seen:
             continue  # the kernel is smaller than the target: same plan
-        seen.add(spad.tiling)
+        seen.add((spad.tiling, buffers))
         verify(spad, fusion)
         fixed = (layout, fusion, spad)
         division = choose_division(spad.tiling, lambda d, fixed=fixed: _build(kernel, fixed, d), force=cores,

@@ -3,7 +3,7 @@
 from . import isa
 from .execute import Machine
 from .isa import (
-    Binary, Copy, EndLoop, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Select, Send, Store, Transpose, Unary,
+    Binary, Copy, EndLoop, Fence, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Select, Send, Store, Transpose, Unary,
 )
 from .operands import STICK, Addr, DevAddr, Tile
 from .program import CoreProgram, Program, ProgramFormatError, Queue, Symbol
@@ -13,6 +13,6 @@ from .validate import ProgramError, validate
 __all__ = [
     "Addr", "Artifact", "Binary", "Copy", "CoreProgram", "DevAddr", "EndLoop", "Fill", "Load", "Loop",
     "Machine", "MatMul", "Pop", "Program", "ProgramError", "ProgramExecutable", "ProgramFormatError",
-    "Push", "Queue", "Reduce", "STICK", "Select", "Send", "Store", "Symbol", "Tile", "Transpose", "Unary", "isa",
+    "Fence", "Push", "Queue", "Reduce", "STICK", "Select", "Send", "Store", "Symbol", "Tile", "Transpose", "Unary", "isa",
     "prepare_artifact", "run_program", "validate", "write_correction_area",
 ]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ..hardware import HARDWARE
 from .isa import (
-    Binary, EndLoop, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Send, Store, Unary,
+    Binary, EndLoop, Fence, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Send, Store, Unary,
 )
 from .operands import ITEMSIZE, STICK, Addr, DevAddr, Tile
 from .program import CoreProgram, Program, Queue, Symbol
@@ -189,7 +189,8 @@ def _split(total: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, store, buffers: int = 2) -> None:
+def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, store, buffers: int = 2,
+              phased: bool = False) -> None:
     """Stream `tiles` equal tiles (then one remainder tile, if `rem`) through `buffers` buffers.
 
     ls loads tile t into buffer t % buffers and pushes q["full", b]; sfp pops
@@ -200,6 +201,11 @@ def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, sto
     and so waits for its store; with three it goes to the buffer tile t - 1
     freed, and the store of tile t and the load of tile t + 2 are in flight
     together (a streaming plan: reads and writes interleave on the bus).
+    `phased` puts a Fence between the store of tile t and the load of tile
+    t + 2 even when they use different scratchpad bytes, so a core never has
+    reads and writes in flight together; with every core in step the bus
+    sees a write phase, then a read phase (the pure-stream rate, no
+    turnaround), while the sfp computes the tile loaded before.
     The remainder tile (a different shape, e.g. a partial stick or fewer
     rows) goes through buffer 0 after the stream has drained.
 
@@ -215,6 +221,8 @@ def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, sto
         ahead = (b + 2) % buffers
         ls.emit(Pop(q["done", b]))
         store(ls, t, b, None)
+        if phased:
+            ls.emit(Fence())
         load(ls, t + 2, ahead, None)
         ls.emit(Push(q["full", ahead]))
     for t in range(max(tiles - 2, 0), tiles):

@@ -110,6 +110,22 @@ class Pop(Instruction):
     queue: str
 
 
+@instruction("fence", ("ls",))
+@dataclass(frozen=True)
+class Fence(Instruction):
+    """Wait until this unit's device transfers are done (they are asynchronous: see timing.py).
+
+    A push already waits for them; a fence orders transfers without a token,
+    e.g. so that the next loads start only once a store has landed.
+    """
+
+    def run(self, m, core, idx):
+        pass  # the functional machine completes every transfer at once
+
+    def cost(self, t, core, idx):
+        return t.fence()
+
+
 # ---- load/store unit -------------------------------------------------------------
 
 

@@ -22,7 +22,8 @@ order the units. ``finish()`` then replays that record on simulated clocks:
   one in flight in the measured reductions: 11% of the bus for 1, 22% for 2,
   43% for 4, 54% for 8-16, 72% for 32), capped by the sustained rate for the
   current read/write mix (150 GB/s pure, 105 GB/s balanced: the turnaround),
-  and split evenly among them. So cores contend for bandwidth, and a plan
+  and split evenly among them, no core getting more than the most one core
+  was measured to move (67 GB/s). So cores contend for bandwidth, and a plan
   that separates a read phase from a write phase beats one that interleaves
   them.
 * Ring sends take bytes / ring bandwidth plus 5 ns per hop; ring links are
@@ -181,7 +182,8 @@ class record_activity:
 
 # ---- what the instructions demand --------------------------------------------------------
 
-_POP, _PUSH, _WORK, _DMA = range(4)
+_POP, _PUSH, _WORK, _DMA, _FENCE = range(5)
+FENCE = object()  # what Fence.cost returns
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,8 @@ class Timing:
         cost = ins.cost(self, core, idx)
         if isinstance(cost, Transfer):
             self.items[(core, unit)].append((_DMA, ins.opcode, cost))
+        elif cost is FENCE:
+            self.items[(core, unit)].append((_FENCE,))
         elif cost:
             kind = "ring" if ins.opcode == "send" else unit
             self.items[(core, unit)].append((_WORK, ins.opcode, cost, kind))
@@ -286,6 +290,9 @@ class Timing:
     def local(self, nbytes: int) -> float:
         """Scratchpad-to-scratchpad copy on one core: one stick per cycle."""
         return nbytes / (STICK * self.hw.clock_ghz)
+
+    def fence(self):
+        return FENCE
 
     def transpose(self, nbytes: int) -> float:
         return nbytes / self.hw.transpose_gbps_per_core
@@ -342,6 +349,9 @@ class _Replay:
                 if self.outstanding[key] or self.tokens[item[1]] >= self.t.depth[item[1]]:
                     break
                 self.tokens[item[1]] += 1
+            elif kind == _FENCE:
+                if self.outstanding[key]:
+                    break
             elif kind == _WORK:
                 if self.outstanding[key]:
                     break
@@ -368,8 +378,11 @@ class _Replay:
         writes = sum(1 for f in self.flows if f.transfer.write)
         reads = len(self.flows) - writes
         share = aggregate_gbps(self.hw, reads, writes) / len(self.flows)  # GB/s = bytes per ns
+        per_core = collections.Counter(f.unit[0] for f in self.flows)
+        cap = self.hw.core_dma_gbps
         for f in self.flows:
-            f.rate = share
+            # No core moves more than the most one core was measured to move.
+            f.rate = min(share, cap / per_core[f.unit[0]])
 
     def run(self) -> None:
         while True:

@@ -118,5 +118,5 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
             if n > 1:
                 counters[d] = stack.enter_context(ls.loop(n))
                 stack.enter_context(sfp.loop(n))
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, store, spad.buffers)
+        _pipeline(ls, sfp, tiles, rem, q, load, compute, store, spad.buffers, phased=spad.buffers == 2)
     return {"ls": ls.instrs, "sfp": sfp.instrs}, queues

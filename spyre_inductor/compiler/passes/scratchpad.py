@@ -33,6 +33,12 @@ from .fusion import FusionPlan, TileValue
 from .tiling import TilePlan
 
 BUFFERS = 3
+# The backend plans both and keeps the faster: three buffers stream (reads and
+# writes interleave on the bus, paying the turnaround), two make the load of
+# tile t + 2 wait for the store of tile t, so with every core in step the bus
+# sees read phases and write phases (the pure-stream rate), at the price of
+# less overlap on one core.
+BUFFER_CHOICES = (3, 2)
 
 
 def sticks(nbytes: int) -> int:
