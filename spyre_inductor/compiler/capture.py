@@ -16,7 +16,9 @@ kernel over the common ranges of its nodes. Inside the group:
   ``can_buffer_be_removed_through_fusion``) stays on chip: no Store, and the
   scheduler removes the buffer so the wrapper never allocates it;
 - buffer names go through ``mutation_real_name``, so an in-place update of
-  a graph input stores into the input itself.
+  a graph input stores into the input itself;
+- identical values are captured once (Inductor inlines a producer into every
+  use, so the same load or op arrives many times).
 """
 
 from __future__ import annotations
@@ -84,6 +86,14 @@ def dtype_name(dtype: torch.dtype, what: str) -> str:
     return name
 
 
+def storage_of(name: str) -> str:
+    """The buffer that owns `name`'s memory (itself, unless it is a view such as a cat slot)."""
+    layout = V.graph.get_buffer(name).get_output_spec()
+    if isinstance(layout, ir.NonOwningLayout) and isinstance(layout.view, ir.ReinterpretView):
+        return layout.view.data.get_name()
+    return name
+
+
 def buffer_of(name: str) -> Buffer:
     """The IR Buffer for a real (post-mutation) buffer name, from its Inductor layout."""
     node = V.graph.get_buffer(name)
@@ -93,7 +103,9 @@ def buffer_of(name: str) -> Buffer:
     if device is None or device.type != "spyre":
         raise NotCapturable(f"{name} lives on {device}, not on spyre")
     layout = node.get_output_spec()
-    if not isinstance(layout, ir.Layout) or isinstance(layout, ir.NonOwningLayout):
+    # (A NonOwningLayout buffer is a view into another one, e.g. one input's
+    # slot in a cat; the wrapper passes that view, so it is an ordinary strided buffer here.)
+    if not isinstance(layout, ir.Layout):
         raise NotCapturable(f"{name} has layout {type(layout).__name__}")
     shape = tuple(static_int(s, f"size of {name}") for s in layout.size)
     strides = tuple(static_int(s, f"stride of {name}") for s in layout.stride)
@@ -112,6 +124,7 @@ class _Group:
         self.vars = loop_vars(len(ranges))
         self.removable = removable
         self.values: list = []
+        self.seen: dict[tuple, int] = {}
         self.buffers: dict[str, Buffer] = {}
         self.stores: dict[str, Store] = {}
         self.stored: dict[str, tuple[Index, _V]] = {}  # real name -> last store, for forwarding
@@ -119,8 +132,16 @@ class _Group:
         self.removed: set[str] = set()
 
     def add(self, value, dtype: torch.dtype) -> _V:
-        self.values.append(value)
-        return _V(len(self.values) - 1, dtype)
+        # One value per distinct computation: Inductor inlines a producer into
+        # each of its uses, and fused nodes repeat each other's loads; the
+        # kernel should compute and read each thing once. (repr keeps -0.0
+        # apart from 0.0; the values are pure, so sharing is always safe.)
+        key = (type(value), repr(value))
+        pos = self.seen.get(key)
+        if pos is None:
+            self.values.append(value)
+            pos = self.seen[key] = len(self.values) - 1
+        return _V(pos, dtype)
 
     def use_buffer(self, name: str) -> Buffer:
         if name not in self.buffers:
@@ -266,6 +287,12 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
             node._body(index_vars, [])
     if math.prod(ranges) == 0 or not group.stores:
         return Capture(None, frozenset(group.removed))
+    # A kernel may not read memory it writes through another name (a cat slot
+    # and the whole cat buffer): capture cannot see that hazard element by element.
+    read_from = {storage_of(b) for b in group.loaded}
+    for b in group.stores:
+        if b not in group.loaded and storage_of(b) in read_from:
+            raise NotCapturable(f"{b} is written while the kernel reads other views of its memory")
     kernel = PointwiseKernel(
         name=name,
         ranges=ranges,

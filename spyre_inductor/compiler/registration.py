@@ -28,7 +28,7 @@ from torch._inductor.codegen.common import (
 )
 from torch._inductor.custom_graph_pass import CustomGraphModulePass
 
-from .version import compiler_version
+from . import version
 
 DEVICE = "spyre"
 INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
@@ -45,7 +45,7 @@ class VersionPass(CustomGraphModulePass):
         return None
 
     def uuid(self) -> str:
-        return f"spyre-inductor {compiler_version()}"
+        return f"spyre-inductor {version.compiler_version()}"
 
 
 VERSION_PASS = VersionPass()

@@ -20,9 +20,10 @@ device's kernels or its CPU fallback.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,8 +43,38 @@ from .version import compiler_version
 
 log = logging.getLogger(__name__)
 
-# Kernels compiled in this process, newest last (debug.record_kernels reads it).
-compiled_kernels: list[tuple[PointwiseKernel, Path]] = []
+@dataclass(frozen=True)
+class KernelRecord:
+    """What became of one scheduled (fused) node: its kernel IR if it captured,
+    its artifact if it compiled, else why it runs on the CPU."""
+
+    nodes: tuple[str, ...]
+    ops: str
+    kernel: PointwiseKernel | None
+    artifact: Path | None
+    fallback_reason: str | None
+
+
+_recorders: list[list[KernelRecord]] = []
+
+
+@contextlib.contextmanager
+def record_kernels():
+    """``with record_kernels() as records:`` lists every node generated meanwhile
+    (for tests and debugging; a compile served from the FX graph cache generates nothing)."""
+    records: list[KernelRecord] = []
+    _recorders.append(records)
+    try:
+        yield records
+    finally:
+        _recorders.remove(records)
+
+
+def _record(nodes, kernel, artifact, reason) -> None:
+    if _recorders:
+        entry = KernelRecord(tuple(n.get_name() for n in nodes), origin_ops(nodes), kernel, artifact, reason)
+        for records in _recorders:
+            records.append(entry)
 
 
 def artifact_root() -> Path:
@@ -118,23 +149,25 @@ class SpyreScheduling(BaseScheduling):
     def codegen_node(self, node) -> None:
         nodes = list(node.get_nodes())
         result = self.try_capture(nodes)
+        kernel = None
         if isinstance(result, Capture):
             if result.kernel is None:  # no elements, or nothing leaves the kernel
+                _record(nodes, None, None, None)
                 self._finish(nodes, result.removed)
                 return
             kernel = content_name(result.kernel)
             artifact, reason = compile_kernel(kernel)
             if artifact is not None:
+                _record(nodes, kernel, artifact, None)
                 self._emit_program(nodes, kernel, artifact, result.removed)
                 return
         else:
             reason = result.reason
+        _record(nodes, kernel, None, reason)
         self._emit_cpu_fallback(nodes, reason)
 
     def _emit_program(self, nodes, kernel: PointwiseKernel, artifact: Path, removed) -> None:
         wrapper = V.graph.wrapper_code
-        compiled_kernels.append((kernel, artifact))
-        del compiled_kernels[:-256]
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
