@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from torch._inductor import config
 from torch._inductor.codegen.wrapper import (
     PythonWrapperCodegen,
     SubgraphPythonWrapperCodegen,
@@ -84,6 +85,20 @@ class SpyreWrapperMixin:
 
     def call_host_kernel(self, name: str, args: list[str]) -> None:
         self.writeline(f"{name}({', '.join(args)})")
+
+    def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
+        # Inductor allocates on "other" devices by type only (device='spyre'),
+        # relying on a device guard that non-GPU devices do not get: a graph on
+        # spyre:1 would allocate its buffers on spyre:0. Name the index.
+        if device.type != "spyre" or device.index is None or config.test_configs.track_memory_lifecycle:
+            return super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+        allocation_shape = shape if allocation_shape is None else allocation_shape
+        size, strides = self.codegen_python_shape_tuple(allocation_shape), self.codegen_python_shape_tuple(stride)
+        line = f"{name} = empty_strided({size}, {strides}, device='spyre:{device.index}', dtype={dtype})"
+        view = self.codegen_python_shape_tuple(shape)
+        if view != size:
+            line += f".as_strided({view}, {strides})"
+        return line
 
 
 class SpyrePythonWrapperCodegen(SpyreWrapperMixin, PythonWrapperCodegen):

@@ -1,0 +1,111 @@
+"""Nodes the backend cannot compile run on the CPU inside the compiled graph: right answers,
+one warning per op naming it, an error naming it under SPYRE_STRICT=1."""
+
+import pytest
+import torch
+
+from spyre_inductor.compiler import backend
+
+from inductor_helpers import assert_close_to_cpu, compile_on_spyre
+
+
+def many_unsupported(x, idx, w):
+    s = x.sum(1, keepdim=True)  # reduction (next issue)
+    g = x[idx] * 2  # gather: indirect indexing
+    v = (x.t() + 1).reshape(-1) * 2  # reshape of a transposed tensor: non-affine index
+    m = (x @ w).relu()  # extern mm: the eager device's fallback, then a compiled relu
+    p = torch.nn.functional.pad(x, (1, 2)) + 1  # masked loads (padding)
+    a = x + torch.arange(x.shape[1], device=x.device)  # a value computed from loop indices
+    return s, g, v, m, p, a, (x - s).exp()
+
+
+def test_unsupported_nodes_run_on_the_cpu_with_one_warning_each():
+    x, idx, w = torch.randn(8, 16), torch.tensor([1, 3, 5, 3]), torch.randn(16, 4)
+    out, _, records, warned, code = compile_on_spyre(many_unsupported, x, idx, w)
+    assert_close_to_cpu(out, many_unsupported(x, idx, w))
+    fallbacks = [r for r in records if r.fallback_reason is not None]
+    compiled = [r for r in records if r.artifact is not None]
+    assert fallbacks and compiled  # the graph mixes both
+    reasons = " | ".join(r.fallback_reason for r in fallbacks)
+    for expected in ("reduction", "indirect", "non-affine", "index_expr"):
+        assert expected in reasons, reasons
+    # One warning per distinct op label, each naming the aten ops it covers.
+    assert len(warned) == len({r.ops for r in fallbacks}) == len(set(warned))
+    assert any("aten.sum" in m for m in warned) and any("aten.index.Tensor" in m for m in warned)
+    assert "spyre_host.run(" in code and "launch_jobplan(" in code
+    assert "spyre_host.where(" in code  # the padding ran with its masked loads
+
+
+def test_warning_is_shown_once_per_op():
+    x = torch.randn(64, 32)  # (Inductor unrolls reductions of up to 8 elements into pointwise code)
+    fn = lambda a: a.sum(0)  # noqa: E731
+    _, _, _, warned, _ = compile_on_spyre(fn, x)
+    assert len(warned) == 1 and "aten.sum.dim_IntList" in warned[0]
+    # compile_on_spyre resets the once-per-op memory; compile again without it.
+    import warnings
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as again, torch._inductor.config.patch(force_disable_caches=True):
+        warnings.simplefilter("always")
+        torch.compile(lambda a: a.sum(0) * 2)(x.to("spyre"))
+    assert not [w for w in again if "aten.sum.dim_IntList" in str(w.message)]
+
+
+def test_strict_mode_raises_naming_the_op(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    x = torch.randn(4, 32)
+    with pytest.raises(Exception, match=r"aten\.amax.*SPYRE_STRICT=1"):
+        compile_on_spyre(lambda a: a.amax(1) + 1, x)
+
+
+def test_strict_mode_still_compiles_supported_graphs(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    x = torch.randn(4, 32)
+    out, _, records, warned, _ = compile_on_spyre(lambda a: (a * 2).sigmoid(), x)
+    assert_close_to_cpu(out, (x * 2).sigmoid())
+    assert not warned and all(r.artifact is not None for r in records)
+
+
+def test_backend_refusal_falls_back_to_the_cpu(monkeypatch):
+    def refuse(kernel, artifact_root, **kwargs):
+        raise backend.Unsupported("refused by the test")
+
+    monkeypatch.setattr(backend, "compile_kernel", refuse)
+    x, y = torch.randn(8, 8), torch.randn(8)
+    fn = lambda a, b: (a + b).tanh()  # noqa: E731
+    out, _, records, warned, code = compile_on_spyre(fn, x, y)
+    assert_close_to_cpu(out, fn(x, y))
+    (record,) = records
+    assert record.kernel is not None and "refused by the test" in record.fallback_reason
+    assert len(warned) == 1 and "refused by the test" in warned[0]
+    assert "launch_jobplan(" not in code
+
+
+def test_dynamic_shapes_fall_back_and_stay_correct():
+    fn = lambda a: a * 2 + 1  # noqa: E731
+    for n in (5, 9):
+        x = torch.randn(n, 3)
+        out, _, records, warned, _ = compile_on_spyre(fn, x, dynamic=True)
+        assert_close_to_cpu(out, fn(x))
+        assert records and all("symbolic" in r.fallback_reason for r in records)
+
+
+def test_compiled_graph_on_the_second_device():
+    x, y = torch.randn(8, 64), torch.randn(8, 64)
+    fn = lambda a, b: (a - b).abs() + a.sum(1, keepdim=True)  # noqa: E731
+    out, _, records, _, code = compile_on_spyre(fn, x, y, device=torch.device("spyre", 1))
+    assert out[0].device == torch.device("spyre", 1)
+    torch.testing.assert_close(out[0].cpu(), fn(x, y))
+    assert "device=1)" in code and any(r.artifact is not None for r in records)
+
+
+def test_in_place_update_inside_a_fallback_node():
+    x = torch.randn(6, 6)
+
+    def fn(a):
+        a.copy_(a.t() * 2)  # transposed read of the buffer being written: cannot be one pointwise kernel pass
+        return a + 1
+
+    out, (xs,), _, _, _ = compile_on_spyre(fn, x)
+    torch.testing.assert_close(xs.cpu(), x.t() * 2)
+    torch.testing.assert_close(out[0].cpu(), x.t() * 2 + 1)
