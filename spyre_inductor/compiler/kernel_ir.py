@@ -11,6 +11,21 @@ index expressions that are not affine (modular indexing from reshapes,
 indirect indexing) do not reach this IR: capture turns such a node into a
 CPU fallback.
 
+Reductions (issue 8): a kernel may also have ``reduction_ranges``, the
+reduced dims, iterated innermost after ``ranges``; every Index then has one
+stride per range and per reduction range (len(ranges) + len(reduction_ranges)).
+A ``Reduction`` value reduces its argument over all reduction ranges: its
+result depends on the outer ranges only, and a value computed from outer
+values only (reduction results, constants, loads with stride 0 on every
+reduced dim) is outer too. Anything that mixes an outer value with a
+full-space value (e.g. x - max(x)) is full-space again: the outer value is
+broadcast over the reduced dims. A store of an outer value has stride 0 on
+every reduced dim; a store of a full-space value (an epilogue) does not.
+Welford (var/std/layer_norm) arrives as three Reductions of the same
+argument: welford_mean, welford_m2 (sum of squared deviations from the
+mean) and welford_weight (the count), which the planner may compute exactly
+(two passes over resident rows) or combine across tiles and cores (Chan).
+
 Values whose result is only used inside the kernel stay on chip; a value
 reaches device memory only through a ``Store``. Arithmetic follows
 Inductor's contract: floats are computed in fp32 and rounded when stored
@@ -48,6 +63,12 @@ BINARY_OPS = frozenset({
     "bitwise_and", "bitwise_or", "bitwise_xor",
 })
 TERNARY_OPS = frozenset({"where"})  # where(cond, a, b)
+# Reductions over all reduction ranges. argmax/argmin give int64 indices into the
+# flattened reduced dims (first occurrence on ties, NaN counts as the maximum, as PyTorch).
+REDUCTION_OPS = frozenset({
+    "sum", "prod", "max", "min", "argmax", "argmin", "any", "all",
+    "welford_mean", "welford_m2", "welford_weight",
+})
 
 
 @dataclass(frozen=True)
@@ -97,7 +118,16 @@ class Cast:
     dtype: str
 
 
-Value = Load | Constant | Op | Cast
+@dataclass(frozen=True)
+class Reduction:
+    """`op` of value `arg` over every reduction range; the result is indexed by the outer ranges only."""
+
+    op: str
+    arg: int
+    dtype: str
+
+
+Value = Load | Constant | Op | Cast | Reduction
 
 
 @dataclass(frozen=True)
@@ -114,6 +144,27 @@ class PointwiseKernel:
     buffers: tuple[Buffer, ...]
     values: tuple[Value, ...]
     stores: tuple[Store, ...]
+    reduction_ranges: tuple[int, ...] = ()
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(isinstance(v, Reduction) for v in self.values)
+
+    def outer(self) -> tuple[bool, ...]:
+        """Per value: True if it depends on the outer ranges only (see the module docstring)."""
+        n_outer, flags = len(self.ranges), []
+        for v in self.values:
+            if isinstance(v, Reduction):
+                flags.append(True)
+            elif isinstance(v, Constant):
+                flags.append(True)
+            elif isinstance(v, Load):
+                flags.append(all(s == 0 for s in v.index.strides[n_outer:]))
+            elif isinstance(v, Cast):
+                flags.append(flags[v.arg])
+            else:
+                flags.append(all(flags[a] for a in v.args))
+        return tuple(flags)
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -140,7 +191,7 @@ class PointwiseKernel:
     def check(self) -> None:
         """Raise ValueError naming the first malformed part (a bad IR is a capture bug)."""
         names = {b.name for b in self.buffers}
-        rank = len(self.ranges)
+        rank = len(self.ranges) + len(self.reduction_ranges)
 
         def index_ok(where: str, index: Index) -> None:
             if len(index.strides) != rank:
@@ -161,6 +212,13 @@ class PointwiseKernel:
             elif isinstance(v, Cast):
                 if not 0 <= v.arg < i:
                     raise ValueError(f"kernel {self.name!r}: value {i} (cast) has bad arg {v.arg}")
+            elif isinstance(v, Reduction):
+                if v.op not in REDUCTION_OPS:
+                    raise ValueError(f"kernel {self.name!r}: value {i} uses unknown reduction {v.op!r}")
+                if not 0 <= v.arg < i:
+                    raise ValueError(f"kernel {self.name!r}: value {i} ({v.op}) has bad arg {v.arg}")
+                if not self.reduction_ranges:
+                    raise ValueError(f"kernel {self.name!r}: value {i} ({v.op}) in a kernel without reduction ranges")
             elif not isinstance(v, Constant):
                 raise ValueError(f"kernel {self.name!r}: value {i} is not an IR value: {v!r}")
             if v.dtype not in TORCH_DTYPES:
@@ -171,6 +229,12 @@ class PointwiseKernel:
             if not 0 <= s.value < len(self.values):
                 raise ValueError(f"kernel {self.name!r}: store to {s.buffer!r} of missing value {s.value}")
             index_ok(f"store to {s.buffer}", s.index)
+        outer = self.outer()
+        for s in self.stores:
+            reduced = s.index.strides[len(self.ranges):]
+            if outer[s.value] and any(reduced) and not isinstance(self.values[s.value], Constant):
+                raise ValueError(f"kernel {self.name!r}: store to {s.buffer!r} of an outer value walks a "
+                                 f"reduced dim (strides {s.index.strides})")
 
     # ---- dump / load ---------------------------------------------------------------
 
@@ -181,7 +245,7 @@ class PointwiseKernel:
             return d
 
         return json.dumps({
-            "name": self.name, "ranges": list(self.ranges),
+            "name": self.name, "ranges": list(self.ranges), "reduction_ranges": list(self.reduction_ranges),
             "buffers": [dataclasses.asdict(b) for b in self.buffers],
             "values": [enc(v) for v in self.values],
             "stores": [dataclasses.asdict(s) for s in self.stores],
@@ -190,7 +254,7 @@ class PointwiseKernel:
     @classmethod
     def from_json(cls, text: str) -> "PointwiseKernel":
         d = json.loads(text)
-        kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast}
+        kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast, "Reduction": Reduction}
 
         def index(x):
             return Index(tuple(x["strides"]), x["offset"])
@@ -209,4 +273,5 @@ class PointwiseKernel:
                   for b in d["buffers"]),
             tuple(dec(v) for v in d["values"]),
             tuple(Store(s["buffer"], index(s["index"]), s["value"]) for s in d["stores"]),
+            tuple(d.get("reduction_ranges", ())),
         )

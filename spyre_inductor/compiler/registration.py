@@ -45,7 +45,9 @@ class VersionPass(CustomGraphModulePass):
         return None
 
     def uuid(self) -> str:
-        return f"spyre-inductor {version.compiler_version()}"
+        from . import config
+
+        return f"spyre-inductor {version.compiler_version()} {config.key()}"
 
 
 VERSION_PASS = VersionPass()

@@ -38,7 +38,7 @@ from .capture import Capture, capture
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import PointwiseKernel
+from .kernel_ir import Op, PointwiseKernel
 from .version import compiler_version
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,16 @@ def artifact_root() -> Path:
 
 
 def content_name(kernel: PointwiseKernel) -> PointwiseKernel:
-    """The kernel, named after its content: identical kernels share one artifact."""
-    digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:16]
-    return replace(kernel, name=f"spyre_pw_{digest}")
+    """The kernel, named after what it computes and its content hash, e.g.
+    ``spyre_pw_mul_add_sigmoid_sub_relu_3f2a...`` (reports and listings say what ran;
+    the artifact key ignores the name, so identical kernels still share one artifact)."""
+    digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:12]
+    ops = []
+    for v in kernel.values:
+        if isinstance(v, Op) and v.name not in ops:
+            ops.append(v.name)
+    label = "_".join(ops[:5]) + ("_etc" if len(ops) > 5 else "") if ops else "copy"
+    return replace(kernel, name=f"spyre_pw_{label}_{digest}")
 
 
 def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
@@ -96,7 +103,10 @@ def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
     except ImportError as e:
         return None, f"the spyre backend is not available: {e}"
     try:
-        return Path(backend.compile_kernel(kernel, artifact_root())), None
+        from . import config
+
+        max_cores = None if config.max_cores == config.MAX_CORES else config.max_cores
+        return Path(backend.compile_kernel(kernel, artifact_root(), max_cores=max_cores)), None
     except backend.Unsupported as e:
         return None, f"backend: {e}"
 

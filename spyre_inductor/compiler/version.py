@@ -18,9 +18,11 @@ from pathlib import Path
 RELEASE = "0.1"
 
 # What decides the generated code: this package (capture, passes, templates,
-# wrapper) and the launch layer the wrapper calls into.
+# wrapper), the launch layer the wrapper calls into, and the program format,
+# ISA and timing model the planner builds and times its candidates with.
 _PACKAGE = Path(__file__).resolve().parent
-_LAUNCH = _PACKAGE.parent.parent / "spyre_runtime" / "launch.py"
+_RUNTIME = _PACKAGE.parent.parent / "spyre_runtime"
+_LAUNCH = _RUNTIME / "launch.py"
 
 
 @functools.cache
@@ -30,6 +32,7 @@ def compiler_version() -> str:
     files = sorted(p for p in _PACKAGE.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".jinja"))
     if _LAUNCH.is_file():
         files.append(_LAUNCH)
+    files += sorted(p for p in (_RUNTIME / "program").glob("*.py")) + [_RUNTIME / "hardware.py"]
     for path in files:
         digest.update(str(path.relative_to(_PACKAGE.parent.parent)).encode())
         digest.update(b"\0")
