@@ -4,6 +4,7 @@ import warnings
 
 import allocator
 import calibration
+import compiled_pointwise
 import device_overhead
 import queue_layer
 import simulator
@@ -16,3 +17,4 @@ if __name__ == "__main__":
     queue_layer.main()
     simulator.main()
     calibration.main()
+    compiled_pointwise.main()

@@ -1,4 +1,4 @@
-"""The readable listing of a program, rendered through templates/program_listing.j2."""
+"""The readable listing of a program, rendered through program/templates/program_listing.j2."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jinja2
 
 from . import isa
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True)
 
 
