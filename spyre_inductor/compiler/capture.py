@@ -7,7 +7,12 @@ instead of printing code. Anything the IR cannot say raises NotCapturable
 with a reason, and the caller turns the node into a CPU fallback.
 
 A group of nodes (a fusion candidate or a FusedSchedulerNode) becomes one
-kernel over the common ranges of its nodes. Inside the group:
+kernel over the common ranges of its nodes. A group with reduction nodes
+(issue 8) iterates (outer ranges, reduction ranges): its reductions must
+agree on both sizes, pointwise prologues/epilogues over the whole space
+are re-expressed in (outer..., reduced...) variables, pointwise nodes over
+the outer space only (``mean = sum / n``) in the outer variables. Inside
+the group:
 
 - a load of a buffer an earlier node stored, at the same index, takes the
   stored value (cast to the buffer's dtype, as a round trip through memory
@@ -18,7 +23,11 @@ kernel over the common ranges of its nodes. Inside the group:
 - buffer names go through ``mutation_real_name``, so an in-place update of
   a graph input stores into the input itself;
 - identical values are captured once (Inductor inlines a producer into every
-  use, so the same load or op arrives many times).
+  use, so the same load or op arrives many times);
+- ``ops.reduction`` becomes a Reduction value (welford_reduce: three, one
+  per result, of the same argument); ``ops.store_reduction`` is a store of
+  it, and a later load of that buffer in the group (a softmax's ``x - max``)
+  takes the Reduction value itself, broadcast over the reduced dims.
 """
 
 from __future__ import annotations
@@ -33,7 +42,15 @@ from torch._inductor.dtype_propagation import DtypePropagationOpsHandler
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.virtualized import V
 
-from .indexing import NotCapturable, affine_index, common_ranges, loop_vars, node_vars, static_int
+from .indexing import (
+    NotCapturable,
+    affine_index,
+    common_ranges,
+    loop_vars,
+    node_vars,
+    reduction_common_ranges,
+    static_int,
+)
 from .kernel_ir import (
     BINARY_OPS,
     DTYPE_NAMES,
@@ -46,6 +63,7 @@ from .kernel_ir import (
     Load,
     Op,
     PointwiseKernel,
+    Reduction,
     Store,
 )
 
@@ -55,6 +73,13 @@ _OP_ALIASES = {
     "div_rn": "truediv", "mul_rn": "mul",
 }
 _IR_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
+# Inductor reduction types with the same meaning in the IR. (``all`` reaches
+# Inductor decomposed into ``any``; welford_combine only appears in split
+# reductions, which REDUCE_TO_SINGLE_ELEMENT turns off; argmax_value and
+# friends are Triton-only lowerings.)
+_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "argmax", "argmin", "any", "all"})
+_WELFORD = ("welford_mean", "welford_m2", "welford_weight")
+_LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 
 
 @dataclass(frozen=True)
@@ -119,9 +144,13 @@ def buffer_of(name: str) -> Buffer:
 class _Group:
     """The kernel under construction, shared by the handlers of the group's nodes."""
 
-    def __init__(self, ranges: tuple[int, ...], removable: frozenset[str]):
+    def __init__(self, ranges: tuple[int, ...], removable: frozenset[str],
+                 reduction_ranges: tuple[int, ...] = ()):
         self.ranges = ranges
-        self.vars = loop_vars(len(ranges))
+        self.reduction_ranges = reduction_ranges
+        self.outer_vars = loop_vars(len(ranges))
+        self.reduction_vars = loop_vars(len(reduction_ranges), "r")
+        self.vars = self.outer_vars + self.reduction_vars  # every Index has a stride for each
         self.removable = removable
         self.values: list = []
         self.seen: dict[tuple, int] = {}
@@ -217,7 +246,11 @@ class CaptureHandler(DefaultHandler):
             if stored_idx != idx:
                 raise NotCapturable(f"{name} is read at another index than this kernel writes it")
             dtype = V.graph.get_dtype(real)
-            if value.dtype != dtype:  # what a round trip through the buffer would do
+            # What a round trip through the buffer would do. A Reduction's result
+            # is accumulated in fp32 even when its dtype says fp16, so it is
+            # rounded here too (Inductor's own pointwise values carry explicit casts).
+            rounds = dtype in _LOW_PRECISION and isinstance(g.values[value.pos], Reduction)
+            if value.dtype != dtype or rounds:
                 value = g.add(Cast(value.pos, dtype_name(dtype, name)), dtype)
             return value
         buf = g.use_buffer(real)
@@ -236,6 +269,9 @@ class CaptureHandler(DefaultHandler):
             raise NotCapturable(f"{name} is read and written at different indices in one kernel")
         if real in g.stored and g.stored[real][0] != idx:
             raise NotCapturable(f"{name} is written at two different indices in one kernel")
+        if g.reduction_ranges and any(idx.strides[len(g.ranges):]) and self._is_outer(value):
+            # The IR stores an outer value once per outer index (kernel_ir docstring).
+            raise NotCapturable(f"{name} stores a per-row value broadcast over the reduced dims")
         g.stored[real] = (idx, value)
         if name in g.removable:
             g.removed.add(name)
@@ -251,41 +287,104 @@ class CaptureHandler(DefaultHandler):
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         raise NotCapturable("indirect indexing (gather/scatter)")
 
+    def _is_outer(self, value: _V) -> bool:
+        """kernel_ir's outer() for one value (a Constant may be stored anywhere)."""
+        g = self.g
+        if isinstance(g.values[value.pos], Constant):
+            return False
+        n_outer, flags = len(g.ranges), []
+        for v in g.values[: value.pos + 1]:
+            if isinstance(v, (Reduction, Constant)):
+                flags.append(True)
+            elif isinstance(v, Load):
+                flags.append(not any(v.index.strides[n_outer:]))
+            elif isinstance(v, Cast):
+                flags.append(flags[v.arg])
+            else:
+                flags.append(all(flags[a] for a in v.args))
+        return flags[value.pos]
+
+    # ---- reductions ------------------------------------------------------------------
+
     def reduction(self, dtype, src_dtype, reduction_type, value):
-        raise NotCapturable(f"reduction {reduction_type} (reductions are compiled in a later issue)")
+        g = self.g
+        if not g.reduction_ranges:
+            raise NotCapturable(f"reduction {reduction_type} outside a reduction node")
+        result = dtype_name(dtype, f"the {reduction_type} reduction")
+        if reduction_type == "welford_reduce":
+            arg = self._as_value(value)
+            # Inductor's body indexes the tuple: [0] mean, [1] m2, [2] weight.
+            return tuple(g.add(Reduction(op, arg.pos, result), dtype) for op in _WELFORD)
+        if reduction_type not in _REDUCTIONS:
+            raise NotCapturable(f"reduction {reduction_type} is not in the spyre kernel IR")
+        arg = self._as_value(value)
+        return g.add(Reduction(reduction_type, arg.pos, result), dtype)
 
     def store_reduction(self, name, index, value):
-        raise NotCapturable("reduction store")
+        # The index uses the outer variables only, so the Store has stride 0 on
+        # every reduced dim; later loads of `name` in the group forward `value`.
+        self.store(name, index, value)
 
 
-def _check_node(node) -> tuple[int, ...]:
-    """The node's static pointwise ranges, or NotCapturable."""
-    if not hasattr(node, "_body") or node.is_reduction() or node.is_template() or node.is_extern():
-        kind = "reduction" if getattr(node, "is_reduction", lambda: False)() else type(node).__name__
-        raise NotCapturable(f"{kind} node")
+def _node_ranges(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The node's static (ranges, reduction ranges); reduction ranges () for pointwise."""
+    if not hasattr(node, "_body") or node.is_template() or node.is_extern():
+        raise NotCapturable(f"{type(node).__name__} node")
     sizes, reduction_sizes = node.get_ranges()
-    if any(static_int(s, "reduction range") != 1 for s in reduction_sizes):
-        raise NotCapturable("reduction node")
-    return tuple(static_int(s, "loop range") for s in sizes)
+    ranges = tuple(static_int(s, "loop range") for s in sizes)
+    reduction_ranges = tuple(static_int(s, "reduction range") for s in reduction_sizes)
+    if node.is_reduction():
+        return ranges, reduction_ranges or (1,)
+    if math.prod(reduction_ranges) != 1:
+        raise NotCapturable("a pointwise node with reduction ranges")
+    return ranges, ()
+
+
+def _plan_vars(nodes, node_ranges):
+    """(outer ranges, reduction ranges, per node a function from the group's vars to
+    the node's (index vars, reduction vars))."""
+    reductions = [r for n, r in zip(nodes, node_ranges) if n.is_reduction()]
+    if not reductions:
+        ranges = common_ranges([r for r, _ in node_ranges])
+        return ranges, (), [lambda g, r=r: (node_vars(r, ranges, g.vars), []) for r, _ in node_ranges]
+    numel = math.prod(reductions[0][0])
+    rnumel = math.prod(reductions[0][1])
+    full, outer = [], []
+    for n, (r, _) in zip(nodes, node_ranges):
+        if not n.is_reduction():
+            # Over the whole (outer x reduced) space, or over the outer space only.
+            (full if math.prod(r) == numel * rnumel else outer).append(r)
+    ranges, reduction_ranges = reduction_common_ranges(reductions, full, outer)
+    every = ranges + reduction_ranges
+    plans = []
+    for n, (r, rr) in zip(nodes, node_ranges):
+        if n.is_reduction():
+            plans.append(lambda g, r=r, rr=rr: (node_vars(r, ranges, g.outer_vars),
+                                                node_vars(rr, reduction_ranges, g.reduction_vars)))
+        elif math.prod(r) == numel * rnumel:
+            plans.append(lambda g, r=r: (node_vars(r, every, g.vars), []))
+        else:
+            plans.append(lambda g, r=r: (node_vars(r, ranges, g.outer_vars), []))
+    return ranges, reduction_ranges, plans
 
 
 def capture(nodes, name: str = "spyre_kernel") -> Capture:
     """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable."""
     nodes = list(nodes)
-    node_ranges = [_check_node(n) for n in nodes]
-    ranges = common_ranges(node_ranges)
+    node_ranges = [_node_ranges(n) for n in nodes]
+    ranges, reduction_ranges, plans = _plan_vars(nodes, node_ranges)
     scheduler = V.graph.scheduler
     op_names = {n.get_name() for n in nodes}
     removable = frozenset(
         buf for n in nodes for buf in n.get_buffer_names()
         if scheduler is not None and scheduler.can_buffer_be_removed_through_fusion(buf, op_names)
     )
-    group = _Group(ranges, removable)
-    for node, own_ranges in zip(nodes, node_ranges):
-        index_vars = node_vars(own_ranges, ranges, group.vars)
+    group = _Group(ranges, removable, reduction_ranges)
+    for node, plan in zip(nodes, plans):
+        index_vars, reduction_vars = plan(group)
         with V.set_ops_handler(CaptureHandler(group)):
-            node._body(index_vars, [])
-    if math.prod(ranges) == 0 or not group.stores:
+            node._body(index_vars, reduction_vars)
+    if math.prod(ranges) * math.prod(reduction_ranges or (1,)) == 0 or not group.stores:
         return Capture(None, frozenset(group.removed))
     # A kernel may not read memory it writes through another name (a cat slot
     # and the whole cat buffer): capture cannot see that hazard element by element.
@@ -299,6 +398,7 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
         buffers=tuple(group.buffers.values()),
         values=tuple(group.values),
         stores=tuple(group.stores.values()),
+        reduction_ranges=reduction_ranges,
     )
     kernel.check()
     return Capture(kernel, frozenset(group.removed))

@@ -122,3 +122,66 @@ def node_vars(ranges: Sequence[int], common: Sequence[int], variables: Sequence[
             raise AssertionError(f"{tuple(ranges)} does not factor into {tuple(common)}")
         exprs.append(expr)
     return list(reversed(exprs))
+
+
+def _cut_chain(cuts: set[int], what) -> tuple[int, ...]:
+    """Ranges (outermost first) from a set of suffix-product cut points, or NotCapturable."""
+    cuts = sorted(cuts)
+    for inner, outer in zip(cuts, cuts[1:]):
+        if outer % inner:
+            raise NotCapturable(f"loop ranges {what()} have no common refinement")
+    return tuple(outer // inner for inner, outer in reversed(list(zip(cuts, cuts[1:]))))
+
+
+def _suffix_cuts(ranges: Sequence[int], scale: int = 1) -> set[int]:
+    cuts, suffix = set(), scale
+    for size in reversed(ranges):
+        suffix *= size
+        cuts.add(suffix)
+    return cuts
+
+
+def reduction_common_ranges(
+    reductions: Sequence[tuple[Sequence[int], Sequence[int]]],
+    full: Sequence[Sequence[int]] = (),
+    outer: Sequence[Sequence[int]] = (),
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(outer ranges, reduction ranges) that every node of a reduction group factors into.
+
+    `reductions` are the reduction nodes' (ranges, reduction_ranges); they must
+    agree on numel and rnumel. `full` are pointwise nodes over the whole
+    (outer x reduced) space (prologues, epilogues), `outer` pointwise nodes over
+    the outer space only (e.g. mean = sum / n). The reduced dims iterate
+    innermost, so the whole space is cut at rnumel and, above it, at the outer
+    nodes' cuts times rnumel; a full-space node contributes cuts on both sides.
+    """
+    numels = {(math.prod(r), math.prod(rr)) for r, rr in reductions}
+    if len(numels) != 1:
+        raise NotCapturable(f"reductions over different (outer, reduced) sizes {sorted(numels)}")
+    ((numel, rnumel),) = numels
+    for r in full:
+        if math.prod(r) != numel * rnumel:
+            raise NotCapturable(f"pointwise ranges {tuple(r)} do not cover the reduction's {numel}x{rnumel}")
+    for r in outer:
+        if math.prod(r) != numel:
+            raise NotCapturable(f"pointwise ranges {tuple(r)} do not cover the reduction's outer {numel}")
+    if numel * rnumel == 0:
+        raise NotCapturable("a reduction with no elements")
+
+    def what():
+        return " and ".join(str(tuple(r)) for r in [*full, *outer, *(r for pair in reductions for r in pair)])
+
+    cuts = {1, rnumel, numel * rnumel}
+    for r, rr in reductions:
+        cuts |= _suffix_cuts(rr) | _suffix_cuts(r, rnumel)
+    for r in outer:
+        cuts |= _suffix_cuts(r, rnumel)
+    for r in full:
+        cuts |= _suffix_cuts(r)
+    ranges = _cut_chain(cuts, what)
+    # rnumel is a cut, so the chain splits there: the last dims multiply to rnumel.
+    split, tail = len(ranges), 1
+    while tail < rnumel:
+        split -= 1
+        tail *= ranges[split]
+    return ranges[:split] or (1,), ranges[split:] or (1,)

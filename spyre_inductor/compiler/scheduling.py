@@ -3,10 +3,13 @@
 Inductor's scheduler decides the order of nodes and asks us which pairs may
 fuse; for each (fused) node it then asks us for code. Our answers:
 
-- Fusion: pointwise nodes fuse (vertically or horizontally) when the merged
+- Fusion: scheduler nodes fuse (vertically or horizontally) when the merged
   group still captures into ONE kernel (capture.py: common ranges, affine
-  indices, intermediates forwarded on chip). Reductions, extern kernels and
-  templates never fuse here (reductions come in the next issue).
+  indices, intermediates forwarded on chip). That covers pointwise chains,
+  a pointwise prologue into a reduction, several reductions with the same
+  (outer, reduced) sizes, and pointwise epilogues after them over the whole
+  space or the outer space: softmax, layer_norm, var... become one kernel.
+  Extern kernels and templates never fuse here.
 - Code: a group that captures and compiles becomes a dataflow program
   (backend.compile_kernel -> artifact directory) that the wrapper prepares
   once and launches per call. Anything else becomes a CPU fallback kernel
@@ -38,7 +41,7 @@ from .capture import Capture, capture
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import Op, PointwiseKernel
+from .kernel_ir import Op, PointwiseKernel, Reduction
 from .version import compiler_version
 
 log = logging.getLogger(__name__)
@@ -85,15 +88,18 @@ def artifact_root() -> Path:
 
 def content_name(kernel: PointwiseKernel) -> PointwiseKernel:
     """The kernel, named after what it computes and its content hash, e.g.
-    ``spyre_pw_mul_add_sigmoid_sub_relu_3f2a...`` (reports and listings say what ran;
-    the artifact key ignores the name, so identical kernels still share one artifact)."""
+    ``spyre_pw_mul_add_sigmoid_sub_relu_3f2a...`` or ``spyre_red_max_sub_exp_sum_truediv_...``
+    (reports and listings say what ran; the artifact key ignores the name, so
+    identical kernels still share one artifact)."""
     digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:12]
     ops = []
     for v in kernel.values:
-        if isinstance(v, Op) and v.name not in ops:
-            ops.append(v.name)
+        name = v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction) else None
+        if name is not None and name not in ops:
+            ops.append(name)
     label = "_".join(ops[:5]) + ("_etc" if len(ops) > 5 else "") if ops else "copy"
-    return replace(kernel, name=f"spyre_pw_{label}_{digest}")
+    kind = "red" if kernel.reduction_ranges else "pw"
+    return replace(kernel, name=f"spyre_{kind}_{label}_{digest}")
 
 
 def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
@@ -109,6 +115,13 @@ def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
         return Path(backend.compile_kernel(kernel, artifact_root(), max_cores=max_cores)), None
     except backend.Unsupported as e:
         return None, f"backend: {e}"
+    except Exception as e:  # noqa: BLE001
+        if not kernel.reduction_ranges:
+            raise  # the pointwise planner is finished: its bugs must surface
+        # The reduction planner is being built: until it refuses what it cannot
+        # plan, a crash costs a CPU fallback (with the usual warning), never a compile.
+        log.warning("spyre: the backend failed on reduction kernel %s", kernel.name, exc_info=True)
+        return None, f"backend error on a reduction kernel: {type(e).__name__}: {e}"
 
 
 class SpyreScheduling(BaseScheduling):
@@ -143,8 +156,10 @@ class SpyreScheduling(BaseScheduling):
         return found
 
     def _can_fuse(self, node1, node2) -> bool:
+        # The scheduler has already checked dependencies and order; what is left
+        # is whether the merged group is still ONE kernel of our IR.
         nodes = [*node1.get_nodes(), *node2.get_nodes()]
-        if not all(isinstance(n, SchedulerNode) and not n.is_reduction() for n in nodes):
+        if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
         return isinstance(self.try_capture(nodes), Capture)
 
