@@ -32,7 +32,9 @@ from .passes.codegen import build_program
 from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns
 from .passes.emit import Plans, write_artifact
 from .passes.fusion import plan_fusion
-from .passes.layout import plan_layout
+from .passes.layout import BufferLayout, plan_layout
+from .passes.reduction_division import ReductionPlans, plan_reduction
+from .passes.reduction_lowering import empty_as_pointwise
 from .passes.scratchpad import BUFFER_CHOICES, plan_scratchpad
 from .passes.tiling import TARGETS, plan_tiling
 from .passes.verify import verify
@@ -41,7 +43,7 @@ __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-pointwise-2"
+COMPILER_VERSION = "spyre-reduction-1"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,12 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
     for name, n in (("cores", cores), ("max_cores", max_cores)):
         if n is not None and not 1 <= n <= HARDWARE.cores:
             raise ValueError(f"{name} must be in 1..{HARDWARE.cores}, got {n}")
+    if kernel.reduction_ranges:
+        if 0 in kernel.reduction_ranges:
+            # an empty reduced dim: every reduction is its identity, the rest is pointwise
+            kernel = empty_as_pointwise(kernel)
+        else:
+            return _plan_reduction(kernel, cores, max_cores, estimate)
     layout = plan_layout(kernel)
     fusion = plan_fusion(kernel, layout)
     kwargs = {} if estimate is None else {"estimate": estimate}
@@ -93,6 +101,20 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
     _, spad, division = best
     program = _build(kernel, (layout, fusion, spad), division)
     return Compiled(Plans(layout, fusion, spad, division), program)
+
+
+def _plan_reduction(kernel: PointwiseKernel, cores, max_cores, estimate) -> Compiled:
+    """Reductions (issue 8): passes/reduction_*.py choose resident / chunked / ring plans by the timing model."""
+    kwargs = {} if estimate is None else {"estimate": estimate}
+    low, plan, division, program = plan_reduction(kernel, cores=cores, max_cores=max_cores, **kwargs)
+    try:
+        validate(program)
+    except ProgramError as e:
+        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
+    stored = set(kernel.outputs)
+    buffers = tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
+                                 tuple(b.strides), b.offset) for b in kernel.buffers)
+    return Compiled(ReductionPlans(low, plan, division, buffers), program)
 
 
 def artifact_key(kernel: PointwiseKernel, cores: int | None = None, max_cores: int | None = None) -> str:

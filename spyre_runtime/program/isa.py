@@ -318,8 +318,18 @@ REDUCE = {
     "max": lambda x: x.amax(dim=1, keepdim=True),
     "min": lambda x: x.amin(dim=1, keepdim=True),
     "prod": lambda x: x.prod(dim=1, keepdim=True),
+    # Added for reductions (issue 8). argmax/argmin: the index of each row's first maximum
+    # (minimum) within the tile row, NaN counting as the maximum (minimum) as in PyTorch; the
+    # destination is an integer tile; they do not accumulate (a planner combines (value, index)
+    # pairs itself, with compares and selects). any/all: on bool tiles.
+    "argmax": lambda x: x.argmax(dim=1, keepdim=True),
+    "argmin": lambda x: x.argmin(dim=1, keepdim=True),
+    "any": lambda x: x.to(torch.bool).any(dim=1, keepdim=True),
+    "all": lambda x: x.to(torch.bool).all(dim=1, keepdim=True),
 }
-COMBINE = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}
+COMBINE = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul,
+           "any": torch.logical_or, "all": torch.logical_and}
+INDEX_REDUCE = ("argmax", "argmin")
 
 
 @instruction("unary", ("sfp",))
@@ -401,6 +411,14 @@ class Reduce(Instruction):
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
+
+    def problem(self):
+        if self.op in INDEX_REDUCE:
+            if self.accumulate:
+                return f"reduce {self.op} cannot accumulate (combine (value, index) pairs with compares)"
+            if self.dst.dtype not in ("int32", "int64"):
+                return f"reduce {self.op} writes indices: its destination must be int32 or int64, not {self.dst.dtype}"
+        return None
 
 
 @instruction("fill", ("sfp",))

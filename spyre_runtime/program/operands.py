@@ -19,6 +19,9 @@ DTYPES = {
     "int32": torch.int32,
     "int8": torch.int8,
     "bool": torch.bool,
+    # Added for reductions (issue 8): argmax/argmin results are int64 in PyTorch. Minimal support:
+    # a tile can hold int64 (a Unary copy widens the int32 index into it) and be stored.
+    "int64": torch.int64,
 }
 # The arithmetic type of each dtype: the special-function pipeline computes
 # floats in fp32 and integers in int32; results are rounded (to nearest even)
@@ -30,6 +33,7 @@ COMPUTE = {
     "int32": torch.int32,
     "int8": torch.int32,
     "bool": torch.bool,
+    "int64": torch.int64,
 }
 ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES.items()}
 STICK = 128

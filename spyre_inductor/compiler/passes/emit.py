@@ -52,6 +52,15 @@ class Plans:
                 "division": self.division.describe()}
 
 
+def _summary(plans):
+    """(template, context) of summary.txt: reduction plans bring their own (reduction_division.py)."""
+    if hasattr(plans, "summary_context"):
+        template, context = plans.summary_context()
+        return (template,), context
+    return ("summary.txt.j2",), dict(layout=plans.layout, fusion=plans.fusion, tiling=plans.scratchpad.tiling,
+                                     spad=plans.scratchpad, division=plans.division)
+
+
 def launch_args(kernel: PointwiseKernel, layout: LayoutPlan) -> list[dict]:
     read = set(kernel.inputs)
     args = []
@@ -85,8 +94,7 @@ def write_artifact(directory: Path, kernel: PointwiseKernel, plans: Plans, progr
             correction_bytes=program.correction_bytes,
             reads=[a["index"] for a in args if a["role"] in ("input", "inout")],
             writes=[a["index"] for a in args if a["role"] in ("output", "inout")]),
-        "summary.txt": render("summary.txt.j2", layout=plans.layout, fusion=plans.fusion,
-                              tiling=plans.scratchpad.tiling, spad=plans.scratchpad, division=plans.division),
+        "summary.txt": render(*_summary(plans)[0], **_summary(plans)[1]),
         "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", artifact=str(directory),
                           args=[a["name"] for a in args]),
     }

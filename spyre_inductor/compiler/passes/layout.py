@@ -37,12 +37,16 @@ from ..kernel_ir import Cast, Load, PointwiseKernel
 from ._dump import Describable
 
 FLOATS = ("fp16", "bf16", "fp32")
+# int64 tiles exist only to widen reduction indices (argmax) for their store; pointwise kernels
+# do no int64 arithmetic (the ISA computes integers in int32), so they refuse it.
+POINTWISE_DTYPES = tuple(d for d in DTYPES if d != "int64")
 
 
 def on_chip_dtype(dtype: str, where: str) -> str:
     """The tile dtype that holds a computed value of IR dtype `dtype`."""
-    if dtype not in DTYPES:
-        raise Unsupported(f"{where}: dtype {dtype} has no spyre tile type (the ISA has {', '.join(DTYPES)})")
+    if dtype not in POINTWISE_DTYPES:
+        raise Unsupported(f"{where}: dtype {dtype} has no spyre tile type for this (the ISA computes in "
+                          f"{', '.join(POINTWISE_DTYPES)})")
     return "fp32" if dtype in FLOATS else dtype
 
 
@@ -126,7 +130,7 @@ def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
     stored = set(kernel.outputs)
     buffers = []
     for b in kernel.buffers:
-        if b.dtype not in DTYPES:
+        if b.dtype not in POINTWISE_DTYPES:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}, which the ISA has no type for")
         role = "output" if b.name in stored else "input"
         buffers.append(BufferLayout(b.name, role, b.dtype, tuple(b.shape), tuple(b.strides), b.offset))

@@ -1,0 +1,359 @@
+"""Instruction selection for reduction kernels: lowering + plan + division -> one Program.
+
+Per core (units ls and sfp, queues as in handwritten._pipeline):
+
+* "resident": groups of G rows stream through ``buffers`` copies with
+  handwritten._pipeline (load group t, sfp runs every step of every pass on
+  it, store its F outputs and its O outputs; load group t + 2), inside the
+  loops of the other outer dims. Each input byte is read once.
+* "chunked": per group, per pass, the group's chunks stream through the
+  pipeline (reductions accumulate into pinned O tiles); after the last pass
+  the sfp computes the O epilogue and hands the O outputs to ls over
+  ofull/ofree (ls primes ofree, so the sfp never overwrites a column whose
+  store is in flight).
+* "ring": each core streams its slice of the reduced dim (one group: all
+  outer elements), then the partial accumulators travel 0 -> 1 -> ... ->
+  n-1: core c pops ring<c-1> (core c-1 Sent its partials into c's in:
+  tiles), combines them with its own (the incoming are the earlier indices:
+  they win argmax ties) and Sends on; the last core runs the epilogue and
+  stores. No device temporaries.
+
+O outputs are columns [G, 1] (one stick per row); ls transposes them into a
+[1, G] row on chip before the store when the output is contiguous along o,
+so the store moves packed sticks.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from spyre_runtime.program.handwritten import _Aff, _Unit, _pipeline, _pipeline_queues
+from spyre_runtime.program.isa import Binary, Fill, Load, Pop, Push, Reduce, Select, Send, Store, Transpose, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
+from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+
+from ..kernel_ir import PointwiseKernel
+from .reduction_lowering import RAccess, ReductionLowering
+from .reduction_plan import ReductionPlan, streamed
+
+
+@dataclass(frozen=True)
+class RShare:
+    core: int
+    starts: tuple[int, ...]   # per canonical outer dim
+    counts: tuple[int, ...]
+    k0: int                   # first reduced element of this core
+    kn: int                   # reduced elements of this core
+
+
+def symbols_of(kernel: PointwiseKernel) -> tuple[Symbol, ...]:
+    stored = set(kernel.outputs)
+    return tuple(Symbol(b.name, "output" if b.name in stored else "input", b.dtype, b.shape, b.strides)
+                 for b in kernel.buffers)
+
+
+def build_reduction_program(kernel: PointwiseKernel, low: ReductionLowering, plan: ReductionPlan,
+                            shares: tuple[RShare, ...], notes: str = "") -> Program:
+    queues, cores = [], []
+    last = len(shares) - 1
+    for pos, share in enumerate(shares):
+        units, qs = _Core(low, plan, share, pos, last).build()
+        queues += qs
+        cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
+    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
+    return Program(kernel.name, symbols_of(kernel), tuple(cores), tuple(q for q in queues if q.name in used),
+                   notes=notes)
+
+
+class _Core:
+    def __init__(self, low, plan, share, pos, last):
+        self.low, self.plan, self.share, self.pos, self.last = low, plan, share, pos, last
+        self.ls, self.sfp = _Unit(), _Unit()
+        c = share.core
+        self.q, self.queues = _pipeline_queues(c, plan.buffers)
+        self.qn = {k: f"c{c}.{k}" for k in ("once", "gl", "ofull", "ofree", "ready")}
+        self.queues += [Queue(self.qn["once"], (c, "ls"), (c, "sfp"), 1), Queue(self.qn["gl"], (c, "ls"), (c, "sfp"), 1),
+                        Queue(self.qn["ofull"], (c, "sfp"), (c, "ls"), 1),
+                        Queue(self.qn["ofree"], (c, "ls"), (c, "sfp"), 1),
+                        Queue(self.qn["ready"], (c, "sfp"), (c, "ls"), 1)]
+        self.counters: dict[int, _Aff] = {}
+        odim = len(low.outer) - 1
+        self.odim = odim
+        self.loop_dims = [d for d in range(odim) if share.counts[d] > 1] if low.mode != "ring" else []
+        kc = min(plan.chunk, share.kn) if share.kn else plan.chunk
+        self.kc = max(kc, 1)
+        self.chunks, self.krem = divmod(share.kn, self.kc)
+
+    # ---- operands -------------------------------------------------------------------
+
+    def sizes(self, space, g, kc):
+        return {"F": (g, kc), "O": (g, 1), "R": (1, kc), "S": (1, 1)}[space]
+
+    def resolve(self, name, ksize):
+        if name.startswith("@"):
+            return f"{name}#{'rem' if ksize else 'full'}"
+        return name
+
+    def alloc(self, name, copy):
+        plan = self.plan
+        base = name[3:] if name.startswith("in:") else name
+        if name.startswith("@") or name.startswith("in:"):
+            return plan.at(name, None)
+        return plan.at(name, copy if streamed(self.low, base) else None)
+
+    def space(self, name):
+        if name.startswith("@"):
+            return "S"
+        return self.low.tile(name[3:] if name.startswith("in:") else name).space
+
+    def dtype(self, name):
+        if name.startswith("@"):
+            return "int32" if name.startswith("@n_i") else "fp32"
+        return self.low.tile(name[3:] if name.startswith("in:") else name).dtype
+
+    def tile(self, u, name, copy, rows, cols, dst_space=None):
+        a = self.alloc(name, copy)
+        sp = self.space(name)
+        bc = "none"
+        if dst_space is not None and sp != dst_space:
+            bc = {"O": "cols", "R": "rows", "S": "scalar"}[sp]
+        elif sp == "S" and (rows, cols) != (1, 1):
+            bc = "scalar"
+        return u.tile(a.offset, self.dtype(name), rows, cols, a.row_stride, bc)
+
+    def steps(self, u, steps, copy, g, ksize):
+        kc = ksize or self.kc
+        for st in steps:
+            dsp = self.space(st.dst)
+            rows, cols = self.sizes(dsp, g, kc)
+            dst = self.tile(u, st.dst, copy, rows, cols)
+            if st.kind == "reduce":  # src [g, kc] (an R source is broadcast over the rows)
+                src = self.tile(u, st.args[0], copy, g, kc, "F")
+                u.emit(Reduce(st.op, dst, src, accumulate=st.accumulate))
+                continue
+            args = [self.tile(u, self.resolve(a, ksize), copy, rows, cols, dsp) for a in st.args]
+            if st.kind == "unary":
+                u.emit(Unary(st.op, dst, args[0]))
+            elif st.kind == "binary":
+                u.emit(Binary(st.op, dst, args[0], args[1]))
+            elif st.kind == "select":
+                u.emit(Select(dst, *args))
+            else:  # fill
+                value = st.value
+                if value == "@n":
+                    value = float(kc)
+                elif st.dst.startswith("base"):
+                    value = self.share.k0
+                u.emit(Fill(dst, value))
+
+    # ---- device addresses ----------------------------------------------------------------
+
+    def dev(self, u, a: RAccess, group, chunk):
+        isz = ITEMSIZE[a.dtype]
+        s = self.share
+        value = _Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(len(s.starts))), 0)
+        for d, c in self.counters.items():
+            value = value + c * a.outer_strides[d]
+        value = value + group * (a.outer_strides[self.odim] * self.plan.group)
+        value = value + (s.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
+        return u.dev(a.buffer, value * isz)
+
+    def load_f(self, u, tile, a, copy, g, kc, group, chunk):
+        isz = ITEMSIZE[a.dtype]
+        al = self.alloc(tile, copy)
+        src = self.dev(u, a, group, chunk)
+        if self.low.tile(tile).space == "R":
+            u.emit(Load(u.sp(al.offset), src, 1, kc * isz, 0, al.row_stride))
+        elif a.transposed:
+            st = self.plan.at(f"{tile}^T", copy)
+            u.emit(Load(u.sp(st.offset), src, kc, g * isz, a.r_stride * isz if kc > 1 else 0, st.row_stride),
+                   Transpose(u.tile(al.offset, a.dtype, g, kc, al.row_stride),
+                             u.tile(st.offset, a.dtype, kc, g, st.row_stride)))
+        else:
+            u.emit(Load(u.sp(al.offset), src, g, kc * isz, a.outer_strides[self.odim] * isz if g > 1 else 0,
+                        al.row_stride))
+
+    def store_f(self, u, tile, a, copy, g, kc, group, chunk):
+        isz = ITEMSIZE[a.dtype]
+        al = self.alloc(tile, copy)
+        dst = self.dev(u, a, group, chunk)
+        if a.transposed:
+            st = self.plan.at(f"{tile}^T", copy)
+            u.emit(Transpose(u.tile(st.offset, a.dtype, kc, g, st.row_stride),
+                             u.tile(al.offset, a.dtype, g, kc, al.row_stride)),
+                   Store(dst, u.sp(st.offset), kc, g * isz, a.r_stride * isz if kc > 1 else 0, st.row_stride))
+        else:
+            u.emit(Store(dst, u.sp(al.offset), g, kc * isz, a.outer_strides[self.odim] * isz if g > 1 else 0,
+                         al.row_stride))
+
+    def load_o(self, u, tile, a, copy, g, group):
+        isz = ITEMSIZE[a.dtype]
+        al = self.alloc(tile, copy)
+        src = self.dev(u, a, group, 0)
+        o = a.outer_strides[self.odim] if a.outer_strides else 0
+        if o == 1 and g > 1:
+            row = self.plan.at(f"{tile}^row", copy if streamed(self.low, tile) else None)
+            u.emit(Load(u.sp(row.offset), src, 1, g * isz, 0, row.row_stride),
+                   Transpose(u.tile(al.offset, a.dtype, g, 1, STICK), u.tile(row.offset, a.dtype, 1, g, row.row_stride)))
+        else:
+            u.emit(Load(u.sp(al.offset), src, g, isz, o * isz if g > 1 else 0, STICK))
+
+    def store_o(self, u, tile, a, copy, g, group):
+        isz = ITEMSIZE[a.dtype]
+        al = self.alloc(tile, copy)
+        dst = self.dev(u, a, group, 0)
+        o = a.outer_strides[self.odim] if a.outer_strides else 0
+        if o == 1 and g > 1:
+            row = self.plan.at(f"{tile}^row", copy if streamed(self.low, tile) else None)
+            u.emit(Transpose(u.tile(row.offset, a.dtype, 1, g, row.row_stride), u.tile(al.offset, a.dtype, g, 1, STICK)),
+                   Store(dst, u.sp(row.offset), 1, g * isz, 0, row.row_stride))
+        else:
+            u.emit(Store(dst, u.sp(al.offset), g, isz, o * isz if g > 1 else 0, STICK))
+
+    # ---- program -------------------------------------------------------------------------
+
+    def build(self):
+        low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
+        for t, v in low.constants:
+            sfp.emit(Fill(self.tile(sfp, t, None, 1, 1), v))
+        if low.mode != "resident":
+            for size, n in (("full", self.kc), ("rem", self.krem or self.kc)):
+                for c, v, dt in (("@n", float(n), "fp32"), ("@inv_n", 1.0 / n, "fp32"), ("@n_i", n, "int32")):
+                    a = plan.at(f"{c}#{size}")
+                    sfp.emit(Fill(sfp.tile(a.offset, dt, 1, 1, STICK), v))
+        if low.once_loads:
+            for t, a in low.once_loads:
+                isz = ITEMSIZE[a.dtype]
+                al = self.alloc(t, None)
+                n = plan.chunk if low.tile(t).space == "R" else 1
+                ls.emit(Load(ls.sp(al.offset), self.dev(ls, a, 0, 0) if n > 1 else ls.dev(a.buffer, a.offset * isz),
+                             1, n * isz, 0, al.row_stride))
+            ls.emit(Push(self.qn["once"]))
+            sfp.emit(Pop(self.qn["once"]))
+        if low.mode == "resident":
+            self._resident()
+        elif low.mode == "chunked":
+            self._chunked()
+        else:
+            self._ring()
+        return {"ls": ls.instrs, "sfp": sfp.instrs}, self.queues
+
+    def _outer_loops(self, stack):
+        for d in self.loop_dims:
+            self.counters[d] = stack.enter_context(self.ls.loop(self.share.counts[d]))
+            stack.enter_context(self.sfp.loop(self.share.counts[d]))
+
+    def _resident(self):
+        low, plan = self.low, self.plan
+        p = low.passes[0]
+        count = self.share.counts[self.odim]
+        G = min(plan.group, count)
+        tiles, rem = divmod(count, G)
+        K = low.K
+
+        def load(u, t, b, size):
+            g = size or G
+            for tile, a in low.group_loads:
+                self.load_o(u, tile, a, b, g, t)
+            for tile, a in p.loads:
+                self.load_f(u, tile, a, b, g, K, t, 0)
+
+        def compute(u, t, b, size):
+            self.steps(u, p.steps, b, size or G, None)
+
+        def store(u, t, b, size):
+            g = size or G
+            for tile, a in p.stores:
+                self.store_f(u, tile, a, b, g, K, t, 0)
+            for tile, a in low.outer_stores:
+                self.store_o(u, tile, a, b, g, t)
+
+        with ExitStack() as stack:
+            self._outer_loops(stack)
+            _pipeline(self.ls, self.sfp, tiles, rem, self.q, load, compute, store, plan.buffers,
+                      phased=plan.buffers == 2)
+
+    def _group(self, g, group):
+        """One group's passes (chunked and ring)."""
+        low, ls, sfp = self.low, self.ls, self.sfp
+        if low.group_loads:
+            for tile, a in low.group_loads:
+                self.load_o(ls, tile, a, None, g, group)
+            ls.emit(Push(self.qn["gl"]))
+            sfp.emit(Pop(self.qn["gl"]))
+        for p in low.passes:
+            self.steps(sfp, p.init, None, g, None)
+
+            def load(u, t, b, size, p=p):
+                for tile, a in p.loads:
+                    self.load_f(u, tile, a, b, g, size or self.kc, group, t)
+
+            def compute(u, t, b, size, p=p):
+                self.steps(u, p.steps, b, g, size)
+
+            def store(u, t, b, size, p=p):
+                for tile, a in p.stores:
+                    self.store_f(u, tile, a, b, g, size or self.kc, group, t)
+
+            _pipeline(ls, sfp, self.chunks, self.krem, self.q, load, compute, store, self.plan.buffers,
+                      phased=self.plan.buffers == 2)
+            self.steps(sfp, p.post, None, g, None)
+
+    def _epilogue(self, g, group):
+        low, ls, sfp = self.low, self.ls, self.sfp
+        if low.outer_stores:
+            sfp.emit(Pop(self.qn["ofree"]))
+        self.steps(sfp, low.group_post, None, g, None)
+        if low.outer_stores:
+            sfp.emit(Push(self.qn["ofull"]))
+            ls.emit(Pop(self.qn["ofull"]))
+            for tile, a in low.outer_stores:
+                self.store_o(ls, tile, a, None, g, group)
+            ls.emit(Push(self.qn["ofree"]))
+
+    def _chunked(self):
+        low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
+        count = self.share.counts[self.odim]
+        G = min(plan.group, count)
+        groups, rem = divmod(count, G)
+        if low.outer_stores:
+            ls.emit(Push(self.qn["ofree"]))
+        with ExitStack() as stack:
+            self._outer_loops(stack)
+            if groups:
+                with ExitStack() as inner:
+                    if groups > 1:
+                        gi = inner.enter_context(ls.loop(groups))
+                        inner.enter_context(sfp.loop(groups))
+                    else:
+                        gi = _Aff(0)
+                    self._group(G, gi)
+                    self._epilogue(G, gi)
+            if rem:
+                self._group(rem, _Aff(groups))
+                self._epilogue(rem, _Aff(groups))
+        if low.outer_stores:
+            sfp.emit(Pop(self.qn["ofree"]))
+
+    def _ring(self):
+        low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
+        c, g = self.share.core, self.share.counts[self.odim]
+        self._group(g, _Aff(0))
+        if self.pos > 0:
+            sfp.emit(Pop(f"ring{c - 1}"))
+            self.steps(sfp, low.combine, None, g, None)
+        if self.pos < self.last:
+            sfp.emit(Push(self.qn["ready"]))
+            ls.emit(Pop(self.qn["ready"]))
+            for acc in low.accumulators:
+                a, dst = plan.at(acc), plan.at(f"in:{acc}")
+                ls.emit(Send(c + 1, Addr(dst.offset), Addr(a.offset), a.nbytes))
+            ls.emit(Push(f"ring{c}"))
+            self.queues.append(Queue(f"ring{c}", (c, "ls"), (c + 1, "sfp"), 1))
+        else:
+            if low.outer_stores:
+                ls.emit(Push(self.qn["ofree"]))
+            self._epilogue(g, _Aff(0))
+            if low.outer_stores:
+                sfp.emit(Pop(self.qn["ofree"]))
