@@ -33,7 +33,7 @@ the group:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
@@ -80,6 +80,16 @@ _IR_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
 _REDUCTIONS = frozenset({"sum", "prod", "max", "min", "argmax", "argmin", "any", "all"})
 _WELFORD = ("welford_mean", "welford_m2", "welford_weight")
 _LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
+# IR dtype -> the dtypes that represent each of its values exactly.
+_EXACT_WIDENING = {
+    "bool": ("int8", "uint8", "int16", "int32", "int64", "fp16", "bf16", "fp32"),
+    "int8": ("int16", "int32", "int64", "fp16", "fp32"),
+    "uint8": ("int16", "int32", "int64", "fp16", "fp32"),
+    "int16": ("int32", "int64", "fp32"),
+    "int32": ("int64",),
+    "fp16": ("fp32",),
+    "bf16": ("fp32",),
+}
 
 
 @dataclass(frozen=True)
@@ -218,7 +228,18 @@ class CaptureHandler(DefaultHandler):
 
     def to_dtype(self, x, dtype: torch.dtype, src_dtype=None, use_compute_types=True) -> _V:
         x = self._as_value(x)
-        return self.g.add(Cast(x.pos, dtype_name(dtype, "a cast")), dtype)
+        target = dtype_name(dtype, "a cast")
+        inner = self.g.values[x.pos]
+        if isinstance(inner, Cast):
+            # Cast(Cast(y, M), D) is Cast(y, D) when M holds every value of y's
+            # dtype exactly: decompositions widen and narrow back (torch.all is
+            # any(not x) through int64), and the planner need not see the detour.
+            source = self.g.values[inner.arg].dtype
+            if inner.dtype in _EXACT_WIDENING.get(source, ()):
+                if target == source and source not in ("fp16", "bf16", "fp32"):
+                    return _V(inner.arg, dtype)  # an integer or bool round trip: the value itself
+                return self.g.add(Cast(inner.arg, target), dtype)
+        return self.g.add(Cast(x.pos, target), dtype)
 
     def identity(self, x):
         return x
@@ -392,13 +413,43 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
     for b in group.stores:
         if b not in group.loaded and storage_of(b) in read_from:
             raise NotCapturable(f"{b} is written while the kernel reads other views of its memory")
+    values, stores = _live(group.values, list(group.stores.values()))
+    used = {v.buffer for v in values if isinstance(v, Load)} | {st.buffer for st in stores}
     kernel = PointwiseKernel(
         name=name,
         ranges=ranges,
-        buffers=tuple(group.buffers.values()),
-        values=tuple(group.values),
-        stores=tuple(group.stores.values()),
+        buffers=tuple(b for b in group.buffers.values() if b.name in used),
+        values=values,
+        stores=stores,
         reduction_ranges=reduction_ranges,
     )
     kernel.check()
     return Capture(kernel, frozenset(group.removed))
+
+
+def _live(values: list, stores: list[Store]) -> tuple[tuple, tuple[Store, ...]]:
+    """Only the values some store needs, renumbered: a value kept on chip for a
+    removed buffer, or a cast a later cast made redundant, is no work for the program."""
+    needed = {st.value for st in stores}
+    # Welford arrives as a triple of one argument (kernel_ir): keep all three together.
+    welford = {}
+    for pos, v in enumerate(values):
+        if isinstance(v, Reduction) and v.op in _WELFORD:
+            welford.setdefault(v.arg, []).append(pos)
+    for pos in range(len(values) - 1, -1, -1):
+        if pos in needed:
+            v = values[pos]
+            if isinstance(v, Reduction) and v.op in _WELFORD:
+                needed |= set(welford[v.arg])  # siblings need only the same (lower) argument
+            needed |= {v.arg} if isinstance(v, (Cast, Reduction)) else set(getattr(v, "args", ()))
+    new_pos = {old: new for new, old in enumerate(sorted(needed))}
+
+    def renumber(v):
+        if isinstance(v, (Cast, Reduction)):
+            return replace(v, arg=new_pos[v.arg])
+        if isinstance(v, Op):
+            return replace(v, args=tuple(new_pos[a] for a in v.args))
+        return v
+
+    return (tuple(renumber(values[p]) for p in sorted(needed)),
+            tuple(replace(st, value=new_pos[st.value]) for st in stores))

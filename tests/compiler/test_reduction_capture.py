@@ -178,3 +178,14 @@ def test_split_reductions_are_not_capturable():
     mean, m2, weight = handler.reduction(torch.float32, torch.float32, "welford_reduce", x)
     assert [handler.g.values[v.pos].op for v in (mean, m2, weight)] == ["welford_mean", "welford_m2",
                                                                          "welford_weight"]
+
+
+def test_exact_round_trip_casts_collapse():
+    # torch.all reaches Inductor as any(not x) through int64: the IR keeps no int64 detour.
+    handler = CaptureHandler(_Group((4,), frozenset(), (8,)))
+    b = handler.constant(True, torch.bool)
+    wide = handler.to_dtype(b, torch.int64)
+    assert handler.to_dtype(wide, torch.bool).pos == b.pos
+    h = handler.constant(1.5, torch.float16)
+    back = handler.to_dtype(handler.to_dtype(h, torch.float32), torch.float16)
+    assert handler.g.values[back.pos] == Cast(h.pos, "fp16")  # a float cast still rounds
