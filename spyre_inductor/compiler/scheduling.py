@@ -115,13 +115,6 @@ def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
         return Path(backend.compile_kernel(kernel, artifact_root(), max_cores=max_cores)), None
     except backend.Unsupported as e:
         return None, f"backend: {e}"
-    except Exception as e:  # noqa: BLE001
-        if not kernel.reduction_ranges:
-            raise  # the pointwise planner is finished: its bugs must surface
-        # The reduction planner is being built: until it refuses what it cannot
-        # plan, a crash costs a CPU fallback (with the usual warning), never a compile.
-        log.warning("spyre: the backend failed on reduction kernel %s", kernel.name, exc_info=True)
-        return None, f"backend error on a reduction kernel: {type(e).__name__}: {e}"
 
 
 class SpyreScheduling(BaseScheduling):
