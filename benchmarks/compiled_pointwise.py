@@ -13,12 +13,12 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 
 from _bench import print_table
+from _compiled import compile_seconds, reports_of_one_call
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
@@ -27,41 +27,14 @@ def chain(x, y):
     return torch.relu(torch.sigmoid(x * y + 1.0) - 0.5) * 2.0
 
 
-def _call_seconds(compiled, *args) -> float:
-    start = time.perf_counter()
-    out = compiled(*args)
-    if out.device.type == "spyre":
-        torch.spyre.synchronize()
-    return time.perf_counter() - start
-
-
-def _compile_seconds(fn, *args) -> tuple[float, object]:
-    """Seconds the first call takes beyond a warm call: tracing, lowering, planning, codegen."""
-    torch._dynamo.reset()
-    compiled = torch.compile(fn)
-    first = _call_seconds(compiled, *args)
-    warm = min(_call_seconds(compiled, *args) for _ in range(2))
-    return first - warm, compiled
-
-
-def _one_report(compiled, *args):
-    torch.spyre.synchronize()
-    torch.spyre.reset_kernel_reports()
-    out = compiled(*args)
-    torch.spyre.synchronize()
-    reports = torch.spyre.kernel_reports()
-    return out, reports
-
-
 def chain_table() -> None:
     shape = (4096, 4096)
     g = torch.Generator().manual_seed(0)
     x, y = (torch.randn(shape, generator=g).half() for _ in range(2))
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        cpu_s, _ = _compile_seconds(chain, x, y)
-        xs, ys = x.to("spyre"), y.to("spyre")
-        spyre_s, compiled = _compile_seconds(chain, xs, ys)
-    out, reports = _one_report(compiled, xs, ys)
+    cpu_s, _ = compile_seconds(chain, x, y)
+    xs, ys = x.to("spyre"), y.to("spyre")
+    spyre_s, compiled = compile_seconds(chain, xs, ys)
+    out, reports = reports_of_one_call(compiled, xs, ys)
     if len(reports) != 1:
         raise SystemExit(f"expected the chain to be one program, got {len(reports)}: {[r.name for r in reports]}")
     (r,) = reports
@@ -101,7 +74,7 @@ def calibration_table() -> None:
             torch._dynamo.reset()
             compiled = torch.compile(fn)
             compiled(*args)
-            _, reports = _one_report(compiled, *args)
+            _, reports = reports_of_one_call(compiled, *args)
         (r,) = reports
         rows.append([name, r.cores_used, measured, handwritten, r.simulated_us, r.simulated_us / measured,
                      "yes" if r.simulated_us <= measured else "NO", r.simulated_us / handwritten,

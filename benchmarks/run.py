@@ -5,6 +5,7 @@ import warnings
 import allocator
 import calibration
 import compiled_pointwise
+import compiled_reductions
 import device_overhead
 import queue_layer
 import simulator
@@ -18,3 +19,4 @@ if __name__ == "__main__":
     simulator.main()
     calibration.main()
     compiled_pointwise.main()
+    compiled_reductions.main()
