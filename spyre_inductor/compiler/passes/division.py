@@ -10,7 +10,8 @@ contiguous operand; only the last share carries the ragged tail.
 How many cores: more cores add device-memory streams and sfp throughput but
 each core pays its own pipeline fill and drain, and a tiny tensor gains
 nothing. So candidate core counts (1, 2, 4, ... up to 32 and the number of
-granules) are each emitted and run through the timing model
+granules), from the most down until one is clearly slower than the best so
+far, are each emitted and run through the timing model
 (``spyre_runtime.program.timing.estimate``), and the fastest wins; a count
 with fewer cores within TIE (relative) or TIE_NS (absolute) of the fastest
 wins over it: fewer cores leave the others free, and the timing model has no
@@ -101,20 +102,9 @@ def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | 
 
 def simulated_ns(program) -> float:
     """The timing model's estimate of one program (the one place division asks it)."""
-    from spyre_runtime.program import timing
+    from spyre_runtime.program.timing import estimate
 
-    estimate = getattr(timing, "estimate", None)
-    if estimate is not None:
-        return estimate(program, HARDWARE).simulated_ns
-    # Before timing.estimate existed: run the program on zero buffers with the timing model attached.
-    import torch
-
-    from spyre_runtime.program.execute import Machine
-
-    buffers = {s.name: torch.zeros(max(s.nbytes, 1), dtype=torch.uint8) for s in program.symbols}
-    t = timing.Timing(program, HARDWARE)
-    Machine(program, buffers, HARDWARE.scratchpad_bytes, t).run()
-    return t.finish().simulated_ns
+    return estimate(program, HARDWARE).simulated_ns
 
 
 def candidate_counts(units: int) -> list[int]:
@@ -140,9 +130,17 @@ def choose_division(tiling: TilePlan, build: Callable[[DivisionPlan], object], f
                             ((plan.cores, estimate(build(plan))),) if plan.shares else (), plan.reason)
     units = -(-tiling.ranges[dim] // granule)
     results = []
-    for n in candidate_counts(min(units, max_cores or HARDWARE.cores)):
+    # From the most cores down, stopping once a count is clearly slower than the best so far:
+    # time against cores falls and then flattens (more streams, more sfp) before it rises
+    # (per-core fill and drain), so the counts below the turn cannot win, and planning a big
+    # kernel times a few candidates instead of six.
+    for n in reversed(candidate_counts(min(units, max_cores or HARDWARE.cores))):
         plan = divide(tiling, n, dim, granule)
         results.append((n, estimate(build(plan)), plan))
+        fastest = min(ns for _, ns, _ in results)
+        if results[-1][1] > max(fastest * (1 + TIE), fastest + TIE_NS):
+            break
+    results.sort(key=lambda r: r[0])
     fastest = min(ns for _, ns, _ in results)
     n, ns, plan = next(r for r in results if r[1] <= max(fastest * (1 + TIE), fastest + TIE_NS))
     cands = tuple((c, t) for c, t, _ in results)

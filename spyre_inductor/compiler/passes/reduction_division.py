@@ -121,6 +121,33 @@ def _max_units(low, granule) -> int:
     return max(-(-r // (granule if (d == odim and low.transposed) else 1)) for d, r in enumerate(low.outer))
 
 
+def search(variants, counts, evaluate, errors) -> None:
+    """Time the candidates worth timing: each variant (tile target, buffers) at the most cores,
+    then the best variant from the most cores down until a count is clearly slower than the best
+    so far (time against cores falls, flattens, then rises). evaluate(variant, n) returns a
+    result whose [0] is its ns, or None when it does not apply; Unsupported means it does not fit."""
+    def attempt(variant, n):
+        try:
+            return evaluate(variant, n)
+        except Unsupported as e:
+            errors.append(str(e))
+            return None
+
+    top = max(counts)
+    trials = [(r, v) for v in variants if (r := attempt(v, top)) is not None]
+    if not trials:
+        return
+    first, variant = min(trials, key=lambda rv: rv[0][0])
+    best_ns = first[0]
+    for n in sorted((c for c in counts if c != top), reverse=True):
+        r = attempt(variant, n)
+        if r is None:
+            continue
+        best_ns = min(best_ns, r[0])
+        if r[0] > max(best_ns * (1 + TIE), best_ns + TIE_NS):
+            break
+
+
 def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cores: int | None = None,
                    estimate=simulated_ns):
     """The fastest (by the timing model) verified reduction program: (ReductionPlans, Program)."""
@@ -137,64 +164,57 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
         mode_note = (f"{plan.mode}: {plan.passes} pass(es) over device memory, groups of {plan.group} x "
                      f"{plan.chunk}, {plan.buffers} buffers, {len(shares)} core(s), split {split}")
         program = build_reduction_program(kernel, low, plan, tuple(shares), notes=mode_note)
-        from spyre_runtime.program.validate import validate
-        validate(program)
-        results.append((estimate(program), len(shares), label, low, plan, split, tuple(shares), program))
+        # Only timed here; the backend validates the program it keeps.
+        result = (estimate(program), len(shares), label, low, plan, split, tuple(shares), program)
+        results.append(result)
+        return result
 
-    for target in TARGETS:
-        for buffers in (3, 2):
-            # resident rows: G rows of K
-            row = sticks(resident.K * _widest(resident))
-            G = max(1, target // row)
-            if resident.transposed:
-                G = max(granule, G // granule * granule)
-            for n in counts:
-                split, shares = outer_shares(resident, n, granule)
-                g = min(G, max(s.counts[odim] for s in shares))
-                try:
-                    plan = fit(resident, g, resident.K, buffers, granule if resident.transposed else 1)
-                except Unsupported as e:
-                    errors.append(str(e))
-                    break
-                consider(resident, plan, split, shares, f"resident {target // 1024}K/{buffers}b/{len(shares)}c")
+    def resident_at(variant, n):
+        target, buffers = variant
+        row = sticks(resident.K * _widest(resident))
+        G = max(1, target // row)
+        if resident.transposed:
+            G = max(granule, G // granule * granule)
+        split, shares = outer_shares(resident, n, granule)
+        g = min(G, max(s.counts[odim] for s in shares))
+        plan = fit(resident, g, resident.K, buffers, granule if resident.transposed else 1)
+        return consider(resident, plan, split, shares, f"resident {target // 1024}K/{buffers}b/{len(shares)}c")
+
+    variants = [(t, b) for t in TARGETS for b in (3, 2)]
+    search(variants, counts, resident_at, errors)
     if not results:  # the rows do not fit: chunks along the reduced dim, multi-pass if needed
         chunked = lower(kernel, "chunked")
         kg = _granule(chunked)
-        for target in TARGETS:
-            for buffers in (3, 2):
-                for n in counts:
-                    split, shares = outer_shares(chunked, n, granule)
-                    g = min(granule if chunked.transposed else 4, max(s.counts[odim] for s in shares))
-                    kc = max(kg, target // (g * _widest(chunked)) // kg * kg)
-                    try:
-                        plan = fit(chunked, g, min(kc, -(-chunked.K // kg) * kg), buffers, kg)
-                    except Unsupported as e:
-                        errors.append(str(e))
-                        break
-                    consider(chunked, plan, split, shares, f"chunked {target // 1024}K/{buffers}b/{len(shares)}c")
+
+        def chunked_at(variant, n):
+            target, buffers = variant
+            split, shares = outer_shares(chunked, n, granule)
+            g = min(granule if chunked.transposed else 4, max(s.counts[odim] for s in shares))
+            kc = max(kg, target // (g * _widest(chunked)) // kg * kg)
+            plan = fit(chunked, g, min(kc, -(-chunked.K // kg) * kg), buffers, kg)
+            return consider(chunked, plan, split, shares, f"chunked {target // 1024}K/{buffers}b/{len(shares)}c")
+
+        search(variants, counts, chunked_at, errors)
     ring = lower(kernel, "ring")
     if ring_eligible(ring) and units < limit and ring.outer[-1] * STICK <= 256 * 1024 and (cores or 2) > 1:
         # too few outer elements for the cores: the reduced dim over cores, partials over the ring
         kg = _granule(ring)
         outer_n = ring.outer[-1]
         ring_counts = [cores] if cores else [c for c in (2, 4, 8, 16, 32) if c <= limit]
-        for target in TARGETS:
-            for buffers in (3, 2):
-                for n in ring_counts:
-                    shares = ring_shares(ring, n, kg)
-                    if len(shares) < 2:
-                        continue
-                    per = max(s.kn for s in shares)
-                    kc = max(kg, target // (outer_n * _widest(ring)) // kg * kg)
-                    try:
-                        plan = fit(ring, outer_n, min(kc, -(-per // kg) * kg), buffers, kg)
-                    except Unsupported as e:
-                        errors.append(str(e))
-                        break
-                    if plan.group < outer_n:
-                        break
-                    consider(ring, plan, "reduced dim (ring)", shares,
-                             f"ring {target // 1024}K/{buffers}b/{len(shares)}c")
+
+        def ring_at(variant, n):
+            target, buffers = variant
+            shares = ring_shares(ring, n, kg)
+            if len(shares) < 2:
+                return None
+            per = max(s.kn for s in shares)
+            kc = max(kg, target // (outer_n * _widest(ring)) // kg * kg)
+            plan = fit(ring, outer_n, min(kc, -(-per // kg) * kg), buffers, kg)
+            if plan.group < outer_n:
+                return None
+            return consider(ring, plan, "reduced dim (ring)", shares, f"ring {target // 1024}K/{buffers}b/{len(shares)}c")
+
+        search(variants, ring_counts, ring_at, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no reduction plan fits: {'; '.join(errors[:3])}")
     fastest = min(r[0] for r in results)
