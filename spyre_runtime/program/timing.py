@@ -247,8 +247,11 @@ class Timing:
         """Device transfer of `rows` rows: every stick a row touches moves, in bursts."""
         # A row's sticks depend on where it starts within a stick, which
         # repeats every `period` rows: count one period, not every row.
-        period = STICK // math.gcd(stride % STICK, STICK) if stride % STICK else 1
-        per_row = [-(-(((offset + r * stride) % STICK) + row_bytes) // STICK) for r in range(min(period, rows))]
+        if rows == 1 or stride % STICK == 0:  # every row starts at the same place in its stick
+            per_row = [-(-((offset % STICK) + row_bytes) // STICK)]
+        else:
+            period = STICK // math.gcd(stride % STICK, STICK)
+            per_row = [-(-(((offset + r * stride) % STICK) + row_bytes) // STICK) for r in range(min(period, rows))]
         full, rest = divmod(rows, len(per_row)) if per_row else (0, 0)
         sticks = full * sum(per_row) + sum(per_row[:rest])
         nbytes = sticks * STICK
@@ -330,6 +333,18 @@ class _Replay:
         self.now = 0.0
         self.busy = collections.defaultdict(float)
         self.kind_busy = collections.defaultdict(float)  # (core, kind) -> ns
+        # Units that may be able to move: only a token, a freed slot or a finished
+        # transfer or instruction can unblock a unit, so only those wake it.
+        ends = {q.name: (q.producer, q.consumer) for q in timing.program.queues}
+        self.producer = {q: p for q, (p, _) in ends.items()}
+        self.consumer = {q: c for q, (_, c) in ends.items()}
+        self.ready = collections.deque(self.keys)
+        self.queued = set(self.keys)
+
+    def _wake(self, key) -> None:
+        if key not in self.queued and key in self.pc:
+            self.queued.add(key)
+            self.ready.append(key)
 
     def _span(self, unit, opcode, start, end) -> None:
         if self.t.record:
@@ -345,10 +360,12 @@ class _Replay:
                 if not self.tokens[item[1]]:
                     break
                 self.tokens[item[1]] -= 1
+                self._wake(self.producer[item[1]])
             elif kind == _PUSH:
                 if self.outstanding[key] or self.tokens[item[1]] >= self.t.depth[item[1]]:
                     break
                 self.tokens[item[1]] += 1
+                self._wake(self.consumer[item[1]])
             elif kind == _FENCE:
                 if self.outstanding[key]:
                     break
@@ -386,11 +403,10 @@ class _Replay:
 
     def run(self) -> None:
         while True:
-            moved = True
-            while moved:
-                moved = False
-                for key in self.keys:
-                    moved |= self._advance(key)
+            while self.ready:
+                key = self.ready.popleft()
+                self.queued.discard(key)
+                self._advance(key)
             if not self.flows and not self.heap:
                 stuck = [k for k in self.keys if self.pc[k] < len(self.t.items[k])]
                 if stuck:
@@ -422,9 +438,11 @@ class _Replay:
             self.flows.remove(f)
             self.outstanding[f.unit].remove(f)
             self._span(f.unit, f.opcode, f.start, self.now)
+            self._wake(f.unit)
         while self.heap and self.heap[0][0] <= self.now + 1e-9:
             _, key = heapq.heappop(self.heap)
             del self.busy_until[key]
+            self._wake(key)
 
     def _close(self) -> None:
         r = self.report
