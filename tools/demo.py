@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
+warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
 
 
 def section(title: str) -> None:
@@ -33,7 +34,8 @@ def compiled_model_piece() -> None:
     g = torch.Generator().manual_seed(0)
     args = [torch.randn(1024, 4096, generator=g).half() for _ in range(3)]
     compiled = torch.compile(swiglu_residual)
-    with record_kernels() as records:
+    # Caches off: the demo shows a compile (a graph served from the FX graph cache compiles nothing).
+    with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
         compiled(*(a.to("spyre") for a in args))  # compile (planned against the timing model) and run
     torch.spyre.synchronize()  # launches are asynchronous: let the first one finish before resetting
     torch.spyre.reset_kernel_reports()
@@ -56,18 +58,28 @@ def compiled_small_model() -> None:
     from spyre_inductor.compiler.scheduling import record_kernels
 
     section("torch.compile of a small model: what compiles, what runs on the CPU inside the graph")
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 64)).eval()
     batch = torch.randn(32, 64)
     expected = model(batch)
     compiled = torch.compile(model.to("spyre"))
-    with record_kernels() as records, warnings.catch_warnings():
+    with record_kernels() as records, warnings.catch_warnings(), \
+            torch._inductor.config.patch(force_disable_caches=True):
         warnings.simplefilter("ignore")  # the fallback's once-per-op warning: listed below instead
         got = compiled(batch.to("spyre"))
     err = (got.detach().cpu() - expected).abs().max().item()
     print(f"  output {tuple(got.shape)}; max |spyre - cpu| = {err:.2e}")
+    torch.spyre.synchronize()
+    reports = {r.name: r for r in torch.spyre.kernel_reports()}
     for rec in records:
-        where = "spyre program" if rec.artifact is not None else f"CPU inside the graph ({rec.fallback_reason})"
+        if rec.artifact is not None:
+            r = reports.get(rec.kernel.name)
+            cost = f", {r.simulated_us:.2f} us simulated on {r.cores_used} core(s)" if r else ""
+            where = f"one spyre program {rec.kernel.name}{cost}"
+        else:
+            where = f"CPU inside the graph ({rec.fallback_reason})"
         print(f"  {rec.ops or ', '.join(rec.nodes)}: {where}")
     print("  (the Linear layers' matmuls are Inductor extern kernels: they run through the eager path)")
 
