@@ -38,6 +38,7 @@ from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
 from .capture import Capture, capture
+from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
@@ -117,6 +118,24 @@ def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
         return None, f"backend: {e}"
 
 
+def _plannable_shape(kernel: PointwiseKernel | None) -> bool:
+    """False if the reduction planner would refuse the kernel's iteration space outright
+    (reduced dims that do not merge into one): fusing into such a group would turn nodes
+    that compile on their own into one CPU fallback (an unrolled softmax over dim 0 into a
+    full mean, found by the graph fuzzer). A cheap check, not a plan."""
+    if kernel is None or not kernel.reduction_ranges or 0 in kernel.reduction_ranges:
+        return True
+    try:
+        from .passes.reduction_lowering import canonical
+    except ImportError:
+        return True
+    try:
+        canonical(kernel)
+    except Unsupported:
+        return False
+    return True
+
+
 class SpyreScheduling(BaseScheduling):
     def __init__(self, scheduler):
         super().__init__(scheduler)
@@ -154,7 +173,8 @@ class SpyreScheduling(BaseScheduling):
         nodes = [*node1.get_nodes(), *node2.get_nodes()]
         if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
-        return isinstance(self.try_capture(nodes), Capture)
+        found = self.try_capture(nodes)
+        return isinstance(found, Capture) and _plannable_shape(found.kernel)
 
     def can_fuse_vertical(self, node1, node2) -> bool:
         return self._can_fuse(node1, node2)

@@ -143,8 +143,10 @@ def _join(spaces) -> str:
     return "O" if "O" in s else "R" if "R" in s else "S"
 
 
-def _space(outer_strides, r_stride, K) -> str:
-    on_o = any(outer_strides)
+def _space(outer_strides, r_stride, K, one_row=False) -> str:
+    # one_row: the kernel has a single row (a full reduction) and stores full-space values
+    # (x.sum() and x - x.amax() in one kernel): what varies over r is a [1, K] full tile, not R.
+    on_o = any(outer_strides) or (one_row and r_stride != 0)
     # a reduced dim of extent 1: every load that varies over the outer dims is a [G, 1] full tile
     on_r = r_stride != 0 or (K == 1 and on_o)
     return {(True, True): "F", (True, False): "O", (False, True): "R", (False, False): "S"}[(on_o, on_r)]
@@ -235,6 +237,7 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
                                                     and b.name not in kernel.inputs):
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}")
     b = _Builder(kernel, mode, outer, K)
+    b.one_row = all(d == 1 for d in outer) and any(rs for _, rs in acc_strides[n_loads:])
     load_k = 0
     for i, v in enumerate(kernel.values):
         if isinstance(v, Load):
@@ -276,6 +279,7 @@ class _Builder:
         self.f_stores, self.outer_stores = [], []
         self.resident_steps: list[RStep] = []
         self.transposed = False
+        self.one_row = False  # see _space
         self._consts: dict[tuple, str] = {}
 
     # tiles
@@ -301,7 +305,7 @@ class _Builder:
 
     # values
     def load(self, i, v: Load, os_, rs) -> None:
-        space = _space(os_, rs, self.K)
+        space = _space(os_, rs, self.K, self.one_row)
         if v.dtype not in POINTWISE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} loads {v.dtype}")
         tr = space == "F" and rs != 1 and self.K > 1
