@@ -48,6 +48,7 @@ Fallbacks: every node must become a spyre program, except ops listed in
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -154,8 +155,11 @@ class Graph:
             lines.append(f"x{i} = {t}" + (".transpose(-1, -2)" if inp.transposed else ""))
         return "\n".join(lines)
 
-    def __repr__(self) -> str:  # hypothesis prints this for a falsifying example
+    def __repr__(self) -> str:
         return f"\n# dtype {self.dtype}, ops {list(self.ops)}\n{self.inputs_source()}\n{self.source()}\n"
+
+    def _repr_pretty_(self, p, cycle) -> None:  # how hypothesis prints a falsifying example
+        p.text(repr(self))
 
     @classmethod
     def from_source(cls, torch_dtype: str, inputs, body, outputs, seed: int = 0) -> "Graph":
@@ -250,8 +254,13 @@ def graphs(draw, reductions=tuple(REDUCE), shaped=tuple(SHAPED)):
         nodes.append(node)
         ops.append(name)
     last = len(nodes) - 1
-    others = draw(st.lists(st.integers(first_op, last), max_size=2, unique=True))
-    outputs = tuple(dict.fromkeys([last, *others]))
+    # Outputs: the last value and up to two other ops nothing reads (dead ops test nothing),
+    # else any other ops.
+    used = {int(m) for n in nodes for m in re.findall(r"\bv(\d+)\b", n.expr)}
+    leaves = [j for j in range(first_op, last) if j not in used]
+    pool = leaves or list(range(first_op, last))
+    others = draw(st.lists(st.sampled_from(pool), max_size=2, unique=True)) if pool else []
+    outputs = tuple(dict.fromkeys([last, *leaves[-2:], *others]))[:3]
     seed = draw(st.integers(0, 2**16))
     return Graph(dtype, tuple(inputs), tuple(nodes), outputs, seed, tuple(ops))
 
