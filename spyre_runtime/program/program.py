@@ -130,6 +130,13 @@ class Program:
         return cached
 
     def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self._document(), indent=indent, sort_keys=True)
+
+    def _document(self) -> dict:
+        # Encoded once per (immutable) program: emission writes it and the device image reuses it.
+        cached = self.__dict__.get("_doc")
+        if cached is not None:
+            return cached
         body = {
             "queues": [_encode(q) for q in self.queues],
             "cores": [
@@ -153,7 +160,8 @@ class Program:
             "scratchpad_high_water": {str(k): v for k, v in self.scratchpad_high_water().items()},
             "notes": self.notes,
         }
-        return json.dumps({"header": header, "body": body}, indent=indent, sort_keys=True)
+        self.__dict__["_doc"] = doc = {"header": header, "body": body}
+        return doc
 
     @classmethod
     def from_json(cls, text: str) -> Program:
