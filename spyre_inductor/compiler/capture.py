@@ -70,7 +70,7 @@ from .kernel_ir import (
 # Inductor ops spelled differently in the IR (same semantics).
 _OP_ALIASES = {
     "and_": "bitwise_and", "or_": "bitwise_or", "xor": "bitwise_xor",
-    "div_rn": "truediv", "mul_rn": "mul",
+    "mul_rn": "mul",
 }
 _IR_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
 # Inductor reduction types with the same meaning in the IR. (``all`` reaches
@@ -244,6 +244,10 @@ class CaptureHandler(DefaultHandler):
     def identity(self, x):
         return x
 
+    def _is_div_rn(self, x: _V) -> bool:
+        v = self.g.values[x.pos]
+        return isinstance(v, Op) and v.name == "div_rn" and x.dtype.is_floating_point
+
     def _default(self, name: str, args, kwargs):
         if kwargs:
             raise NotCapturable(f"op {name} with keyword arguments")
@@ -252,6 +256,12 @@ class CaptureHandler(DefaultHandler):
             raise NotCapturable(f"op {name} is not in the spyre kernel IR")
         like = next((a.dtype for a in args if isinstance(a, _V)), None)
         values = [self._as_value(a, like) for a in args]
+        if ir_name == "floor" and self._is_div_rn(values[0]):
+            # floor(div_rn(a, b)) is Inductor's lowering of float floor division, which rounds
+            # differently from PyTorch's (1 // 0.1 is 9 in eager, floor(1 / 0.1) is 10; inf // x is
+            # NaN in eager): it is one floordiv, with PyTorch's semantics in the ISA.
+            name = ir_name = "floordiv"
+            values = [_V(a, values[0].dtype) for a in self.g.values[values[0].pos].args]
         result = getattr(DtypePropagationOpsHandler(), name)(*values)
         return self.g.add(Op(ir_name, tuple(v.pos for v in values), dtype_name(result, f"op {name}")),
                           result)

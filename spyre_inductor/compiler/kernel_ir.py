@@ -55,12 +55,16 @@ TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 UNARY_OPS = frozenset({
     "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "sigmoid",
     "tanh", "relu", "erf", "sin", "cos", "floor", "ceil", "trunc", "round", "sign", "logical_not",
-    "bitwise_not", "square",
+    "bitwise_not", "square", "isnan", "isinf",
 })
 BINARY_OPS = frozenset({
     "add", "sub", "mul", "truediv", "div", "floordiv", "mod", "remainder", "pow", "maximum", "minimum",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "bitwise_and", "bitwise_or", "bitwise_xor",
+    # issue 9: C's fmod on floats (``mod`` is its integer spelling), integer division rounding
+    # toward zero, shifts, and div_rn: IEEE division rounded to nearest (truediv, kept apart because
+    # floor(div_rn(a, b)) is Inductor's float floor division, which capture turns into floordiv).
+    "fmod", "truncdiv", "bitwise_left_shift", "bitwise_right_shift", "div_rn",
 })
 TERNARY_OPS = frozenset({"where"})  # where(cond, a, b)
 # Reductions over all reduction ranges. argmax/argmin give int64 indices into the

@@ -10,9 +10,10 @@ module; reading any of them runs ``register()`` once.
 ``register()`` hands Inductor everything in one go, through its public
 registration points: the backend (scheduling and wrappers) together with a
 custom pass whose uuid is our compiler version (so the FX graph cache key
-changes with the compiler), the device op overrides, and Dynamo's device
-interface. Inductor's own lazy registration would then register the backend
-a second time without our pass; wrapper.NoWrapper explains how that is
+changes with the compiler), the device op overrides, Dynamo's device
+interface, and the spyre-conditional lowerings (lowerings.py). Inductor's
+own lazy registration would then register the backend a second time
+without our pass; wrapper.NoWrapper explains how that is
 avoided (and tests/compiler/test_registration.py checks the key).
 """
 
@@ -87,8 +88,10 @@ def register() -> None:
 
         from .device_interface import SpyreInterface
         from .device_op_overrides import SpyreDeviceOpOverrides
+        from .lowerings import install as install_lowerings
 
         _register_backend()
+        install_lowerings()
         register_device_op_overrides(DEVICE, SpyreDeviceOpOverrides())
         register_interface_for_device(DEVICE, SpyreInterface)
         for index in range(torch.spyre.device_count()):

@@ -303,6 +303,9 @@ UNARY = {
     # Added for compiled pointwise kernels (issue 7): Inductor ops with no exact composition.
     "expm1": torch.expm1, "log1p": torch.log1p, "trunc": torch.trunc, "round": torch.round,
     "sign": torch.sign,
+    # Added for issue 9's coverage: NaN/inf tests (bool results) and bitwise not on integers
+    # (on bool it is logical not, as in PyTorch).
+    "isnan": torch.isnan, "isinf": torch.isinf, "bitwise_not": torch.bitwise_not,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
@@ -312,7 +315,37 @@ BINARY = {
     # Added for compiled pointwise kernels (issue 7): integer division with Python (floordiv,
     # remainder) and C (fmod) semantics.
     "floordiv": torch.floor_divide, "fmod": torch.fmod, "remainder": torch.remainder,
+    # Added for issue 9's coverage: integer division rounding toward zero, bitwise ops and shifts
+    # on integers (and bools), each PyTorch's own semantics.
+    "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
+    "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift,
 }
+
+
+def _integer_division(op, quotient: bool):
+    """`op` on integer operands, defined where the CPU's divide instruction is not.
+
+    Division by zero raises, as PyTorch on the CPU does (a failed program). The minimum
+    integer divided by -1 traps the CPU's divide instruction (SIGFPE); here it wraps like
+    any other integer overflow: x // -1 is -x (wrapped) and x % -1 is 0, for every x.
+    Floats go straight to `op` (IEEE: no traps).
+    """
+    def run(a, b):
+        if a.is_floating_point() or b.is_floating_point():
+            return op(a, b)
+        if (b == 0).any():
+            raise ZeroDivisionError("integer division by zero")
+        minus_one = b == -1
+        if not minus_one.any():
+            return op(a, b)
+        safe = op(a, torch.where(minus_one, torch.ones_like(b), b))
+        return torch.where(minus_one, torch.neg(a) if quotient else torch.zeros_like(safe), safe)
+    return run
+
+
+for _name, _quotient in (("floordiv", True), ("truncdiv", True), ("fmod", False), ("remainder", False)):
+    BINARY[_name] = _integer_division(BINARY[_name], _quotient)
 REDUCE = {
     "sum": lambda x: x.sum(dim=1, keepdim=True),
     "max": lambda x: x.amax(dim=1, keepdim=True),

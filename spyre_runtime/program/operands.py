@@ -19,12 +19,12 @@ DTYPES = {
     "int32": torch.int32,
     "int8": torch.int8,
     "bool": torch.bool,
-    # Added for reductions (issue 8): argmax/argmin results are int64 in PyTorch. Minimal support:
-    # a tile can hold int64 (a Unary copy widens the int32 index into it) and be stored.
+    # Added for reductions (issue 8): argmax/argmin results are int64 in PyTorch. Pointwise work
+    # (issue 9) computes int64 in int64, so int64 values stay exact.
     "int64": torch.int64,
 }
 # The arithmetic type of each dtype: the special-function pipeline computes
-# floats in fp32 and integers in int32; results are rounded (to nearest even)
+# floats in fp32, int64 in int64 and the narrower integers in int32; results are rounded (to nearest even)
 # or wrapped when stored in the destination dtype.
 COMPUTE = {
     "fp16": torch.float32,

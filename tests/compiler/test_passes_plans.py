@@ -57,17 +57,25 @@ def test_layout_broadcast_keeps_dims_and_transpose_goes_one_element_per_stick():
     assert lay.stick_dim is None and lay.row_dim == 1
 
 
-def test_int64_and_unknown_ops_are_unsupported():
+def test_int64_is_computed_in_int64_and_unknown_types_are_unsupported():
+    # issue 9: int64 stays exact, so its values get int64 tiles (never int32)
     k = KernelBuilder("i64", (8,))
     k.buffer("x", "int64", (8,))
     k.buffer("out", "int64", (8,))
     k.store("out", k.op("add", k.load("x"), k.load("x"), dtype="int64"))
-    with pytest.raises(Unsupported, match="int64"):
+    kernel = k.build()
+    fusion = plan_fusion(kernel, plan_layout(kernel))
+    assert {t.dtype for t in fusion.tiles} == {"int64"}
+    k = KernelBuilder("i16", (8,))
+    k.buffer("x", "int16", (8,))
+    k.buffer("out", "int16", (8,))
+    k.store("out", k.op("add", k.load("x"), k.load("x"), dtype="int16"))
+    with pytest.raises(Unsupported, match="int16"):
         plan_kernel(k.build())
     k = KernelBuilder("bits", (8,))
-    k.buffer("x", "int32", (8,))
-    k.buffer("out", "int32", (8,))
-    k.store("out", k.op("bitwise_and", k.load("x"), k.load("x"), dtype="int32"))
+    k.buffer("x", "fp32", (8,))
+    k.buffer("out", "fp32", (8,))
+    k.store("out", k.op("bitwise_and", k.load("x"), k.load("x"), dtype="fp32"))
     with pytest.raises(Unsupported, match="bitwise_and"):
         plan_kernel(k.build())
 

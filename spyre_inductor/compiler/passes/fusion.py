@@ -35,14 +35,17 @@ from .layout import FLOATS, Access, LayoutPlan
 # Inductor op name -> (ISA instruction kind, ISA op). "square" is x * x.
 UNARY = {n: n for n in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
                         "reciprocal", "sigmoid", "tanh", "relu", "erf", "sin", "cos", "floor", "ceil",
-                        "trunc", "round", "sign")}
+                        "trunc", "round", "sign", "isnan", "isinf")}
 UNARY["logical_not"] = "not"
-BINARY = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "div": "div", "floordiv": "floordiv",
-          "mod": "fmod", "remainder": "remainder", "pow": "pow", "maximum": "max", "minimum": "min",
+BINARY = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "div": "div", "div_rn": "div",
+          "floordiv": "floordiv", "truncdiv": "truncdiv", "mod": "fmod", "fmod": "fmod", "remainder": "remainder",
+          "pow": "pow", "maximum": "max", "minimum": "min",
           "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
           "logical_and": "and", "logical_or": "or", "logical_xor": "xor"}
-BOOL_ONLY = {"bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "bitwise_not": "not"}
-FLOAT_ONLY = {"truediv", "div"}  # integer division has its own ops (floordiv, mod)
+# Bitwise ops and shifts: integers and bools only (Inductor never asks them of floats).
+INTEGER_ONLY = {"bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
+                "bitwise_not": "bitwise_not", "bitwise_left_shift": "shl", "bitwise_right_shift": "shr"}
+FLOAT_ONLY = {"truediv", "div", "div_rn"}  # integer division has its own ops (floordiv, truncdiv, mod)
 
 
 @dataclass(frozen=True)
@@ -173,17 +176,15 @@ def _fill_value(value, dtype: str):
 
 def _isa_op(where, i, v: Op, args, dtypes):
     floats = all(d in FLOATS for d in dtypes)
-    bools = all(d == "bool" for d in dtypes)
     name = v.name
     if name == "square":
         return "binary", "mul", (args[0], args[0])
     if name == "where":
         return "select", "where", args
-    if name in BOOL_ONLY:
-        if not bools:
-            raise Unsupported(f"{where} value {i}: {name} on {'/'.join(dtypes)} (the ISA has it for bool only)")
-        name = BOOL_ONLY[name]
-        return ("unary" if len(args) == 1 else "binary"), name, args
+    if name in INTEGER_ONLY:
+        if any(d in FLOATS for d in dtypes):
+            raise Unsupported(f"{where} value {i}: {name} on {'/'.join(dtypes)} (integers and bools only)")
+        return ("unary" if len(args) == 1 else "binary"), INTEGER_ONLY[name], args
     if name in FLOAT_ONLY and not floats:
         raise Unsupported(f"{where} value {i}: {name} on integers")
     if name in UNARY and len(args) == 1:

@@ -37,16 +37,18 @@ from ..kernel_ir import Cast, Load, PointwiseKernel
 from ._dump import Describable
 
 FLOATS = ("fp16", "bf16", "fp32")
-# int64 tiles exist only to widen reduction indices (argmax) for their store; pointwise kernels
-# do no int64 arithmetic (the ISA computes integers in int32), so they refuse it.
+# Reduction kernels (reduction_lowering.py) do their integer work in int32 and keep int64 tiles
+# only to widen index results (argmax) for their store, so they refuse other int64 values.
 POINTWISE_DTYPES = tuple(d for d in DTYPES if d != "int64")
+# Pointwise kernels (issue 9) compute int64 values in int64 tiles: exact, never narrowed.
+TILE_DTYPES = tuple(DTYPES)
 
 
 def on_chip_dtype(dtype: str, where: str) -> str:
     """The tile dtype that holds a computed value of IR dtype `dtype`."""
-    if dtype not in POINTWISE_DTYPES:
+    if dtype not in TILE_DTYPES:
         raise Unsupported(f"{where}: dtype {dtype} has no spyre tile type for this (the ISA computes in "
-                          f"{', '.join(POINTWISE_DTYPES)})")
+                          f"{', '.join(TILE_DTYPES)})")
     return "fp32" if dtype in FLOATS else dtype
 
 
@@ -130,7 +132,7 @@ def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
     stored = set(kernel.outputs)
     buffers = []
     for b in kernel.buffers:
-        if b.dtype not in POINTWISE_DTYPES:
+        if b.dtype not in TILE_DTYPES:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}, which the ISA has no type for")
         role = "output" if b.name in stored else "input"
         buffers.append(BufferLayout(b.name, role, b.dtype, tuple(b.shape), tuple(b.strides), b.offset))
