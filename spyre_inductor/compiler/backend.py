@@ -29,7 +29,7 @@ from spyre_runtime.program.validate import ProgramError, validate
 from .errors import PlanError, Unsupported
 from .kernel_ir import PointwiseKernel
 from .passes.codegen import build_program
-from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns
+from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns, representative
 from .passes.emit import Plans, write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import BufferLayout, plan_layout
@@ -66,6 +66,15 @@ def _build(kernel: PointwiseKernel, plans_without_division, division: DivisionPl
     return program
 
 
+def _candidates(kernel, fixed, estimate):
+    """(build, estimate) for timing division candidates: by one representative core
+    (division.representative) unless the caller brought its own estimate."""
+    build = lambda d: _build(kernel, fixed, d, check=False)  # noqa: E731 - timed only, never kept
+    if estimate is not None:
+        return build, estimate
+    return representative(build)
+
+
 def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores: int | None = None,
                 estimate=None) -> Compiled:
     """Run every pass. `cores` forces the core count, `max_cores` caps it (default: the timing model
@@ -86,7 +95,6 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
             return _plan_reduction(kernel, cores, max_cores, estimate)
     layout = plan_layout(kernel)
     fusion = plan_fusion(kernel, layout)
-    kwargs = {} if estimate is None else {"estimate": estimate}
     # Tile size and buffering are chosen at the most cores the kernel may use, then the core
     # count for the chosen variant: they change the time by a few percent at any count, so
     # timing every variant at every count would multiply the planning time for nothing.
@@ -99,14 +107,14 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
         seen.add((spad.tiling, buffers))
         verify(spad, fusion)
         fixed = (layout, fusion, spad)
-        trial = choose_division(spad.tiling, lambda d, fixed=fixed: _build(kernel, fixed, d, check=False),
-                                force=widest, **kwargs)
+        build, timed = _candidates(kernel, fixed, estimate)
+        trial = choose_division(spad.tiling, build, force=widest, estimate=timed)
         ns = chosen_ns(trial)
         if best is None or ns < best[0] * (1 - TIE):
             best = (ns, fixed)
     fixed = best[1]
-    division = choose_division(fixed[2].tiling, lambda d: _build(kernel, fixed, d, check=False), force=cores,
-                               max_cores=max_cores, **kwargs)
+    build, timed = _candidates(kernel, fixed, estimate)
+    division = choose_division(fixed[2].tiling, build, force=cores, estimate=timed, max_cores=max_cores)
     layout, fusion, spad = fixed
     program = _build(kernel, fixed, division)
     return Compiled(Plans(layout, fusion, spad, division), program)

@@ -219,10 +219,16 @@ def _overlap(a, b) -> bool:
 
 
 class Timing:
-    """Attach to a Machine to time its run; ``finish()`` returns the Report."""
+    """Attach to a Machine to time its run; ``finish()`` returns the Report.
 
-    def __init__(self, program, hardware):
+    `replicas` > 1 times a program of one representative core as if that many
+    identical cores ran it in step: their transfers share device memory with
+    its own (see estimate()).
+    """
+
+    def __init__(self, program, hardware, replicas: int = 1):
         self.hw = hardware
+        self.replicas = replicas
         self.program = program
         self.depth = {q.name: q.depth for q in program.queues}
         self.items: dict[tuple[int, str], list] = collections.defaultdict(list)
@@ -422,9 +428,10 @@ class _Replay:
         return moved
 
     def _rates(self) -> None:
-        writes = sum(1 for f in self.flows if f.transfer.write)
-        reads = len(self.flows) - writes
-        share = aggregate_gbps(self.hw, reads, writes) / len(self.flows)  # GB/s = bytes per ns
+        n = self.t.replicas  # identical cores in step: each flow stands for n flows
+        writes = sum(1 for f in self.flows if f.transfer.write) * n
+        reads = len(self.flows) * n - writes
+        share = aggregate_gbps(self.hw, reads, writes) / (reads + writes)  # GB/s = bytes per ns
         per_core = collections.Counter(f.unit[0] for f in self.flows)
         cap = self.hw.core_dma_gbps
         for f in self.flows:
@@ -487,12 +494,19 @@ class _Replay:
         r.compute_ns = dict(compute)
 
 
-def estimate(program, hardware=None) -> Report:
-    """The simulated cost of `program` without computing its results (for planners choosing between plans)."""
+def estimate(program, hardware=None, replicas: int = 1) -> Report:
+    """The simulated cost of `program` without computing its results (for planners choosing between plans).
+
+    replicas=N: `program` holds one core's share of a plan whose N cores all run the same
+    program on equal shares (addresses aside); it is timed as N such cores in step, sharing
+    device memory, at 1/N of the cost of timing all N. Exact for equal shares; with a ragged
+    last share it is the time of the larger shares. Planners use it to compare candidates;
+    a launched program is always timed whole.
+    """
     from ..hardware import HARDWARE
     from .execute import Machine
 
     hw = hardware or HARDWARE
-    timing = Timing(program, hw)
+    timing = Timing(program, hw, replicas)
     Machine(program, {}, hw.scratchpad_bytes, timing, functional=False).run()
     return timing.finish()

@@ -100,11 +100,26 @@ def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | 
     return DivisionPlan(dim, granule, tuple(shares), (), f"split dim {dim} in units of {granule}")
 
 
-def simulated_ns(program) -> float:
-    """The timing model's estimate of one program (the one place division asks it)."""
+def simulated_ns(program, replicas: int = 1) -> float:
+    """The timing model's estimate of one program (the one place division asks it); see
+    timing.estimate for `replicas` (one core's program standing for that many in step)."""
     from spyre_runtime.program.timing import estimate
 
-    return estimate(program, HARDWARE).simulated_ns
+    return estimate(program, HARDWARE, replicas).simulated_ns
+
+
+def representative(build: Callable[[DivisionPlan], object]):
+    """(build, estimate) for choose_division that time a candidate by its first core only, as
+    `cores` identical cores in step (timing.estimate's replicas): the shares differ only in
+    where they start, and the first is the largest, so this is the candidate's time at a
+    fraction of the cost of timing every core."""
+    import dataclasses
+
+    def build_first(plan: DivisionPlan):
+        first = dataclasses.replace(plan, shares=plan.shares[:1])
+        return build(first), plan.cores
+
+    return build_first, lambda candidate: simulated_ns(candidate[0], candidate[1])
 
 
 def candidate_counts(units: int) -> list[int]:

@@ -159,13 +159,21 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
     units = _max_units(resident, granule)
     counts = [cores] if cores else candidate_counts(min(units, limit))
 
-    def consider(low, plan, split, shares, label):
-        verify_reduction(plan, low)
+    def build(low, plan, split, shares):
         mode_note = (f"{plan.mode}: {plan.passes} pass(es) over device memory, groups of {plan.group} x "
                      f"{plan.chunk}, {plan.buffers} buffers, {len(shares)} core(s), split {split}")
-        program = build_reduction_program(kernel, low, plan, tuple(shares), notes=mode_note)
-        # Only timed here; the backend validates the program it keeps.
-        result = (estimate(program), len(shares), label, low, plan, split, tuple(shares), program)
+        return build_reduction_program(kernel, low, plan, tuple(shares), notes=mode_note)
+
+    def consider(low, plan, split, shares, label, symmetric=True):
+        verify_reduction(plan, low)
+        # Only timed here (the kept program is built whole and validated by the backend). Cores
+        # on outer shares run the same program on their own rows: time the first, the largest,
+        # as len(shares) cores in step (timing.estimate's replicas). Ring cores differ.
+        if symmetric and estimate is simulated_ns and len(shares) > 1:
+            ns = simulated_ns(build(low, plan, split, shares[:1]), len(shares))
+        else:
+            ns = estimate(build(low, plan, split, shares))
+        result = (ns, len(shares), label, low, plan, split, tuple(shares))
         results.append(result)
         return result
 
@@ -212,14 +220,16 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
             plan = fit(ring, outer_n, min(kc, -(-per // kg) * kg), buffers, kg)
             if plan.group < outer_n:
                 return None
-            return consider(ring, plan, "reduced dim (ring)", shares, f"ring {target // 1024}K/{buffers}b/{len(shares)}c")
+            return consider(ring, plan, "reduced dim (ring)", shares,
+                            f"ring {target // 1024}K/{buffers}b/{len(shares)}c", symmetric=False)
 
         search(variants, ring_counts, ring_at, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no reduction plan fits: {'; '.join(errors[:3])}")
     fastest = min(r[0] for r in results)
     ok = [r for r in results if r[0] <= max(fastest * (1 + TIE), fastest + TIE_NS)]
-    ns, n, label, low, plan, split, shares, program = min(ok, key=lambda r: (r[1], r[0]))
+    ns, n, label, low, plan, split, shares = min(ok, key=lambda r: (r[1], r[0]))
+    program = build(low, plan, split, shares)
     cands = tuple((r[2], r[0]) for r in results)
     division = ReductionDivision(plan.mode, split, shares, cands,
                                  f"{label}: {ns:.0f} ns, the fastest of {len(results)} candidate(s) (ties within "
