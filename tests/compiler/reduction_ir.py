@@ -2,44 +2,23 @@
 
 from __future__ import annotations
 
-from spyre_inductor.compiler.kernel_ir import Buffer, Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, Store
+from spyre_inductor.compiler.kernel_ir import Index, PointwiseKernel, Reduction, Store
 
-from pointwise_ir import contiguous
+from pointwise_ir import KernelBuilder, contiguous
 
 
-class ReductionBuilder:
-    """Outer ranges + reduction ranges; loads/stores take strides over both (outer first)."""
+class ReductionBuilder(KernelBuilder):
+    """Outer ranges + reduction ranges; loads/stores take explicit strides over both (outer first)."""
 
     def __init__(self, name, ranges, reduction_ranges):
-        self.name, self.ranges, self.rranges = name, tuple(ranges), tuple(reduction_ranges)
-        self.buffers, self.values, self.stores = [], [], []
-
-    def buffer(self, name, dtype, shape, strides=None):
-        self.buffers.append(Buffer(name, dtype, tuple(shape), tuple(strides or contiguous(shape)), 0))
-        return name
-
-    def _add(self, v):
-        self.values.append(v)
-        return len(self.values) - 1
-
-    def load(self, buffer, strides, offset=0):
-        b = next(b for b in self.buffers if b.name == buffer)
-        return self._add(Load(buffer, Index(tuple(strides), offset), b.dtype))
-
-    def const(self, value, dtype="fp32"):
-        return self._add(Constant(value, dtype))
-
-    def op(self, name, *args, dtype="fp32"):
-        return self._add(Op(name, tuple(args), dtype))
-
-    def cast(self, arg, dtype):
-        return self._add(Cast(arg, dtype))
-
-    def reduce(self, op, arg, dtype="fp32"):
-        return self._add(Reduction(op, arg, dtype))
+        super().__init__(name, ranges)
+        self.rranges = tuple(reduction_ranges)
 
     def store(self, buffer, value, strides, offset=0):
         self.stores.append(Store(buffer, Index(tuple(strides), offset), value))
+
+    def reduce(self, op, arg, dtype="fp32"):
+        return self._add(Reduction(op, arg, dtype))
 
     def build(self) -> PointwiseKernel:
         k = PointwiseKernel(self.name, self.ranges, tuple(self.buffers), tuple(self.values), tuple(self.stores),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.handwritten import _split  # near-equal contiguous pieces, the first ones bigger
 
 from ._dump import Describable
 from .tiling import TilePlan
@@ -53,16 +54,6 @@ class DivisionPlan(Describable):
     @property
     def cores(self) -> int:
         return len(self.shares)
-
-
-def _split(total: int, parts: int) -> list[tuple[int, int]]:
-    q, r = divmod(total, parts)
-    out, start = [], 0
-    for p in range(parts):
-        count = q + (p < r)
-        out.append((start, count))
-        start += count
-    return out
 
 
 def split_dim(tiling: TilePlan) -> tuple[int | None, int]:

@@ -32,6 +32,8 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK
 from ..errors import PlanError, Unsupported
 from ._dump import Describable
 from .reduction_lowering import ReductionLowering
+from .scratchpad import first_fit
+from .verify import check_placement
 
 CHUNK_CONSTS = ("@n", "@inv_n", "@n_i")
 
@@ -153,12 +155,7 @@ def allocate(low: ReductionLowering, G: int, Kc: int, buffers: int, usable: int 
         if not work:
             continue
         first, last = live.get(name, (0, 0))
-        busy = sorted((a.offset, a.offset + a.nbytes) for a in placed if not (a.live[1] < first or last < a.live[0]))
-        offset = base
-        for lo, hi in busy:
-            if offset + nbytes <= lo:
-                break
-            offset = max(offset, hi)
+        offset = first_fit(placed, base, nbytes, first, last)
         a = RAllocation(name, None, offset, nbytes, stride, (first, last))
         placed.append(a)
         high = max(high, offset + nbytes)
@@ -203,19 +200,4 @@ def verify_reduction(plan: ReductionPlan, low: ReductionLowering) -> None:
         for acc in low.accumulators:
             if f"in:{acc}" not in by:
                 raise PlanError(f"reduction plan: accumulator {acc!r} has no ring landing tile")
-    for a in plan.allocations:
-        if a.offset % STICK or a.row_stride % STICK:
-            raise PlanError(f"reduction plan: {a.name} at {a.offset} (row stride {a.row_stride}) is not on "
-                            f"{STICK}-byte stick boundaries")
-        if a.offset < 0 or a.offset + a.nbytes > plan.usable:
-            raise PlanError(f"reduction plan: {a.name} at [{a.offset}, {a.offset + a.nbytes}) is outside the "
-                            f"usable {plan.usable} B")
-    allocs = sorted(plan.allocations, key=lambda a: a.offset)
-    for i, a in enumerate(allocs):
-        for b in allocs[i + 1:]:
-            if b.offset >= a.offset + a.nbytes:
-                break
-            both = a.live is None or b.live is None or not (a.live[1] < b.live[0] or b.live[1] < a.live[0])
-            if both:
-                raise PlanError(f"reduction plan: {a.name} [{a.offset}, {a.offset + a.nbytes}) and {b.name} "
-                                f"[{b.offset}, {b.offset + b.nbytes}) overlap while both are live")
+    check_placement("reduction plan", plan.allocations, plan.usable)

@@ -74,6 +74,18 @@ class ScratchpadPlan(Describable):
         raise KeyError(f"no allocation for tile {tile!r} buffer {buffer}")
 
 
+def first_fit(placed, base: int, nbytes: int, first: int, last: int) -> int:
+    """The lowest offset from `base` where `nbytes` fit between the allocations of `placed`
+    that are live at some step of [first, last] (the bytes of dead ones are reused)."""
+    busy = sorted((a.offset, a.offset + a.nbytes) for a in placed if not (a.live[1] < first or last < a.live[0]))
+    offset = base
+    for lo, hi in busy:
+        if offset + nbytes <= lo:
+            break
+        offset = max(offset, hi)
+    return offset
+
+
 def tile_geometry(t: TileValue, tiling: TilePlan) -> tuple[int, int]:
     """(stored rows, row stride in bytes) of a tile of `t` at the plan's tile shape."""
     rows = 1 if t.broadcast in ("rows", "scalar") else tiling.tile_rows
@@ -98,12 +110,7 @@ def _layout(fusion: FusionPlan, tiling: TilePlan, usable: int, buffers: int) -> 
     for name, first, last in fusion.live:
         rows, stride = tile_geometry(fusion.tile(name), tiling)
         size = rows * stride
-        busy = sorted((a.offset, a.offset + a.nbytes) for a in placed if not (a.live[1] < first or last < a.live[0]))
-        offset = base
-        for lo, hi in busy:
-            if offset + size <= lo:
-                break
-            offset = max(offset, hi)
+        offset = first_fit(placed, base, size, first, last)
         a = Allocation(name, None, offset, size, stride, (first, last))
         placed.append(a)
         high = max(high, offset + size)

@@ -44,19 +44,26 @@ def verify(plan: ScratchpadPlan, fusion: FusionPlan) -> None:
             raise PlanError(f"scratchpad plan: tile {t.name!r} has copies {[a.buffer for a in copies]}, "
                             f"needs {sorted(want, key=str)}")
         for a in copies:
-            if a.offset % STICK or a.row_stride % STICK:
-                raise PlanError(f"scratchpad plan: {a.name} at {a.offset} (row stride {a.row_stride}) is not "
-                                f"on {STICK}-byte stick boundaries")
             if a.nbytes < _needed(t, tiling):
                 raise PlanError(f"scratchpad plan: {a.name} has {a.nbytes} B, its tile needs {_needed(t, tiling)} B")
-            if a.offset < 0 or a.offset + a.nbytes > plan.usable:
-                raise PlanError(f"scratchpad plan: {a.name} at [{a.offset}, {a.offset + a.nbytes}) is outside the "
-                                f"usable {plan.usable} B")
-    allocs = sorted(plan.allocations, key=lambda a: a.offset)
+    check_placement("scratchpad plan", plan.allocations, plan.usable)
+
+
+def check_placement(what: str, allocations, usable: int) -> None:
+    """Every allocation stick-aligned and inside the usable scratchpad, and no two that are
+    live at the same time (live None: the whole program) sharing a byte."""
+    for a in allocations:
+        if a.offset % STICK or a.row_stride % STICK:
+            raise PlanError(f"{what}: {a.name} at {a.offset} (row stride {a.row_stride}) is not on "
+                            f"{STICK}-byte stick boundaries")
+        if a.offset < 0 or a.offset + a.nbytes > usable:
+            raise PlanError(f"{what}: {a.name} at [{a.offset}, {a.offset + a.nbytes}) is outside the "
+                            f"usable {usable} B")
+    allocs = sorted(allocations, key=lambda a: a.offset)
     for i, a in enumerate(allocs):
         for b in allocs[i + 1:]:
             if b.offset >= a.offset + a.nbytes:
                 break
             if _overlap_in_time(a, b):
-                raise PlanError(f"scratchpad plan: {a.name} [{a.offset}, {a.offset + a.nbytes}) and {b.name} "
+                raise PlanError(f"{what}: {a.name} [{a.offset}, {a.offset + a.nbytes}) and {b.name} "
                                 f"[{b.offset}, {b.offset + b.nbytes}) overlap while both are live")
