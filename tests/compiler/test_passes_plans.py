@@ -249,8 +249,8 @@ def test_five_op_chain_is_one_program_reading_inputs_once_writing_output_once(tm
 
 def test_unsupported_never_writes_an_artifact(tmp_path):
     k = KernelBuilder("bad", (8,))
-    k.buffer("x", "int64", (8,))
-    k.buffer("out", "int64", (8,))
+    k.buffer("x", "int16", (8,))
+    k.buffer("out", "int16", (8,))
     k.store("out", k.load("x"))
     with pytest.raises(Unsupported):
         compile_kernel(k.build(), tmp_path)
