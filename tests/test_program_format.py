@@ -302,7 +302,7 @@ def test_temporaries_live_at_fixed_offsets_in_the_artifacts_own_allocation():
 def test_rejects_unknown_operations_broadcasts_and_queue_depths():
     t = Tile(Addr(0), "fp32", 1, N, ROW)
     rejects(scale_program(sfp=(Pop("in"), Unary("cube", t, t), Push("out"))),
-            r"instruction 1 \(unary\): unknown operation 'cube'; unary knows abs, ceil")
+            r"instruction 1 \(unary\): unknown operation 'cube'; unary knows abs, bitwise_not, ceil")
     odd = Tile(Addr(0), "fp32", 1, N, ROW, broadcast="diagonal")
     rejects(scale_program(sfp=(Pop("in"), Unary("neg", odd, odd), Push("out"))),
             r"tile broadcast 'diagonal' is not one of none, rows, cols, scalar")
