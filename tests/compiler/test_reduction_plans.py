@@ -68,3 +68,15 @@ def test_the_verifier_rejects_overlapping_accumulators():
                                           for a in plan.allocations))
     with pytest.raises(PlanError, match="overlap"):
         verify_reduction(bad, low)
+
+
+def test_an_int64_constant_beyond_int32_is_refused_not_wrapped():
+    from spyre_inductor.compiler.backend import Unsupported, plan_kernel
+    from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Load, Op, PointwiseKernel, Reduction, Store
+
+    k = PointwiseKernel("big", (4,), (Buffer("x", "fp32", (4, 64), (64, 1)), Buffer("out", "fp32", (4,), (1,))),
+                        (Load("x", Index((64, 1)), "fp32"), Constant(2 ** 40, "int64"),
+                         Op("mul", (0, 1), "fp32"), Reduction("sum", 2, "fp32")),
+                        (Store("out", Index((1, 0)), 3),), (64,))
+    with pytest.raises(Unsupported, match="int64 constant 1099511627776"):
+        plan_kernel(k)

@@ -329,6 +329,11 @@ class _Builder:
         if v.dtype not in FLOATS + ("bool", "int32", "int8", "int64"):
             raise Unsupported(f"{self.where}: constant of {v.dtype}")
         if v.dtype == "int64":
+            # Reduction kernels compute integers in int32 (index arithmetic); an int64 constant
+            # that does not fit would wrap silently, so such a kernel is refused instead.
+            if not -2 ** 31 <= int(v.value) < 2 ** 31:
+                raise Unsupported(f"{self.where}: int64 constant {v.value} does not fit the int32 a reduction "
+                                  f"kernel computes integers in")
             dtype = "int32"
         value = float(v.value) if dtype == "fp32" else bool(v.value) if dtype == "bool" else int(v.value)
         self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = self.const(value, dtype), "S", 0, ()
