@@ -930,3 +930,19 @@ def test_malformed_operations_are_refused_at_enqueue():
     with pytest.raises(TypeError, match="HostCallback 'h': fn must be callable"):
         HostCallback(42, name="h")
     assert q.query_stream(1)
+
+
+def test_exiting_with_work_still_queued_finishes_it_and_exits_cleanly():
+    # Without draining at exit, a worker still running a torch op while the interpreter and
+    # torch tear down aborts the process ("terminate called without an active exception").
+    from conftest import run_python
+
+    code = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.softmax(x, -1) * 2)\n"
+        "x = torch.randn(2048, 4096).to('spyre')\n"
+        "ys = [f(x) for _ in range(3)]\n"  # launched asynchronously, never synchronized
+    )
+    for _ in range(2):
+        r = run_python(code)
+        assert r.returncode == 0, r.stderr[-500:]

@@ -7,6 +7,8 @@ nothing about tensors.
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 from spyre_runtime import _C
@@ -27,6 +29,9 @@ def install() -> Runtime:
         _runtime = Runtime(_C.device_count(), costs, native=_C, wait_timeout=wait_timeout_from_env())
         _C.set_runtime(_runtime)
         runtime_module.set_current(_runtime)
+        # Work still queued at exit would run on worker threads while Python and torch tear
+        # down (the process aborts): finish it and stop the workers first, as CUDA drains at exit.
+        atexit.register(_runtime.shutdown)
     return _runtime
 
 

@@ -185,6 +185,7 @@ class DeviceQueue:
         self.recorders: list[list[Ticket]] = []
         self._seq = itertools.count(1)
         self._watchdog: threading.Thread | None = None
+        self._closing = False  # set by shutdown(): workers finish their heaps and exit
         # Simulated time the host has observed (by synchronizing or waiting):
         # whatever it enqueues afterwards cannot start earlier.
         self.sim_floor = 0.0
@@ -405,10 +406,32 @@ class DeviceQueue:
     def _work(self, pipe: _Pipeline) -> None:
         while True:
             with self.lock:
-                while not pipe.heap:
+                while not pipe.heap and not self._closing:
                     pipe.cond.wait()
+                if self._closing and not pipe.heap:
+                    return
                 _, _, t = heapq.heappop(pipe.heap)
             self._run_on_pipeline(t)
+
+    def shutdown(self, timeout: float) -> bool:
+        """Finish the enqueued work (up to `timeout` s) and stop the workers: at interpreter
+        exit, a worker still running a torch op while Python and torch tear down aborts the
+        process. Errors are not raised (nobody is left to see them). True if all finished."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            for t in list(self.inflight.values()):
+                while not t.done and time.monotonic() < deadline:
+                    self.changed.wait(timeout=max(0.0, deadline - time.monotonic()))
+            finished = all(t.done for t in self.inflight.values())
+            if not finished:
+                return False  # something waits on a signal that never comes: leave the daemons be
+            self._closing = True
+            for pipe in self.pipelines.values():
+                pipe.cond.notify_all()
+        for pipe in self.pipelines.values():
+            if pipe.thread is not None and pipe.thread is not threading.current_thread():
+                pipe.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return True
 
     def _run_on_pipeline(self, t: Ticket) -> None:
         """Execute `t` holding its pipeline, so a pipeline runs one operation at a

@@ -102,6 +102,11 @@ class Runtime:
     def stream_synchronize(self, device: int, stream: int) -> None:
         self.devices[device].synchronize_stream(stream)
 
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Finish every device's enqueued work and stop its workers (registered at exit)."""
+        for q in self.devices:
+            q.shutdown(timeout)
+
     def device_synchronize(self, device: int) -> None:
         self.devices[device].synchronize()
 
