@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import jinja2
@@ -28,8 +27,8 @@ def _indent(instrs) -> list[str]:
 def render(program) -> str:
     from .program import FORMAT_VERSION, SLOT_BYTES
 
-    body = json.loads(program.to_json())["header"]["checksum"]
+    checksum = program.checksum()
     return _env.get_template("program_listing.j2").render(
-        p=program, version=FORMAT_VERSION, checksum=body, slot_bytes=SLOT_BYTES,
+        p=program, version=FORMAT_VERSION, checksum=checksum, slot_bytes=SLOT_BYTES,
         high_water=program.scratchpad_high_water(), indent=_indent, list=list,
     )
