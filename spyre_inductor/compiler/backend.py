@@ -43,7 +43,7 @@ __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-reduction-1"
+COMPILER_VERSION = "spyre-3"  # 1: pointwise, 2: phased plans, 3: reductions
 
 
 @dataclass(frozen=True)
