@@ -81,3 +81,15 @@ def test_fx_graph_cache_key_includes_the_compiler_version(tmp_path):
     same, other = _probe(tmp_path, "version-a"), _probe(tmp_path, "version-b", attempts=2)
     assert _result(same) == ["hit"]  # same compiler: its first compile is served from the cache
     assert _result(other) == ["miss", "hit"]  # another compiler misses, then caches its own entry
+
+
+def test_the_cache_key_changes_with_the_compiler_config():
+    # A graph compiled under max_cores=1 must never be served from the FX graph cache under
+    # another setting: the config is part of the key Inductor hashes (the version pass's uuid).
+    from spyre_inductor.compiler import config
+    from spyre_inductor.compiler.registration import VERSION_PASS
+
+    default = VERSION_PASS.uuid()
+    with config.patch(max_cores=1):
+        assert VERSION_PASS.uuid() != default
+    assert VERSION_PASS.uuid() == default
