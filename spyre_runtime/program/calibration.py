@@ -9,7 +9,7 @@ tests can run the same plan scaled down.
 
 Common plan of the elementwise kernels: the flat data is split evenly over
 the cores on stick boundaries (64 fp16 elements); each core moves its slice
-through scratchpad with handwritten._pipeline in chunks of ``chunk`` bytes
+through scratchpad with emitter.pipeline in chunks of ``chunk`` bytes
 per operand: ls loads chunk t and pushes full<b>, sfp computes in place and
 pushes done<b>, ls stores the chunk and loads chunk t + 2.
 
@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..hardware import HARDWARE
-from .handwritten import (
-    _Scratch, _Unit, _nothing, _pipeline, _pipeline_queues, _program, _split, _sticks, tiled_matmul,
-)
+from .emitter import Scratch, Unit, assemble, nothing, pipeline, pipeline_queues, split_evenly, sticks
+from .handwritten import tiled_matmul
 from .isa import Binary, Fill, Load, Pop, Push, Reduce, Store, Unary
 from .operands import ITEMSIZE, STICK
 from .program import Program, Queue, Symbol
@@ -61,7 +60,7 @@ def _check_cores(cores: int) -> None:
 def _stick_split(n: int, cores: int) -> list[tuple[int, int]]:
     """(start, count) elements per core: whole sticks split near-evenly, the tail elements to the last core."""
     sticks, tail = divmod(n, STICK_ELEMS)
-    out = [(s * STICK_ELEMS, c * STICK_ELEMS) for s, c in _split(sticks, cores)]
+    out = [(s * STICK_ELEMS, c * STICK_ELEMS) for s, c in split_evenly(sticks, cores)]
     if tail:
         start, count = out[-1]
         out[-1] = (start, count + tail)
@@ -99,12 +98,12 @@ def _elementwise(name: str, shape: tuple[int, ...], inputs: tuple[str, ...], cor
         if tiles == 0:
             size, tiles, rem = 0, 0, count
         width = size or rem
-        sp = _Scratch(HARDWARE.scratchpad_usable_bytes)
+        sp = Scratch(HARDWARE.scratchpad_usable_bytes)
         bufs = [tuple(sp.take(width * ISZ) for _ in inputs) for _ in range(buffers if tiles > 1 else 1)]
         scratch = {"width": width, "extra": sp.take(extra_bytes) if extra_bytes else None}
-        q, qs = _pipeline_queues(core, buffers)
+        q, qs = pipeline_queues(core, buffers)
         queues += qs
-        ls, sfp = _Unit(), _Unit()
+        ls, sfp = Unit(), Unit()
         if prologue is not None:
             prologue(sfp, scratch)
         base = start * ISZ
@@ -112,19 +111,19 @@ def _elementwise(name: str, shape: tuple[int, ...], inputs: tuple[str, ...], cor
         def load(u, t, b, rsize, size=size, bufs=bufs, base=base):
             cnt = rsize or size
             for sym, addr in zip(inputs, bufs[b]):
-                u.emit(Load(u.sp(addr), u.dev(sym, base + t * (size * ISZ)), 1, cnt * ISZ, 0, _sticks(cnt * ISZ)))
+                u.emit(Load(u.sp(addr), u.dev(sym, base + t * (size * ISZ)), 1, cnt * ISZ, 0, sticks(cnt * ISZ)))
 
         def store(u, t, b, rsize, size=size, bufs=bufs, base=base):
             cnt = rsize or size
-            u.emit(Store(u.dev("out", base + t * (size * ISZ)), u.sp(bufs[b][0]), 1, cnt * ISZ, 0, _sticks(cnt * ISZ)))
+            u.emit(Store(u.dev("out", base + t * (size * ISZ)), u.sp(bufs[b][0]), 1, cnt * ISZ, 0, sticks(cnt * ISZ)))
 
         def compute(u, t, b, rsize, size=size, bufs=bufs, scratch=scratch):
             cnt = rsize or size
-            compute_tiles(u, [u.tile(a, DTYPE, 1, cnt, _sticks(cnt * ISZ)) for a in bufs[b]], scratch)
+            compute_tiles(u, [u.tile(a, DTYPE, 1, cnt, sticks(cnt * ISZ)) for a in bufs[b]], scratch)
 
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, store, buffers)
+        pipeline(ls, sfp, tiles, rem, q, load, compute, store, buffers)
         programs[core] = {"ls": ls.instrs, "sfp": sfp.instrs}
-    return _program(name, symbols, queues, programs,
+    return assemble(name, symbols, queues, programs,
                     notes=notes or f"flat split over {cores} core(s) on stick boundaries, {chunk} B chunks, "
                                    f"{buffers} buffers")
 
@@ -188,7 +187,7 @@ def fused_mul_add(n: int = 4 * 1024 * 1024, cores: int = 32, *, chunk: int | Non
         cnt = x.cols
         c2 = u.tile(s["extra"], DTYPE, 1, cnt, STICK, "scalar")
         c3 = u.tile(s["extra"] + STICK, DTYPE, 1, cnt, STICK, "scalar")
-        tmp = u.tile(s["extra"] + 2 * STICK, DTYPE, 1, cnt, _sticks(cnt * ISZ))
+        tmp = u.tile(s["extra"] + 2 * STICK, DTYPE, 1, cnt, sticks(cnt * ISZ))
         u.emit(Binary("mul", tmp, x, c3), Binary("mul", x, x, c2), Binary("add", x, x, tmp))
 
     return _elementwise(f"cal_fused_mul_add_{n}_on_{cores}", (n,), ("x",), cores, chunk, compute,
@@ -227,20 +226,20 @@ def row_sum(rows: int = 2048, cols: int = 4096, cores: int = 32, *, chunk: int =
     """
     _check_cores(cores)
     row_bytes = cols * ISZ
-    in_row = _sticks(row_bytes)
+    in_row = sticks(row_bytes)
     queues, programs = [], {}
-    for core, (row0, count) in enumerate(_split(rows, cores)):
+    for core, (row0, count) in enumerate(split_evenly(rows, cores)):
         if count == 0:
             continue
         r = max(1, min(count, chunk // in_row))
         tiles, rem = divmod(count, r)
-        sp = _Scratch(HARDWARE.scratchpad_usable_bytes)
+        sp = Scratch(HARDWARE.scratchpad_usable_bytes)
         bufs = [sp.take(r * in_row), sp.take(r * in_row)]
         acc, half = sp.take(count * STICK), sp.take(count * STICK)
-        q, qs = _pipeline_queues(core)
+        q, qs = pipeline_queues(core)
         ready = f"c{core}.ready"
         queues += qs + [Queue(ready, (core, "sfp"), (core, "ls"), depth=1)]
-        ls, sfp = _Unit(), _Unit()
+        ls, sfp = Unit(), Unit()
         base = row0 * row_bytes
 
         def load(u, t, b, size, r=r, bufs=bufs, base=base):
@@ -251,12 +250,12 @@ def row_sum(rows: int = 2048, cols: int = 4096, cores: int = 32, *, chunk: int =
             u.emit(Reduce("sum", u.tile(acc + t * (r * STICK), "fp32", nr, 1, STICK),
                           u.tile(bufs[b], DTYPE, nr, cols, in_row)))
 
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, _nothing)
+        pipeline(ls, sfp, tiles, rem, q, load, compute, nothing)
         sfp.emit(Unary("copy", sfp.tile(half, DTYPE, count, 1, STICK), sfp.tile(acc, "fp32", count, 1, STICK)),
                  Push(ready))
         ls.emit(Pop(ready), Store(ls.dev("out", row0 * ISZ), ls.sp(half), count, ISZ, ISZ, STICK))
         programs[core] = {"ls": ls.instrs, "sfp": sfp.instrs}
-    return _program(
+    return assemble(
         f"cal_row_sum_{rows}x{cols}_on_{cores}",
         [Symbol("x", "input", DTYPE, (rows, cols), (cols, 1)), Symbol("out", "output", DTYPE, (rows,), (1,))],
         queues, programs, notes=f"rows split over {cores} core(s), double-buffered row tiles, fp32 row sums")
@@ -300,14 +299,14 @@ def softmax_dim0(rows: int = 512, cols: int = 1024, cores: int = 1) -> Program:
     C x sticks(rows*2) + 2 x C x 128 B (1.25 MiB at full size on 1 core).
     """
     _check_cores(cores)
-    row = _sticks(rows * ISZ)
+    row = sticks(rows * ISZ)
     programs = {}
-    for core, (col0, count) in enumerate(_split(cols, cores)):
+    for core, (col0, count) in enumerate(split_evenly(cols, cores)):
         if count == 0:
             continue
-        sp = _Scratch(HARDWARE.scratchpad_usable_bytes)
+        sp = Scratch(HARDWARE.scratchpad_usable_bytes)
         xt, mx, sm = sp.take(count * row), sp.take(count * STICK), sp.take(count * STICK)
-        u = _Unit()
+        u = Unit()
         x = u.tile(xt, DTYPE, count, rows, row)
         u.emit(
             Reduce("max", u.tile(mx, DTYPE, count, 1, STICK), x),
@@ -317,7 +316,7 @@ def softmax_dim0(rows: int = 512, cols: int = 1024, cores: int = 1) -> Program:
             Binary("div", x, x, u.tile(sm, DTYPE, count, rows, STICK, "cols")),
         )
         programs[core] = {"sfp": u.instrs}
-    return _program(f"cal_softmax_dim0_{rows}x{cols}_on_{cores}_resident", [], [], programs,
+    return assemble(f"cal_softmax_dim0_{rows}x{cols}_on_{cores}_resident", [], [], programs,
                     notes="scratchpad-resident, transposed layout (columns of x are scratchpad rows), fp16 intermediates")
 
 
@@ -347,15 +346,15 @@ def softmax_dim0_from_memory(rows: int = 512, cols: int = 1024, cores: int = 4) 
     """
     _check_cores(cores)
     queues, programs = [], {}
-    for core, (col0, count) in enumerate(_split(cols, cores)):
+    for core, (col0, count) in enumerate(split_evenly(cols, cores)):
         if count == 0:
             continue
-        row = _sticks(count * ISZ)
-        sp = _Scratch(HARDWARE.scratchpad_usable_bytes)
-        x, mx, sm = sp.take(rows * row), sp.take(row), sp.take(_sticks(count * 4))
+        row = sticks(count * ISZ)
+        sp = Scratch(HARDWARE.scratchpad_usable_bytes)
+        x, mx, sm = sp.take(rows * row), sp.take(row), sp.take(sticks(count * 4))
         ready, done = f"c{core}.ready", f"c{core}.done"
         queues += [Queue(ready, (core, "ls"), (core, "sfp"), depth=1), Queue(done, (core, "sfp"), (core, "ls"), depth=1)]
-        ls, u = _Unit(), _Unit()
+        ls, u = Unit(), Unit()
         ls.emit(Load(ls.sp(x), ls.dev("x", col0 * ISZ), rows, count * ISZ, cols * ISZ, row), Push(ready))
         u.emit(Pop(ready))
         whole = u.tile(x, DTYPE, rows, count, row)
@@ -372,7 +371,7 @@ def softmax_dim0_from_memory(rows: int = 512, cols: int = 1024, cores: int = 4) 
         ls.emit(Pop(done), Store(ls.dev("out", col0 * ISZ), ls.sp(x), rows, count * ISZ, cols * ISZ, row))
         programs[core] = {"ls": ls.instrs, "sfp": u.instrs}
     shape, strides = (rows, cols), (cols, 1)
-    return _program(f"cal_softmax_dim0_{rows}x{cols}_on_{cores}_from_memory",
+    return assemble(f"cal_softmax_dim0_{rows}x{cols}_on_{cores}_from_memory",
                     [Symbol("x", "input", DTYPE, shape, strides), Symbol("out", "output", DTYPE, shape, strides)],
                     queues, programs, notes="columns split over the cores, loaded whole, dim-0 reductions as row loops")
 

@@ -4,261 +4,31 @@ Each builder returns a validated :class:`Program` whose docstring states the
 plan: how the data is tiled, how the work is split across cores, how
 scratchpad buffers are reused and which queues carry which tokens.
 
-They are written with a small emitter (``_Unit``) that keeps the loop depth of
-one unit's instruction stream, so that addresses are written as affine
-expressions in loop counters (``_Aff``) and turned into ``Addr``/``DevAddr``
-steps for whatever loops enclose the instruction. Two idioms recur:
-
-* **Unroll by two for double buffering.** A buffer index cannot be a loop
-  counter's parity (addresses are affine, and queue names are static), so a
-  loop over tiles that alternates two buffers is emitted as
-  ``loop(count // 2) { body(buffer 0); body(buffer 1) }`` plus a tail body.
-  Every buffer has its own pair of queues ("full<b>" producer -> consumer,
-  "done<b>"/"free<b>" back), so both units only have to agree on the static
-  sequence of buffers, and a sequence that uses buffer 0 twice in a row (a
-  tail) is still correct (it just waits).
-* **Priming.** When the consumer frees a buffer the producer reuses, the
-  consumer pushes one "free" token per buffer up front and the producer pops
-  the extra tokens at the end, so the loop bodies are uniform (no peeled
-  first iteration) and pushes and pops match.
+They are written with the shared emitter (emitter.py: ``Unit``, ``Aff``,
+``pipeline``), whose docstring describes the idioms they use.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass
-
 from ..hardware import HARDWARE
-from .isa import (
-    Binary, EndLoop, Fence, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Send, Store, Unary,
-)
-from .operands import ITEMSIZE, STICK, Addr, DevAddr, Tile
-from .program import CoreProgram, Program, Queue, Symbol
-from .validate import validate
+from .emitter import Aff, Scratch, Unit, assemble, nothing, pipeline, pipeline_queues, split_evenly, sticks
+from .isa import Binary, Fill, Load, MatMul, Pop, Push, Reduce, Send, Store, Unary
+from .operands import ITEMSIZE, STICK, Addr, DevAddr
+from .program import Program, Queue, Symbol
 
 __all__ = ["cast_round_trip", "ring_sum", "row_softmax", "tiled_matmul", "vector_add"]
 
 FLOATS = ("fp16", "bf16", "fp32")
 
 
-def _sticks(nbytes: int) -> int:
-    """nbytes rounded up to whole sticks."""
-    return -(-nbytes // STICK) * STICK
-
-
-# ---- emitter ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Aff:
-    """const + sum(coef * counter[level]): an affine expression in loop counters."""
-
-    const: int = 0
-    terms: tuple[tuple[int, int], ...] = ()  # (loop level, coefficient)
-
-    def __add__(self, other):
-        if isinstance(other, int):
-            return _Aff(self.const + other, self.terms)
-        coefs = dict(self.terms)
-        for level, c in other.terms:
-            coefs[level] = coefs.get(level, 0) + c
-        return _Aff(self.const + other.const, tuple(sorted(coefs.items())))
-
-    __radd__ = __add__
-
-    def __mul__(self, k: int):
-        return _Aff(self.const * k, tuple((level, c * k) for level, c in self.terms))
-
-    __rmul__ = __mul__
-
-
-def _aff(value) -> _Aff:
-    return value if isinstance(value, _Aff) else _Aff(int(value))
-
-
-class _Unit:
-    """One unit's instruction stream, with its current loop depth."""
-
-    def __init__(self):
-        self.instrs: list = []
-        self.depth = 0
-
-    def emit(self, *instrs) -> None:
-        self.instrs.extend(instrs)
-
-    @contextmanager
-    def loop(self, count: int):
-        level = self.depth
-        self.emit(Loop(count))
-        self.depth += 1
-        try:
-            yield _Aff(0, ((level, 1),))
-        finally:
-            self.depth -= 1
-            self.emit(EndLoop())
-
-    def _steps(self, value) -> tuple[int, tuple[int, ...]]:
-        value = _aff(value)
-        steps = [0] * self.depth
-        for level, c in value.terms:
-            if level >= self.depth:
-                raise AssertionError("address uses the counter of a loop that is closed")
-            steps[level] += c
-        while steps and steps[-1] == 0:
-            steps.pop()
-        return value.const, tuple(steps)
-
-    def sp(self, value) -> Addr:
-        return Addr(*self._steps(value))
-
-    def dev(self, symbol: str, value) -> DevAddr:
-        return DevAddr(symbol, *self._steps(value))
-
-    def tile(self, value, dtype, rows, cols, row_stride, broadcast="none") -> Tile:
-        return Tile(self.sp(value), dtype, rows, cols, row_stride, broadcast)
-
-    def range(self, count: int):
-        """A plain counted loop (no loop at all for a count of 1): yields the counter."""
-        if count == 1:
-            yield _Aff(0)
-        elif count > 1:
-            with self.loop(count) as i:
-                yield i
-
-    def each(self, count: int, offset: int = 0, ways: int = 2):
-        """Iterations offset..offset+count-1 unrolled by `ways`: yields (index, index % ways).
-
-        The remainder is static in every emitted body, so it can pick a buffer.
-        """
-        if count <= 0:
-            return
-        groups, tail = divmod(count, ways)
-        if groups == 1:
-            for j in range(ways):
-                yield _Aff(offset + j), (offset + j) % ways
-        elif groups > 1:
-            with self.loop(groups) as p:
-                for j in range(ways):
-                    yield p * ways + (offset + j), (offset + j) % ways
-        for t in range(offset + count - tail, offset + count):
-            yield _Aff(t), t % ways
-
-
-class _Scratch:
-    """Bump allocation of stick-aligned scratchpad ranges on one core."""
-
-    def __init__(self, usable: int):
-        self.top, self.usable = 0, usable
-
-    def take(self, nbytes: int) -> int:
-        addr = self.top
-        self.top += _sticks(nbytes)
-        if self.top > self.usable:
-            raise ValueError(f"plan needs {self.top} B of scratchpad, only {self.usable} B usable")
-        return addr
-
-
-def _program(name, symbols, queues, cores, notes="") -> Program:
-    """Assemble, dropping queues no instruction uses, and validate."""
-    used = {ins.queue for units in cores.values() for instrs in units.values()
-            for ins in instrs if isinstance(ins, (Push, Pop))}
-    program = Program(
-        name,
-        symbols=tuple(symbols),
-        queues=tuple(q for q in queues if q.name in used),
-        cores=tuple(CoreProgram(c, tuple((u, tuple(instrs)) for u, instrs in units.items() if instrs))
-                    for c, units in sorted(cores.items())),
-        notes=notes,
-    )
-    validate(program)
-    return program
-
-
 def _vector(name, role, dtype, n) -> Symbol:
     return Symbol(name, role, dtype, (n,), (1,))
-
-
-def _split(total: int, parts: int) -> list[tuple[int, int]]:
-    """(start, count) of `parts` near-equal contiguous pieces (the first ones one bigger)."""
-    q, r = divmod(total, parts)
-    out, start = [], 0
-    for p in range(parts):
-        count = q + (p < r)
-        out.append((start, count))
-        start += count
-    return out
-
-
-def _pipeline(ls: _Unit, sfp: _Unit, tiles: int, rem: int, q, load, compute, store, buffers: int = 2,
-              phased: bool = False) -> None:
-    """Stream `tiles` equal tiles (then one remainder tile, if `rem`) through `buffers` buffers.
-
-    ls loads tile t into buffer t % buffers and pushes q["full", b]; sfp pops
-    it, computes, pushes q["done", b]; ls pops that, stores tile t (if
-    `store` emits anything) and loads tile t + 2 into buffer (t + 2) % buffers.
-    ls starts two loads ahead, so the load of tile t + 1 overlaps the compute
-    of tile t. With two buffers the load of tile t + 2 reuses tile t's buffer
-    and so waits for its store; with three it goes to the buffer tile t - 1
-    freed, and the store of tile t and the load of tile t + 2 are in flight
-    together (a streaming plan: reads and writes interleave on the bus).
-    `phased` puts a Fence between the store of tile t and the load of tile
-    t + 2 even when they use different scratchpad bytes, so a core never has
-    reads and writes in flight together; with every core in step the bus
-    sees a write phase, then a read phase (the pure-stream rate, no
-    turnaround), while the sfp computes the tile loaded before.
-    The remainder tile (a different shape, e.g. a partial stick or fewer
-    rows) goes through buffer 0 after the stream has drained.
-
-    load/compute/store(unit, t, b, size) emit one tile's instructions, t an
-    affine tile index, b the buffer, size `None` for a full tile or `rem`.
-    """
-    if buffers not in (2, 3):
-        raise ValueError(f"buffers must be 2 or 3, got {buffers}")
-    for t in range(min(tiles, 2)):
-        load(ls, _Aff(t), t, None)
-        ls.emit(Push(q["full", t]))
-    for t, b in ls.each(tiles - 2, ways=buffers):
-        ahead = (b + 2) % buffers
-        ls.emit(Pop(q["done", b]))
-        store(ls, t, b, None)
-        if phased:
-            ls.emit(Fence())
-        load(ls, t + 2, ahead, None)
-        ls.emit(Push(q["full", ahead]))
-    for t in range(max(tiles - 2, 0), tiles):
-        ls.emit(Pop(q["done", t % buffers]))
-        store(ls, _Aff(t), t % buffers, None)
-    for t, b in sfp.each(tiles, ways=buffers):
-        sfp.emit(Pop(q["full", b]))
-        compute(sfp, t, b, None)
-        sfp.emit(Push(q["done", b]))
-    if rem:
-        t = _Aff(tiles)
-        load(ls, t, 0, rem)
-        ls.emit(Push(q["full", 0]), Pop(q["done", 0]))
-        store(ls, t, 0, rem)
-        sfp.emit(Pop(q["full", 0]))
-        compute(sfp, t, 0, rem)
-        sfp.emit(Push(q["done", 0]))
-
-
-def _pipeline_queues(core: int, buffers: int = 2) -> tuple[dict, list[Queue]]:
-    q, queues = {}, []
-    for kind, producer, consumer in (("full", "ls", "sfp"), ("done", "sfp", "ls")):
-        for b in range(buffers):
-            name = f"c{core}.{kind}{b}"
-            q[kind, b] = name
-            queues.append(Queue(name, (core, producer), (core, consumer), depth=1))
-    return q, queues
 
 
 def _check_dtype(dtype: str) -> None:
     if dtype not in FLOATS:
         raise ValueError(f"dtype must be one of {FLOATS}, got {dtype!r}")
 
-
-def _nothing(*_):
-    pass
 
 
 # ---- vector add ----------------------------------------------------------------------
@@ -292,27 +62,27 @@ def vector_add(n: int, dtype: str = "fp32", *, chunk: int | None = None) -> Prog
     if tiles == 0:
         chunk, tiles, rem = 0, 0, n  # one (partial) chunk
     width = chunk or rem
-    sp = _Scratch(usable)
+    sp = Scratch(usable)
     bufs = [(sp.take(width * isz), sp.take(width * isz)) for _ in range(2)]
-    q, queues = _pipeline_queues(0)
-    ls, sfp = _Unit(), _Unit()
+    q, queues = pipeline_queues(0)
+    ls, sfp = Unit(), Unit()
 
     def load(u, t, b, size):
         cnt = size or chunk
         for sym, addr in zip(("x", "y"), bufs[b]):
-            u.emit(Load(u.sp(addr), u.dev(sym, t * (chunk * isz)), 1, cnt * isz, 0, _sticks(cnt * isz)))
+            u.emit(Load(u.sp(addr), u.dev(sym, t * (chunk * isz)), 1, cnt * isz, 0, sticks(cnt * isz)))
 
     def compute(u, t, b, size):
         cnt = size or chunk
-        xt, yt = (u.tile(a, dtype, 1, cnt, _sticks(cnt * isz)) for a in bufs[b])
+        xt, yt = (u.tile(a, dtype, 1, cnt, sticks(cnt * isz)) for a in bufs[b])
         u.emit(Binary("add", xt, xt, yt))
 
     def store(u, t, b, size):
         cnt = size or chunk
-        u.emit(Store(u.dev("out", t * (chunk * isz)), u.sp(bufs[b][0]), 1, cnt * isz, 0, _sticks(cnt * isz)))
+        u.emit(Store(u.dev("out", t * (chunk * isz)), u.sp(bufs[b][0]), 1, cnt * isz, 0, sticks(cnt * isz)))
 
-    _pipeline(ls, sfp, tiles, rem, q, load, compute, store)
-    return _program(
+    pipeline(ls, sfp, tiles, rem, q, load, compute, store)
+    return assemble(
         f"vector_add_{dtype}_{n}",
         [_vector("x", "input", dtype, n), _vector("y", "input", dtype, n), _vector("out", "output", dtype, n)],
         queues, {0: {"ls": ls.instrs, "sfp": sfp.instrs}},
@@ -343,27 +113,27 @@ def cast_round_trip(n: int, *, chunk: int | None = None) -> Program:
     if tiles == 0:
         chunk, tiles, rem = 0, 0, n
     width = chunk or rem
-    sp = _Scratch(usable)
+    sp = Scratch(usable)
     bufs = [(sp.take(width * 4), sp.take(width * 2)) for _ in range(2)]
-    q, queues = _pipeline_queues(0)
-    ls, sfp = _Unit(), _Unit()
+    q, queues = pipeline_queues(0)
+    ls, sfp = Unit(), Unit()
 
     def load(u, t, b, size):
         cnt = size or chunk
-        u.emit(Load(u.sp(bufs[b][0]), u.dev("x", t * (chunk * 4)), 1, cnt * 4, 0, _sticks(cnt * 4)))
+        u.emit(Load(u.sp(bufs[b][0]), u.dev("x", t * (chunk * 4)), 1, cnt * 4, 0, sticks(cnt * 4)))
 
     def compute(u, t, b, size):
         cnt = size or chunk
-        wide = u.tile(bufs[b][0], "fp32", 1, cnt, _sticks(cnt * 4))
-        half = u.tile(bufs[b][1], "fp16", 1, cnt, _sticks(cnt * 2))
+        wide = u.tile(bufs[b][0], "fp32", 1, cnt, sticks(cnt * 4))
+        half = u.tile(bufs[b][1], "fp16", 1, cnt, sticks(cnt * 2))
         u.emit(Unary("copy", half, wide), Unary("copy", wide, half))
 
     def store(u, t, b, size):
         cnt = size or chunk
-        u.emit(Store(u.dev("out", t * (chunk * 4)), u.sp(bufs[b][0]), 1, cnt * 4, 0, _sticks(cnt * 4)))
+        u.emit(Store(u.dev("out", t * (chunk * 4)), u.sp(bufs[b][0]), 1, cnt * 4, 0, sticks(cnt * 4)))
 
-    _pipeline(ls, sfp, tiles, rem, q, load, compute, store)
-    return _program(
+    pipeline(ls, sfp, tiles, rem, q, load, compute, store)
+    return assemble(
         f"cast_round_trip_{n}",
         [_vector("x", "input", "fp32", n), _vector("out", "output", "fp32", n)],
         queues, {0: {"ls": ls.instrs, "sfp": sfp.instrs}},
@@ -405,7 +175,7 @@ def row_softmax(rows: int, cols: int, dtype: str = "fp16", cores: int = 4, *,
         raise ValueError("need rows, cols >= 1 and 1 <= cores <= %d" % HARDWARE.cores)
     isz = ITEMSIZE[dtype]
     usable = HARDWARE.scratchpad_usable_bytes
-    in_row, w_row = _sticks(cols * isz), _sticks(cols * 4)
+    in_row, w_row = sticks(cols * isz), sticks(cols * 4)
     per_row = 2 * in_row + w_row + 2 * STICK
     max_rows = usable // per_row
     if max_rows < 1:
@@ -416,7 +186,7 @@ def row_softmax(rows: int, cols: int, dtype: str = "fp16", cores: int = 4, *,
     symbols = [Symbol("x", "input", dtype, (rows, cols), (cols, 1)),
                Symbol("out", "output", dtype, (rows, cols), (cols, 1))]
     queues, programs = [], {}
-    for core, (row0, count) in enumerate(_split(rows, cores)):
+    for core, (row0, count) in enumerate(split_evenly(rows, cores)):
         if count == 0:
             continue
         if tile_rows is None:
@@ -425,12 +195,12 @@ def row_softmax(rows: int, cols: int, dtype: str = "fp16", cores: int = 4, *,
         else:
             r = min(tile_rows, count)
         tiles, rem = divmod(count, r)
-        sp = _Scratch(usable)
+        sp = Scratch(usable)
         bufs = [sp.take(r * in_row), sp.take(r * in_row)]
         work, mx, sm = sp.take(r * w_row), sp.take(r * STICK), sp.take(r * STICK)
-        q, qs = _pipeline_queues(core)
+        q, qs = pipeline_queues(core)
         queues += qs
-        ls, sfp = _Unit(), _Unit()
+        ls, sfp = Unit(), Unit()
         base = row0 * cols * isz
 
         def load(u, t, b, size, r=r, bufs=bufs, base=base):
@@ -453,9 +223,9 @@ def row_softmax(rows: int, cols: int, dtype: str = "fp16", cores: int = 4, *,
                 Binary("div", x, w, u.tile(sm, "fp32", n, cols, STICK, "cols")),
             )
 
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, store)
+        pipeline(ls, sfp, tiles, rem, q, load, compute, store)
         programs[core] = {"ls": ls.instrs, "sfp": sfp.instrs}
-    return _program(f"row_softmax_{dtype}_{rows}x{cols}", symbols, queues, programs,
+    return assemble(f"row_softmax_{dtype}_{rows}x{cols}", symbols, queues, programs,
                     notes=f"rows split over {cores} core(s), double-buffered row tiles, fp32 inside sfp")
 
 
@@ -492,33 +262,33 @@ def ring_sum(n: int, cores: int, *, chunk: int | None = None) -> Program:
         raise ValueError("chunk must be a whole number of fp32 sticks (32 elements)")
     queues, programs = [], {}
     last = cores - 1
-    for core, (start, count) in enumerate(_split(n, cores)):
+    for core, (start, count) in enumerate(split_evenly(n, cores)):
         tiles, rem = divmod(count, chunk)
         size = chunk
         if tiles == 0:
             size, rem = 0, count
-        sp = _Scratch(usable)
+        sp = Scratch(usable)
         part, incoming = sp.take(4), sp.take(4)
         width = size or rem
         bufs = [sp.take(width * 4), sp.take(width * 4)] if width else []
-        q, qs = _pipeline_queues(core)
+        q, qs = pipeline_queues(core)
         ready = f"c{core}.ready"
         queues += qs + [Queue(ready, (core, "sfp"), (core, "ls"), depth=1)]
         if core < last:
             queues.append(Queue(f"ring{core}", (core, "ls"), (core + 1, "sfp"), depth=1))
-        ls, sfp = _Unit(), _Unit()
+        ls, sfp = Unit(), Unit()
         sfp.emit(Fill(sfp.tile(part, "fp32", 1, 1, STICK), 0.0))
 
         def load(u, t, b, rsize, size=size, bufs=bufs, start=start):
             cnt = rsize or size
-            u.emit(Load(u.sp(bufs[b]), u.dev("x", start * 4 + t * (size * 4)), 1, cnt * 4, 0, _sticks(cnt * 4)))
+            u.emit(Load(u.sp(bufs[b]), u.dev("x", start * 4 + t * (size * 4)), 1, cnt * 4, 0, sticks(cnt * 4)))
 
         def compute(u, t, b, rsize, size=size, bufs=bufs, part=part):
             cnt = rsize or size
             u.emit(Reduce("sum", u.tile(part, "fp32", 1, 1, STICK),
-                          u.tile(bufs[b], "fp32", 1, cnt, _sticks(cnt * 4)), accumulate=True))
+                          u.tile(bufs[b], "fp32", 1, cnt, sticks(cnt * 4)), accumulate=True))
 
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, _nothing)
+        pipeline(ls, sfp, tiles, rem, q, load, compute, nothing)
         p_tile = sfp.tile(part, "fp32", 1, 1, STICK)
         if core > 0:
             sfp.emit(Pop(f"ring{core - 1}"), Binary("add", p_tile, p_tile, sfp.tile(incoming, "fp32", 1, 1, STICK)))
@@ -529,7 +299,7 @@ def ring_sum(n: int, cores: int, *, chunk: int | None = None) -> Program:
         else:
             ls.emit(Store(DevAddr("out"), Addr(part), 1, 4, 0, STICK))
         programs[core] = {"ls": ls.instrs, "sfp": sfp.instrs}
-    return _program(
+    return assemble(
         f"ring_sum_{n}_on_{cores}",
         [_vector("x", "input", "fp32", n), _vector("out", "output", "fp32", 1)],
         queues, programs, notes=f"per-core partial sums, accumulated around the ring 0 -> {last}",
@@ -545,8 +315,8 @@ def _divisors(n: int) -> list[int]:
 
 def _matmul_bytes(tm: int, tk: int, tn: int, isz: int) -> int:
     """Scratchpad of one core: 2 x (a tile, b tile), fp32 accumulator, output tile."""
-    return (2 * tm * _sticks(tk * isz) + 2 * tk * _sticks(tn * isz)
-            + tm * _sticks(tn * 4) + tm * _sticks(tn * isz))
+    return (2 * tm * sticks(tk * isz) + 2 * tk * sticks(tn * isz)
+            + tm * sticks(tn * 4) + tm * sticks(tn * isz))
 
 
 def _matmul_tiles(rows: int, k: int, n: int, isz: int, usable: int, tile_m, tile_k, tile_n):
@@ -609,7 +379,7 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
         if t is not None and (t < 1 or dim % t):
             raise ValueError(f"{name}={t} must divide {dim}")
     queues, programs, chosen = [], {}, set()
-    for core, (row0, rows) in enumerate(_split(m, cores)):
+    for core, (row0, rows) in enumerate(split_evenly(m, cores)):
         if rows == 0:
             continue
         if tile_m is not None and (tile_m < 1 or rows % tile_m):
@@ -618,8 +388,8 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
         chosen.add((tm, tk, tn))
         mt_n, nt_n, kt_n = rows // tm, n // tn, k // tk
         rot = "k" if kt_n > 1 else "n" if nt_n > 1 else "m" if mt_n > 1 else None
-        a_row, b_row, acc_row, out_row = _sticks(tk * isz), _sticks(tn * isz), _sticks(tn * 4), _sticks(tn * isz)
-        sp = _Scratch(usable)
+        a_row, b_row, acc_row, out_row = sticks(tk * isz), sticks(tn * isz), sticks(tn * 4), sticks(tn * isz)
+        sp = Scratch(usable)
         a_buf = [sp.take(tm * a_row), sp.take(tm * a_row)]
         b_buf = [sp.take(tk * b_row), sp.take(tk * b_row)]
         acc, out = sp.take(tm * acc_row), sp.take(tm * out_row)
@@ -634,7 +404,7 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
                    Queue(qn("out_full"), (core, "sfp"), (core, "ls"), depth=1),
                    Queue(qn("out_free"), (core, "ls"), (core, "sfp"), depth=1)]
 
-        def levels(u: _Unit, count: int, rotating: bool):
+        def levels(u: Unit, count: int, rotating: bool):
             if rotating:
                 yield from u.each(count)
             else:
@@ -645,7 +415,7 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
         out_base = row0 * n * isz
 
         # ls: loads of every step, stores of every output tile
-        ls = _Unit()
+        ls = Unit()
         ls.emit(Push(qn("out_free")))
         for mt, bm in levels(ls, mt_n, rot == "m"):
             for nt, bn in levels(ls, nt_n, rot == "n"):
@@ -666,7 +436,7 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
         ls.emit(Pop(qn("free0")), Pop(qn("free1")))
 
         # pe: the multiplications
-        pe = _Unit()
+        pe = Unit()
         pe.emit(Push(qn("free0")), Push(qn("free1")))
 
         def step(u, b, accumulate):
@@ -688,7 +458,7 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
         pe.emit(Pop(qn("acc_free")))
 
         # sfp: fp32 accumulator -> output dtype
-        sfp = _Unit()
+        sfp = Unit()
         sfp.emit(Push(qn("acc_free")))
         for _ in sfp.range(mt_n):
             for _ in sfp.range(nt_n):
@@ -698,7 +468,7 @@ def tiled_matmul(m: int, k: int, n: int, dtype: str = "fp16", cores: int = 4, ti
         sfp.emit(Pop(qn("out_free")))
         programs[core] = {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}
     tiles = ", ".join(f"{tm}x{tk}x{tn}" for tm, tk, tn in sorted(chosen))
-    return _program(
+    return assemble(
         f"tiled_matmul_{dtype}_{m}x{k}x{n}_on_{cores}",
         [Symbol("a", "input", dtype, (m, k), (k, 1)), Symbol("b", "input", dtype, (k, n), (n, 1)),
          Symbol("out", "output", dtype, (m, n), (n, 1))],

@@ -6,7 +6,7 @@ Per core, over its share of the iteration space:
   the loop dims; inside, per tile, pop ``full<b>``, run the fusion plan's
   steps on buffer b's tiles, push ``done<b>``;
 * ls: the same loops; inside, the multi-buffered stream of
-  spyre_runtime.program.handwritten._pipeline (load tile t into buffer
+  spyre_runtime.program.emitter.pipeline (load tile t into buffer
   t % B, store it once the sfp is done, load tile t + 2; a smaller
   remainder tile last, through buffer 0).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from spyre_runtime.program.handwritten import _Aff, _Unit, _pipeline, _pipeline_queues
+from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
 from spyre_runtime.program.isa import Binary, Fill, Load, Select, Store, Unary
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
@@ -48,8 +48,8 @@ def build_program(name: str, layout: LayoutPlan, fusion: FusionPlan, spad: Scrat
 
 def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: CoreShare):
     tiling = spad.tiling
-    ls, sfp = _Unit(), _Unit()
-    q, queues = _pipeline_queues(share.core, spad.buffers)
+    ls, sfp = Unit(), Unit()
+    q, queues = pipeline_queues(share.core, spad.buffers)
     for tile, value in fusion.constants:
         a = spad.at(tile)
         sfp.emit(Fill(sfp.tile(a.offset, fusion.tile(tile).dtype, 1, 1, STICK), value))
@@ -58,7 +58,7 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
     step = min(tiling.tile_extent, extent)
     tiles, rem = divmod(extent, step)
     row_axis = tiling.row_dim if stream == tiling.row_dim else None  # the tile's rows walk this dim
-    counters: dict[int, _Aff] = {}
+    counters: dict[int, Aff] = {}
 
     def shape(size):
         n = size or step
@@ -69,7 +69,7 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
 
     def device(u, access: Access, t) -> object:
         isz = ITEMSIZE[access.dtype]
-        value = _Aff(access.offset) + sum(
+        value = Aff(access.offset) + sum(
             (access.strides[d] * share.starts[d] for d in range(len(tiling.ranges))), 0)
         for d, c in counters.items():
             value = value + c * access.strides[d]
@@ -118,5 +118,5 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
             if n > 1:
                 counters[d] = stack.enter_context(ls.loop(n))
                 stack.enter_context(sfp.loop(n))
-        _pipeline(ls, sfp, tiles, rem, q, load, compute, store, spad.buffers, phased=spad.buffers == 2)
+        pipeline(ls, sfp, tiles, rem, q, load, compute, store, spad.buffers, phased=spad.buffers == 2)
     return {"ls": ls.instrs, "sfp": sfp.instrs}, queues

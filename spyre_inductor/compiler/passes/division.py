@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.handwritten import _split  # near-equal contiguous pieces, the first ones bigger
+from spyre_runtime.program.emitter import split_evenly
 
 from ._dump import Describable
 from .tiling import TilePlan
@@ -82,7 +82,7 @@ def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | 
         return DivisionPlan(None, 1, (share,), (), "nothing to split")
     units = -(-ranges[dim] // granule)
     shares = []
-    for core, (u0, n) in enumerate(_split(units, min(cores, units))):
+    for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         start = u0 * granule
         count = min(n * granule, ranges[dim] - start)
         starts = tuple(start if d == dim else 0 for d in range(len(ranges)))

@@ -1,9 +1,9 @@
 """Instruction selection for reduction kernels: lowering + plan + division -> one Program.
 
-Per core (units ls and sfp, queues as in handwritten._pipeline):
+Per core (units ls and sfp, queues as in emitter.pipeline):
 
 * "resident": groups of G rows stream through ``buffers`` copies with
-  handwritten._pipeline (load group t, sfp runs every step of every pass on
+  emitter.pipeline (load group t, sfp runs every step of every pass on
   it, store its F outputs and its O outputs; load group t + 2), inside the
   loops of the other outer dims. Each input byte is read once.
 * "chunked": per group, per pass, the group's chunks stream through the
@@ -28,7 +28,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from spyre_runtime.program.handwritten import _Aff, _Unit, _pipeline, _pipeline_queues
+from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
 from spyre_runtime.program.isa import Binary, Fill, Load, Pop, Push, Reduce, Select, Send, Store, Transpose, Unary
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
@@ -69,15 +69,15 @@ def build_reduction_program(kernel: PointwiseKernel, low: ReductionLowering, pla
 class _Core:
     def __init__(self, low, plan, share, pos, last):
         self.low, self.plan, self.share, self.pos, self.last = low, plan, share, pos, last
-        self.ls, self.sfp = _Unit(), _Unit()
+        self.ls, self.sfp = Unit(), Unit()
         c = share.core
-        self.q, self.queues = _pipeline_queues(c, plan.buffers)
+        self.q, self.queues = pipeline_queues(c, plan.buffers)
         self.qn = {k: f"c{c}.{k}" for k in ("once", "gl", "ofull", "ofree", "ready")}
         self.queues += [Queue(self.qn["once"], (c, "ls"), (c, "sfp"), 1), Queue(self.qn["gl"], (c, "ls"), (c, "sfp"), 1),
                         Queue(self.qn["ofull"], (c, "sfp"), (c, "ls"), 1),
                         Queue(self.qn["ofree"], (c, "ls"), (c, "sfp"), 1),
                         Queue(self.qn["ready"], (c, "sfp"), (c, "ls"), 1)]
-        self.counters: dict[int, _Aff] = {}
+        self.counters: dict[int, Aff] = {}
         odim = len(low.outer) - 1
         self.odim = odim
         self.loop_dims = [d for d in range(odim) if share.counts[d] > 1] if low.mode != "ring" else []
@@ -152,7 +152,7 @@ class _Core:
     def dev(self, u, a: RAccess, group, chunk):
         isz = ITEMSIZE[a.dtype]
         s = self.share
-        value = _Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(len(s.starts))), 0)
+        value = Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(len(s.starts))), 0)
         for d, c in self.counters.items():
             value = value + c * a.outer_strides[d]
         value = value + group * (a.outer_strides[self.odim] * self.plan.group)
@@ -271,7 +271,7 @@ class _Core:
 
         with ExitStack() as stack:
             self._outer_loops(stack)
-            _pipeline(self.ls, self.sfp, tiles, rem, self.q, load, compute, store, plan.buffers,
+            pipeline(self.ls, self.sfp, tiles, rem, self.q, load, compute, store, plan.buffers,
                       phased=plan.buffers == 2)
 
     def _group(self, g, group):
@@ -296,7 +296,7 @@ class _Core:
                 for tile, a in p.stores:
                     self.store_f(u, tile, a, b, g, size or self.kc, group, t)
 
-            _pipeline(ls, sfp, self.chunks, self.krem, self.q, load, compute, store, self.plan.buffers,
+            pipeline(ls, sfp, self.chunks, self.krem, self.q, load, compute, store, self.plan.buffers,
                       phased=self.plan.buffers == 2)
             self.steps(sfp, p.post, None, g, None)
 
@@ -327,19 +327,19 @@ class _Core:
                         gi = inner.enter_context(ls.loop(groups))
                         inner.enter_context(sfp.loop(groups))
                     else:
-                        gi = _Aff(0)
+                        gi = Aff(0)
                     self._group(G, gi)
                     self._epilogue(G, gi)
             if rem:
-                self._group(rem, _Aff(groups))
-                self._epilogue(rem, _Aff(groups))
+                self._group(rem, Aff(groups))
+                self._epilogue(rem, Aff(groups))
         if low.outer_stores:
             sfp.emit(Pop(self.qn["ofree"]))
 
     def _ring(self):
         low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
         c, g = self.share.core, self.share.counts[self.odim]
-        self._group(g, _Aff(0))
+        self._group(g, Aff(0))
         if self.pos > 0:
             sfp.emit(Pop(f"ring{c - 1}"))
             self.steps(sfp, low.combine, None, g, None)
@@ -354,6 +354,6 @@ class _Core:
         else:
             if low.outer_stores:
                 ls.emit(Push(self.qn["ofree"]))
-            self._epilogue(g, _Aff(0))
+            self._epilogue(g, Aff(0))
             if low.outer_stores:
                 sfp.emit(Pop(self.qn["ofree"]))

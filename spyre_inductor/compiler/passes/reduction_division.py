@@ -24,12 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 
 from ..errors import Unsupported
 from ..kernel_ir import PointwiseKernel
 from ._dump import Describable
-from .division import TIE, TIE_NS, _split, candidate_counts, simulated_ns
+from .division import TIE, TIE_NS, candidate_counts, simulated_ns
 from .reduction_codegen import RShare, build_reduction_program
 from .reduction_lowering import ReductionLowering, lower
 from .reduction_plan import ReductionPlan, fit, sticks, verify_reduction
@@ -99,7 +100,7 @@ def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str,
     _, d, g = best
     units = -(-outer[d] // g)
     shares = []
-    for core, (u0, n) in enumerate(_split(units, min(cores, units))):
+    for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         start = u0 * g
         count = min(n * g, outer[d] - start)
         shares.append(RShare(core, tuple(start if k == d else 0 for k in range(len(outer))),
@@ -110,7 +111,7 @@ def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str,
 def ring_shares(low: ReductionLowering, cores: int, granule: int) -> list[RShare]:
     units = -(-low.K // granule)
     out = []
-    for core, (u0, n) in enumerate(_split(units, min(cores, units))):
+    for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         k0 = u0 * granule
         out.append(RShare(core, tuple(0 for _ in low.outer), low.outer, k0, min(n * granule, low.K - k0)))
     return out

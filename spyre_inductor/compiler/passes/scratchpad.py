@@ -10,7 +10,7 @@ hardware.scratchpad_usable_bytes):
   program: the load/store unit fills one while the sfp computes on another,
   and with three the store of tile t and the load of tile t + 2 are in
   flight together (reads and writes interleave on the bus: the streaming
-  plan of the calibration kernels, handwritten._pipeline);
+  plan of the calibration kernels, spyre_runtime.program.emitter.pipeline);
 * work tiles: one copy, live from the sfp step that writes them to the last
   step that reads them; a later work tile reuses the bytes of dead ones
   (first fit, in step order).
