@@ -110,7 +110,12 @@ class JobPlan:
     allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
 
 
-def _steps(doc: dict, program: Program, nargs: int) -> tuple[Step, ...]:
+def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step, ...]:
+    """The execution plan's steps, each checked against the program it drives: the plan file is
+    not covered by the program's checksum, and a wrong slot, size or footprint would bind or
+    patch the wrong bytes silently."""
+    where = f"execution plan of {program.name!r}"
+    nargs = len(args)
     steps = []
     for s in doc["steps"]:
         kind = s.get("kind")
@@ -118,32 +123,75 @@ def _steps(doc: dict, program: Program, nargs: int) -> tuple[Step, ...]:
             slots = tuple((x["slot"], x["arg"]) for x in s["slots"])
             if sorted(x for x, _ in slots) != list(range(len(program.placeholders))) or \
                     any(not 0 <= a < nargs for _, a in slots):
-                raise ValueError(f"execution plan of {program.name!r}: slots {slots} do not match the program's "
+                raise ValueError(f"{where}: slots {slots} do not match the program's "
                                  f"{len(program.placeholders)} placeholder(s)")
+            for slot, a in slots:
+                _check_binding(where, slot, program.placeholders[slot], args[a])
+            if s["staging_bytes"] < len(slots) * SLOT_BYTES:
+                raise ValueError(f"{where}: {s['staging_bytes']} staging bytes for {len(slots)} slot(s) "
+                                 f"of {SLOT_BYTES} B")
             steps.append(ResolveAddresses(slots, s["staging_bytes"]))
         elif kind == "transfer" and s.get("destination") == "correction_area":
+            if (s["offset"], s["nbytes"]) != (program.correction_offset, program.correction_bytes):
+                raise ValueError(f"{where}: correction transfer of {s['nbytes']} B at {s['offset']}; the "
+                                 f"program's correction area is {program.correction_bytes} B at "
+                                 f"{program.correction_offset}")
             steps.append(PatchCorrectionArea(s["offset"], s["nbytes"]))
         elif kind == "barrier":
             steps.append(HoldFetch())
         elif kind == "compute":
-            steps.append(RunProgram(tuple(s["reads"]), tuple(s["writes"])))
+            reads, writes = tuple(s["reads"]), tuple(s["writes"])
+            if any(not 0 <= i < nargs for i in reads + writes):
+                raise ValueError(f"{where}: compute footprint {reads} / {writes} names arguments outside "
+                                 f"0..{nargs - 1}")
+            written = {a.index for a in args if a.role in ("output", "inout")}
+            if set(writes) != written:
+                raise ValueError(f"{where}: compute writes arguments {sorted(writes)}, the launch spec's "
+                                 f"outputs are {sorted(written)}")
+            steps.append(RunProgram(reads, writes))
         else:
-            raise ValueError(f"execution plan of {program.name!r}: unknown step {s!r}")
+            raise ValueError(f"{where}: unknown step {s!r}")
+    staging = next((st.nbytes for st in steps if isinstance(st, ResolveAddresses)), 0)
+    if any(isinstance(st, PatchCorrectionArea) and st.nbytes > staging for st in steps):
+        raise ValueError(f"{where}: the correction transfer reads past its {staging}-byte staging buffer")
     return tuple(steps)
+
+
+def _check_binding(where: str, slot: int, sym, arg: ArgSpec) -> None:
+    """The launch spec's argument must be the program's placeholder: name, dtype, shape, strides."""
+    strides_agree = all(x == y for x, y, n in zip(sym.strides, arg.stride, sym.shape) if n > 1)
+    if (sym.name, DTYPES[sym.dtype], tuple(sym.shape)) != (arg.name, arg.dtype, arg.shape) or not strides_agree:
+        raise ValueError(f"{where}: slot {slot} binds argument {arg.index} ({arg.name!r} {arg.dtype} "
+                         f"{list(arg.shape)} strides {list(arg.stride)}) to the program's {sym.name!r} "
+                         f"{sym.dtype} {list(sym.shape)} strides {list(sym.strides)}")
 
 
 def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
     """Parse, validate, allocate and transfer the program of `artifact_dir` (once per artifact)."""
     root = Path(artifact_dir)
-    spec = json.loads((root / "launch_spec.json").read_text())
-    if spec.get("format") != LAUNCH_FORMAT:
-        raise ValueError(f"{root}: launch spec format {spec.get('format')}, this runtime reads {LAUNCH_FORMAT}")
-    program = Program.load(root / spec["program"])
+    if device is not None and (not isinstance(device, int) or isinstance(device, bool)
+                               or not 0 <= device < _C.device_count()):
+        raise ValueError(f"prepare_kernel: device must be a spyre device index in 0..{_C.device_count() - 1}, "
+                         f"got {device!r}")
+    try:
+        spec = json.loads((root / "launch_spec.json").read_text())
+        if spec.get("format") != LAUNCH_FORMAT:
+            raise ValueError(f"launch spec format {spec.get('format')}, this runtime reads {LAUNCH_FORMAT}")
+        program = Program.load(root / spec["program"])
+        for a in spec["args"]:
+            if a["dtype"] not in DTYPES:
+                raise ValueError(f"argument {a['name']!r} has dtype {a['dtype']!r}, not one of {sorted(DTYPES)}")
+        args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
+                             tuple(a["stride"]), a["slot"]) for a in spec["args"])
+        plan_doc = json.loads((root / spec["execution_plan"]).read_text())
+        steps = _steps(plan_doc, program, args)
+    except FileNotFoundError as e:
+        raise ValueError(f"{root} is not a complete spyre artifact: {e.filename} is missing") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{root}: malformed artifact ({type(e).__name__}: {e})") from None
+    except ValueError as e:  # bad JSON, format, checksum, and the checks against the program
+        raise ValueError(f"{root}: {e}") from None
     validate(program)
-    args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
-                         tuple(a["stride"]), a["slot"]) for a in spec["args"])
-    plan_doc = json.loads((root / spec["execution_plan"]).read_text())
-    steps = _steps(plan_doc, program, len(args))
     device = _C.current_device() if device is None else device
     image = program.image()
     host = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
@@ -193,6 +241,9 @@ def _slot_words(plan: JobPlan, args, step: ResolveAddresses) -> torch.Tensor:
 
 def launch_jobplan(plan: JobPlan, args) -> None:
     """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring)."""
+    if isinstance(args, torch.Tensor) or not isinstance(args, (list, tuple)):
+        raise LaunchError(f"kernel {plan.name!r}: arguments must be a list of tensors in launch-spec order, "
+                          f"got {type(args).__name__}")
     args = list(args)
     _check(plan, args)
     device = plan.device
@@ -222,6 +273,8 @@ def launch_jobplan(plan: JobPlan, args) -> None:
         elif isinstance(step, RunProgram):
             reads = [args[i] for i in step.reads] + [alloc]
             writes = [args[i] for i in step.writes]
+            if any(sym.role == "temp" for sym in plan.program.symbols):
+                writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
             queue.enqueue(stream, Compute(plan.executable, plan.artifact, footprint(reads=reads, writes=writes),
                                           name=plan.name))
 

@@ -56,7 +56,6 @@ def test_launch_does_not_block_and_orders_on_the_current_stream(add_plan):
     q, stream = current().queue(0), _C.current_stream_id(0)
     q.enqueue(stream, HostCallback(lambda: gate.wait(30), name="gate"))
     launch_jobplan(add_plan, [xs, ys, out])  # returns while the stream is held
-    assert not gate.is_set()
     assert torch.count_nonzero(_C.host_alias(out)) == 0  # nothing ran yet
     gate.set()
     torch.spyre.synchronize()
@@ -117,3 +116,44 @@ def test_prepare_validates_the_program(tmp_path):
     (d / "program.json").write_text(text.replace('"mul"', '"add"', 1))
     with pytest.raises(ValueError, match="checksum"):
         prepare_kernel(d)
+
+
+def _edit_json(path, edit):
+    import json
+
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_an_incomplete_or_malformed_artifact_is_refused_naming_it(tmp_path):
+    d = compile_kernel(binary_kernel("mul", (64,), "fp32"), tmp_path)
+    (d / "execution_plan.json").unlink()
+    with pytest.raises(ValueError, match="not a complete spyre artifact: .*execution_plan.json is missing"):
+        prepare_kernel(d)
+    d = compile_kernel(binary_kernel("sub", (64,), "fp32"), tmp_path / "b")
+    _edit_json(d / "launch_spec.json", lambda doc: doc.pop("args"))
+    with pytest.raises(ValueError, match="malformed artifact .*args"):
+        prepare_kernel(d)
+    with pytest.raises(ValueError, match="device must be a spyre device index"):
+        prepare_kernel(d, device=7)
+
+
+def test_a_launch_spec_that_disagrees_with_its_program_is_refused(tmp_path):
+    # The spec and the execution plan are outside the program's checksum: a stale or edited
+    # one must not bind arguments to the wrong placeholders or patch the wrong bytes.
+    d = compile_kernel(binary_kernel("mul", (64,), "fp32"), tmp_path)
+    _edit_json(d / "launch_spec.json", lambda doc: doc["args"][0].update(shape=[32, 2], stride=[2, 1]))
+    with pytest.raises(ValueError, match="slot 0 binds argument 0"):
+        prepare_kernel(d)
+    d = compile_kernel(binary_kernel("sub", (64,), "fp32"), tmp_path / "b")
+    _edit_json(d / "execution_plan.json",
+               lambda doc: next(s for s in doc["steps"] if s["kind"] == "compute").update(writes=[]))
+    with pytest.raises(ValueError, match="compute writes arguments \\[\\], the launch spec's outputs are \\[2\\]"):
+        prepare_kernel(d)
+
+
+def test_arguments_must_be_a_list_of_tensors(add_plan):
+    x, y, xs, ys, out = operands(6)
+    with pytest.raises(LaunchError, match="must be a list of tensors"):
+        launch_jobplan(add_plan, xs)
