@@ -180,3 +180,15 @@ def test_zero_size_and_scalar_tensors(spyre):
     assert torch.equal(e.sum(0).cpu(), torch.zeros(3))
     s = torch.tensor(2.0, device=spyre)
     assert s.dim() == 0 and torch.equal((s * s).cpu(), torch.tensor(4.0))
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+def test_copy_between_shapes_broadcasts_or_raises_like_the_cpu(direction):
+    # Same numel is not the same shape: (3, 2) <- (2, 3) must raise, not reinterpret the bytes.
+    make = {"h2d": ("spyre", "cpu"), "d2h": ("cpu", "spyre"), "d2d": ("spyre", "spyre")}[direction]
+    dst = torch.empty(3, 2, device=make[0])
+    with pytest.raises(RuntimeError, match="cannot be broadcast|must match"):
+        dst.copy_(torch.ones(2, 3, device=make[1]))
+    row = torch.arange(4.0, device=make[1])
+    wide = torch.empty(3, 4, device=make[0]).copy_(row)
+    assert torch.equal(wide.cpu(), torch.arange(4.0).expand(3, 4))

@@ -25,7 +25,7 @@ _lib: torch.library.Library | None = None
 def _dense_same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (
         a.dtype == b.dtype
-        and a.numel() == b.numel()
+        and a.shape == b.shape  # same numel is not enough: other shapes broadcast or raise, as on the CPU
         and a.is_contiguous()
         and b.is_contiguous()
     )
@@ -35,7 +35,21 @@ def _spyre(t: torch.Tensor) -> bool:
     return not t.is_cpu  # the kernel is only reached with spyre and CPU tensors
 
 
+def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
+    # Checked here, not where the bytes move: a device copy may run later, on a worker, and the
+    # caller must get CPU's error now.
+    if src.shape != dst.shape:
+        try:
+            fits = torch.broadcast_shapes(dst.shape, src.shape) == dst.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise RuntimeError(f"copy_: the source's shape {list(src.shape)} cannot be broadcast to the "
+                               f"destination's shape {list(dst.shape)}")
+
+
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    _check_shapes(src, dst)
     if dst.numel() == 0:
         return dst
     if in_host_operation():
