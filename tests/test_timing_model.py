@@ -248,3 +248,21 @@ def test_an_on_chip_transpose_runs_at_the_measured_rate_and_checks_its_shapes():
     bad = Program("bad", symbols=p.symbols, cores=(CoreProgram(0, (("ls", (Transpose(src, src),)),)),))
     with pytest.raises(ProgramError, match="needs a 128 x 64 destination"):
         validate(bad)
+
+
+def test_estimate_names_what_is_wrong_with_a_malformed_program_or_argument():
+    from spyre_runtime.program import ProgramError
+
+    bad = Program("stray", symbols=(), cores=(CoreProgram(0, (("ls", (Pop("nope"),)),)),))
+    with pytest.raises(ProgramError, match="stray"):
+        estimate(bad)
+    with pytest.raises(ValueError, match="replicas must be a positive integer"):
+        estimate(vector_add(64, "fp32"), replicas=0)
+
+
+def test_run_program_names_a_non_tensor_argument_and_works_in_strict_mode(monkeypatch):
+    with pytest.raises(TypeError, match="'x' must be a tensor, got list"):
+        run_program(vector_add(4, "fp32"), x=[1, 2, 3, 4], y=torch.zeros(4))
+    monkeypatch.setenv("SPYRE_STRICT", "1")  # preparing the artifact needs no CPU-fallback op
+    out = run_program(vector_add(4, "fp32"), x=torch.ones(4), y=torch.ones(4))["out"]
+    assert torch.equal(out.cpu(), torch.full((4,), 2.0))

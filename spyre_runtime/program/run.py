@@ -122,8 +122,12 @@ def write_correction_area(program: Program, artifact_tensor: torch.Tensor, bound
 def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
     """Allocate the program's device memory and place its image after the temporaries."""
     image = program.image()
-    alloc = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, device=f"spyre:{device}")
-    _C.host_alias(alloc)[program.allocation_bytes:].copy_(torch.frombuffer(bytearray(image), dtype=torch.uint8))
+    alloc = torch.empty(program.allocation_bytes + len(image), dtype=torch.uint8, device=f"spyre:{device}")
+    # Filled through the host alias: a device-side zero_ would go through the CPU fallback
+    # (and fail under SPYRE_STRICT).
+    host = _C.host_alias(alloc)
+    host[: program.allocation_bytes].zero_()
+    host[program.allocation_bytes:].copy_(torch.frombuffer(bytearray(image), dtype=torch.uint8))
     piece = storage_ranges(alloc.untyped_storage())[0]
     return alloc, Artifact(device, piece.region, piece.offset)
 
@@ -148,6 +152,8 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
     bound = {}
     for sym in program.placeholders:
         t = tensors.get(sym.name)
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"run_program({program.name!r}): {sym.name!r} must be a tensor, got {type(t).__name__}")
         if t is None:
             if sym.role == "input":
                 raise TypeError(f"run_program({program.name!r}): missing input {sym.name!r}")

@@ -227,6 +227,8 @@ class Timing:
     """
 
     def __init__(self, program, hardware, replicas: int = 1):
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise ValueError(f"replicas must be a positive integer (identical cores in step), got {replicas!r}")
         self.hw = hardware
         self.replicas = replicas
         self.program = program
@@ -508,5 +510,10 @@ def estimate(program, hardware=None, replicas: int = 1) -> Report:
 
     hw = hardware or HARDWARE
     timing = Timing(program, hw, replicas)
+    # Named errors for a malformed program (unknown queue, unmatched loop, ...) instead of a
+    # failure deep in the replay; validated once per program, as for a launch.
+    from .run import _validate_once
+
+    _validate_once(program)
     Machine(program, {}, hw.scratchpad_bytes, timing, functional=False).run()
     return timing.finish()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jinja2
 
+from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one written
 from spyre_runtime.program.program import Program
 
 from ..kernel_ir import PointwiseKernel
@@ -32,7 +33,6 @@ from .fusion import FusionPlan
 from .layout import LayoutPlan
 from .scratchpad import ScratchpadPlan
 
-LAUNCH_FORMAT = 1
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
                           undefined=jinja2.StrictUndefined)
