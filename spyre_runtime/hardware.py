@@ -60,6 +60,24 @@ class HardwareConfig:
     region_handles_pf: int = _figure(256, "E: region handles per card when dedicated (PF mode)")
     region_handles_vf: int = _figure(16, "E: region handles per card when shared (VF mode)")
 
+    def __post_init__(self):
+        # An override for an experiment should fail here, naming the figure, not as a division
+        # by zero deep in the timing model.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or f.name == "name":
+                continue
+            if isinstance(value, (int, float)) and not value > 0:
+                raise ValueError(f"HardwareConfig.{f.name} must be positive, got {value!r}")
+            if isinstance(value, tuple):
+                xs = [p[0] for p in value] if all(isinstance(p, tuple) and len(p) == 2 for p in value) else None
+                if not xs or xs != sorted(set(xs)) or not all(p[1] > 0 for p in value):
+                    raise ValueError(f"HardwareConfig.{f.name} must be a non-empty table of (x, value > 0) "
+                                     f"pairs with increasing x, got {value!r}")
+        if self.scratchpad_reserved_bytes >= self.scratchpad_bytes:
+            raise ValueError(f"HardwareConfig.scratchpad_reserved_bytes ({self.scratchpad_reserved_bytes}) must be "
+                             f"less than scratchpad_bytes ({self.scratchpad_bytes})")
+
     @property
     def scratchpad_usable_bytes(self) -> int:
         return self.scratchpad_bytes - self.scratchpad_reserved_bytes

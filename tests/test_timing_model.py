@@ -266,3 +266,16 @@ def test_run_program_names_a_non_tensor_argument_and_works_in_strict_mode(monkey
     monkeypatch.setenv("SPYRE_STRICT", "1")  # preparing the artifact needs no CPU-fallback op
     out = run_program(vector_add(4, "fp32"), x=torch.ones(4), y=torch.ones(4))["out"]
     assert torch.equal(out.cpu(), torch.full((4,), 2.0))
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"core_dma_gbps": 0}, "core_dma_gbps must be positive"),
+    ({"bus_ceiling": ()}, "bus_ceiling must be a non-empty table"),
+    ({"pe_fill": ((8, 0.7), (2, 0.5))}, "pe_fill must be .* increasing x"),
+    ({"scratchpad_reserved_bytes": 4 << 20}, "scratchpad_reserved_bytes .* must be less than"),
+])
+def test_a_nonsense_hardware_override_is_refused_naming_the_figure(override, match):
+    import dataclasses
+
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(HARDWARE, **override)
