@@ -21,7 +21,11 @@ max_cores: int = MAX_CORES
 
 
 def key() -> str:
-    return f"max_cores={max_cores}"
+    # Strict mode too: a graph compiled with CPU fallbacks must not be served from the cache
+    # (where nothing is generated, so nothing would warn or refuse) once SPYRE_STRICT=1 is set.
+    from .fallback_policy import strict
+
+    return f"max_cores={max_cores} strict={strict()}"
 
 
 @contextlib.contextmanager

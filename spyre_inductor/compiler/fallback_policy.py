@@ -7,11 +7,10 @@ raised at compile time so a strict user learns before anything runs.
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
-from spyre_inductor.device.fallback import SpyreFallbackWarning
+from spyre_inductor.device.fallback import SpyreFallbackWarning, strict  # one reading of SPYRE_STRICT
 
 _warned: set[str] = set()
 _lock = threading.Lock()
@@ -19,10 +18,6 @@ _lock = threading.Lock()
 
 class SpyreStrictError(NotImplementedError):
     """SPYRE_STRICT=1 and a graph needs the CPU fallback."""
-
-
-def strict() -> bool:
-    return os.environ.get("SPYRE_STRICT", "0") not in ("", "0")
 
 
 def origin_ops(nodes) -> str:

@@ -53,6 +53,12 @@ class _OpPlan:
 _plans: dict[torch._ops.OpOverload, _OpPlan] = {}
 
 
+
+def strict() -> bool:
+    """SPYRE_STRICT=1: an op that would run through the CPU fallback (eager or inside a compiled
+    graph) raises, naming it. Read at every use, so tests and users can flip it."""
+    return os.environ.get("SPYRE_STRICT", "0") not in ("", "0")
+
 def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
     plan = _plans.get(op)
     if plan is not None:
@@ -115,7 +121,7 @@ def _inside_inductor_constant_folding() -> bool:
 
 
 def _announce(plan: _OpPlan) -> None:
-    if os.environ.get("SPYRE_STRICT", "0") not in ("", "0") and not _inside_inductor_constant_folding():
+    if strict() and not _inside_inductor_constant_folding():
         raise NotImplementedError(
             f"spyre: {plan.name} has no spyre kernel and SPYRE_STRICT=1 forbids "
             f"running it through the CPU fallback"
