@@ -1,8 +1,8 @@
 """Calibration programs (spyre_runtime/program/calibration.py): valid at full size, correct scaled down.
 
 Full-size programs are only validated here (simulating them is the job of
-benchmarks/calibration.py); their simulated times are NOT pinned: the timing
-model's constants are not calibrated yet. Scaled down (same plans, fewer
+benchmarks/calibration.py); their simulated times are pinned, and held to the
+measured bounds, in tests/test_timing_model.py. Scaled down (same plans, fewer
 cores, small chunks so that every core streams several chunks plus a partial
 one) they run on the functional simulator over CPU tensors and are compared
 with torch on the CPU:

@@ -316,6 +316,8 @@ def check(graph: Graph) -> Outcome:
         out, _, records, _, code = compile_on_spyre(fn, *inputs)
     ref, sens = references(graph, inputs)
     problems = []
+    if len(out) != len(ref):
+        problems.append(f"the compiled graph returned {len(out)} outputs, eager {len(ref)}")
     for i, (got, want, s, depth) in enumerate(zip(out, ref, sens, _depths(graph))):
         got = got.cpu()
         if got.shape != want.shape or got.dtype != want.dtype:

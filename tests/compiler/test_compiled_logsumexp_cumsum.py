@@ -39,7 +39,7 @@ def test_logsumexp_compiles_and_matches_cpu():
         x[2, 5] = float("-inf")  # one -inf element: ignored by the row's sum
         out, _, records, warned, _ = compile_on_spyre(lse, x, y)
         ref = lse(x.float(), y.float())
-        for got, want in zip(out, ref):
+        for got, want in zip(out, ref, strict=True):
             torch.testing.assert_close(got.cpu(), want.to(dtype), **TOL[dtype])
         assert records and all(r.artifact is not None for r in records if r.kernel is not None), records
         assert not warned
@@ -59,7 +59,7 @@ def test_cumsum_falls_back_cleanly_around_compiled_work():
         return torch.cumsum(a * 2, 1), torch.cumsum(a, 0).sigmoid()
 
     out, _, records, _, code = compile_on_spyre(fn, x)
-    for got, want in zip(out, fn(x)):
+    for got, want in zip(out, fn(x), strict=True):
         torch.testing.assert_close(got.cpu(), want, **TOL[torch.float32])
     assert code.count("torch.ops.aten.cumsum.default(") == 2  # Inductor's fallback kernel
     # the pointwise work around it still becomes spyre programs
