@@ -24,7 +24,8 @@ import torch
 
 from _bench import per_call_us, print_table
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program import Machine, run_program
+from spyre_runtime.launch import run_program
+from spyre_runtime.program import Machine
 from spyre_runtime.program.handwritten import row_softmax, tiled_matmul
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")

@@ -25,6 +25,10 @@ and enqueues the plan's steps on the current stream without waiting:
 A launch that fails on the device stops its stream like any failed
 operation (the error names the kernel); ``torch.spyre.clear_errors()``
 makes the stream usable again.
+
+``run_program(program, **tensors)`` runs a hand-written program once on given
+tensors and waits: the same allocation and address encoding, without an
+artifact directory.
 """
 
 from __future__ import annotations
@@ -39,13 +43,14 @@ from . import _C
 from .program.operands import DTYPES
 from .program.program import SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
-from .program.validate import validate
+from .program.validate import validate_once
 from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, Transfer, TransferKind
 from .queue.runtime import current
 from .queue.staging import StagingPool
 from .tensors import address, footprint, storage_ranges
 
-__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_kernel"]
+__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
+           "write_correction_area"]
 
 LAUNCH_FORMAT = 1
 _staging = StagingPool(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True), min_bytes=256)
@@ -191,19 +196,10 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
         raise ValueError(f"{root}: malformed artifact ({type(e).__name__}: {e})") from None
     except ValueError as e:  # bad JSON, format, checksum, and the checks against the program
         raise ValueError(f"{root}: {e}") from None
-    validate(program)
+    validate_once(program)  # ProgramExecutable will not validate it again
     device = _C.current_device() if device is None else device
-    image = program.image()
-    host = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
-    host[program.allocation_bytes:] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
-    alloc = torch.empty(host.numel(), dtype=torch.uint8, device=torch.device("spyre", device))
-    queue = current().queue(device)
-    queue.enqueue(_C.current_stream_id(device),
-                  Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), address(alloc), host.numel(),
-                           keepalive=host))
-    piece = storage_ranges(alloc.untyped_storage())[0]
-    return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutable(program),
-                   Artifact(device, piece.region, piece.offset), alloc)
+    alloc, artifact = _allocate(program, device)
+    return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutable(program), artifact, alloc)
 
 
 def _check(plan: JobPlan, args) -> None:
@@ -225,10 +221,10 @@ def _check(plan: JobPlan, args) -> None:
             raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
 
 
-def _slot_words(plan: JobPlan, args, step: ResolveAddresses) -> torch.Tensor:
-    words = torch.zeros(step.nbytes // 8, dtype=torch.int64)
-    for slot, index in step.slots:
-        t = args[index]
+def _slot_words(nbytes: int, bound) -> torch.Tensor:
+    """The correction area's contents: for each (slot, tensor), the tensor's (region, offset)."""
+    words = torch.zeros(nbytes // 8, dtype=torch.int64)
+    for slot, t in bound:
         if t.numel() == 0 or not storage_ranges(t.untyped_storage()):
             region, offset = 1 << 62, 0  # nothing is touched: any address will do
         else:
@@ -237,6 +233,20 @@ def _slot_words(plan: JobPlan, args, step: ResolveAddresses) -> torch.Tensor:
         words[slot * SLOT_BYTES // 8] = region
         words[slot * SLOT_BYTES // 8 + 1] = offset
     return words
+
+
+def _allocate(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
+    """The program's device allocation, [correction area][temporaries][image], filled in stream
+    order on the current stream (a pinned host copy and one H2D transfer)."""
+    image = program.image()
+    host = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
+    host[program.allocation_bytes:] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
+    alloc = torch.empty(host.numel(), dtype=torch.uint8, device=torch.device("spyre", device))
+    current().queue(device).enqueue(_C.current_stream_id(device),
+                                    Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), address(alloc),
+                                             host.numel(), keepalive=host))
+    piece = storage_ranges(alloc.untyped_storage())[0]
+    return alloc, Artifact(device, piece.region, piece.offset)
 
 
 def launch_jobplan(plan: JobPlan, args) -> None:
@@ -252,7 +262,7 @@ def launch_jobplan(plan: JobPlan, args) -> None:
     staged = None
     for step in plan.steps:
         if isinstance(step, ResolveAddresses):
-            words = _slot_words(plan, args, step)  # resolved now: the tensors' storage is fixed
+            words = _slot_words(step.nbytes, [(slot, args[i]) for slot, i in step.slots])  # storage is fixed now
             staged = _staging.acquire(step.nbytes, stream=(device, stream), filled_in_stream_order=True)
             buf = staged
 
@@ -278,3 +288,67 @@ def launch_jobplan(plan: JobPlan, args) -> None:
             queue.enqueue(stream, Compute(plan.executable, plan.artifact, footprint(reads=reads, writes=writes),
                                           name=plan.name))
 
+
+# ---- running a (hand-written) program once, blocking ------------------------------------
+
+
+def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
+    """The program's device allocation, filled before this returns (see _allocate)."""
+    alloc, artifact = _allocate(program, device)
+    current().queue(device).synchronize_stream(_C.current_stream_id(device))
+    return alloc, artifact
+
+
+def write_correction_area(program: Program, alloc: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
+    """Resolve the placeholders now: each bound tensor's (region, offset) into its slot (blocking,
+    after the stream's earlier work; compiled launches stage this in stream order instead)."""
+    device = alloc.device.index
+    current().queue(device).synchronize_stream(_C.current_stream_id(device))
+    words = _slot_words(program.correction_bytes, [(i, bound[s.name]) for i, s in enumerate(program.placeholders)])
+    start = program.correction_offset
+    _C.host_alias(alloc)[start:start + program.correction_bytes].copy_(words.view(torch.uint8))
+
+
+def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Run a program on the given tensors; returns every output by name.
+
+    Inputs may be CPU or spyre tensors (CPU ones are copied to the device);
+    outputs not given are allocated with the symbol's shape and strides. The
+    program runs as a Compute on the device's current stream; this waits.
+    """
+    validate_once(program)
+    names = {s.name for s in program.placeholders}
+    unknown = set(tensors) - names
+    if unknown:
+        raise TypeError(f"run_program({program.name!r}): unknown argument(s) {sorted(unknown)}; "
+                        f"the program takes {sorted(names)}")
+    spyre = torch.device("spyre", device)
+    bound = {}
+    for sym in program.placeholders:
+        t = tensors.get(sym.name)
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"run_program({program.name!r}): {sym.name!r} must be a tensor, got {type(t).__name__}")
+        if t is None:
+            if sym.role == "input":
+                raise TypeError(f"run_program({program.name!r}): missing input {sym.name!r}")
+            t = torch.empty_strided(sym.shape, sym.strides, dtype=DTYPES[sym.dtype], device=spyre)
+        else:
+            if tuple(t.shape) != tuple(sym.shape) or t.dtype != DTYPES[sym.dtype]:
+                raise TypeError(
+                    f"run_program({program.name!r}): {sym.name!r} must be {sym.dtype}{list(sym.shape)}, "
+                    f"got {t.dtype}{list(t.shape)}")
+            t = t.to(spyre)
+            if tuple(t.stride()) != tuple(sym.strides):
+                raise TypeError(f"run_program({program.name!r}): {sym.name!r} must have strides "
+                                f"{list(sym.strides)}, got {list(t.stride())}")
+        bound[sym.name] = t
+    alloc, artifact = prepare_artifact(program, device)
+    write_correction_area(program, alloc, bound)
+    queue, stream = current().queue(device), _C.current_stream_id(device)
+    inputs = [bound[s.name] for s in program.placeholders if s.role == "input"]
+    outputs = [bound[s.name] for s in program.placeholders if s.role == "output"]
+    op = Compute(ProgramExecutable(program), artifact,
+                 footprint(reads=inputs + [alloc], writes=outputs + [alloc]), name=program.name)
+    # Blocking: run it on this thread once its turn comes (see DeviceQueue.run_inline).
+    queue.run_inline(stream, op)
+    return {s.name: bound[s.name] for s in program.placeholders if s.role == "output"}

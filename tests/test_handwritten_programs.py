@@ -31,7 +31,8 @@ import math
 import pytest
 import torch
 
-from spyre_runtime.program import Program, run_program, validate
+from spyre_runtime.launch import run_program
+from spyre_runtime.program import Program, validate
 from spyre_runtime.program.handwritten import (
     cast_round_trip, ring_sum, row_softmax, tiled_matmul, vector_add,
 )

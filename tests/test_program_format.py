@@ -9,10 +9,9 @@ import torch
 
 from spyre_inductor.device import queues
 from spyre_runtime.program import (
-    Addr, Binary, CoreProgram, DevAddr, EndLoop, Load, Loop, Pop, Program, ProgramError,
-    ProgramExecutable, ProgramFormatError, Push, Queue, Send, Store, Symbol, Tile, Unary,
-    prepare_artifact, run_program, validate, write_correction_area,
+    Addr, Binary, CoreProgram, DevAddr, EndLoop, Load, Loop, Pop, Program, ProgramError, ProgramExecutable, ProgramFormatError, Push, Queue, Send, Store, Symbol, Tile, Unary, validate,
 )
+from spyre_runtime.launch import prepare_artifact, run_program, write_correction_area
 from spyre_runtime.queue import Barrier, Compute, HostAddress, Transfer, TransferKind
 
 N = 1000  # fp32 elements: 4000 bytes, not a whole number of 128-byte sticks

@@ -1,4 +1,8 @@
-"""Dataflow programs for Spyre: the format, its validator and the functional simulator."""
+"""Dataflow programs for Spyre: the format, its validator and the functional simulator.
+
+Running a program on spyre tensors is the launch layer's job (spyre_runtime.launch:
+run_program for a hand-written program, prepare_kernel/launch_jobplan for compiled ones).
+"""
 
 from . import isa
 from .execute import Machine
@@ -7,12 +11,12 @@ from .isa import (
 )
 from .operands import STICK, Addr, DevAddr, Tile
 from .program import CoreProgram, Program, ProgramFormatError, Queue, Symbol
-from .run import Artifact, ProgramExecutable, prepare_artifact, run_program, write_correction_area
+from .run import Artifact, ProgramExecutable
 from .validate import ProgramError, validate
 
 __all__ = [
     "Addr", "Artifact", "Binary", "Copy", "CoreProgram", "DevAddr", "EndLoop", "Fill", "Load", "Loop",
     "Machine", "MatMul", "Pop", "Program", "ProgramError", "ProgramExecutable", "ProgramFormatError",
     "Fence", "Push", "Queue", "Reduce", "STICK", "Select", "Send", "Store", "Symbol", "Tile", "Transpose", "Unary", "isa",
-    "prepare_artifact", "run_program", "validate", "write_correction_area",
+    "validate",
 ]

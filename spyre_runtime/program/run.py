@@ -1,9 +1,8 @@
-"""Running programs: on given tensors (run_program), or as a Compute operation.
+"""The device's side of running a program: what the queue layer runs for a Compute.
 
-ProgramExecutable is the device's side: what the queue layer runs for a
-Compute. run_program sits above the queue (it prepares an artifact and
-enqueues a Compute, as the launch layer's prepare_kernel/launch_jobplan will
-for compiled kernels); the queue itself never learns what a program is.
+Preparing an artifact and enqueueing the Compute is the launch layer's job
+(spyre_runtime/launch.py: run_program, prepare_kernel, launch_jobplan); the
+queue itself never learns what a program is, and this module never enqueues.
 
 A launched program owns one device allocation, laid out as in program.py:
 its correction area, its temporaries, its program image. Placeholder
@@ -23,21 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import _C
 from ..hardware import HARDWARE
 from ..memory import device_view
-from ..tensors import footprint, storage_ranges
 from .execute import Machine
 from .timing import Report, Timing
 from .program import SLOT_BYTES, Program
-from .validate import ProgramError, validate
-
-def _validate_once(program: Program) -> None:
-    # Remembered on the (immutable) program itself, never by id(): ids are reused.
-    if not program.__dict__.get("_validated"):
-        validate(program)
-        program.__dict__["_validated"] = True
-
+from .validate import ProgramError, validate_once
 
 @dataclass(frozen=True)
 class Artifact:
@@ -52,7 +42,7 @@ class ProgramExecutable:
     """The executor the queue layer runs for a Compute operation."""
 
     def __init__(self, program: Program, hardware=HARDWARE):
-        _validate_once(program)
+        validate_once(program)
         self.program = program
         self.hardware = hardware
         self._fetched: dict[Artifact, list[tuple[int, int]]] = {}
@@ -104,82 +94,3 @@ def kernel_reports() -> list[Report]:
 
 def reset_kernel_reports() -> None:
     _reports.clear()
-
-
-def write_correction_area(program: Program, artifact_tensor: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
-    """Resolve the placeholders: (region, offset) of each bound tensor into its slot."""
-    slots = _C.host_alias(artifact_tensor)[: program.correction_bytes].view(torch.int64)
-    for i, sym in enumerate(program.placeholders):
-        t = bound[sym.name]
-        piece = storage_ranges(t.untyped_storage())
-        if not piece:  # an empty tensor: any address will do, nothing is touched
-            slots[2 * i], slots[2 * i + 1] = 1 << 62, 0
-            continue
-        slots[2 * i] = piece[0].region
-        slots[2 * i + 1] = piece[0].offset + t.storage_offset() * t.element_size()
-
-
-def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
-    """Allocate the program's device memory and place its image after the temporaries."""
-    image = program.image()
-    alloc = torch.empty(program.allocation_bytes + len(image), dtype=torch.uint8, device=f"spyre:{device}")
-    # Filled through the host alias: a device-side zero_ would go through the CPU fallback
-    # (and fail under SPYRE_STRICT).
-    host = _C.host_alias(alloc)
-    host[: program.allocation_bytes].zero_()
-    host[program.allocation_bytes:].copy_(torch.frombuffer(bytearray(image), dtype=torch.uint8))
-    piece = storage_ranges(alloc.untyped_storage())[0]
-    return alloc, Artifact(device, piece.region, piece.offset)
-
-
-def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Run a program on the given tensors; returns every output by name.
-
-    Inputs may be CPU or spyre tensors (CPU ones are copied to the device);
-    outputs not given are allocated with the symbol's shape and strides. The
-    program runs as a Compute on the device's current stream; this waits.
-    """
-    from ..queue import Compute
-    from ..queue.runtime import current
-
-    _validate_once(program)
-    names = {s.name for s in program.placeholders}
-    unknown = set(tensors) - names
-    if unknown:
-        raise TypeError(f"run_program({program.name!r}): unknown argument(s) {sorted(unknown)}; "
-                        f"the program takes {sorted(names)}")
-    spyre = torch.device("spyre", device)
-    bound = {}
-    for sym in program.placeholders:
-        t = tensors.get(sym.name)
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"run_program({program.name!r}): {sym.name!r} must be a tensor, got {type(t).__name__}")
-        if t is None:
-            if sym.role == "input":
-                raise TypeError(f"run_program({program.name!r}): missing input {sym.name!r}")
-            t = torch.empty_strided(sym.shape, sym.strides, dtype=_torch_dtype(sym.dtype), device=spyre)
-        else:
-            if tuple(t.shape) != tuple(sym.shape) or t.dtype != _torch_dtype(sym.dtype):
-                raise TypeError(
-                    f"run_program({program.name!r}): {sym.name!r} must be {sym.dtype}{list(sym.shape)}, "
-                    f"got {t.dtype}{list(t.shape)}")
-            t = t.to(spyre)
-            if tuple(t.stride()) != tuple(sym.strides):
-                raise TypeError(f"run_program({program.name!r}): {sym.name!r} must have strides "
-                                f"{list(sym.strides)}, got {list(t.stride())}")
-        bound[sym.name] = t
-    alloc, artifact = prepare_artifact(program, device)
-    write_correction_area(program, alloc, bound)
-    inputs = [bound[s.name] for s in program.placeholders if s.role == "input"]
-    outputs = [bound[s.name] for s in program.placeholders if s.role == "output"]
-    op = Compute(ProgramExecutable(program), artifact,
-                 footprint(reads=inputs + [alloc], writes=outputs + [alloc]), name=program.name)
-    # Blocking: run it on this thread once its turn comes (see DeviceQueue.run_inline).
-    current().queue(device).run_inline(_C.current_stream_id(device), op)
-    return {s.name: bound[s.name] for s in program.placeholders if s.role == "output"}
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    from .operands import DTYPES
-
-    return DTYPES[name]

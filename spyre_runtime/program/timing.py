@@ -512,8 +512,8 @@ def estimate(program, hardware=None, replicas: int = 1) -> Report:
     timing = Timing(program, hw, replicas)
     # Named errors for a malformed program (unknown queue, unmatched loop, ...) instead of a
     # failure deep in the replay; validated once per program, as for a launch.
-    from .run import _validate_once
+    from .validate import validate_once
 
-    _validate_once(program)
+    validate_once(program)
     Machine(program, {}, hw.scratchpad_bytes, timing, functional=False).run()
     return timing.finish()

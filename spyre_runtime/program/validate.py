@@ -42,6 +42,13 @@ def loop_counts(instrs) -> list[tuple[int, ...]]:
     return out
 
 
+def validate_once(program: Program) -> None:
+    """validate(), remembered on the (immutable) program itself, never by id(): ids are reused."""
+    if not program.__dict__.get("_validated"):
+        validate(program)
+        program.__dict__["_validated"] = True
+
+
 def validate(program: Program, hardware=None) -> None:
     from ..hardware import HARDWARE
 
