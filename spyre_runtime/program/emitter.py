@@ -30,16 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .isa import EndLoop, Fence, Loop, Pop, Push
-from .operands import STICK, Addr, DevAddr, Tile
+from .operands import Addr, DevAddr, Tile, sticks
 from .program import CoreProgram, Program, Queue
 from .validate import validate
 
 __all__ = ["Aff", "Scratch", "Unit", "assemble", "nothing", "pipeline", "pipeline_queues", "split_evenly", "sticks"]
-
-
-def sticks(nbytes: int) -> int:
-    """nbytes rounded up to whole sticks."""
-    return -(-nbytes // STICK) * STICK
 
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from .operands import COMPUTE, ITEMSIZE, STICK, Addr, DevAddr, Tile
+from .operands import COMPUTE, ITEMSIZE, STICK, Addr, DevAddr, Tile, sticks
 
 UNITS = ("ls", "pe", "sfp")
 REGISTRY: dict[str, type] = {}
@@ -258,8 +258,7 @@ class Transpose(Instruction):
         return None
 
 
-def _sticks(nbytes: int) -> int:
-    return -(-nbytes // STICK) * STICK
+_sticks = sticks
 
 
 # ---- processing-element array ------------------------------------------------------

@@ -39,6 +39,11 @@ ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES
 STICK = 128
 
 
+def sticks(nbytes: int) -> int:
+    """nbytes rounded up to whole sticks: what a row of that many bytes occupies and moves."""
+    return -(-nbytes // STICK) * STICK
+
+
 def _affine(base: int, steps: tuple[int, ...], idx: tuple[int, ...]) -> int:
     return base + sum(s * i for s, i in zip(steps, idx))
 

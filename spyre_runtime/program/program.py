@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import isa
-from .operands import ITEMSIZE, STICK, Addr, DevAddr, Tile
+from .operands import ITEMSIZE, Addr, DevAddr, Tile, sticks
 
 FORMAT_VERSION = 1
 MAGIC = "spyre-program"
@@ -104,7 +104,7 @@ class Program:
 
     @property
     def correction_bytes(self) -> int:
-        return _round(len(self.placeholders) * SLOT_BYTES)
+        return sticks(len(self.placeholders) * SLOT_BYTES)
 
     @property
     def allocation_bytes(self) -> int:
@@ -113,7 +113,7 @@ class Program:
         for s in self.symbols:
             if s.role == "temp":
                 end = max(end, s.offset + s.nbytes)
-        return _round(end)
+        return sticks(end)
 
     def scratchpad_high_water(self) -> dict[int, int]:
         from .validate import scratchpad_high_water
@@ -208,8 +208,6 @@ class Program:
         return render(self)
 
 
-def _round(n: int) -> int:
-    return -(-n // STICK) * STICK
 
 
 _OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue)}

@@ -45,7 +45,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from .operands import STICK
+from .operands import STICK, sticks
 
 
 def interpolate(table, x: float) -> float:
@@ -306,7 +306,7 @@ class Timing:
         last = offset + (rows - 1) * stride if rows else offset
         dev = (min(offset, last), max(offset, last) + row_bytes)
         sp_last = sp_addr + (rows - 1) * sp_stride if rows else sp_addr
-        sp = (min(sp_addr, sp_last), max(sp_addr, sp_last) + -(-row_bytes // STICK) * STICK)
+        sp = (min(sp_addr, sp_last), max(sp_addr, sp_last) + sticks(row_bytes))
         return Transfer(nbytes, write, symbol, dev, sp)
 
     def pe(self, m: int, n: int, k: int) -> float:

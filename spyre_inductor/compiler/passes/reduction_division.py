@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ..errors import Unsupported
 from ..kernel_ir import PointwiseKernel
@@ -33,7 +33,7 @@ from ._dump import Describable
 from .division import TIE, TIE_NS, candidate_counts, simulated_ns
 from .reduction_codegen import RShare, build_reduction_program
 from .reduction_lowering import ReductionLowering, lower
-from .reduction_plan import ReductionPlan, fit, sticks, verify_reduction
+from .reduction_plan import ReductionPlan, fit, verify_reduction
 from .tiling import TARGETS
 
 

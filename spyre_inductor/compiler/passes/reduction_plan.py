@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ..errors import PlanError, Unsupported
 from ._dump import Describable
@@ -36,10 +36,6 @@ from .scratchpad import first_fit
 from .verify import check_placement
 
 CHUNK_CONSTS = ("@n", "@inv_n", "@n_i")
-
-
-def sticks(nbytes: int) -> int:
-    return -(-nbytes // STICK) * STICK
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ..errors import Unsupported
 from ._dump import Describable
@@ -39,10 +39,6 @@ BUFFERS = 3
 # sees read phases and write phases (the pure-stream rate), at the price of
 # less overlap on one core.
 BUFFER_CHOICES = (3, 2)
-
-
-def sticks(nbytes: int) -> int:
-    return -(-nbytes // STICK) * STICK
 
 
 @dataclass(frozen=True)

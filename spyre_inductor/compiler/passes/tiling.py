@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ._dump import Describable
 from .fusion import FusionPlan
@@ -82,7 +82,7 @@ def plan_tiling(layout: LayoutPlan, fusion: FusionPlan, target_bytes: int = TARG
     cols = ranges[sd]
     if rd is None:
         return TilePlan(ranges, sd, None, sd, 1, cols, _others(ranges, sd), granule)
-    row_bytes = -(-cols * widest // STICK) * STICK
+    row_bytes = sticks(cols * widest)
     rows = min(ranges[rd], max(1, target_bytes // row_bytes))
     return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule)
 

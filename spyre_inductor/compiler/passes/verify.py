@@ -10,7 +10,7 @@ buffers, never emits a program that would corrupt data.
 
 from __future__ import annotations
 
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ..errors import PlanError
 from .fusion import FusionPlan
@@ -21,9 +21,7 @@ def _needed(tile, tiling) -> int:
     bcast = tile.broadcast
     rows = 1 if bcast in ("rows", "scalar") or tile.kind == "const" else tiling.tile_rows
     cols = 1 if bcast in ("cols", "scalar") or tile.kind == "const" else tiling.tile_cols
-    row = cols * ITEMSIZE[tile.dtype]
-    row += -row % STICK
-    return rows * row
+    return rows * sticks(cols * ITEMSIZE[tile.dtype])
 
 
 def _overlap_in_time(a, b) -> bool:
