@@ -291,15 +291,15 @@ class Timing:
             period = STICK // math.gcd(stride % STICK, STICK)
             per_row = [-(-(((offset + r * stride) % STICK) + row_bytes) // STICK) for r in range(min(period, rows))]
         full, rest = divmod(rows, len(per_row)) if per_row else (0, 0)
-        sticks = full * sum(per_row) + sum(per_row[:rest])
-        nbytes = sticks * STICK
+        touched = full * sum(per_row) + sum(per_row[:rest])
+        nbytes = touched * STICK
         if write:
             self.report.bytes_written += nbytes
         else:
             self.report.bytes_read += nbytes
         burst = self.hw.burst_sticks
         if stride == row_bytes and row_bytes % STICK == 0:  # rows back to back: one contiguous run
-            self.report.bursts += -(-sticks // burst)
+            self.report.bursts += -(-touched // burst)
         else:
             self.report.bursts += (full * sum(-(-s // burst) for s in per_row)
                                    + sum(-(-s // burst) for s in per_row[:rest]))
