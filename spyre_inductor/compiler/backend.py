@@ -85,8 +85,10 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
     except ValueError as e:
         raise Unsupported(str(e)) from e
     for name, n in (("cores", cores), ("max_cores", max_cores)):
-        if n is not None and not 1 <= n <= HARDWARE.cores:
-            raise ValueError(f"{name} must be in 1..{HARDWARE.cores}, got {n}")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= HARDWARE.cores):
+            raise ValueError(f"{name} must be an integer in 1..{HARDWARE.cores}, got {n!r}")
+    if cores is not None and max_cores is not None and cores > max_cores:
+        raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
     if kernel.reduction_ranges:
         if 0 in kernel.reduction_ranges:
             # an empty reduced dim: every reduction is its identity, the rest is pointwise

@@ -271,3 +271,15 @@ def test_dead_values_are_dropped():
 def test_unary_kernel_plan_describes_as_json():
     compiled = plan_kernel(unary_kernel("exp", (3, 255), "fp32"))
     json.dumps(compiled.plans.describe())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"cores": 2.0}, "cores must be an integer in 1..32, got 2.0"),
+    ({"max_cores": True}, "max_cores must be an integer"),
+    ({"cores": 8, "max_cores": 4}, r"cores \(8\) exceeds max_cores \(4\)"),
+])
+def test_core_counts_are_checked_naming_the_argument(kwargs, match):
+    from spyre_inductor.compiler.backend import plan_kernel
+
+    with pytest.raises(ValueError, match=match):
+        plan_kernel(binary_kernel("add", (64,), "fp32"), **kwargs)
