@@ -26,6 +26,7 @@ from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.utils import sympy_index_symbol
 from torch._inductor.virtualized import V
 
+from . import host_runtime
 from .capture import real_name
 
 _UNARY = {
@@ -165,6 +166,8 @@ class HostHandler(DefaultHandler):
         return self.w.assign(f"spyre_host.load({self._buffer(name)}, {self.w.expr(index)}, {self._mask()})")
 
     def store(self, name, index, value, mode=None):
+        if mode not in host_runtime.STORE_MODES:
+            raise HostUnsupported(f"store mode {mode!r}")
         buf = self._buffer(name)
         self.w.written.setdefault(buf, None)
         self.w.lines.append(f"spyre_host.store({buf}, {self.w.expr(index)}, {self._arg(value)}, {mode!r})")
@@ -173,6 +176,8 @@ class HostHandler(DefaultHandler):
         self.store(name, index, value)
 
     def reduction(self, dtype, src_dtype, reduction_type, value):
+        if reduction_type not in host_runtime.REDUCTIONS:
+            raise HostUnsupported(f"reduction {reduction_type}")
         if isinstance(value, tuple):
             value = "(" + ", ".join(self._arg(v) for v in value) + ",)"
         call = f"spyre_host.reduce({self._arg(value)}, {reduction_type!r}, {self.shape}, {self.reduced}, {dtype})"

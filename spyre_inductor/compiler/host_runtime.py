@@ -146,6 +146,13 @@ def fma(a, b, c):
 # ---- reductions --------------------------------------------------------------------
 
 
+# What reduce() and store() implement: the generator (host_kernel.py) refuses anything else at
+# compile time, so an unknown kind can never reach a queued host operation.
+REDUCTIONS = frozenset({"sum", "prod", "max", "min", "any", "argmax", "argmin", "xor_sum", "welford_reduce",
+                        "welford_combine"})
+STORE_MODES = frozenset({None, "atomic_add"})
+
+
 def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
     """Reduce `value` (broadcastable to `shape`) over its last `reduced` dims, keeping them as 1s."""
     shape = tuple(int(s) for s in shape)
@@ -202,6 +209,10 @@ def run(body, args, written: tuple[int, ...], name: str) -> None:
         return
     from spyre_inductor.device import queues
 
+    devices = sorted({a.device.index for a in spyre})
+    if len(devices) > 1:  # one host operation is ordered on one device's stream only
+        raise RuntimeError(f"spyre CPU fallback ({name}): its buffers are on spyre devices {devices}; "
+                           f"a compiled graph's buffers must share one device")
     writes = [args[i] for i in written if isinstance(args[i], torch.Tensor) and args[i].device.type == "spyre"]
     queues.run_on_host(spyre[0].device.index, execute, reads=spyre, writes=writes,
                        name=f"cpu fallback ({name})")
