@@ -419,9 +419,11 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
         return Capture(None, frozenset(group.removed))
     # A kernel may not read memory it writes through another name (a cat slot
     # and the whole cat buffer): capture cannot see that hazard element by element.
-    read_from = {storage_of(b) for b in group.loaded}
+    # Reading `b` itself (an in-place update at the same index) is checked elsewhere; any OTHER
+    # loaded name on the same storage is a hazard, whether or not `b` is also read.
     for b in group.stores:
-        if b not in group.loaded and storage_of(b) in read_from:
+        others = {storage_of(x) for x in group.loaded if x != b}
+        if storage_of(b) in others:
             raise NotCapturable(f"{b} is written while the kernel reads other views of its memory")
     values, stores = _live(group.values, list(group.stores.values()))
     used = {v.buffer for v in values if isinstance(v, Load)} | {st.buffer for st in stores}
