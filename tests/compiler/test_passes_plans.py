@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -164,6 +165,29 @@ def test_verifier_rejects_an_overlapping_plan_naming_the_buffers():
     allocs[0] = dataclasses.replace(allocs[0], offset=allocs[0].offset + 64)
     with pytest.raises(PlanError, match="stick"):
         verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+    # A planner that claims a larger usable scratchpad than the hardware's is held to the hardware.
+    with pytest.raises(PlanError, match="outside the usable"):
+        big = dataclasses.replace(spad, usable=spad.usable * 2)
+        allocs = list(big.allocations)
+        allocs[0] = dataclasses.replace(allocs[0], offset=spad.usable)
+        verify(dataclasses.replace(big, allocations=tuple(allocs)), fusion)
+
+
+def test_verifier_rejects_a_tile_whose_rows_overlap_each_other():
+    kernel = KernelBuilder("rows", (16, 200))  # slices of (16, 256): the dims cannot merge into one row
+    kernel.buffer("x", "fp32", (16, 200), strides=(256, 1))
+    kernel.buffer("out", "fp32", (16, 200), strides=(256, 1))
+    kernel.store("out", kernel.op("exp", kernel.load("x", strides=(256, 1))))
+    kernel = kernel.build()
+    lay = plan_layout(kernel)
+    fusion = plan_fusion(kernel, lay)
+    spad = plan_scratchpad(fusion, plan_tiling(lay, fusion))
+    multi = [a for a in spad.allocations if a.nbytes > a.row_stride]  # tiles of several rows
+    assert multi, "the plan should tile several rows at once"
+    bad = dataclasses.replace(multi[0], row_stride=128)
+    allocs = tuple(bad if a is multi[0] else a for a in spad.allocations)
+    with pytest.raises(PlanError, match=f"{re.escape(bad.name)} has a row stride of 128 B"):
+        verify(dataclasses.replace(spad, allocations=allocs), fusion)
 
 
 # ---- division -----------------------------------------------------------------------------

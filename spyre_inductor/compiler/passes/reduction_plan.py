@@ -196,4 +196,4 @@ def verify_reduction(plan: ReductionPlan, low: ReductionLowering) -> None:
         for acc in low.accumulators:
             if f"in:{acc}" not in by:
                 raise PlanError(f"reduction plan: accumulator {acc!r} has no ring landing tile")
-    check_placement("reduction plan", plan.allocations, plan.usable)
+    check_placement("reduction plan", plan.allocations, min(plan.usable, HARDWARE.scratchpad_usable_bytes))

@@ -10,6 +10,7 @@ buffers, never emits a program that would corrupt data.
 
 from __future__ import annotations
 
+from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ..errors import PlanError
@@ -17,11 +18,12 @@ from .fusion import FusionPlan
 from .scratchpad import ScratchpadPlan
 
 
-def _needed(tile, tiling) -> int:
+def _geometry(tile, tiling) -> tuple[int, int]:
+    """(stored rows, bytes of one row) a tile needs, from the fusion plan and tile shape alone."""
     bcast = tile.broadcast
     rows = 1 if bcast in ("rows", "scalar") or tile.kind == "const" else tiling.tile_rows
     cols = 1 if bcast in ("cols", "scalar") or tile.kind == "const" else tiling.tile_cols
-    return rows * sticks(cols * ITEMSIZE[tile.dtype])
+    return rows, sticks(cols * ITEMSIZE[tile.dtype])
 
 
 def _overlap_in_time(a, b) -> bool:
@@ -41,10 +43,16 @@ def verify(plan: ScratchpadPlan, fusion: FusionPlan) -> None:
         if {a.buffer for a in copies} != want or len(copies) != len(want):
             raise PlanError(f"scratchpad plan: tile {t.name!r} has copies {[a.buffer for a in copies]}, "
                             f"needs {sorted(want, key=str)}")
+        rows, row = _geometry(t, tiling)
         for a in copies:
-            if a.nbytes < _needed(t, tiling):
-                raise PlanError(f"scratchpad plan: {a.name} has {a.nbytes} B, its tile needs {_needed(t, tiling)} B")
-    check_placement("scratchpad plan", plan.allocations, plan.usable)
+            if a.row_stride < row and rows > 1:  # its rows would overlap each other
+                raise PlanError(f"scratchpad plan: {a.name} has a row stride of {a.row_stride} B, its rows "
+                                f"need {row} B")
+            if a.nbytes < rows * max(row, a.row_stride if rows > 1 else row):
+                raise PlanError(f"scratchpad plan: {a.name} has {a.nbytes} B, its {rows} row(s) of "
+                                f"{max(row, a.row_stride)} B need more")
+    # The hardware's bound, not only the planner's own figure for it.
+    check_placement("scratchpad plan", plan.allocations, min(plan.usable, HARDWARE.scratchpad_usable_bytes))
 
 
 def check_placement(what: str, allocations, usable: int) -> None:
