@@ -153,39 +153,42 @@ class Compute:
                             f"got {type(self.executable).__name__}")
 
 
+class _Control:
+    """Control operations order the stream; they touch no memory and take no pipeline time."""
+
+    pipeline = "control"
+    footprint = NO_FOOTPRINT
+
+
 @dataclass(frozen=True)
-class Signal:
+class _OnSignal(_Control):
+    signal: SoftSignal
+    verb = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.verb} {self.signal.ident}"
+
+
+@dataclass(frozen=True)
+class Signal(_OnSignal):
     """Fire a single-use software signal once everything before it on the stream is done."""
 
-    signal: SoftSignal
-    pipeline = "control"
-    footprint = NO_FOOTPRINT
-
-    @property
-    def name(self) -> str:
-        return f"signal {self.signal.ident}"
+    verb = "signal"
 
 
 @dataclass(frozen=True)
-class Wait:
+class Wait(_OnSignal):
     """Hold the stream until a signal fires (it may be enqueued later, on another stream)."""
 
-    signal: SoftSignal
-    pipeline = "control"
-    footprint = NO_FOOTPRINT
-
-    @property
-    def name(self) -> str:
-        return f"wait {self.signal.ident}"
+    verb = "wait"
 
 
 @dataclass(frozen=True)
-class Barrier:
+class Barrier(_Control):
     """Hold the stream until every operation enqueued before it, on any stream, is done."""
 
     name: str = "barrier"
-    pipeline = "control"
-    footprint = NO_FOOTPRINT
 
 
 Operation = HostCallback | Transfer | Compute | Signal | Wait | Barrier
