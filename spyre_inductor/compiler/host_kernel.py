@@ -24,7 +24,7 @@ import torch
 from torch._inductor.codegen.common import PythonPrinter
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.utils import sympy_index_symbol
-from torch._inductor.virtualized import V
+from torch._inductor.virtualized import OpsValue, OpsWrapper, V
 
 from . import host_runtime
 from .capture import real_name
@@ -186,6 +186,40 @@ class HostHandler(DefaultHandler):
             self.w.lines.append(f"{', '.join(names)} = {call}")
             return tuple(names)
         return self.w.assign(call)
+
+    def scan(self, dtypes, combine_fn, values):
+        """An inclusive scan along the iteration's last dim (the scan range).
+
+        combine_fn is Inductor's closure over ``ops.*``: run under this handler
+        it writes its own lines, which become a nested ``def combine_k(a..., b...)``
+        that spyre_host.scan applies column by column.
+        """
+        if self.reduced != 1:
+            raise HostUnsupported(f"scan over {self.reduced} dims")
+        n = len(values)
+        a_names = [self.w.fresh() for _ in range(n)]
+        b_names = [self.w.fresh() for _ in range(n)]
+        outer, masks = self.w.lines, self.masks
+        self.w.lines, self.masks = [], []  # the combine body is its own function, under no mask
+        try:
+            # OpsValue params: a combine_fn may use operators (a + b) as well as ops.add(a, b).
+            results = combine_fn(tuple(map(OpsValue, a_names)), tuple(map(OpsValue, b_names)))
+            results = [self._arg(OpsWrapper._unwrap(r)) for r in results]
+            inner = self.w.lines
+        finally:
+            self.w.lines, self.masks = outer, masks
+        if len(results) != n:
+            raise HostUnsupported(f"scan combine_fn returning {len(results)} values for {n} inputs")
+        combine = f"combine_{self.w.fresh()}"
+        self.w.lines.append(f"def {combine}({', '.join(a_names + b_names)}):")
+        self.w.lines.extend(f"    {line}" for line in inner)
+        self.w.lines.append(f"    return ({''.join(r + ', ' for r in results)})")
+        names = [self.w.fresh() for _ in range(n)]
+        self.w.lines.append(
+            f"{''.join(v + ', ' for v in names)}= spyre_host.scan(({''.join(self._arg(v) + ', ' for v in values)}), "
+            f"{combine}, {self.shape}, ({''.join(_literal(d) + ', ' for d in dtypes)}))"
+        )
+        return tuple(names)
 
     def constant(self, value, dtype):
         return self.w.assign(f"spyre_host.constant({_literal(value)}, {dtype})")

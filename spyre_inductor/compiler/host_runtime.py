@@ -11,7 +11,11 @@ there. The kernel runs as a host operation on the current stream, in order
 with queued device work that touches the same memory.
 
 Floating values are computed in fp32 when they are stored as fp16/bf16
-(Inductor's compute-type contract) and rounded on store.
+(Inductor's compute-type contract) and rounded on store. A scan (cumsum,
+cumprod, logcumsumexp, ...) runs its combine function step by step along the
+scan dim in the accumulator type CPU eager uses (at::acc_type<T, false>:
+fp32 for fp16/bf16, fp64 for fp32, int64 for integers), so its running
+value is rounded once, at the store, exactly as eager rounds it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+def scan_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a scan's running value is held in: CPU eager's at::acc_type<dtype, false>."""
+    if dtype in _LOW_PRECISION:
+        return torch.float32
+    if dtype == torch.float32:
+        return torch.float64
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return dtype
+    return torch.int64  # every integer type accumulates in int64 (same bits once cast back)
 
 
 # ---- buffers -----------------------------------------------------------------------
@@ -192,6 +207,34 @@ def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
     else:
         raise NotImplementedError(f"spyre CPU fallback: reduction {kind!r}")
     return out.to(acc).reshape(keep_shape)
+
+
+# ---- scans -------------------------------------------------------------------------
+
+
+def scan(values, combine, shape, dtypes) -> tuple[torch.Tensor, ...]:
+    """Inclusive scan of `values` (one per dtype, each broadcastable to `shape`) along the last dim.
+
+    `combine(*a, *b)` merges the running values `a` with the next column `b`
+    (Inductor's combine_fn, written out as torch code) and returns a tuple:
+    acc = v[..., 0]; out[..., k] = acc = combine(acc, v[..., k]). Runs in
+    scan_dtype and returns each output in the compute dtype of its dtype.
+    """
+    shape = tuple(int(s) for s in shape)
+    accs = tuple(scan_dtype(d) for d in dtypes)
+    columns = [torch.as_tensor(v).to(a).expand(shape).unbind(-1) for v, a in zip(values, accs)]
+    n = shape[-1]
+    if n == 0:
+        return tuple(torch.empty(shape, dtype=compute_dtype(d)) for d in dtypes)
+    running = tuple(c[0] for c in columns)
+    steps = [running]
+    for k in range(1, n):
+        merged = combine(*running, *(c[k] for c in columns))
+        # Type promotion in the combine body (a Python constant, a comparison) must not change the
+        # running type; a constant result must still have one value per lane.
+        running = tuple(torch.as_tensor(m).to(a).expand(shape[:-1]) for m, a in zip(merged, accs, strict=True))
+        steps.append(running)
+    return tuple(torch.stack([step[i] for step in steps], -1).to(compute_dtype(d)) for i, d in enumerate(dtypes))
 
 
 # ---- running -----------------------------------------------------------------------
