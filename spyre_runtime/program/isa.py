@@ -453,6 +453,50 @@ class Reduce(Instruction):
         return None
 
 
+SCAN = {"sum": (torch.cumsum, torch.add), "prod": (torch.cumprod, torch.mul)}
+
+
+@instruction("scan", ("sfp",))
+@dataclass(frozen=True)
+class Scan(Instruction):
+    """dst[r, :] = inclusive prefix (op) along row r of src, continued from carry[r] when a
+    carry column [rows, 1] is given; the carry then holds each row's last prefix, so the next
+    chunk of the same rows continues from it. Floats accumulate in fp32 (the carry stays fp32);
+    dst rounds to its dtype. Costed in timing.scan: a prefix across the lanes of a stick."""
+
+    op: str
+    dst: Tile
+    src: Tile
+    carry: Tile | None = None
+
+    def run(self, m, core, idx):
+        prefix, combine = SCAN[self.op]
+        value = prefix(m.read(core, self.src, idx), dim=1)
+        if self.carry is not None:
+            value = combine(m.read(core, self.carry, idx), value)
+            m.write(core, self.carry, idx, value[:, -1:])
+        m.write(core, self.dst, idx, value)
+
+    def cost(self, t, core, idx):
+        return t.scan(self.src.rows, self.src.cols, _widest(self.dst, self.src))
+
+    def touches(self):
+        carry = (("tile", self.carry),) if self.carry is not None else ()
+        return (("tile", self.dst), ("tile", self.src)) + carry
+
+    def problem(self):
+        if self.op not in SCAN:
+            return f"scan {self.op!r} is not one of {sorted(SCAN)}"
+        if (self.dst.rows, self.dst.cols) != (self.src.rows, self.src.cols):
+            return f"scan of a {self.src.rows} x {self.src.cols} tile into a {self.dst.rows} x {self.dst.cols} one"
+        if "none" != self.dst.broadcast or "none" != self.src.broadcast:
+            return "scan tiles cannot broadcast"
+        if self.carry is not None and (self.carry.rows, self.carry.cols, self.carry.dtype) != (self.src.rows, 1, "fp32"):
+            return (f"a scan carry is an fp32 [{self.src.rows}, 1] column, got {self.carry.dtype} "
+                    f"[{self.carry.rows}, {self.carry.cols}]")
+        return None
+
+
 @instruction("fill", ("sfp",))
 @dataclass(frozen=True)
 class Fill(Instruction):

@@ -322,6 +322,14 @@ class Timing:
         self.report.sfp_elements += rows * cols
         return sticks / (self.hw.sfp_sticks_per_us_per_core / 1e3)
 
+    def scan(self, rows: int, cols: int, itemsize: int) -> float:
+        """A prefix along tile rows. No figure was published for it, so it is costed as the
+        sfp would do it with elementwise passes: a Hillis-Steele shift-and-combine across the
+        lanes of each stick (log2(lanes) passes) and one more to add each stick's carry-in."""
+        lanes = STICK // itemsize
+        passes = 1 + lanes.bit_length() - 1
+        return passes * self.sfp(rows, cols, itemsize)
+
     def ring(self, src: int, dst: int, nbytes: int) -> float:
         hops = min((dst - src) % self.hw.cores, (src - dst) % self.hw.cores)
         self.report.ring_bytes += nbytes
