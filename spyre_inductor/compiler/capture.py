@@ -27,7 +27,11 @@ the group:
 - ``ops.reduction`` becomes a Reduction value (welford_reduce: three, one
   per result, of the same argument); ``ops.store_reduction`` is a store of
   it, and a later load of that buffer in the group (a softmax's ``x - max``)
-  takes the Reduction value itself, broadcast over the reduced dims.
+  takes the Reduction value itself, broadcast over the reduced dims;
+- ``ops.scan`` (cumsum, cumprod) becomes a Scan value when its combine
+  function is one add or one multiply of the running value and the next
+  element (found by calling it on probes); any other combine (logcumsumexp)
+  refuses the group.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from .kernel_ir import (
     Op,
     PointwiseKernel,
     Reduction,
+    Scan,
     Store,
 )
 
@@ -280,7 +285,7 @@ class CaptureHandler(DefaultHandler):
             # What a round trip through the buffer would do. A Reduction's result
             # is accumulated in fp32 even when its dtype says fp16, so it is
             # rounded here too (Inductor's own pointwise values carry explicit casts).
-            rounds = dtype in _LOW_PRECISION and isinstance(g.values[value.pos], Reduction)
+            rounds = dtype in _LOW_PRECISION and isinstance(g.values[value.pos], (Reduction, Scan))
             if value.dtype != dtype or rounds:
                 value = g.add(Cast(value.pos, dtype_name(dtype, name)), dtype)
             return value
@@ -331,6 +336,8 @@ class CaptureHandler(DefaultHandler):
                 flags.append(not any(v.index.strides[n_outer:]))
             elif isinstance(v, Cast):
                 flags.append(flags[v.arg])
+            elif isinstance(v, Scan):
+                flags.append(False)
             else:
                 flags.append(all(flags[a] for a in v.args))
         return flags[value.pos]
@@ -355,6 +362,44 @@ class CaptureHandler(DefaultHandler):
         # The index uses the outer variables only, so the Store has stride 0 on
         # every reduced dim; later loads of `name` in the group forward `value`.
         self.store(name, index, value)
+
+    def scan(self, dtypes, combine_fn, values):
+        g = self.g
+        if len(g.reduction_ranges) != 1:
+            raise NotCapturable(f"a scan over reduction ranges {g.reduction_ranges} (one dim expected)")
+        if len(values) != 1:
+            raise NotCapturable(f"a scan of {len(values)} values (only single-value scans are in the IR)")
+        op = _scan_op(combine_fn)
+        if op is None:
+            raise NotCapturable("a scan whose combine is not one add or one multiply (e.g. logcumsumexp)")
+        result = dtype_name(dtypes[0], f"the cum{op} scan")
+        arg = self._as_value(values[0])
+        return (g.add(Scan(op, arg.pos, result), dtypes[0]),)
+
+
+class _Probe(DefaultHandler):
+    """Records what a scan's combine function does to two probe operands."""
+
+    def _default(self, name, args, kwargs):
+        return (name, *args)
+
+
+def _scan_op(combine_fn) -> str | None:
+    """'sum' / 'prod' if combine_fn((a,), (b,)) is (a + b,) / (a * b,), else None."""
+    with V.set_ops_handler(_Probe()):
+        try:
+            out = combine_fn(("a",), ("b",))
+        except Exception:  # a combine the probe cannot follow is simply not one of ours
+            return None
+    def plain(x):  # V.ops wraps results (and may wrap operands) in OpsValue
+        return getattr(x, "value", x)
+
+    if len(out) != 1 or not isinstance(plain(out[0]), tuple):
+        return None
+    name, *args = (plain(x) for x in plain(out[0]))
+    if sorted(map(str, args)) != ["a", "b"]:
+        return None
+    return {"add": "sum", "mul": "prod"}.get(name)
 
 
 def _node_ranges(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -453,11 +498,11 @@ def _live(values: list, stores: list[Store]) -> tuple[tuple, tuple[Store, ...]]:
             v = values[pos]
             if isinstance(v, Reduction) and v.op in _WELFORD:
                 needed |= set(welford[v.arg])  # siblings need only the same (lower) argument
-            needed |= {v.arg} if isinstance(v, (Cast, Reduction)) else set(getattr(v, "args", ()))
+            needed |= {v.arg} if isinstance(v, (Cast, Reduction, Scan)) else set(getattr(v, "args", ()))
     new_pos = {old: new for new, old in enumerate(sorted(needed))}
 
     def renumber(v):
-        if isinstance(v, (Cast, Reduction)):
+        if isinstance(v, (Cast, Reduction, Scan)):
             return replace(v, arg=new_pos[v.arg])
         if isinstance(v, Op):
             return replace(v, args=tuple(new_pos[a] for a in v.args))

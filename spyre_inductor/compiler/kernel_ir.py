@@ -26,6 +26,12 @@ argument: welford_mean, welford_m2 (sum of squared deviations from the
 mean) and welford_weight (the count), which the planner may compute exactly
 (two passes over resident rows) or combine across tiles and cores (Chan).
 
+Scans (issue 9): a ``Scan`` is the inclusive prefix of its argument along the
+reduced dim (cumsum: "sum", cumprod: "prod"): result[o, k] = arg[o, 0] op ...
+op arg[o, k]. Unlike a Reduction it varies over the reduced dim, so it is a
+full-space value, stored like an epilogue. A kernel with a Scan has exactly
+one reduction range (Inductor scans one dim).
+
 Values whose result is only used inside the kernel stay on chip; a value
 reaches device memory only through a ``Store``. Arithmetic follows
 Inductor's contract: floats are computed in fp32 and rounded when stored
@@ -73,6 +79,7 @@ REDUCTION_OPS = frozenset({
     "sum", "prod", "max", "min", "argmax", "argmin", "any", "all",
     "welford_mean", "welford_m2", "welford_weight",
 })
+SCAN_OPS = frozenset({"sum", "prod"})  # inclusive prefixes along the one reduction range
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,16 @@ class Reduction:
     dtype: str
 
 
-Value = Load | Constant | Op | Cast | Reduction
+@dataclass(frozen=True)
+class Scan:
+    """Inclusive `op` prefix of value `arg` along the reduction range; a full-space value."""
+
+    op: str
+    arg: int
+    dtype: str
+
+
+Value = Load | Constant | Op | Cast | Reduction | Scan
 
 
 @dataclass(frozen=True)
@@ -154,6 +170,10 @@ class PointwiseKernel:
     def is_reduction(self) -> bool:
         return any(isinstance(v, Reduction) for v in self.values)
 
+    @property
+    def has_scan(self) -> bool:
+        return any(isinstance(v, Scan) for v in self.values)
+
     def outer(self) -> tuple[bool, ...]:
         """Per value: True if it depends on the outer ranges only (see the module docstring)."""
         n_outer, flags = len(self.ranges), []
@@ -166,6 +186,8 @@ class PointwiseKernel:
                 flags.append(all(s == 0 for s in v.index.strides[n_outer:]))
             elif isinstance(v, Cast):
                 flags.append(flags[v.arg])
+            elif isinstance(v, Scan):
+                flags.append(False)  # a prefix varies along the reduced dim
             else:
                 flags.append(all(flags[a] for a in v.args))
         return tuple(flags)
@@ -223,6 +245,12 @@ class PointwiseKernel:
                     raise ValueError(f"kernel {self.name!r}: value {i} ({v.op}) has bad arg {v.arg}")
                 if not self.reduction_ranges:
                     raise ValueError(f"kernel {self.name!r}: value {i} ({v.op}) in a kernel without reduction ranges")
+            elif isinstance(v, Scan):
+                if v.op not in SCAN_OPS or not 0 <= v.arg < i:
+                    raise ValueError(f"kernel {self.name!r}: value {i} is a bad scan {v!r}")
+                if len(self.reduction_ranges) != 1:
+                    raise ValueError(f"kernel {self.name!r}: value {i} scans over reduction ranges "
+                                     f"{self.reduction_ranges}, not one dim")
             elif not isinstance(v, Constant):
                 raise ValueError(f"kernel {self.name!r}: value {i} is not an IR value: {v!r}")
             if v.dtype not in TORCH_DTYPES:
@@ -258,7 +286,7 @@ class PointwiseKernel:
     @classmethod
     def from_json(cls, text: str) -> "PointwiseKernel":
         d = json.loads(text)
-        kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast, "Reduction": Reduction}
+        kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast, "Reduction": Reduction, "Scan": Scan}
 
         def index(x):
             return Index(tuple(x["strides"]), x["offset"])

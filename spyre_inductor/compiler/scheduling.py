@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import Op, PointwiseKernel, Reduction
+from .kernel_ir import Op, PointwiseKernel, Reduction, Scan
 from .version import compiler_version
 
 
@@ -93,11 +93,12 @@ def content_name(kernel: PointwiseKernel) -> PointwiseKernel:
     digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:12]
     ops = []
     for v in kernel.values:
-        name = v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction) else None
+        name = (v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction)
+                else f"cum{v.op}" if isinstance(v, Scan) else None)
         if name is not None and name not in ops:
             ops.append(name)
     label = "_".join(ops[:5]) + ("_etc" if len(ops) > 5 else "") if ops else "copy"
-    kind = "red" if kernel.reduction_ranges else "pw"
+    kind = "scan" if kernel.has_scan else "red" if kernel.reduction_ranges else "pw"
     return replace(kernel, name=f"spyre_{kind}_{label}_{digest}")
 
 
@@ -137,8 +138,11 @@ class SpyreScheduling(BaseScheduling):
 
     def get_backend_features(self, device) -> OrderedSet[BackendFeature]:
         # A reduction stays one node (one kernel, or one CPU fallback) instead
-        # of Inductor's split into two.
-        return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT])
+        # of Inductor's split into two. SCAN: cumsum/cumprod/logcumsumexp become
+        # Scan nodes we capture or run as in-graph CPU kernels, not aten
+        # fallbacks (multi-output scans, cummax/cummin, still fall back to aten:
+        # no TUPLE_REDUCTION).
+        return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT, BackendFeature.SCAN])
 
     def group_fn(self, sizes):
         # SIMD-style (numel, rnumel): the scheduler's other heuristics expect it.

@@ -14,8 +14,8 @@ What the generator draws (``graphs()``, a hypothesis strategy):
   of a contiguous one, so the kernel reads it across its strides);
 * ops on earlier values: unary ops, binary ops (with broadcasting), scalar
   arithmetic, and reductions over one dim with keepdim both ways
-  (sum/mean/amax/amin/var/softmax/log_softmax/logsumexp/cumsum; cumsum
-  is not compiled yet and runs as an allowed, counted fallback); each op is written so it stays in its domain
+  (sum/mean/amax/amin/var/softmax/log_softmax/logsumexp/cumsum); each op
+  is written so it stays in its domain
   (log of |x| + 1, exp of a bounded value), because a NaN or an overflow
   both sides agree on tests nothing;
 * 1-3 outputs (the last value and others, reductions included): one
@@ -60,10 +60,8 @@ MAX_NUMEL = 16 * 1024
 DTYPES = (torch.float32, torch.float16)
 
 # Ops compiled graphs may still run on the CPU (documented as not compiled yet);
-# any other fallback is a fuzzer finding.
-# cumsum: Inductor lowers it to an aten fallback kernel (the backend does not declare
-# BackendFeature.SCAN: the planner has no scan yet, see README), which runs on the eager device.
-NOT_COMPILED: frozenset[str] = frozenset({"aten.cumsum"})
+# any other fallback is a fuzzer finding. None now: cumsum compiles (issue 9).
+NOT_COMPILED: frozenset[str] = frozenset()
 
 # name -> (source template, magnitude bound of the result given the argument's bound).
 # The templates keep every op in its domain for any finite input.

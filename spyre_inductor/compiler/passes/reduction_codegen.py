@@ -29,7 +29,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, Fill, Load, Pop, Push, Reduce, Select, Send, Store, Transpose, Unary
+from spyre_runtime.program.isa import (Binary, Fill, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
+                                      Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
@@ -131,6 +132,11 @@ class _Core:
             if st.kind == "reduce":  # src [g, kc] (an R source is broadcast over the rows)
                 src = self.tile(u, st.args[0], copy, g, kc, "F")
                 u.emit(Reduce(st.op, dst, src, accumulate=st.accumulate))
+                continue
+            if st.kind == "scan":  # src [g, kc]; carry [g, 1] when chunked
+                src = self.tile(u, st.args[0], copy, g, kc)
+                carry = self.tile(u, st.args[1], copy, g, 1) if len(st.args) > 1 else None
+                u.emit(Scan(st.op, dst, src, carry))
                 continue
             args = [self.tile(u, self.resolve(a, ksize), copy, rows, cols, dsp) for a in st.args]
             if st.kind == "unary":

@@ -204,8 +204,8 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
             return consider(chunked, plan, split, shares, f"chunked {target // 1024}K/{buffers}b/{len(shares)}c")
 
         search(variants, counts, chunked_at, errors)
-    ring = lower(kernel, "ring")
-    if ring_eligible(ring) and units < limit and ring.outer[-1] * STICK <= 256 * 1024 and (cores or 2) > 1:
+    ring = None if kernel.has_scan else lower(kernel, "ring")  # a prefix does not split over cores
+    if ring is not None and ring_eligible(ring) and units < limit and ring.outer[-1] * STICK <= 256 * 1024 and (cores or 2) > 1:
         # too few outer elements for the cores: the reduced dim over cores, partials over the ring
         kg = _granule(ring)
         outer_n = ring.outer[-1]

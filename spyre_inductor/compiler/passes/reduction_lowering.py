@@ -40,6 +40,13 @@ Three modes (the planner picks; see reduction_plan.py):
 * "ring": like "chunked" with one pass, on a core's slice of r; the partial
   accumulators are then combined core to core over the ring (reduction_codegen).
 
+Scans (cumsum, cumprod) are full-space values computed with the sfp's
+``scan`` along tile rows: in the resident mode over the whole row; when
+chunked, the chunks of a group go through in order and an fp32 [G, 1]
+carry tile (filled with the identity at the start of every pass that
+computes the scan) continues each row's prefix from one chunk to the next.
+A scan cannot be split over cores, so a kernel with one has no ring plan.
+
 Steps name tiles; a chunk-size dependent constant is named "@n" (chunk
 elements, fp32), "@inv_n" (1 / chunk elements) or "@n_i" (int32), which
 codegen resolves for the full chunk and the remainder chunk.
@@ -50,7 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction
+from ..kernel_ir import Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, Scan
 from ._dump import Describable
 from .fusion import _isa_op
 from .layout import FLOATS, POINTWISE_DTYPES, _canonical
@@ -86,7 +93,7 @@ class RTile:
 
 @dataclass(frozen=True)
 class RStep:
-    kind: str                  # unary, binary, select, fill, reduce
+    kind: str                  # unary, binary, select, fill, reduce, scan (args: src[, carry])
     op: str
     dst: str
     args: tuple[str, ...] = ()
@@ -196,8 +203,8 @@ def exact_welford(kernel: PointwiseKernel) -> PointwiseKernel:
             v = Op(v.name, tuple(remap[a] for a in v.args), v.dtype)
         elif isinstance(v, Cast):
             v = Cast(remap[v.arg], v.dtype)
-        elif isinstance(v, Reduction):
-            v = Reduction(v.op, remap[v.arg], v.dtype)
+        elif isinstance(v, (Reduction, Scan)):
+            v = replace(v, arg=remap[v.arg])
         remap[i] = add(v)
     stores = tuple(replace(s, value=remap[s.value]) for s in kernel.stores)
     return replace(kernel, values=tuple(values), stores=stores)
@@ -252,6 +259,8 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
             b.op(i, v)
         elif isinstance(v, Reduction):
             b.reduction(i, v)
+        elif isinstance(v, Scan):
+            b.scan(i, v)
     for k, s in enumerate(kernel.stores):
         os_, rs = acc_strides[n_loads + k]
         b.store(s, os_, rs)
@@ -275,6 +284,7 @@ class _Builder:
         self.red_init: dict[int, list] = {}
         self.red_chunk: dict[int, list] = {}
         self.red_combine: list[RStep] = []
+        self.scan_init: dict[int, RStep] = {}        # scan value -> its carry's identity fill
         self.accs: list[str] = []
         self.f_stores, self.outer_stores = [], []
         self.resident_steps: list[RStep] = []
@@ -398,6 +408,25 @@ class _Builder:
         self.accs.append(t)
         comb = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "any": "or", "all": "and"}[op]
         self.red_combine.append(RStep("binary", comb, t, (f"in:{t}", t)))
+
+    def scan(self, i, v: Scan) -> None:
+        arg = self.vtile[v.arg]
+        if self.mode == "ring":
+            raise Unsupported(f"{self.where}: value {i} is a scan, which cannot be split over cores")
+        if self.vspace[v.arg] != "F":
+            raise Unsupported(f"{self.where}: value {i} scans a value that does not vary over both the "
+                              f"outer and the scanned dims")
+        if v.dtype not in FLOATS or self.tiles[arg].dtype not in FLOATS:
+            raise Unsupported(f"{self.where}: value {i}: cum{v.op} of {self.tiles[arg].dtype} into {v.dtype} "
+                              f"(integer scans are not planned)")
+        self.vspace[i], self.depth[i], self.deps[i] = "F", self.depth[v.arg], (v.arg,)
+        self.vtile[i] = self.new("t", "fp32", "F", "work")
+        if self.mode == "resident":
+            self.emit(i, RStep("scan", v.op, self.vtile[i], (arg,)), "F")
+            return
+        carry = self.new("c", "fp32", "O", "acc")
+        self.scan_init[i] = RStep("fill", "fill", carry, value=IDENTITY[v.op])
+        self.emit(i, RStep("scan", v.op, self.vtile[i], (arg, carry)), "F")
 
     def _argreduce(self, i, v, arg, level) -> None:
         if self.tiles[arg].dtype not in FLOATS:
@@ -550,7 +579,9 @@ class _Builder:
                 for i in reds:
                     steps += self.red_chunk[i]
                 steps = _fold_copies(steps, tiles)
-                init = tuple(s for i in reds for s in self.red_init[i])
+                # a scan restarts its carry in every pass that (re)computes it
+                init = tuple(s for i in reds for s in self.red_init[i]) + tuple(
+                    self.scan_init[v] for v in vals if v in self.scan_init)
                 post = tuple(s for d, s in self.o_steps if d == p and p < n)
                 stores = tuple((t, a) for t, a, key in self.f_stores if store_pass[key] == p)
                 why = []
@@ -580,7 +611,7 @@ def _fold_copies(steps, tiles) -> list:
     for k, st in enumerate(steps):
         src = tiles.get(st.args[0]) if st.args else None
         if (st.kind == "unary" and st.op == "copy" and tiles[st.dst].role == "out" and src is not None
-                and out and out[-1].dst == st.args[0] and out[-1].kind in ("unary", "binary", "select")
+                and out and out[-1].dst == st.args[0] and out[-1].kind in ("unary", "binary", "select", "scan")
                 and src.role == "work" and src.space == tiles[st.dst].space
                 and (src.dtype == tiles[st.dst].dtype or (src.dtype == "fp32" and tiles[st.dst].dtype in FLOATS))
                 and not any(st.args[0] in (o.args + (o.dst,)) for o in out[:-1])

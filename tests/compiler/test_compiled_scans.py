@@ -1,0 +1,183 @@
+"""cumsum and cumprod compile to spyre programs (issue 9).
+
+A scan is a full-space value in the reduction planner (reduction_lowering.py):
+the sfp's ``scan`` runs the inclusive prefix along tile rows; over resident
+rows once, and when a row does not fit, chunk after chunk in order with an
+fp32 carry column that continues each row's prefix. A scan over dim 0 loads
+transposed tiles, like a sum over dim 0. Prologues and epilogues fuse into
+the same program.
+
+Tolerances: fp32 as the other compiled kernels (1e-5); fp16/bf16 one unit in
+the last place of the result, the single rounding at the store (eager CPU
+accumulates fp16 in fp32 and fp32 in double, and so does the program, up to
+the one fp32 add of each chunk's carry).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_inductor.compiler.backend import plan_kernel
+from spyre_inductor.compiler.kernel_ir import Scan
+from spyre_runtime.program.timing import estimate
+
+from inductor_helpers import compile_on_spyre
+from pointwise_ir import contiguous
+from reduction_ir import ReductionBuilder
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2 ** -10, atol=1e-5),
+       torch.bfloat16: dict(rtol=2 ** -7, atol=1e-5)}
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")  # a CPU fallback is a compile error here
+
+
+def _data(shape, dtype=torch.float32, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _check(fn, *args, dtype=torch.float32, programs=None):
+    out, _, records, warned, _ = compile_on_spyre(fn, *args)
+    ref = fn(*(a.float() for a in args))
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for got, want in zip(out, ref, strict=True):
+        torch.testing.assert_close(got.cpu(), want.to(dtype), **TOL[dtype])
+    assert not warned
+    compiled = [r for r in records if r.kernel is not None]
+    assert compiled and all(r.artifact is not None for r in compiled), records
+    if programs is not None:
+        assert len(compiled) == programs, [r.kernel.name for r in compiled]
+    return compiled
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cumsum_along_every_dim_matches_cpu(dtype):
+    """Rows of 67 (not whole sticks), the last, first and a middle dim, 1-D."""
+    x, y, v = _data((9, 67), dtype), _data((3, 40, 70), dtype, 1), _data((100,), dtype, 2)
+    _check(lambda a: torch.cumsum(a, -1), x, dtype=dtype)
+    _check(lambda a: torch.cumsum(a, 0), x, dtype=dtype)
+    _check(lambda a: torch.cumsum(a, 1), y, dtype=dtype)
+    _check(lambda a: torch.cumsum(a, 0), v, dtype=dtype)
+
+
+def test_cumprod_matches_cpu():
+    x = 1 + 0.05 * _data((5, 130))  # near 1: the products stay finite over 130 steps
+    _check(lambda a: torch.cumprod(a, -1), x)
+    _check(lambda a: torch.cumprod(a, 0), x)
+
+
+def test_prologue_scan_and_epilogue_are_one_program():
+    x = _data((16, 200))
+    [rec] = _check(lambda a: torch.sigmoid(torch.cumsum(a * 2 + 1, -1)) - 0.5, x, programs=1)
+    assert sum(isinstance(v, Scan) for v in rec.kernel.values) == 1
+    assert rec.kernel.name.startswith("spyre_scan_")
+
+
+def test_transposed_and_sliced_inputs():
+    x = _data((70, 40))
+    _check(lambda a: torch.cumsum(a.t(), -1), x)
+    _check(lambda a: torch.cumsum(a[:, 3:50], -1) * 2, _data((8, 64)))
+
+
+def test_a_scan_and_a_reduction_of_the_same_rows():
+    x = _data((12, 90))
+    _check(lambda a: torch.cumsum(a, -1) / a.abs().sum(-1, keepdim=True), x)
+
+
+def test_size_one_and_empty_scanned_dims():
+    _check(lambda a: torch.cumsum(a, 1) + 1, _data((7, 1)))
+    out, _, _, warned, _ = compile_on_spyre(lambda a: torch.cumsum(a, 1), _data((7, 0)))
+    assert out[0].shape == (7, 0) and not warned
+
+
+# ---- plans (hand-built IR: what capture hands over for cumsum) ---------------------------------
+
+
+def cumsum_kernel(shape, dim=-1, dtype="fp32", op="sum"):
+    rows, cols = shape
+    xs = contiguous(shape)
+    if dim in (-1, 1):
+        ranges, red, strides = (rows,), (cols,), [xs[0], xs[1]]
+    else:
+        ranges, red, strides = (cols,), (rows,), [xs[1], xs[0]]
+    b = ReductionBuilder(f"cum{op}_{dim}_{dtype}", ranges, red)
+    b.buffer("x", dtype, shape)
+    b.buffer("out", dtype, shape)
+    x = b.load("x", strides)
+    if dtype != "fp32":
+        x = b.cast(x, "fp32")
+    s = b._add(Scan(op, x, dtype))
+    b.store("out", b.cast(s, dtype) if dtype != "fp32" else s, strides)
+    return b.build()
+
+
+def test_resident_rows_are_read_once_and_written_once():
+    c = plan_kernel(cumsum_kernel((512, 1024), -1, "fp16"))
+    assert c.plans.plan.mode == "resident"
+    r = estimate(c.program)
+    assert r.bytes_read == r.bytes_written == 512 * 1024 * 2
+
+
+def test_rows_that_do_not_fit_are_scanned_chunk_after_chunk_with_a_carry():
+    c = plan_kernel(cumsum_kernel((3, 300_000), -1, "fp32"))
+    plan = c.plans.plan
+    assert plan.mode == "chunked" and plan.passes == 1  # the carry makes one pass enough
+    r = estimate(c.program)
+    assert r.bytes_read == r.bytes_written == 3 * 300_000 * 4
+
+
+def test_a_scan_never_splits_its_dim_over_cores():
+    # one long row: a reduction would use the ring; a prefix stays on one core
+    c = plan_kernel(cumsum_kernel((1, 1 << 18), -1, "fp32"))
+    assert c.plans.plan.mode != "ring" and c.plans.division.cores == 1
+
+
+def test_cumsum_over_dim0_scans_transposed_tiles():
+    c = plan_kernel(cumsum_kernel((512, 1024), 0, "fp16"))
+    assert c.plans.lowering.transposed
+    r = estimate(c.program)
+    assert r.bytes_read == r.bytes_written == 512 * 1024 * 2
+
+
+# ---- chunked numerics (hand-built IR, launched directly) -----------------------------------------
+
+
+def _run(kernel, root, *tensors):
+    from spyre_inductor.compiler.backend import compile_kernel
+    from spyre_runtime.launch import launch_jobplan, prepare_kernel
+
+    plan = prepare_kernel(compile_kernel(kernel, root))
+    dev = [t.to("spyre") for t in tensors]
+    launch_jobplan(plan, dev)
+    torch.spyre.synchronize()
+    return [d.cpu() for d in dev]
+
+
+BIG = (3, 300_000)  # 1.2 MB fp32 rows: chunked
+
+
+def test_chunked_cumsum_continues_each_row_across_chunks(tmp_path):
+    x = _data(BIG)
+    _, got = _run(cumsum_kernel(BIG, -1), tmp_path, x, torch.empty_like(x))
+    # one fp32 rounding of each chunk's carry add on top of eager's double accumulation:
+    # within a few ulp of values up to ~1000
+    torch.testing.assert_close(got, torch.cumsum(x, -1), rtol=1e-5, atol=1e-3)
+
+
+def test_a_scan_recomputed_in_a_later_pass_restarts_its_carry(tmp_path):
+    """y = cumsum(x); out = y / sum(y): pass 1 scans to sum, pass 2 scans again to store."""
+    rows, cols = BIG
+    b = ReductionBuilder("cumsum_normalised", (rows,), (cols,))
+    b.buffer("x", "fp32", BIG)
+    b.buffer("out", "fp32", BIG)
+    s = b._add(Scan("sum", b.load("x", [cols, 1]), "fp32"))
+    b.store("out", b.op("truediv", s, b.reduce("sum", s)), [cols, 1])
+    k = b.build()
+    assert plan_kernel(k).plans.plan.passes == 2
+    x = _data(BIG).abs() + 0.1  # positive: no cancellation in the total
+    _, got = _run(k, tmp_path, x, torch.empty_like(x))
+    y = torch.cumsum(x.double(), -1)
+    torch.testing.assert_close(got, (y / y.sum(-1, keepdim=True)).float(), rtol=1e-5, atol=1e-7)
