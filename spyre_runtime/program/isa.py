@@ -461,8 +461,8 @@ SCAN = {"sum": (torch.cumsum, torch.add), "prod": (torch.cumprod, torch.mul)}
 class Scan(Instruction):
     """dst[r, :] = inclusive prefix (op) along row r of src, continued from carry[r] when a
     carry column [rows, 1] is given; the carry then holds each row's last prefix, so the next
-    chunk of the same rows continues from it. Floats accumulate in fp32 (the carry stays fp32);
-    dst rounds to its dtype. Costed in timing.scan: a prefix across the lanes of a stick."""
+    chunk of the same rows continues from it. Floats accumulate in fp32 or wider (the carry is
+    fp32; dst rounds to its dtype), integers in dst's width (the carry's too). Costed in timing.scan: a prefix across the lanes of a stick."""
 
     op: str
     dst: Tile
@@ -491,9 +491,11 @@ class Scan(Instruction):
             return f"scan of a {self.src.rows} x {self.src.cols} tile into a {self.dst.rows} x {self.dst.cols} one"
         if "none" != self.dst.broadcast or "none" != self.src.broadcast:
             return "scan tiles cannot broadcast"
-        if self.carry is not None and (self.carry.rows, self.carry.cols, self.carry.dtype) != (self.src.rows, 1, "fp32"):
-            return (f"a scan carry is an fp32 [{self.src.rows}, 1] column, got {self.carry.dtype} "
-                    f"[{self.carry.rows}, {self.carry.cols}]")
+        if self.carry is not None:
+            want = "fp32" if self.dst.dtype in ("fp32", "fp16", "bf16") else self.dst.dtype
+            if (self.carry.rows, self.carry.cols, self.carry.dtype) != (self.src.rows, 1, want):
+                return (f"a scan carry is a {want} [{self.src.rows}, 1] column, got {self.carry.dtype} "
+                        f"[{self.carry.rows}, {self.carry.cols}]")
         return None
 
 

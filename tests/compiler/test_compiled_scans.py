@@ -1,4 +1,5 @@
-"""cumsum and cumprod compile to spyre programs (issue 9).
+"""cumsum and cumprod compile to spyre programs (issue 9), and so do integer and bool
+reductions and scans.
 
 A scan is a full-space value in the reduction planner (reduction_lowering.py):
 the sfp's ``scan`` runs the inclusive prefix along tile rows; over resident
@@ -6,6 +7,10 @@ rows once, and when a row does not fit, chunk after chunk in order with an
 fp32 carry column that continues each row's prefix. A scan over dim 0 loads
 transposed tiles, like a sum over dim 0. Prologues and epilogues fuse into
 the same program.
+
+Integers are exact: sums, prods and scans of integers and bools accumulate
+in the result's dtype (int64, as PyTorch promotes them), max/min keep theirs;
+nothing is narrowed to int32.
 
 Tolerances: fp32 as the other compiled kernels (1e-5); fp16/bf16 one unit in
 the last place of the result, the single rounding at the store (eager CPU
@@ -91,6 +96,40 @@ def test_size_one_and_empty_scanned_dims():
     _check(lambda a: torch.cumsum(a, 1) + 1, _data((7, 1)))
     out, _, _, warned, _ = compile_on_spyre(lambda a: torch.cumsum(a, 1), _data((7, 0)))
     assert out[0].shape == (7, 0) and not warned
+
+
+INT_CASES = {
+    "sum": lambda a: a.sum(-1),
+    "sum dim 0": lambda a: a.sum(0),
+    "count": lambda a: (a > 0).sum(-1),
+    "amax": lambda a: a.amax(-1),
+    "amin dim 0": lambda a: a.amin(0),
+    "prod": lambda a: (a % 3 + 1).prod(-1),
+    "cumsum": lambda a: a.cumsum(-1),
+    "cumsum dim 0": lambda a: a.cumsum(0),
+    "cumprod": lambda a: (a % 2 + 1).cumprod(0),
+    "position ids": lambda a: (a > 0).long().cumsum(-1) - 1,  # HF models' position ids from a mask
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_integer_and_bool_reductions_and_scans_compile_exactly(dtype):
+    x = torch.randint(-50, 50, (9, 67), generator=torch.Generator().manual_seed(3)).to(dtype)
+    if dtype == torch.bool:
+        cases = {k: f for k, f in INT_CASES.items() if k in ("sum", "sum dim 0", "cumsum", "cumsum dim 0", "amax")}
+    else:
+        cases = INT_CASES
+    fn = lambda a: tuple(f(a) for f in cases.values())  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    for name, got, want in zip(cases, out, fn(x), strict=True):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want), name
+    assert not warned and all(r.artifact is not None for r in records if r.kernel is not None)
+
+
+def test_int64_sums_beyond_int32_stay_exact():
+    x = torch.full((4, 100), 2 ** 40, dtype=torch.int64)
+    out, _, _, _, _ = compile_on_spyre(lambda a: (a.sum(-1), a.cumsum(-1)), x)
+    assert torch.equal(out[0].cpu(), x.sum(-1)) and torch.equal(out[1].cpu(), x.cumsum(-1))
 
 
 # ---- plans (hand-built IR: what capture hands over for cumsum) ---------------------------------

@@ -14,10 +14,11 @@ integers) and round each output once. The fallback does the same, so fp32
 results match eager to the bit; an fp32 running sum would not (see
 test_fp32_scans_accumulate_in_double_like_eager).
 
-Which scans compile is another file's business: float cumsum/cumprod may
-become spyre programs, so only their answers are checked here; logcumsumexp
-and integer scans are asserted to run as CPU fallbacks (never under
-SPYRE_STRICT, which turns a fallback into a compile error).
+Which scans compile is test_compiled_scans.py's business: cumsum/cumprod of
+floats, integers and bools become spyre programs, so here the integer scans
+are run with the backend refusing every kernel (``cpu_only``), and float
+scans are checked for their answers only; logcumsumexp always falls back.
+Never under SPYRE_STRICT, which turns a fallback into a compile error.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ def _compile_and_compare(fn, *args, **tol):
     return records, warned, code
 
 
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """The backend refuses every kernel: each node runs as a CPU fallback."""
+    def refuse(kernel, artifact_root, **kwargs):
+        raise backend.Unsupported("refused by the test")
+
+    monkeypatch.setattr(backend, "compile_kernel", refuse)
+
+
 def _assert_scan_fell_back(records, warned, code, op: str):
     """The scan ran as a CPU fallback kernel: recorded with a reason, warned about, written out."""
     fallbacks = [r for r in records if r.fallback_reason is not None and op in r.ops]
@@ -86,26 +96,26 @@ def test_logcumsumexp_fp16_runs_in_fp32_and_rounds_once():
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
-def test_integer_and_bool_cumsum_gives_int64(dtype):
+def test_integer_and_bool_cumsum_gives_int64(dtype, cpu_only):
     x = _randint((7, 53), dtype, low=0 if dtype == torch.bool else -50, high=2 if dtype == torch.bool else 50)
     records, warned, code = _compile_and_compare(lambda a: torch.cumsum(a, 1), x)
     _assert_scan_fell_back(records, warned, code, "aten.cumsum")
 
 
-def test_int32_cumprod_gives_int64():
+def test_int32_cumprod_gives_int64(cpu_only):
     x = _randint((4, 19), torch.int32, low=-3, high=4, seed=2)  # |3^19| fits in int64, not in int32
     records, warned, code = _compile_and_compare(lambda a: torch.cumprod(a, -1), x)
     _assert_scan_fell_back(records, warned, code, "aten.cumprod")
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
-def test_int_cumsum_along_each_dim_of_a_3d_tensor(dim):
+def test_int_cumsum_along_each_dim_of_a_3d_tensor(dim, cpu_only):
     x = _randint((5, 6, 7), torch.int32, seed=3)
     records, warned, code = _compile_and_compare(lambda a: torch.cumsum(a, dim), x)
     _assert_scan_fell_back(records, warned, code, "aten.cumsum")
 
 
-def test_int_cumsum_of_a_transposed_view_and_fused_pointwise():
+def test_int_cumsum_of_a_transposed_view_and_fused_pointwise(cpu_only):
     # The scan's values are the node's own loop body: a transposed load and the pointwise work
     # before the scan run with it; the kernel iterates with the scan dim last whatever the layout.
     x = _randint((6, 9, 4), torch.int32, seed=4)
@@ -137,16 +147,12 @@ def test_float_cumprod():
     _compile_and_compare(lambda a: torch.cumprod(a, 1), x)
 
 
-def test_float_cumsum_and_cumprod_refused_by_the_backend_match_eager_in_the_fallback(monkeypatch):
+def test_float_cumsum_and_cumprod_refused_by_the_backend_match_eager_in_the_fallback(cpu_only):
     """Whatever the compiler makes of float scans, their CPU fallback holds eager's numerics.
 
     The backend is made to refuse every kernel, so these long fp32 rows run
     on the CPU: an fp32 running sum would miss eager by ~1e-4 here.
     """
-    def refuse(kernel, artifact_root, **kwargs):
-        raise backend.Unsupported("refused by the test")
-
-    monkeypatch.setattr(backend, "compile_kernel", refuse)
     x = _randn((8, 3000), seed=11)
     records, warned, code = _compile_and_compare(lambda a: torch.cumsum(a, -1), x)
     _assert_scan_fell_back(records, warned, code, "aten.cumsum")

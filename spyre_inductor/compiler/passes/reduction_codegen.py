@@ -155,21 +155,39 @@ class _Core:
 
     # ---- device addresses ----------------------------------------------------------------
 
-    def dev(self, u, a: RAccess, group, chunk):
-        isz = ITEMSIZE[a.dtype]
+    def element(self, a: RAccess, group, chunk) -> Aff:
+        """Element index of the access at a tile's origin (affine in the loop counters)."""
         s = self.share
         value = Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(len(s.starts))), 0)
         for d, c in self.counters.items():
             value = value + c * a.outer_strides[d]
         value = value + group * (a.outer_strides[self.odim] * self.plan.group)
-        value = value + (s.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
-        return u.dev(a.buffer, value * isz)
+        return value + (s.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
+
+    def dev(self, u, a: RAccess, group, chunk):
+        return u.dev(a.buffer, self.element(a, group, chunk) * ITEMSIZE[a.dtype])
+
+    def gather(self, u, a: RAccess, element, dst, row_stride, rows, kc, col):
+        """`rows` rows of kc elements strided by r_stride (rows apart by the innermost outer
+        stride): each row is loaded one element per stick into the [kc, 1] column `col` and
+        transposed into row i of the tile at `dst`."""
+        isz = ITEMSIZE[a.dtype]
+        o = a.outer_strides[self.odim] if a.outer_strides else 0
+        for i in u.range(rows):
+            u.emit(Load(u.sp(col.offset), u.dev(a.buffer, (element + i * o) * isz), kc, isz,
+                        a.r_stride * isz if kc > 1 else 0, STICK),
+                   Transpose(u.tile(dst + i * row_stride, a.dtype, 1, kc, row_stride),
+                             u.tile(col.offset, a.dtype, kc, 1, STICK)))
 
     def load_f(self, u, tile, a, copy, g, kc, group, chunk):
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         src = self.dev(u, a, group, chunk)
-        if self.low.tile(tile).space == "R":
+        if a.gathered:
+            rows = 1 if self.low.tile(tile).space == "R" else g
+            self.gather(u, a, self.element(a, group, chunk), al.offset, al.row_stride, rows, kc,
+                        self.plan.at(f"{tile}^col", copy))
+        elif self.low.tile(tile).space == "R":
             u.emit(Load(u.sp(al.offset), src, 1, kc * isz, 0, al.row_stride))
         elif a.transposed:
             st = self.plan.at(f"{tile}^T", copy)
@@ -233,6 +251,9 @@ class _Core:
                 isz = ITEMSIZE[a.dtype]
                 al = self.alloc(t, None)
                 n = plan.chunk if low.tile(t).space == "R" else 1
+                if a.gathered:
+                    self.gather(ls, a, self.element(a, 0, 0), al.offset, al.row_stride, 1, n, plan.at(f"{t}^col"))
+                    continue
                 ls.emit(Load(ls.sp(al.offset), self.dev(ls, a, 0, 0) if n > 1 else ls.dev(a.buffer, a.offset * isz),
                              1, n * isz, 0, al.row_stride))
             ls.emit(Push(self.qn["once"]))

@@ -19,7 +19,11 @@ A load whose r stride is not 1 (the reduced dim is not the contiguous one,
 e.g. a sum over dim 0) is *transposed*: it loads [Kc, G] rows along o (o
 must be contiguous) and the load/store unit transposes it on chip into the
 [G, Kc] tile, so the reduction is still a row reduction; F stores of such a
-kernel transpose back.
+kernel transpose back. A load that walks neither r nor o contiguously (an
+operand transposed in another pair of dims), and an R load whose r is
+strided, is *gathered*: each tile row's Kc elements are loaded one per
+stick into a [Kc, 1] column and transposed into the row. That moves a whole
+stick per element (charged as such) but stays on the card.
 
 Three modes (the planner picks; see reduction_plan.py):
 
@@ -56,13 +60,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, Scan
+from ..kernel_ir import TORCH_DTYPES, Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, Scan
 from ._dump import Describable
 from .fusion import _isa_op
-from .layout import FLOATS, POINTWISE_DTYPES, _canonical
+from .layout import FLOATS, TILE_DTYPES, _canonical
 
 IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf"), "any": False, "all": True}
+INTEGERS = ("int64", "int32", "int8")
 INDEX_OPS = {"argmax": "max", "argmin": "min"}
 WELFORD = ("welford_mean", "welford_m2", "welford_weight")
 
@@ -77,6 +84,7 @@ class RAccess:
     r_stride: int
     offset: int
     transposed: bool = False  # an F access whose r is not contiguous: moved as [Kc, G] and transposed
+    gathered: bool = False    # r strided and no contiguous o: one element per stick, rows transposed
 
 
 @dataclass(frozen=True)
@@ -240,8 +248,7 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
     outer, outer_map, K, acc_strides = canonical(kernel)
     n_loads = sum(isinstance(v, Load) for v in kernel.values)
     for b in kernel.buffers:
-        if b.dtype not in POINTWISE_DTYPES and not (b.dtype == "int64" and b.name in kernel.outputs
-                                                    and b.name not in kernel.inputs):
+        if b.dtype not in TILE_DTYPES:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}")
     b = _Builder(kernel, mode, outer, K)
     b.one_row = all(d == 1 for d in outer) and any(rs for _, rs in acc_strides[n_loads:])
@@ -316,15 +323,14 @@ class _Builder:
     # values
     def load(self, i, v: Load, os_, rs) -> None:
         space = _space(os_, rs, self.K, self.one_row)
-        if v.dtype not in POINTWISE_DTYPES:
+        if v.dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} loads {v.dtype}")
         tr = space == "F" and rs != 1 and self.K > 1
-        if tr:
-            if not os_ or os_[-1] != 1:
-                raise Unsupported(f"{self.where}: load of {v.buffer!r} walks neither the reduced dim nor the "
-                                  f"innermost outer dim contiguously")
-            self.transposed = True
-        acc = RAccess(v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr)
+        gathered = space == "R" and rs not in (0, 1) and self.K > 1
+        if tr and (not os_ or os_[-1] != 1):  # neither r nor o contiguous
+            tr, gathered = False, True
+        self.transposed |= tr
+        acc = RAccess(v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr, gathered)
         t = self.new("in", v.dtype, space, "load")
         self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = t, space, 0, ()
         if space == "F" or (space == "R" and self.mode != "resident"):
@@ -335,16 +341,10 @@ class _Builder:
             self.once_loads.append((t, acc))
 
     def constant(self, i, v: Constant) -> None:
-        dtype = v.dtype if v.dtype in ("bool", "int32", "int8") else "fp32"
-        if v.dtype not in FLOATS + ("bool", "int32", "int8", "int64"):
+        # Integers keep their width (int64 values live in int64 tiles: exact, never narrowed).
+        dtype = v.dtype if v.dtype in ("bool",) + INTEGERS else "fp32"
+        if v.dtype not in FLOATS + ("bool",) + INTEGERS:
             raise Unsupported(f"{self.where}: constant of {v.dtype}")
-        if v.dtype == "int64":
-            # Reduction kernels compute integers in int32 (index arithmetic); an int64 constant
-            # that does not fit would wrap silently, so such a kernel is refused instead.
-            if not -2 ** 31 <= int(v.value) < 2 ** 31:
-                raise Unsupported(f"{self.where}: int64 constant {v.value} does not fit the int32 a reduction "
-                                  f"kernel computes integers in")
-            dtype = "int32"
         value = float(v.value) if dtype == "fp32" else bool(v.value) if dtype == "bool" else int(v.value)
         self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = self.const(value, dtype), "S", 0, ()
 
@@ -353,7 +353,7 @@ class _Builder:
         src_dtype, space = self.tiles[src].dtype, self.vspace[v.arg]
         self.vspace[i], self.depth[i], self.deps[i] = space, self.depth[v.arg], (v.arg,)
         dtype = v.dtype if v.dtype in ("fp16", "bf16") else "fp32" if v.dtype in FLOATS else v.dtype
-        if dtype not in POINTWISE_DTYPES:
+        if dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} casts to {v.dtype}")
         if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
             self.vtile[i] = src
@@ -367,7 +367,7 @@ class _Builder:
         self.vspace[i], self.depth[i], self.deps[i] = space, max(self.depth[a] for a in v.args), v.args
         kind, op, args = _isa_op(self.where, i, v, args, [self.tiles[a].dtype for a in args])
         dtype = "fp32" if v.dtype in FLOATS else v.dtype
-        if dtype not in POINTWISE_DTYPES:
+        if dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} computes {v.dtype}")
         self.vtile[i] = self.new("t", dtype, space, "work")
         self.emit(i, RStep(kind, op, self.vtile[i], args), space)
@@ -395,15 +395,12 @@ class _Builder:
                 self.resident_steps.append(self.defs[v.arg][-1])
                 arg = b
         else:
-            if v.dtype not in FLOATS or self.tiles[arg].dtype not in FLOATS:
-                raise Unsupported(f"{self.where}: value {i}: {op} of {self.tiles[arg].dtype} into {v.dtype} "
-                                  f"(integer reductions are not planned)")
-            dtype = "fp32"
+            dtype = self._accumulator(i, v, self.tiles[arg].dtype, f"{op} of")
         t = self.new("r", dtype, "O", "acc")
         self.vtile[i] = t
         self.red.append((level, i))
         self.resident_steps.append(RStep("reduce", op, t, (arg,)))
-        self.red_init[i] = [RStep("fill", "fill", t, value=IDENTITY[op])]
+        self.red_init[i] = [RStep("fill", "fill", t, value=_identity(op, dtype))]
         self.red_chunk[i] = [RStep("reduce", op, t, (arg,), accumulate=True)]
         self.accs.append(t)
         comb = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "any": "or", "all": "and"}[op]
@@ -416,17 +413,26 @@ class _Builder:
         if self.vspace[v.arg] != "F":
             raise Unsupported(f"{self.where}: value {i} scans a value that does not vary over both the "
                               f"outer and the scanned dims")
-        if v.dtype not in FLOATS or self.tiles[arg].dtype not in FLOATS:
-            raise Unsupported(f"{self.where}: value {i}: cum{v.op} of {self.tiles[arg].dtype} into {v.dtype} "
-                              f"(integer scans are not planned)")
+        dtype = self._accumulator(i, v, self.tiles[arg].dtype, f"cum{v.op} of")
         self.vspace[i], self.depth[i], self.deps[i] = "F", self.depth[v.arg], (v.arg,)
-        self.vtile[i] = self.new("t", "fp32", "F", "work")
+        self.vtile[i] = self.new("t", dtype, "F", "work")
         if self.mode == "resident":
             self.emit(i, RStep("scan", v.op, self.vtile[i], (arg,)), "F")
             return
-        carry = self.new("c", "fp32", "O", "acc")
-        self.scan_init[i] = RStep("fill", "fill", carry, value=IDENTITY[v.op])
+        carry = self.new("c", dtype, "O", "acc")
+        self.scan_init[i] = RStep("fill", "fill", carry, value=_identity(v.op, dtype))
         self.emit(i, RStep("scan", v.op, self.vtile[i], (arg, carry)), "F")
+
+    def _accumulator(self, i, v, arg_dtype: str, what: str) -> str:
+        """The tile dtype a sum/prod/max/min (or scan) of `arg_dtype` into `v.dtype` accumulates in:
+        fp32 for floats; for integers the result's own width (PyTorch sums and prods integers
+        into int64, max/min keep the dtype), so the result is exact and wraps only where
+        PyTorch's does."""
+        if v.dtype in FLOATS and arg_dtype in FLOATS:
+            return "fp32"
+        if v.dtype in INTEGERS and arg_dtype in INTEGERS + ("bool",):
+            return v.dtype
+        raise Unsupported(f"{self.where}: value {i}: {what} {arg_dtype} into {v.dtype}")
 
     def _argreduce(self, i, v, arg, level) -> None:
         if self.tiles[arg].dtype not in FLOATS:
@@ -600,6 +606,14 @@ class _Builder:
             self.mode, self.outer, outer_map, self.K, tuple(tiles.values()), tuple(self.constants),
             tuple(self.once_loads), tuple(self.group_loads), passes, post, tuple(self.outer_stores),
             tuple(self.accs), tuple(self.red_combine), self.transposed)
+
+
+def _identity(op: str, dtype: str):
+    """The fill that starts an accumulator: max/min of integers start from the dtype's bounds."""
+    if dtype in INTEGERS and op in ("max", "min"):
+        info = torch.iinfo(TORCH_DTYPES[dtype])
+        return info.min if op == "max" else info.max
+    return int(IDENTITY[op]) if dtype in INTEGERS else IDENTITY[op]
 
 
 def _fold_copies(steps, tiles) -> list:

@@ -4,7 +4,8 @@ A *group* is G consecutive elements of the innermost outer dim; a *chunk*
 is Kc elements of the reduced dim (Kc = K when the rows are resident).
 Tile bytes by space (reduction_lowering.py): F [G, Kc] rows padded to
 whole sticks, O [G, 1] one stick per row, R [1, Kc], S one stick; a
-transposed F access also needs a [Kc, G] staging tile, and an O store a
+transposed F access also needs a [Kc, G] staging tile, a gathered one a
+[Kc, 1] column (one stick per element), and an O store a
 [1, G] row (the column of results is transposed on chip, so the store moves
 whole packed sticks, not one stick per element).
 
@@ -86,6 +87,8 @@ def needs(low: ReductionLowering, G: int, Kc: int) -> list[tuple[str, int, int, 
     tr_loads = {t for t, a in low.passes[0].loads if a.transposed}
     for p in low.passes:
         tr_loads |= {t for t, a in p.loads + p.stores if a.transposed}
+    gathered = {t for p in low.passes for t, a in p.loads if a.gathered} | {t for t, a in low.once_loads
+                                                                             if a.gathered}
     for t in low.tiles:
         isz = ITEMSIZE[t.dtype]
         s = streamed(low, t.name)
@@ -95,12 +98,16 @@ def needs(low: ReductionLowering, G: int, Kc: int) -> list[tuple[str, int, int, 
             if t.name in tr_loads:
                 srow = sticks(G * isz)
                 out.append((f"{t.name}^T", Kc * srow, srow, s, False))
+            if t.name in gathered:
+                out.append((f"{t.name}^col", Kc * STICK, STICK, s, False))
         elif t.space == "O":
             out.append((t.name, G * STICK, STICK, s, False))
             if t.role == "out" or (t.role == "load" and _o_load_row(low, t.name)):
                 out.append((f"{t.name}^row", sticks(G * isz), sticks(G * isz), s, False))
         elif t.space == "R":
             out.append((t.name, sticks(Kc * isz), sticks(Kc * isz), s, False))
+            if t.name in gathered:
+                out.append((f"{t.name}^col", Kc * STICK, STICK, s, False))
         else:
             out.append((t.name, STICK, STICK, False, False))
     if low.mode == "ring":
