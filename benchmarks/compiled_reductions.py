@@ -1,7 +1,7 @@
 """Compiled reductions and their fusions on spyre: `.venv/bin/python benchmarks/compiled_reductions.py`.
 
 1. softmax (512x1024, 4096x4096), layer_norm (4096x4096, weight and bias),
-   rms_norm (4096x4096) and sum over the last dim of (2048, 4096), fp16: each
+   rms_norm (4096x4096), sum over the last dim of (2048, 4096) and cumsum, fp16: each
    compiled program's simulated time against its roofline, the bytes it moved
    against the minimum (inputs read once, outputs written once), core
    utilization, and the compile time next to Inductor's CPU backend on the same
@@ -40,6 +40,14 @@ def row_sum(x):
     return x.sum(dim=-1)
 
 
+def cumsum_last(x):
+    return torch.cumsum(x, dim=-1)
+
+
+def cumsum_dim0(x):
+    return torch.cumsum(x, dim=0)
+
+
 def softmax_dim0(x):
     return torch.softmax(x, dim=0)
 
@@ -61,6 +69,12 @@ CASES = [
     ("layer_norm 4095x4097", layer_norm, [(4095, 4097), (4097,), (4097,)]),
     ("rms_norm 4095x4097", rms_norm, [(4095, 4097), (4097,)]),
     ("sum 2047x4097 dim -1", row_sum, [(2047, 4097)]),
+    # scans (issue 9): a prefix along resident rows, over dim 0 through transposed tiles, and a
+    # few long rows (a scan does not split its dim over cores: 8 rows occupy at most 8 cores)
+    ("cumsum 4096x4096 dim -1", cumsum_last, [(4096, 4096)]),
+    ("cumsum 4096x4096 dim 0", cumsum_dim0, [(4096, 4096)]),
+    ("cumsum 4095x4097 dim -1", cumsum_last, [(4095, 4097)]),
+    ("cumsum 8x262144 dim -1", cumsum_last, [(8, 262144)]),
 ]
 
 
