@@ -83,6 +83,23 @@ def compiled_small_model() -> None:
         print(f"  {rec.ops or ', '.join(rec.nodes)}: {where}")
     print("  (the Linear layers' matmuls are Inductor extern kernels: they run through the eager path)")
 
+    mask = (torch.arange(64) < torch.tensor([[64], [40], [17], [1]])).float()
+    hidden = torch.randn(4, 64, 32)
+    with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+        got = torch.compile(positions_and_pooling)(hidden.to("spyre"), mask.to("spyre"))
+    want = positions_and_pooling(hidden, mask)
+    exact = torch.equal(got[0].cpu(), want[0])
+    err = (got[1].cpu() - want[1]).abs().max().item()
+    names = ", ".join(r.kernel.name for r in records if r.artifact is not None)
+    print(f"  position ids from a mask (an int64 cumsum) exact: {exact}; masked mean pooling max |err| = "
+          f"{err:.2e}; programs: {names}")
+
+
+def positions_and_pooling(hidden, mask):
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # HF-style position ids: an integer scan
+    pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+    return positions, pooled
+
 
 def main() -> None:
     section("device")
