@@ -1,8 +1,9 @@
-"""The pointwise coverage of issue 9 as data: ops, dtypes, inputs, references, tolerances.
+"""The pointwise coverage of issue 9 as data: ops, dtypes, inputs, references, tolerances
+(and the reductions': see the reductions section at the end).
 
-Shared by tests/compiler/test_compiled_coverage.py and benchmarks/coverage.py
-(which prints the ops x dtypes summary), so the table and the tests check
-the same thing.
+Shared by tests/compiler/test_compiled_coverage.py, test_reduction_coverage.py
+and benchmarks/coverage.py (which prints the ops x dtypes summaries), so the
+tables and the tests check the same thing.
 
 An op is a function of named inputs (``OP.inputs``): each name says what
 values it needs ("x" any value, including NaN, +-inf, +-0 and halves for
@@ -70,6 +71,11 @@ class OpCase:
     native_ref: bool = False  # the reference runs in the dtype itself (see the module docstring)
     # Where eager disagrees with itself, a mask of the inputs' broadcast shape that is not graded.
     ungraded: Callable | None = None
+    # Reductions (REDUCTIONS): float results are referenced to float64 math rounded once ...
+    fp64_ref: bool = False
+    # ... and may differ from it by the accumulation's rounding bound: a function of the inputs
+    # widened to float64 giving, per output, a tensor of extra absolute tolerance (or None).
+    slack: Callable | None = None
 
 
 def _ops() -> tuple[OpCase, ...]:
@@ -241,20 +247,30 @@ def applies(op: OpCase, dtype: torch.dtype) -> bool:
 
 
 def reference(op: OpCase, args, dtype: torch.dtype) -> tuple:
-    """The expected results of `op` on CPU `args` of `dtype` (module docstring)."""
+    """The expected results of `op` on CPU `args` of `dtype` (module docstring; reductions: the
+    REDUCTIONS section)."""
+    if op.fp64_ref:
+        eager = as_tuple(op.fn(*args))
+        if not any(r.is_floating_point() for r in eager):
+            return eager
+        wide = as_tuple(op.fn(*(a.double() for a in args)))
+        return tuple(w.to(e.dtype) if e.is_floating_point() else e for e, w in zip(eager, wide))
     if dtype in (torch.float16, torch.bfloat16) and not op.native_ref:
         wide = [a.float() if a.dtype == dtype else a for a in args]
         return tuple(r.to(dtype) if r.is_floating_point() else r for r in as_tuple(op.fn(*wide)))
     return as_tuple(op.fn(*args))
 
 
-def mismatch(got: torch.Tensor, want: torch.Tensor, ungraded: torch.Tensor | None = None) -> str | None:
+def mismatch(got: torch.Tensor, want: torch.Tensor, ungraded: torch.Tensor | None = None,
+             slack: torch.Tensor | None = None) -> str | None:
     """None if `got` (a CPU tensor) matches `want` within the dtype's tolerance (except where
-    `ungraded`), else why not."""
+    `ungraded`; plus `slack`, a per-element absolute allowance, for floats), else why not."""
     if got.dtype != want.dtype:
         return f"dtype {got.dtype} != {want.dtype}"
     if got.shape != want.shape:
         return f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if slack is not None and want.is_floating_point():
+        return _beyond(got, want, slack)
     if ungraded is not None:
         keep = ~ungraded.expand(want.shape)
         got, want = got[keep], want[keep]
@@ -268,6 +284,22 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, ungraded: torch.Tensor | Non
     except AssertionError as e:
         return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:4])
     return None
+
+
+def _beyond(got: torch.Tensor, want: torch.Tensor, slack: torch.Tensor) -> str | None:
+    """`mismatch` for floats with a per-element slack: |got - want| <= atol + rtol |want| + slack,
+    NaN where NaN is wanted and exactly the infinity where one is wanted."""
+    g, w = got.double(), want.double()
+    slack = slack.double().nan_to_num(0.0, 0.0, 0.0).expand(w.shape)  # non-finite results: exact
+    allowed = TOL[want.dtype]["atol"] + TOL[want.dtype]["rtol"] * w.abs() + slack
+    ok = (g == w) | (g.isnan() & w.isnan()) | (w.isfinite() & ((g - w).abs() <= allowed))
+    if ok.all():
+        return None
+    err = torch.where(ok, torch.zeros_like(g), (g - w).abs().nan_to_num(float("inf")))
+    at = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+    return (f"{int((~ok).sum())} of {ok.numel()} elements beyond tolerance; worst at {list(at)}: got "
+            f"{g[at].item():.9g}, want {w[at].item():.9g} (|diff| {err[at].item():.3g} > allowed "
+            f"{allowed[at].item():.3g}, of which rounding slack {slack[at].item():.3g})")
 
 
 # ---- compiling a group of ops in one graph --------------------------------------------------
@@ -320,11 +352,11 @@ SHAPES = {
 }
 
 
-def group_fn(ops):
-    """One function of the shared inputs (positional, in _KINDS order) computing every op of `ops`,
+def group_fn(ops, kinds=_KINDS):
+    """One function of the shared inputs (positional, in `kinds` order) computing every op of `ops`,
     its outputs flattened."""
     def fn(*args):
-        inputs = dict(zip(_KINDS, args))
+        inputs = dict(zip(kinds, args))
         out = []
         for op in ops:
             out += as_tuple(op.fn(*(inputs[k] for k in op.inputs)))
@@ -339,15 +371,21 @@ def run_group(ops, inputs: dict[str, torch.Tensor], dtype: torch.dtype, compile_
     A CPU fallback inside the graph is charged to the ops whose kernel fell back: when there is
     one, each op of the group is compiled alone to find out which (the rest still pass)."""
     ops = list(ops)
-    fn = group_fn(ops)
+    kinds = tuple(inputs)  # the graph's inputs, in the pool's order
+    fn = group_fn(ops, kinds)
+    from spyre_inductor.compiler.scheduling import record_kernels
+
     try:
-        out, _, records, warned, code = compile_on_spyre(fn, *(inputs[k] for k in _KINDS))
+        with record_kernels() as seen:  # kept when the call raises: a failing fallback is named
+            out, _, records, warned, code = compile_on_spyre(fn, *(inputs[k] for k in kinds))
         if any(o.device.type != "spyre" for o in out):
             raise AssertionError("an output is not on spyre")
     except Exception as e:  # noqa: BLE001 - graded, not raised: the summary names it
         if len(ops) > 1:
             return _one_by_one(ops, inputs, dtype, compile_on_spyre)
-        return {ops[0].name: Cell("fail", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")}
+        reasons = [r.fallback_reason for r in seen if r.fallback_reason]
+        graph = f" (the graph runs a CPU fallback kernel: {reasons[0]})" if reasons else ""
+        return {ops[0].name: Cell("fail", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}{graph}")}
     fallbacks = [r.fallback_reason for r in records if r.fallback_reason] + extern_calls(code)
     if fallbacks and len(ops) > 1:
         return _one_by_one(ops, inputs, dtype, compile_on_spyre)
@@ -361,7 +399,9 @@ def run_group(ops, inputs: dict[str, torch.Tensor], dtype: torch.dtype, compile_
             continue
         k += len(want)
         graded = op.ungraded(*(inputs[kind] for kind in op.inputs)) if op.ungraded else None
-        bad = [m for g, w in zip(got, want) if (m := mismatch(g.cpu(), w, graded))]
+        slack = as_tuple(op.slack(*(inputs[kind].double() for kind in op.inputs))) if op.slack else ()
+        slack += (None,) * (len(want) - len(slack))
+        bad = [m for g, w, s in zip(got, want, slack) if (m := mismatch(g.cpu(), w, graded, s))]
         if bad:
             cells[op.name] = Cell("fail", bad[0])
         elif fallbacks:
@@ -384,3 +424,192 @@ def _one_by_one(ops, inputs, dtype, compile_on_spyre) -> dict[str, Cell]:
     for op in ops:
         cells.update(run_group([op], inputs, dtype, compile_on_spyre))
     return cells
+
+
+# ---- reductions ------------------------------------------------------------------------------
+#
+# Each reduction is graded over the last dim and over dim 0 of REDUCTION_SHAPE, an odd 2-D shape,
+# as two cells: "sum(-1)" and "sum(0)". Rows of 67 do not fill whole sticks; columns of 11 are
+# long enough to stay reductions: Inductor unrolls a reduction of fewer than 8 elements
+# (config.unroll_reductions_threshold) into pointwise code, so over dim 0 of (5, 67) no reduction
+# would reach the backend at all.
+#
+# Inputs (``reduction_pool``), by kind:
+# * "x" (sum, mean, amax, amin, max, argmax, argmin, var, std, softmax, log_softmax, logsumexp,
+#   cumsum): floats 2 * randn with a NaN at (3, 10), +inf at (4, 20), -inf at (1, 40) (the other rows
+#   and columns are finite), a tie for row 2's maximum at columns 5 and 50 and for its
+#   minimum at 7 and 60 (the first index wins), and a constant column 12 (ties all along dim 0,
+#   variance exactly 0). Integers: randint(-60, 60) (plenty of ties) with the same row-2 ties and
+#   constant column, and the dtype's extremes in row 0 (int64 also values above 2**53: no float
+#   holds them, so an integer sum computed through floats shows); sums wrap like eager's.
+#   Bools: random.
+# * "unit" (prod, cumprod): products that stay finite: floats +-(1 + U(-0.1, 0.1)), integers
+#   from {1, 1, 1, -1, 2}, bools mostly True; one exact zero at (2, 7).
+# * "sparse" (any): mostly zero, with an all-zero row 0 and column 0; floats also hold a -0.0
+#   (zero) in row 0 and a NaN (non-zero, so True) at (2, 30).
+# * "dense" (all): mostly non-zero, with an all-non-zero row 1 and column 1; floats also hold a
+#   NaN (non-zero) in row 1 and a -0.0 (zero, so False) at (3, 30).
+#
+# Applicability: a cell is n/a exactly when eager on the CPU raises for the pool of the dtype
+# (``reduction_applies``): mean, var, std, softmax and log_softmax of integers, argmax/argmin of
+# bools.
+#
+# References (``OpCase.fp64_ref``): integer and bool results (sums, products and scans of
+# integers, indices, any/all) are eager's, exactly. Every float result is the same op computed in
+# float64 from the same inputs, rounded once to eager's result dtype: the exact value up to that
+# one rounding, which is what the program's result approximates. Not eager in the dtype: eager's
+# fp16 / bf16 prod rounds after every product (up to ~4 ulps from the exact product rounded, on
+# these inputs), and its fp16 log_softmax and logsumexp use up to 0.99 of the tolerance.
+#
+# Tolerances: the per-dtype TOL above (fp32 rtol 1.3e-6 / atol 1e-5; fp16, bf16 one ulp relative,
+# 2**-10 and 2**-7, / atol 1e-5), plus, for results that accumulate (``slack``), the rounding bound
+# of that accumulation. Inductor computes fp16 and bf16 in fp32 inside a kernel and rounds once at
+# the store, so every accumulation runs in fp32 (u = 2**-24), in an order of the program's choosing
+# (tiles, chunks, cores, the ring). A sum of k + 1 terms in fp32, in ANY order, is within
+# gamma_k * sum |term| of the exact sum (gamma_k = k u / (1 - k u)) (Higham, Accuracy and Stability
+# of Numerical Algorithms, 4.2); for n = 67 that is about 4e-6 of sum |x|, for n = 11 6e-7. Per op
+# (n the reduced length; all in float64 from the inputs):
+#   sum         gamma_(n-1) * sum |x|
+#   mean        gamma_(n-1) * sum |x| / n                 (the division is one more rounding: rtol)
+#   cumsum      gamma_(n-1) * cumsum |x|                  (each prefix is a sum of at most n terms)
+#   prod        gamma_(n-1) * |prod x|                    (n - 1 multiplications, each relative u)
+#   cumprod     gamma_(n-1) * |cumprod x|
+#   softmax     gamma_(n+2) * softmax x                   (exp rounds each term: the sum's relative
+#                                                          error is below gamma_(n+2); the division
+#                                                          adds one rounding: rtol)
+#   log_softmax gamma_(n+2)                               (d log s = ds / s: the sum's relative
+#   logsumexp   gamma_(n+2)                                error becomes absolute)
+#   var         gamma_(2n+2) * kappa * var                (terms (x - m)^2 take a subtraction and a
+#   std         gamma_(2n+2) * kappa * std / 2             square; Welford / Chan updates re-round
+#                                                          the running mean, whose error enters
+#                                                          scaled by kappa = sqrt(1 + m^2 / var),
+#                                                          ~1 here (Chan, Golub & LeVeque: O(n kappa
+#                                                          u)); sqrt halves the relative error)
+# For fp16 / bf16 results the fp32 value is within that slack of the exact one and is then rounded
+# once, at the store: at most one ulp of the dtype from the exact value rounded (rtol), or the slack
+# where the result cancels towards zero. Maxima, minima, indices and any/all are exact (no slack).
+# Nothing here is widened to make a cell pass: a bug (a lost or repeated element, an fp16
+# accumulator, a wrong correction or identity) is orders of magnitude beyond these bounds.
+
+REDUCTION_SHAPE = (11, 67)
+REDUCTION_DIMS = (-1, 0)
+REDUCTION_KINDS = ("x", "unit", "sparse", "dense")
+_U32 = 2.0 ** -24
+
+
+def _gamma(k: int) -> float:
+    return k * _U32 / (1 - k * _U32)
+
+
+def _kappa(x, d):
+    var = x.var(d, keepdim=True)
+    return (1 + x.mean(d, keepdim=True) ** 2 / var).sqrt().squeeze(d)
+
+
+_SLACK = {
+    "sum": lambda x, d, n: _gamma(n - 1) * x.abs().sum(d),
+    "mean": lambda x, d, n: _gamma(n - 1) * x.abs().sum(d) / n,
+    "cumsum": lambda x, d, n: _gamma(n - 1) * x.abs().cumsum(d),
+    "prod": lambda x, d, n: _gamma(n - 1) * x.prod(d).abs(),
+    "cumprod": lambda x, d, n: _gamma(n - 1) * x.cumprod(d).abs(),
+    "softmax": lambda x, d, n: _gamma(n + 2) * torch.softmax(x, d),
+    "log_softmax": lambda x, d, n: torch.tensor(_gamma(n + 2)),
+    "logsumexp": lambda x, d, n: torch.tensor(_gamma(n + 2)),
+    "var": lambda x, d, n: _gamma(2 * n + 2) * _kappa(x, d) * x.var(d),
+    "std": lambda x, d, n: _gamma(2 * n + 2) * _kappa(x, d) * x.std(d) / 2,
+}
+
+# name -> (function of (tensor, dim), input kind)
+_REDUCE = {
+    "sum": (lambda x, d: x.sum(d), "x"),
+    "mean": (lambda x, d: x.mean(d), "x"),
+    "prod": (lambda x, d: x.prod(d), "unit"),
+    "amax": (lambda x, d: x.amax(d), "x"),
+    "amin": (lambda x, d: x.amin(d), "x"),
+    "max": (lambda x, d: tuple(torch.max(x, d)), "x"),  # values and indices
+    "argmax": (lambda x, d: x.argmax(d), "x"),
+    "argmin": (lambda x, d: x.argmin(d), "x"),
+    "any": (lambda x, d: x.any(d), "sparse"),
+    "all": (lambda x, d: x.all(d), "dense"),
+    "var": (lambda x, d: x.var(d), "x"),
+    "std": (lambda x, d: x.std(d), "x"),
+    "softmax": (lambda x, d: torch.softmax(x, d), "x"),
+    "log_softmax": (lambda x, d: torch.log_softmax(x, d), "x"),
+    "logsumexp": (lambda x, d: torch.logsumexp(x, d), "x"),
+    "cumsum": (lambda x, d: torch.cumsum(x, d), "x"),
+    "cumprod": (lambda x, d: torch.cumprod(x, d), "unit"),
+}
+
+
+def _reduction(name: str, dim: int) -> OpCase:
+    fn, kind = _REDUCE[name]
+    n = REDUCTION_SHAPE[dim]
+    slack = _SLACK.get(name)
+    return OpCase(f"{name}({dim})", lambda x: fn(x, dim), (kind,), fp64_ref=True,
+                  slack=(lambda x: slack(x, dim, n)) if slack else None)
+
+
+REDUCTION_NAMES = tuple(_REDUCE)
+REDUCTIONS = tuple(_reduction(name, dim) for name in _REDUCE for dim in REDUCTION_DIMS)
+REDUCTIONS_BY_NAME = {op.name: op for op in REDUCTIONS}
+
+
+def reduction_pool(dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The reductions' CPU inputs of REDUCTION_SHAPE and `dtype`, one per kind (see above)."""
+    rows, cols = REDUCTION_SHAPE
+    g = torch.Generator().manual_seed(seed)
+
+    def rand():
+        return torch.rand(REDUCTION_SHAPE, generator=g)
+
+    sign = torch.where(rand() < 0.5, -1.0, 1.0)
+    if dtype == torch.bool:
+        x = rand() < 0.5
+        unit = rand() < 0.9
+        unit[1] = True
+        unit[2, 7] = False
+        sparse, dense = rand() < 0.1, rand() >= 0.05
+    elif dtype.is_floating_point:
+        x = (torch.randn(REDUCTION_SHAPE, generator=g) * 2).to(dtype)
+        x[:, 12] = 0.75
+        x[2, 5] = x[2, 50] = x[2].amax() + 1
+        x[2, 7] = x[2, 60] = x[2].amin() - 1
+        x[3, 10], x[4, 20], x[1, 40] = float("nan"), float("inf"), float("-inf")
+        unit = (sign * (1 + (rand() * 0.2 - 0.1))).to(dtype)
+        unit[2, 7] = 0
+        sparse = torch.where(rand() < 0.1, sign * (0.5 + rand()), 0.0).to(dtype)
+        sparse[0, 9], sparse[2, 30] = -0.0, float("nan")
+        dense = torch.where(rand() < 0.05, 0.0, sign * (0.5 + rand())).to(dtype)
+    else:
+        info = torch.iinfo(dtype)
+        x = torch.randint(-60, 60, REDUCTION_SHAPE, generator=g).to(dtype)
+        x[:, 12] = 7
+        x[2, 5] = x[2, 50] = 100
+        x[2, 7] = x[2, 60] = -100
+        specials = [info.max, info.min, 0, -1, 1, info.max - 3]
+        if dtype == torch.int64:
+            specials += [2 ** 40 + 3, -(2 ** 53) - 7]
+        x[0, :len(specials)] = torch.tensor(specials, dtype=dtype)
+        choice = torch.tensor([1, 1, 1, -1, 2], dtype=dtype)
+        unit = choice[torch.randint(0, len(choice), REDUCTION_SHAPE, generator=g)]
+        unit[2, 7] = 0
+        values = (sign * torch.randint(1, 60, REDUCTION_SHAPE, generator=g)).to(dtype)
+        sparse = torch.where(rand() < 0.1, values, 0)
+        dense = torch.where(rand() < 0.05, 0, values)
+    sparse[0], sparse[:, 0] = 0, 0  # any: False along row 0 and column 0
+    dense[1] = torch.where(dense[1] == 0, torch.ones_like(dense[1]), dense[1])  # all: True along row 1
+    dense[:, 1] = torch.where(dense[:, 1] == 0, torch.ones_like(dense[:, 1]), dense[:, 1])  # and column 1
+    if dtype.is_floating_point:
+        sparse[0, 9] = -0.0
+        dense[1, 33], dense[3, 30] = float("nan"), -0.0
+    return {"x": x, "unit": unit, "sparse": sparse, "dense": dense}
+
+
+def reduction_applies(op: OpCase, dtype: torch.dtype) -> bool:
+    """Whether PyTorch eager on the CPU defines the reduction `op` for `dtype` inputs."""
+    pool_ = reduction_pool(dtype)
+    try:
+        op.fn(*(pool_[k] for k in op.inputs))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
