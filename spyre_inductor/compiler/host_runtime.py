@@ -192,10 +192,10 @@ def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
         out = flat_values.amin(-1) if rnumel else flat_values.sum(-1)
     elif kind == "any":
         out = flat_values.to(torch.bool).any(-1)
-    elif kind == "argmax":
-        out = flat_values.argmax(-1)
+    elif kind == "argmax":  # torch.argmax takes no bools; as 0/1 the first True wins, as in torch.max
+        out = (flat_values.to(torch.uint8) if flat_values.dtype == torch.bool else flat_values).argmax(-1)
     elif kind == "argmin":
-        out = flat_values.argmin(-1)
+        out = (flat_values.to(torch.uint8) if flat_values.dtype == torch.bool else flat_values).argmin(-1)
     elif kind == "xor_sum":
         out = functools.reduce(torch.bitwise_xor, flat_values.unbind(-1), torch.zeros_like(flat_values[..., 0]))
     elif kind == "welford_reduce":

@@ -220,3 +220,32 @@ def test_a_scan_recomputed_in_a_later_pass_restarts_its_carry(tmp_path):
     _, got = _run(k, tmp_path, x, torch.empty_like(x))
     y = torch.cumsum(x.double(), -1)
     torch.testing.assert_close(got, (y / y.sum(-1, keepdim=True)).float(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_max_with_indices_of_integers_and_bools(dtype):
+    """Compared in their own width (int64 beyond 2**53 stays exact); bools as 0/1, first True wins."""
+    x = torch.randint(-5, 5, (11, 67), generator=torch.Generator().manual_seed(4)).to(dtype)
+    if dtype == torch.int64:
+        x[3, 10], x[3, 20] = 2 ** 60 + 1, 2 ** 60  # differ below fp32's (and fp64's) resolution
+    fn = lambda a: (*torch.max(a, -1), *torch.min(a, 0))  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    for got, want in zip(out, fn(x), strict=True):
+        assert torch.equal(got.cpu(), want)
+    assert not warned and all(r.artifact is not None for r in records if r.kernel is not None)
+
+
+def test_the_cpu_fallback_takes_max_with_indices_of_bools(monkeypatch):
+    """torch.argmax refuses bools; the fallback compares them as 0/1 (it crashed before)."""
+    from spyre_inductor.compiler import backend
+
+    def refuse(kernel, artifact_root, **kwargs):
+        raise backend.Unsupported("refused by the test")
+
+    monkeypatch.delenv("SPYRE_STRICT")
+    monkeypatch.setattr(backend, "compile_kernel", refuse)
+    x = torch.rand(5, 67, generator=torch.Generator().manual_seed(5)) > 0.5
+    out, _, _, warned, _ = compile_on_spyre(lambda a: torch.max(a, -1), x)
+    for got, want in zip(out, torch.max(x, -1), strict=True):
+        assert torch.equal(got.cpu(), want)
+    assert warned

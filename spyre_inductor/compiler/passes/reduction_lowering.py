@@ -385,6 +385,8 @@ class _Builder:
         if op in INDEX_OPS:
             self._argreduce(i, v, arg, level)
             return
+        if op in ("max", "min") and self.tiles[arg].dtype == "bool" and v.dtype == "bool":
+            op = "any" if op == "max" else "all"  # the max of bools is their any, the min their all
         if op in ("any", "all"):
             dtype = "bool"
             if self.tiles[arg].dtype != "bool":  # nonzero -> True, as torch.any
@@ -435,8 +437,15 @@ class _Builder:
         raise Unsupported(f"{self.where}: value {i}: {what} {arg_dtype} into {v.dtype}")
 
     def _argreduce(self, i, v, arg, level) -> None:
-        if self.tiles[arg].dtype not in FLOATS:
-            raise Unsupported(f"{self.where}: value {i}: {v.op} of {self.tiles[arg].dtype}")
+        adt = self.tiles[arg].dtype
+        if adt == "bool":  # compared as 0/1 (the index instruction, like torch.argmax, takes no bools)
+            b = self.new("t", "int32", self.vspace[v.arg], "work")
+            self.defs.setdefault(v.arg, []).append(RStep("unary", "copy", b, (arg,)))
+            self.resident_steps.append(self.defs[v.arg][-1])
+            arg, adt = b, "int32"
+        if adt not in FLOATS + INTEGERS:
+            raise Unsupported(f"{self.where}: value {i}: {v.op} of {adt}")
+        vdt = "fp32" if adt in FLOATS else adt  # integers are compared in their own width: exact
         vop = INDEX_OPS[v.op]
         idx = self.new("r", "int32", "O", "acc")
         self.vtile[i] = idx
@@ -445,10 +454,10 @@ class _Builder:
         if self.mode == "resident":
             self.accs.append(idx)
             return
-        best = self.new("r", "fp32", "O", "acc")
-        m, li = self.new("w", "fp32", "O", "work"), self.new("w", "int32", "O", "work")
+        best = self.new("r", vdt, "O", "acc")
+        m, li = self.new("w", vdt, "O", "work"), self.new("w", "int32", "O", "work")
         base = self.new("base", "int32", "S", "acc")  # codegen fills it with the slice's first index
-        self.red_init[i] = [RStep("fill", "fill", best, value=IDENTITY[vop]), RStep("fill", "fill", idx, value=0),
+        self.red_init[i] = [RStep("fill", "fill", best, value=_identity(vop, vdt)), RStep("fill", "fill", idx, value=0),
                             RStep("fill", "fill", base, value=0)]
         chunk = [RStep("reduce", vop, m, (arg,)), RStep("reduce", v.op, li, (arg,)),
                  RStep("binary", "add", li, (li, base))]
