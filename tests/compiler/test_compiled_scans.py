@@ -161,17 +161,27 @@ def test_resident_rows_are_read_once_and_written_once():
 
 
 def test_rows_that_do_not_fit_are_scanned_chunk_after_chunk_with_a_carry():
-    c = plan_kernel(cumsum_kernel((3, 300_000), -1, "fp32"))
+    c = plan_kernel(cumsum_kernel((3, 300_000), -1, "fp32"), cores=1)  # one core: no ring split
     plan = c.plans.plan
     assert plan.mode == "chunked" and plan.passes == 1  # the carry makes one pass enough
     r = estimate(c.program)
     assert r.bytes_read == r.bytes_written == 3 * 300_000 * 4
 
 
-def test_a_scan_never_splits_its_dim_over_cores():
-    # one long row: a reduction would use the ring; a prefix stays on one core
-    c = plan_kernel(cumsum_kernel((1, 1 << 18), -1, "fp32"))
-    assert c.plans.plan.mode != "ring" and c.plans.division.cores == 1
+def test_a_long_row_is_split_over_cores_and_read_once():
+    """Too few rows for the cores: each core reduces its slice to a total, the totals travel the
+    ring as running prefixes, and each core scans its slice from the prefix it received."""
+    c = plan_kernel(cumsum_kernel((1, 1 << 20), -1, "fp16"))
+    assert c.plans.plan.mode == "ring" and c.plans.division.cores == 32
+    r = estimate(c.program)
+    assert r.bytes_read == r.bytes_written == (1 << 20) * 2 and r.ring_bytes > 0
+    assert r.roofline_us / r.simulated_us >= 0.85
+
+
+def test_a_float_cumprod_is_not_split_over_cores():
+    # its slices' products, reduced in one go, would drift from eager's double-accumulated prefix
+    c = plan_kernel(cumsum_kernel((1, 1 << 18), -1, "fp32", op="prod"))
+    assert c.plans.plan.mode != "ring"
 
 
 def test_cumsum_over_dim0_scans_transposed_tiles():
@@ -184,23 +194,23 @@ def test_cumsum_over_dim0_scans_transposed_tiles():
 # ---- chunked numerics (hand-built IR, launched directly) -----------------------------------------
 
 
-def _run(kernel, root, *tensors):
+def _run(kernel, root, *tensors, cores=None):
     from spyre_inductor.compiler.backend import compile_kernel
     from spyre_runtime.launch import launch_jobplan, prepare_kernel
 
-    plan = prepare_kernel(compile_kernel(kernel, root))
+    plan = prepare_kernel(compile_kernel(kernel, root, cores=cores))
     dev = [t.to("spyre") for t in tensors]
     launch_jobplan(plan, dev)
     torch.spyre.synchronize()
     return [d.cpu() for d in dev]
 
 
-BIG = (3, 300_000)  # 1.2 MB fp32 rows: chunked
+BIG = (3, 300_000)  # 1.2 MB fp32 rows: chunked (on one core; on more, the rows split over the ring)
 
 
 def test_chunked_cumsum_continues_each_row_across_chunks(tmp_path):
     x = _data(BIG)
-    _, got = _run(cumsum_kernel(BIG, -1), tmp_path, x, torch.empty_like(x))
+    _, got = _run(cumsum_kernel(BIG, -1), tmp_path, x, torch.empty_like(x), cores=1)
     # one fp32 rounding of each chunk's carry add on top of eager's double accumulation:
     # within a few ulp of values up to ~1000
     torch.testing.assert_close(got, torch.cumsum(x, -1), rtol=1e-5, atol=1e-3)
@@ -215,9 +225,9 @@ def test_a_scan_recomputed_in_a_later_pass_restarts_its_carry(tmp_path):
     s = b._add(Scan("sum", b.load("x", [cols, 1]), "fp32"))
     b.store("out", b.op("truediv", s, b.reduce("sum", s)), [cols, 1])
     k = b.build()
-    assert plan_kernel(k).plans.plan.passes == 2
+    assert plan_kernel(k, cores=1).plans.plan.passes == 2
     x = _data(BIG).abs() + 0.1  # positive: no cancellation in the total
-    _, got = _run(k, tmp_path, x, torch.empty_like(x))
+    _, got = _run(k, tmp_path, x, torch.empty_like(x), cores=1)
     y = torch.cumsum(x.double(), -1)
     torch.testing.assert_close(got, (y / y.sum(-1, keepdim=True)).float(), rtol=1e-5, atol=1e-7)
 
@@ -249,3 +259,24 @@ def test_the_cpu_fallback_takes_max_with_indices_of_bools(monkeypatch):
     for got, want in zip(out, torch.max(x, -1), strict=True):
         assert torch.equal(got.cpu(), want)
     assert warned
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_ring_scans_match_cpu(dtype):
+    """A 1-D cumsum and a few long rows with an epilogue: split over 32 cores."""
+    g = torch.Generator().manual_seed(9)
+    if dtype == torch.int64:
+        v, m = torch.randint(-9, 9, (300_001,), generator=g), torch.randint(-9, 9, (3, 70_000), generator=g)
+        fns = (lambda a: torch.cumsum(a, 0), lambda a: torch.cumsum(a, -1) * 2 - 1)
+    else:
+        v, m = torch.randn(300_001, generator=g).to(dtype), torch.randn(3, 70_000, generator=g).to(dtype)
+        fns = (lambda a: torch.cumsum(a, 0), lambda a: torch.tanh(torch.cumsum(a * 2, -1) / 300))
+    for fn, x in zip(fns, (v, m)):
+        out, _, records, warned, _ = compile_on_spyre(fn, x)
+        if dtype == torch.int64:
+            assert torch.equal(out[0].cpu(), fn(x))
+        else:
+            # fp32: the cores' totals are pairwise fp32 sums added once: a few ulp of values ~1000
+            tol = dict(rtol=1e-5, atol=1e-3) if dtype == torch.float32 else TOL[dtype]
+            torch.testing.assert_close(out[0].cpu(), fn(x.float()).to(dtype), **tol)
+        assert not warned and all(r.artifact is not None for r in records if r.kernel is not None)

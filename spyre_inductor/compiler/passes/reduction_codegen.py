@@ -26,7 +26,7 @@ so the store moves packed sticks.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
 from spyre_runtime.program.isa import (Binary, Fill, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
@@ -366,10 +366,24 @@ class _Core:
     def _ring(self):
         low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
         c, g = self.share.core, self.share.counts[self.odim]
+        if low.after_ring:
+            self._ring_scan(g)
+            return
         self._group(g, Aff(0))
         if self.pos > 0:
             sfp.emit(Pop(f"ring{c - 1}"))
             self.steps(sfp, low.combine, None, g, None)
+        self._send_on()
+        if self.pos == self.last:
+            if low.outer_stores:
+                ls.emit(Push(self.qn["ofree"]))
+            self._epilogue(g, Aff(0))
+            if low.outer_stores:
+                sfp.emit(Pop(self.qn["ofree"]))
+
+    def _send_on(self):
+        """Hand this core's accumulators to the next core's in: tiles (not from the last core)."""
+        low, plan, ls, sfp, c = self.low, self.plan, self.ls, self.sfp, self.share.core
         if self.pos < self.last:
             sfp.emit(Push(self.qn["ready"]))
             ls.emit(Pop(self.qn["ready"]))
@@ -378,9 +392,26 @@ class _Core:
                 ls.emit(Send(c + 1, Addr(dst.offset), Addr(a.offset), a.nbytes))
             ls.emit(Push(f"ring{c}"))
             self.queues.append(Queue(f"ring{c}", (c, "ls"), (c + 1, "sfp"), 1))
-        else:
-            if low.outer_stores:
-                ls.emit(Push(self.qn["ofree"]))
-            self._epilogue(g, Aff(0))
-            if low.outer_stores:
-                sfp.emit(Pop(self.qn["ofree"]))
+
+    def _ring_scan(self, g):
+        """Ring mode for scans (reduction_lowering.py): the slice [g, kn] resident and reduced to
+        its total; the prefix of the earlier cores arrives, travels on, and starts the scan."""
+        low, ls, sfp, c, kn = self.low, self.ls, self.sfp, self.share.core, self.share.kn
+        p = low.passes[0]
+        for tile, a in p.loads:
+            self.load_f(ls, tile, a, 0, g, kn, Aff(0), Aff(0))
+        ls.emit(Push(self.qn["gl"]))
+        sfp.emit(Pop(self.qn["gl"]))
+        self.steps(sfp, p.steps, 0, g, None)   # each carry: this slice's total
+        if self.pos > 0:
+            sfp.emit(Pop(f"ring{c - 1}"))
+            self.steps(sfp, low.combine, None, g, None)   # carry = prefix through this core
+        self._send_on()
+        after = low.after_ring
+        if self.pos == 0:  # nothing came before core 0: its scans start from the identity
+            after = tuple(replace(st, args=st.args[:1]) if st.kind == "scan" else st for st in after)
+        self.steps(sfp, after, 0, g, None)
+        sfp.emit(Push(self.qn["ofull"]))
+        ls.emit(Pop(self.qn["ofull"]))
+        for tile, a in p.stores:
+            self.store_f(ls, tile, a, 0, g, kn, Aff(0), Aff(0))

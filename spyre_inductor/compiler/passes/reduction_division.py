@@ -84,8 +84,10 @@ def _granule(low) -> int:
 
 
 def ring_eligible(low: ReductionLowering) -> bool:
-    return (len(low.passes) == 1 and not low.passes[0].stores and len([d for d in low.outer if d > 1]) <= 1
-            and not low.group_loads and low.K > 1)
+    """One pass, at most one outer dim, no per-row loads; and either no F stores (a reduction's
+    partials meet over the ring) or scans only (each core's slice stays resident)."""
+    return (len(low.passes) == 1 and (not low.passes[0].stores or bool(low.after_ring))
+            and len([d for d in low.outer if d > 1]) <= 1 and not low.group_loads and low.K > 1)
 
 
 def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str, list[RShare]]:
@@ -204,7 +206,11 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
             return consider(chunked, plan, split, shares, f"chunked {target // 1024}K/{buffers}b/{len(shares)}c")
 
         search(variants, counts, chunked_at, errors)
-    ring = None if kernel.has_scan else lower(kernel, "ring")  # a prefix does not split over cores
+    try:
+        ring = lower(kernel, "ring")
+    except Unsupported as e:  # scans next to reductions: their prefix does not split over cores
+        ring = None
+        errors.append(str(e))
     if ring is not None and ring_eligible(ring) and units < limit and ring.outer[-1] * STICK <= 256 * 1024 and (cores or 2) > 1:
         # too few outer elements for the cores: the reduced dim over cores, partials over the ring
         kg = _granule(ring)
@@ -218,8 +224,10 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
                 return None
             per = max(s.kn for s in shares)
             kc = max(kg, target // (outer_n * _widest(ring)) // kg * kg)
+            if ring.after_ring:  # a scan's slice stays resident: one tile of the whole slice
+                kc, buffers = -(-per // kg) * kg, 1
             plan = fit(ring, outer_n, min(kc, -(-per // kg) * kg), buffers, kg)
-            if plan.group < outer_n:
+            if plan.group < outer_n or (ring.after_ring and plan.chunk < per):
                 return None
             return consider(ring, plan, "reduced dim (ring)", shares,
                             f"ring {target // 1024}K/{buffers}b/{len(shares)}c", symmetric=False)

@@ -49,7 +49,12 @@ Scans (cumsum, cumprod) are full-space values computed with the sfp's
 chunked, the chunks of a group go through in order and an fp32 [G, 1]
 carry tile (filled with the identity at the start of every pass that
 computes the scan) continues each row's prefix from one chunk to the next.
-A scan cannot be split over cores, so a kernel with one has no ring plan.
+In the "ring" mode (a kernel of scans and pointwise work, no reductions,
+too few rows for the cores) each core holds its slice of the scanned dim
+resident and reduces it to its total; the totals travel 0 -> 1 -> ... as
+running prefixes, and core c scans its slice starting from the prefix it
+received (``after_ring``: the scans, whose carry is the "in:" tile, then
+the epilogue), then stores. Rows are read once and written once.
 
 Steps name tiles; a chunk-size dependent constant is named "@n" (chunk
 elements, fp32), "@inv_n" (1 / chunk elements) or "@n_i" (int32), which
@@ -136,6 +141,7 @@ class ReductionLowering(Describable):
     accumulators: tuple[str, ...]                      # O tiles combined across cores ("ring")
     combine: tuple[RStep, ...]                          # ring: own = combine(incoming, own); "in:" tiles
     transposed: bool
+    after_ring: tuple[RStep, ...] = ()                  # ring scans: F steps once the prefix arrived
 
     @property
     def pass_count(self) -> int:
@@ -410,8 +416,6 @@ class _Builder:
 
     def scan(self, i, v: Scan) -> None:
         arg = self.vtile[v.arg]
-        if self.mode == "ring":
-            raise Unsupported(f"{self.where}: value {i} is a scan, which cannot be split over cores")
         if self.vspace[v.arg] != "F":
             raise Unsupported(f"{self.where}: value {i} scans a value that does not vary over both the "
                               f"outer and the scanned dims")
@@ -424,6 +428,10 @@ class _Builder:
         carry = self.new("c", dtype, "O", "acc")
         self.scan_init[i] = RStep("fill", "fill", carry, value=_identity(v.op, dtype))
         self.emit(i, RStep("scan", v.op, self.vtile[i], (arg, carry)), "F")
+        if self.mode == "ring":
+            self.accs.append(carry)
+            self.red_combine.append(RStep("binary", {"sum": "add", "prod": "mul"}[v.op], carry,
+                                          (f"in:{carry}", carry)))
 
     def _accumulator(self, i, v, arg_dtype: str, what: str) -> str:
         """The tile dtype a sum/prod/max/min (or scan) of `arg_dtype` into `v.dtype` accumulates in:
@@ -572,8 +580,35 @@ class _Builder:
                 out.append(k)
         return out
 
+    def _ring_scan(self, outer_map) -> ReductionLowering:
+        """Ring mode for scans (module docstring): one resident slice per core, split at the scans."""
+        if self.red or self.group_loads:
+            raise Unsupported(f"{self.where}: scans next to reductions or per-row loads: no ring plan")
+        before, after = _split_at_scans(self.resident_steps)
+        totals = []
+        for st in after:
+            if st.kind == "scan":
+                arg, carry = st.args
+                if any(arg == s.dst for s in after if s is not st):
+                    raise Unsupported(f"{self.where}: a scan of a scan's result: no ring plan")
+                if st.op == "prod" and self.tiles[carry].dtype in FLOATS:
+                    # a slice's float product reduced in one go drifts (~1e-5 per 6K factors) from
+                    # the prefix eager accumulates in double; sums (pairwise) and integers do not
+                    raise Unsupported(f"{self.where}: a float cumprod: no ring plan")
+                totals.append(RStep("reduce", st.op, carry, (arg,)))  # this slice's total
+        after = [replace(st, args=(st.args[0], f"in:{st.args[1]}")) if st.kind == "scan" else st for st in after]
+        p = RPass(1, (), tuple(self.f_loads.values()), tuple(_fold_copies(before, self.tiles)) + tuple(totals),
+                  tuple((t, a) for t, a, _ in self.f_stores), (),
+                  "the core's slice resident: reduced to its total, scanned from the earlier cores' prefix")
+        return ReductionLowering(
+            self.mode, self.outer, outer_map, self.K, tuple(self.tiles.values()), tuple(self.constants),
+            tuple(self.once_loads), tuple(self.group_loads), (p,), (), tuple(self.outer_stores),
+            tuple(self.accs), tuple(self.red_combine), self.transposed, tuple(_fold_copies(after, self.tiles)))
+
     def finish(self, outer_map) -> ReductionLowering:
         tiles = self.tiles
+        if self.mode == "ring" and self.scan_init:
+            return self._ring_scan(outer_map)
         if self.mode == "resident":
             steps = tuple(_fold_copies(self.resident_steps, tiles))
             loads = tuple(self.f_loads.values())
@@ -617,6 +652,19 @@ class _Builder:
             tuple(self.accs), tuple(self.red_combine), self.transposed)
 
 
+def _split_at_scans(steps) -> tuple[list, list]:
+    """(steps that need no scan, the scans and every step that needs a scan's result): the
+    second list waits for the previous cores' prefix."""
+    tainted, before, after = set(), [], []
+    for st in steps:
+        if st.kind == "scan" or any(a in tainted for a in st.args):
+            tainted.add(st.dst)
+            after.append(st)
+        else:
+            before.append(st)
+    return before, after
+
+
 def _identity(op: str, dtype: str):
     """The fill that starts an accumulator: max/min of integers start from the dtype's bounds."""
     if dtype in INTEGERS and op in ("max", "min"):
@@ -625,7 +673,7 @@ def _identity(op: str, dtype: str):
     return int(IDENTITY[op]) if dtype in INTEGERS else IDENTITY[op]
 
 
-def _fold_copies(steps, tiles) -> list:
+def _fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan")) -> list:
     """A stored value's final copy (the rounding) folded into the step that computes it, when
     that step's result is an F work tile nobody else reads: the sfp writes fp32 results straight
     into the output tile, rounding once, and saves a pass over the tile."""
@@ -634,7 +682,7 @@ def _fold_copies(steps, tiles) -> list:
     for k, st in enumerate(steps):
         src = tiles.get(st.args[0]) if st.args else None
         if (st.kind == "unary" and st.op == "copy" and tiles[st.dst].role == "out" and src is not None
-                and out and out[-1].dst == st.args[0] and out[-1].kind in ("unary", "binary", "select", "scan")
+                and out and out[-1].dst == st.args[0] and out[-1].kind in kinds
                 and src.role == "work" and src.space == tiles[st.dst].space
                 and (src.dtype == tiles[st.dst].dtype or (src.dtype == "fp32" and tiles[st.dst].dtype in FLOATS))
                 and not any(st.args[0] in (o.args + (o.dst,)) for o in out[:-1])

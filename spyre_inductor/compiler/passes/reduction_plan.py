@@ -131,8 +131,8 @@ def _o_load_row(low, name) -> bool:
 def work_live(low: ReductionLowering) -> dict[str, tuple[int, int]]:
     """F work tiles: [first, last] step over the passes' chunk steps (numbered across passes)."""
     first, last, k = {}, {}, 0
-    for p in low.passes:
-        for st in p.steps:
+    for steps in [p.steps for p in low.passes] + [low.after_ring]:
+        for st in steps:
             for a in st.args:
                 if a in first:
                     last[a] = k
