@@ -69,12 +69,13 @@ CASES = [
     ("layer_norm 4095x4097", layer_norm, [(4095, 4097), (4097,), (4097,)]),
     ("rms_norm 4095x4097", rms_norm, [(4095, 4097), (4097,)]),
     ("sum 2047x4097 dim -1", row_sum, [(2047, 4097)]),
-    # scans (issue 9): a prefix along resident rows, over dim 0 through transposed tiles, and a
-    # few long rows (a scan does not split its dim over cores: 8 rows occupy at most 8 cores)
+    # scans (issue 9): a prefix along resident rows, over dim 0 through transposed tiles, and
+    # too few rows for the cores (the scanned dim split over the ring: running prefixes)
     ("cumsum 4096x4096 dim -1", cumsum_last, [(4096, 4096)]),
     ("cumsum 4096x4096 dim 0", cumsum_dim0, [(4096, 4096)]),
     ("cumsum 4095x4097 dim -1", cumsum_last, [(4095, 4097)]),
     ("cumsum 8x262144 dim -1", cumsum_last, [(8, 262144)]),
+    ("cumsum 1048576 (1-D)", cumsum_last, [(1 << 20,)]),
 ]
 
 
