@@ -97,6 +97,13 @@ def test_rejects_device_access_outside_a_buffer():
     rejects(scale_program(ls=ls), r"instruction 0 \(load\): touches bytes \[128, 4128\) of 'x', which has 4000 bytes")
 
 
+def test_rejects_device_rows_walked_backwards():
+    # rows 1 and 0 of x at stride -128: the planner must not emit it, and validation says so
+    ls = (Load(Addr(0), DevAddr("x", 128), 2, 128, -128, ROW), Push("in"), Pop("out"),
+          Store(DevAddr("y"), Addr(ROW), 1, NB, 0, ROW))
+    rejects(scale_program(ls=ls), r"instruction 0 \(load\): 2 rows of 128 bytes at stride -128 of 'x'")
+
+
 def test_rejects_movement_that_is_not_in_aligned_whole_sticks():
     ls = (Load(Addr(64), DevAddr("x"), 1, NB, 0, ROW), Push("in"), Pop("out"),
           Store(DevAddr("y"), Addr(ROW), 1, NB, 0, ROW))

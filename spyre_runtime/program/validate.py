@@ -163,6 +163,9 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
             sym = program.symbol(dev.symbol)
         except KeyError:
             raise ProgramError(f"{where}: unknown device buffer {dev.symbol!r}") from None
+        if stride < 0 or rows < 0 or nbytes < 0:
+            raise ProgramError(f"{where}: {rows} rows of {nbytes} bytes at stride {stride} of {dev.symbol!r}: "
+                               f"device rows are walked forwards (no negative strides or counts)")
         lo, hi = dev.extent(counts)
         end = hi + (rows - 1) * stride + nbytes
         if lo < 0 or end > sym.nbytes:

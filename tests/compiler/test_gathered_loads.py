@@ -7,7 +7,10 @@ weight read with a stride along the reduced dim (``w[::2]``), is gathered:
 each tile row's elements are loaded one per stick into a column and
 transposed into the row. Before this, the strided weight was read as if it
 were contiguous: a silently wrong result (fixed, pinned below); the other
-case fell back to the CPU (the graph fuzzer's seed-42 findings).
+case fell back to the CPU (the graph fuzzer's seed-42 findings). An operand
+walked backwards (a flip) is refused, and runs correctly on the CPU: tiles
+move forward rows (before, the gathered load tried a negative stride and the
+program failed at run time).
 """
 
 from __future__ import annotations
@@ -64,3 +67,13 @@ def test_a_scan_after_a_reduction_over_another_dim():
         return torch.logsumexp(v1, 1, keepdim=True).mean(0), torch.cumsum(v1.mean(1), 1)
 
     _check(f, x0)
+
+
+def test_a_flipped_operand_runs_correctly_on_the_cpu(monkeypatch):
+    monkeypatch.delenv("SPYRE_STRICT")
+    x = _rand((5, 67), 6)
+    fn = lambda a: (a.flip(-1).cumsum(-1), a.flip(0).sum(0))  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    for got, want in zip(out, fn(x), strict=True):
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+    assert warned and any("backwards" in (r.fallback_reason or "") for r in records)

@@ -186,6 +186,12 @@ def canonical(kernel: PointwiseKernel):
     return outer, outer_map, red[0], [(o, r[0]) for o, r in zip(o_strides, r_strides)]
 
 
+def loads_and_stores(kernel: PointwiseKernel) -> list[str]:
+    """Names of the accesses in canonical()'s order: loads, then stores."""
+    return ([f"the load of {v.buffer!r}" for v in kernel.values if isinstance(v, Load)]
+            + [f"the store to {s.buffer!r}" for s in kernel.stores])
+
+
 def exact_welford(kernel: PointwiseKernel) -> PointwiseKernel:
     """Welford as the exact two-pass form over resident rows: mean = sum/K, m2 = sum((x - mean)^2)."""
     K = 1
@@ -258,6 +264,11 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}")
     b = _Builder(kernel, mode, outer, K)
     b.one_row = all(d == 1 for d in outer) and any(rs for _, rs in acc_strides[n_loads:])
+    for k, (os_, rs) in enumerate(acc_strides):
+        if rs < 0 or any(s < 0 for s in os_):
+            access = loads_and_stores(kernel)[k]
+            raise Unsupported(f"{where}: {access} walks its buffer backwards (a negative stride, e.g. a flip); "
+                              f"reduction tiles move forward rows")
     load_k = 0
     for i, v in enumerate(kernel.values):
         if isinstance(v, Load):
