@@ -402,11 +402,29 @@ def _scan_op(combine_fn) -> str | None:
     return {"add": "sum", "mul": "prod"}.get(name)
 
 
+def loop_body(node):
+    """((sizes, reduction sizes), body) of a scheduler node, as capture and the CPU fallback run it.
+
+    Inductor reorders a node's loops by stride (ir.ComputedBuffer.simplify_and_reorder). For an
+    argmax/argmin over several dims that changes the answer: the index it returns counts in loop
+    order, and Inductor adds the logical index only for its own Triton and C++ backends
+    (lowering.py, ``supports_logical_index_argreduce``). So such a node runs its default body, in
+    the logical order of its dims (a transposed input then walks memory with strides, which the
+    planner handles as looped reduced dims).
+    """
+    data = getattr(node.node, "data", None)
+    if (isinstance(data, ir.Reduction) and data.reduction_type in ("argmax", "argmin")
+            and sum(1 for r in data.reduction_ranges if r != 1) > 1):
+        sizes, body, _ = node.node.get_default_sizes_body()
+        return sizes, body
+    return node.get_ranges(), node._body
+
+
 def _node_ranges(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The node's static (ranges, reduction ranges); reduction ranges () for pointwise."""
     if not hasattr(node, "_body") or node.is_template() or node.is_extern():
         raise NotCapturable(f"{type(node).__name__} node")
-    sizes, reduction_sizes = node.get_ranges()
+    (sizes, reduction_sizes), _ = loop_body(node)
     ranges = tuple(static_int(s, "loop range") for s in sizes)
     reduction_ranges = tuple(static_int(s, "reduction range") for s in reduction_sizes)
     if node.is_reduction():
@@ -459,7 +477,7 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
     for node, plan in zip(nodes, plans):
         index_vars, reduction_vars = plan(group)
         with V.set_ops_handler(CaptureHandler(group)):
-            node._body(index_vars, reduction_vars)
+            loop_body(node)[1](index_vars, reduction_vars)
     if math.prod(ranges) * math.prod(reduction_ranges or (1,)) == 0 or not group.stores:
         return Capture(None, frozenset(group.removed))
     # A kernel may not read memory it writes through another name (a cat slot

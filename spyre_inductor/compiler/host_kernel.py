@@ -27,7 +27,7 @@ from torch._inductor.utils import sympy_index_symbol
 from torch._inductor.virtualized import OpsValue, OpsWrapper, V
 
 from . import host_runtime
-from .capture import real_name
+from .capture import loop_body, real_name
 
 _UNARY = {
     name: f"torch.{name}({{0}})" for name in (
@@ -293,7 +293,7 @@ def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[st
     w = _Writer()
     body: list[str] = []
     for n, node in enumerate(nodes):
-        sizes, reduction_sizes = node.get_ranges()
+        (sizes, reduction_sizes), body = loop_body(node)
         shape = list(sizes) + list(reduction_sizes)
         index_vars = [sympy_index_symbol(f"x{n}_{d}") for d in range(len(sizes))]
         reduction_vars = [sympy_index_symbol(f"r{n}_{d}") for d in range(len(reduction_sizes))]
@@ -305,7 +305,7 @@ def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[st
             w.lines.append(f"{''.join(f'{v}, ' for v in all_vars)}= spyre_host.iota({shape_src})")
         handler = HostHandler(w, shape_src, len(reduction_sizes))
         with V.set_ops_handler(handler):
-            node._body(index_vars, reduction_vars)
+            body(index_vars, reduction_vars)
     body = w.lines
     buffers = list(w.params)
     sizes = sorted((str(s) for s in w.symbols - w.loop_symbols))

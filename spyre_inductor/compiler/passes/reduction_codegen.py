@@ -79,6 +79,7 @@ class _Core:
                         Queue(self.qn["ofree"], (c, "ls"), (c, "sfp"), 1),
                         Queue(self.qn["ready"], (c, "sfp"), (c, "ls"), 1)]
         self.counters: dict[int, Aff] = {}
+        self.looped: list[Aff] = []   # counters of the looped reduced dims, while inside them
         odim = len(low.outer) - 1
         self.odim = odim
         self.loop_dims = [d for d in range(odim) if share.counts[d] > 1] if low.mode != "ring" else []
@@ -162,6 +163,8 @@ class _Core:
         for d, c in self.counters.items():
             value = value + c * a.outer_strides[d]
         value = value + group * (a.outer_strides[self.odim] * self.plan.group)
+        for c, stride in zip(self.looped, a.looped_strides):
+            value = value + c * stride
         return value + (s.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
 
     def dev(self, u, a: RAccess, group, chunk):
@@ -323,8 +326,13 @@ class _Core:
                 for tile, a in p.stores:
                     self.store_f(u, tile, a, b, g, size or self.kc, group, t)
 
-            pipeline(ls, sfp, self.chunks, self.krem, self.q, load, compute, store, self.plan.buffers,
-                      phased=self.plan.buffers == 2)
+            with ExitStack() as loops:  # the looped reduced dims, outermost first, around the chunks
+                for n in low.looped:
+                    self.looped.append(loops.enter_context(ls.loop(n)))
+                    loops.enter_context(sfp.loop(n))
+                pipeline(ls, sfp, self.chunks, self.krem, self.q, load, compute, store, self.plan.buffers,
+                          phased=self.plan.buffers == 2)
+            self.looped.clear()
             self.steps(sfp, p.post, None, g, None)
 
     def _epilogue(self, g, group):

@@ -156,10 +156,15 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
     """The fastest (by the timing model) verified reduction program: (ReductionPlans, Program)."""
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     results, errors = [], []
-    resident = lower(kernel, "resident")
-    granule = _granule(resident)
-    odim = len(resident.outer) - 1
-    units = _max_units(resident, granule)
+    try:
+        resident = lower(kernel, "resident")
+    except Unsupported as e:  # reduced dims that do not merge: chunked plans only
+        resident = None
+        errors.append(str(e))
+    base = resident or lower(kernel, "chunked")
+    granule = _granule(base)
+    odim = len(base.outer) - 1
+    units = _max_units(base, granule)
     counts = [cores] if cores else candidate_counts(min(units, limit))
 
     def build(low, plan, split, shares):
@@ -192,7 +197,8 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
         return consider(resident, plan, split, shares, f"resident {target // 1024}K/{buffers}b/{len(shares)}c")
 
     variants = [(t, b) for t in TARGETS for b in (3, 2)]
-    search(variants, counts, resident_at, errors)
+    if resident is not None:
+        search(variants, counts, resident_at, errors)
     if not results:  # the rows do not fit: chunks along the reduced dim, multi-pass if needed
         chunked = lower(kernel, "chunked")
         kg = _granule(chunked)

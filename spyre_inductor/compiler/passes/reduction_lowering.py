@@ -2,8 +2,11 @@
 
 The canonical iteration space of a reduction kernel is (outer dims..., r):
 the outer ranges are canonicalized as in layout.py (extent-1 dims dropped,
-neighbours walked contiguously merged), and the reduction ranges must merge
-into ONE dim r of extent K (otherwise Unsupported: the CPU runs it).
+neighbours walked contiguously merged), and so are the reduction ranges:
+the innermost merged reduced dim is r, of extent K; any others (a sum over
+dims 0 and 2, BatchNorm's statistics over N, H, W) are *looped*: only the
+chunked mode takes them, as counted loops around each pass's chunks, so the
+accumulators see every (looped index, chunk) in row-major order.
 
 A tile covers G consecutive elements of the innermost outer dim ("o", the
 tile rows) times Kc elements of r (the tile columns): the ISA reduces along
@@ -90,6 +93,7 @@ class RAccess:
     offset: int
     transposed: bool = False  # an F access whose r is not contiguous: moved as [Kc, G] and transposed
     gathered: bool = False    # r strided and no contiguous o: one element per stick, rows transposed
+    looped_strides: tuple[int, ...] = ()  # per looped reduced dim (ReductionLowering.looped)
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,7 @@ class ReductionLowering(Describable):
     combine: tuple[RStep, ...]                          # ring: own = combine(incoming, own); "in:" tiles
     transposed: bool
     after_ring: tuple[RStep, ...] = ()                  # ring scans: F steps once the prefix arrived
+    looped: tuple[int, ...] = ()                        # extents of the looped reduced dims (chunked)
 
     @property
     def pass_count(self) -> int:
@@ -174,16 +179,15 @@ def _space(outer_strides, r_stride, K, one_row=False) -> str:
 
 
 def canonical(kernel: PointwiseKernel):
-    """(outer ranges, outer map, K, per access (outer strides, r stride)) for loads then stores."""
+    """(outer ranges, outer map, K, per access (outer strides, r stride), looped extents, per
+    access looped strides), accesses being the loads then the stores."""
     n = len(kernel.ranges)
     loads = [v for v in kernel.values if isinstance(v, Load)]
     raw = [v.index.strides for v in loads] + [s.index.strides for s in kernel.stores]
     outer, outer_map, o_strides = _canonical(kernel.ranges, [s[:n] for s in raw])
     red, _, r_strides = _canonical(kernel.reduction_ranges, [s[n:] for s in raw])
-    if len(red) != 1:
-        raise Unsupported(f"kernel {kernel.name!r}: reduced dims {kernel.reduction_ranges} do not merge into one "
-                          f"contiguously walked dim")
-    return outer, outer_map, red[0], [(o, r[0]) for o, r in zip(o_strides, r_strides)]
+    return (outer, outer_map, red[-1], [(o, r[-1]) for o, r in zip(o_strides, r_strides)], tuple(red[:-1]),
+            [tuple(r[:-1]) for r in r_strides])
 
 
 def loads_and_stores(kernel: PointwiseKernel) -> list[str]:
@@ -257,24 +261,32 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
     where = f"kernel {kernel.name!r}"
     if mode == "resident":
         kernel = exact_welford(kernel)
-    outer, outer_map, K, acc_strides = canonical(kernel)
+    outer, outer_map, K, acc_strides, looped, looped_strides = canonical(kernel)
+    if looped and mode != "chunked":
+        raise Unsupported(f"{where}: reduced dims {kernel.reduction_ranges} do not merge into one contiguously "
+                          f"walked dim: only a chunked plan loops over the others")
+    if looped and kernel.has_scan:
+        raise Unsupported(f"{where}: a scan over reduced dims {kernel.reduction_ranges} that do not merge")
     n_loads = sum(isinstance(v, Load) for v in kernel.values)
     for b in kernel.buffers:
         if b.dtype not in TILE_DTYPES:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}")
     b = _Builder(kernel, mode, outer, K)
+    b.looped = looped
     b.one_row = all(d == 1 for d in outer) and any(rs for _, rs in acc_strides[n_loads:])
     for k, (os_, rs) in enumerate(acc_strides):
-        if rs < 0 or any(s < 0 for s in os_):
-            access = loads_and_stores(kernel)[k]
+        access = loads_and_stores(kernel)[k]
+        if rs < 0 or any(s < 0 for s in os_ + looped_strides[k]):
             raise Unsupported(f"{where}: {access} walks its buffer backwards (a negative stride, e.g. a flip); "
                               f"reduction tiles move forward rows")
+        if rs == 0 and any(looped_strides[k]):
+            raise Unsupported(f"{where}: {access} varies over a looped reduced dim but not over the chunked one")
     load_k = 0
     for i, v in enumerate(kernel.values):
         if isinstance(v, Load):
             os_, rs = acc_strides[load_k]
+            b.load(i, v, os_, rs, looped_strides[load_k])
             load_k += 1
-            b.load(i, v, os_, rs)
         elif isinstance(v, Constant):
             b.constant(i, v)
         elif isinstance(v, Cast):
@@ -287,7 +299,7 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
             b.scan(i, v)
     for k, s in enumerate(kernel.stores):
         os_, rs = acc_strides[n_loads + k]
-        b.store(s, os_, rs)
+        b.store(s, os_, rs, looped_strides[n_loads + k])
     return b.finish(outer_map)
 
 
@@ -314,6 +326,7 @@ class _Builder:
         self.resident_steps: list[RStep] = []
         self.transposed = False
         self.one_row = False  # see _space
+        self.looped: tuple[int, ...] = ()
         self._consts: dict[tuple, str] = {}
 
     # tiles
@@ -338,7 +351,7 @@ class _Builder:
         self.resident_steps.append(step)
 
     # values
-    def load(self, i, v: Load, os_, rs) -> None:
+    def load(self, i, v: Load, os_, rs, ls_=()) -> None:
         space = _space(os_, rs, self.K, self.one_row)
         if v.dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} loads {v.dtype}")
@@ -347,7 +360,7 @@ class _Builder:
         if tr and (not os_ or os_[-1] != 1):  # neither r nor o contiguous
             tr, gathered = False, True
         self.transposed |= tr
-        acc = RAccess(v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr, gathered)
+        acc = RAccess(v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr, gathered, tuple(ls_))
         t = self.new("in", v.dtype, space, "load")
         self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = t, space, 0, ()
         if space == "F" or (space == "R" and self.mode != "resident"):
@@ -545,7 +558,7 @@ class _Builder:
                 RStep("binary", "add", M2, (M2, g)),
                 RStep("unary", "copy", W, (n,))]
 
-    def store(self, s, os_, rs) -> None:
+    def store(self, s, os_, rs, ls_=()) -> None:
         buf = self.kernel.buffer(s.buffer)
         src = self.vtile[s.value]
         space = self.vspace[s.value]
@@ -564,8 +577,8 @@ class _Builder:
             self.deps[("store", s.buffer)] = (s.value,)
             self.depth[("store", s.buffer)] = self.depth[s.value]
             self.resident_steps.append(step)
-            self.f_stores.append((out, RAccess(s.buffer, buf.dtype, tuple(os_), rs, s.index.offset, tr),
-                                  ("store", s.buffer)))
+            self.f_stores.append((out, RAccess(s.buffer, buf.dtype, tuple(os_), rs, s.index.offset, tr,
+                                               looped_strides=tuple(ls_)), ("store", s.buffer)))
         else:
             out = self.new("o", buf.dtype, "O", "out")
             step = RStep("unary", "copy", out, (src,))
@@ -660,7 +673,7 @@ class _Builder:
         return ReductionLowering(
             self.mode, self.outer, outer_map, self.K, tuple(tiles.values()), tuple(self.constants),
             tuple(self.once_loads), tuple(self.group_loads), passes, post, tuple(self.outer_stores),
-            tuple(self.accs), tuple(self.red_combine), self.transposed)
+            tuple(self.accs), tuple(self.red_combine), self.transposed, looped=self.looped)
 
 
 def _split_at_scans(steps) -> tuple[list, list]:
