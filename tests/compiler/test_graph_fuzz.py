@@ -11,14 +11,26 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 import graph_fuzz
 
-# ~20 graphs, each one compile of several kernels (~0.2-1 s): well under 40 s.
-EXAMPLES = 20
+# ~20 graphs, each one compile of several kernels (~0.2-1 s): well under 40 s. Split by dtype so
+# the default suite keeps float graphs (the tolerance paths) and integer graphs (exact) both:
+# drawn from all four dtypes, a derandomized 20 held 3 float graphs.
+FLOAT_EXAMPLES = 12
+INT_EXAMPLES = 8
+SETTINGS = dict(deadline=None, database=None, derandomize=True,
+                phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-          phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
-@given(graph_fuzz.graphs())
+@settings(max_examples=FLOAT_EXAMPLES, **SETTINGS)
+@given(graph_fuzz.graphs(dtypes=graph_fuzz.FLOATS))
 def test_random_graphs_match_cpu(graph):
+    """fp32/fp16 graphs (with masks, counts and indices of their inputs, compared exactly)."""
+    graph_fuzz.check(graph)
+
+
+@settings(max_examples=INT_EXAMPLES, **SETTINGS)
+@given(graph_fuzz.graphs(dtypes=graph_fuzz.INTS))
+def test_random_integer_graphs_match_cpu(graph):
+    """int32/int64 graphs with bool masks: every result compared exactly, dtype included."""
     graph_fuzz.check(graph)
 
 
