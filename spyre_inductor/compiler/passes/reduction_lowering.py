@@ -273,7 +273,8 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}")
     b = _Builder(kernel, mode, outer, K)
     b.looped = looped
-    b.one_row = all(d == 1 for d in outer) and any(rs for _, rs in acc_strides[n_loads:])
+    # a scan's values are full-space even when nothing full-space is stored (cumsum(x).sum())
+    b.one_row = all(d == 1 for d in outer) and (any(rs for _, rs in acc_strides[n_loads:]) or kernel.has_scan)
     for k, (os_, rs) in enumerate(acc_strides):
         access = loads_and_stores(kernel)[k]
         if rs < 0 or any(s < 0 for s in os_ + looped_strides[k]):
@@ -407,7 +408,8 @@ class _Builder:
         level = self.depth[v.arg] + 1
         self.vspace[i], self.depth[i], self.deps[i] = "O", level, (v.arg,)
         if self.vspace[v.arg] not in ("F", "R"):
-            raise Unsupported(f"{self.where}: value {i} reduces a value that does not vary over the reduced dim")
+            self._of_a_constant(i, v, arg)
+            return
         op = v.op
         if op in WELFORD:
             self._welford(i, v, arg, level)
@@ -456,6 +458,34 @@ class _Builder:
             self.accs.append(carry)
             self.red_combine.append(RStep("binary", {"sum": "add", "prod": "mul"}[v.op], carry,
                                           (f"in:{carry}", carry)))
+
+    def _of_a_constant(self, i, v: Reduction, arg: str) -> None:
+        """A reduction of a value that does not vary over the reduced dim (an argmax over a dim
+        of 1 summed, a broadcast constant): K copies of it, computed without a loop."""
+        space, K = self.vspace[v.arg], self.K * _product(self.looped)
+        self.vspace[i], self.depth[i] = space, self.depth[v.arg]
+        adt = self.tiles[arg].dtype
+        if v.op in INDEX_OPS:  # every element ties: the first index
+            self.vtile[i] = self.const(0, "int32")
+            self.vspace[i] = "S"
+            return
+        if v.op in WELFORD:
+            if v.op == "welford_mean":
+                self.vtile[i] = arg
+            else:
+                self.vtile[i] = self.const(0.0 if v.op == "welford_m2" else float(K), "fp32")
+                self.vspace[i] = "S"
+            return
+        if v.op in ("any", "all"):
+            dtype, step = "bool", ("binary", "ne", (arg, self.const(0.0, "fp32") if adt in FLOATS
+                                                   else self.const(0, "int32")))
+        else:
+            dtype = self._accumulator(i, v, "int32" if adt == "bool" else adt, f"{v.op} of")
+            k = self.const(float(K), "fp32") if dtype == "fp32" else self.const(K, dtype)
+            step = {"sum": ("binary", "mul", (arg, k)), "prod": ("binary", "pow", (arg, k)),
+                    "max": ("unary", "copy", (arg,)), "min": ("unary", "copy", (arg,))}[v.op]
+        self.vtile[i] = self.new("t", dtype, space, "work")
+        self.emit(i, RStep(step[0], step[1], self.vtile[i], step[2]), space)
 
     def _accumulator(self, i, v, arg_dtype: str, what: str) -> str:
         """The tile dtype a sum/prod/max/min (or scan) of `arg_dtype` into `v.dtype` accumulates in:
@@ -642,6 +672,8 @@ class _Builder:
         else:
             levels = sorted({lv for lv, _ in self.red})
             store_pass = {key: self.depth[key] + 1 for _, _, key in self.f_stores}
+            if not levels and not store_pass:  # every reduction was of a constant: nothing to stream
+                raise Unsupported(f"{self.where}: nothing varies over the reduced dim: no {self.mode} plan")
             n = max(levels + list(store_pass.values()))
             passes = []
             for p in range(1, n + 1):
@@ -687,6 +719,13 @@ def _split_at_scans(steps) -> tuple[list, list]:
         else:
             before.append(st)
     return before, after
+
+
+def _product(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
 
 
 def _identity(op: str, dtype: str):
