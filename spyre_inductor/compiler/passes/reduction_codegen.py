@@ -7,7 +7,8 @@ Per core (units ls and sfp, queues as in emitter.pipeline):
   it, store its F outputs and its O outputs; load group t + 2), inside the
   loops of the other outer dims. Each input byte is read once.
 * "chunked": per group, per pass, the group's chunks stream through the
-  pipeline (reductions accumulate into pinned O tiles); after the last pass
+  pipeline (reductions accumulate into pinned O tiles, scans carry their
+  last column), inside counted loops over any looped reduced dims; after the last pass
   the sfp computes the O epilogue and hands the O outputs to ls over
   ofull/ofree (ls primes ofree, so the sfp never overwrites a column whose
   store is in flight).
@@ -16,7 +17,9 @@ Per core (units ls and sfp, queues as in emitter.pipeline):
   n-1: core c pops ring<c-1> (core c-1 Sent its partials into c's in:
   tiles), combines them with its own (the incoming are the earlier indices:
   they win argmax ties) and Sends on; the last core runs the epilogue and
-  stores. No device temporaries.
+  stores. No device temporaries. A kernel of scans keeps each core's slice
+  resident instead: the slice's totals travel as running prefixes, and each
+  core scans from the prefix it received and stores its slice.
 
 O outputs are columns [G, 1] (one stick per row); ls transposes them into a
 [1, G] row on chip before the store when the output is contiguous along o,
