@@ -291,9 +291,8 @@ def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[st
     operation on the current stream.
     """
     w = _Writer()
-    body: list[str] = []
     for n, node in enumerate(nodes):
-        (sizes, reduction_sizes), body = loop_body(node)
+        (sizes, reduction_sizes), node_body = loop_body(node)
         shape = list(sizes) + list(reduction_sizes)
         index_vars = [sympy_index_symbol(f"x{n}_{d}") for d in range(len(sizes))]
         reduction_vars = [sympy_index_symbol(f"r{n}_{d}") for d in range(len(reduction_sizes))]
@@ -305,7 +304,7 @@ def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[st
             w.lines.append(f"{''.join(f'{v}, ' for v in all_vars)}= spyre_host.iota({shape_src})")
         handler = HostHandler(w, shape_src, len(reduction_sizes))
         with V.set_ops_handler(handler):
-            body(index_vars, reduction_vars)
+            node_body(index_vars, reduction_vars)
     body = w.lines
     buffers = list(w.params)
     sizes = sorted((str(s) for s in w.symbols - w.loop_symbols))

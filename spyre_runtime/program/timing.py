@@ -328,7 +328,7 @@ class Timing:
         lanes of each stick (log2(lanes) passes) and one more to add each stick's carry-in."""
         lanes = STICK // itemsize
         passes = 1 + lanes.bit_length() - 1
-        return passes * self.sfp(rows, cols, itemsize)
+        return passes * self.sfp(rows, cols, itemsize)  # the tile's sticks counted once, timed `passes` times
 
     def ring(self, src: int, dst: int, nbytes: int) -> float:
         hops = min((dst - src) % self.hw.cores, (src - dst) % self.hw.cores)

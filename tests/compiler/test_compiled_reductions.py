@@ -163,3 +163,15 @@ def test_each_norm_is_one_program():
         torch.testing.assert_close(out[0].cpu(), fn(x, w, b), **TOL[torch.float32])
         assert len(records) == 1 and records[0].artifact is not None, records
         assert code.count("launch_jobplan(") == 1 and code.count("empty_strided(") == 1 and not warned
+
+
+def test_a_per_row_result_stored_and_reused_by_a_later_pass():
+    """Rows too long for the scratchpad: the mean is computed after pass 1's chunks, stored, and
+    read by pass 2 (x - mean). Its store copy must not replace the tile pass 2 reads (it did:
+    pass 2 subtracted a stale tile, a silently wrong result; found in review)."""
+    x = _data((4, 300_000)) + 3
+    fn = lambda a: (a - a.mean(-1, keepdim=True), a.mean(-1))  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    for got, want in zip(out, fn(x), strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert not warned and all(r.artifact is not None for r in records)

@@ -280,3 +280,22 @@ def test_ring_scans_match_cpu(dtype):
             tol = dict(rtol=1e-5, atol=1e-3) if dtype == torch.float32 else TOL[dtype]
             torch.testing.assert_close(out[0].cpu(), fn(x.float()).to(dtype), **tol)
         assert not warned and all(r.artifact is not None for r in records if r.kernel is not None)
+
+
+def test_a_ring_scan_whose_input_is_also_stored():
+    """The prologue's value is stored and scanned: its store copy must not be folded into the
+    step the slice total and the scan read (it was: they read a tile never written; found in
+    review). The HF position-ids pattern with the mask also returned is the same shape."""
+    x = torch.randn(1, 100_000, generator=torch.Generator().manual_seed(12))
+    fn = lambda a: (a * 2, torch.cumsum(a * 2, -1))  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    torch.testing.assert_close(out[0].cpu(), fn(x)[0], **TOL[torch.float32])
+    # 32 slice totals (pairwise fp32 sums) added in fp32: a few ulp of prefixes up to ~500
+    torch.testing.assert_close(out[1].cpu(), fn(x)[1], rtol=1e-5, atol=1e-3)
+    assert len(records) == 1 and records[0].artifact is not None and not warned
+    m = torch.randint(-9, 9, (2, 100_000), generator=torch.Generator().manual_seed(13))
+    fn = lambda a: ((a > 0).long(), (a > 0).long().cumsum(-1))  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, m)
+    for got, want in zip(out, fn(m), strict=True):
+        assert torch.equal(got.cpu(), want)
+    assert not warned and records[0].kernel is not None

@@ -29,7 +29,7 @@ def _check(fn, *args):
     want = want if isinstance(want, tuple) else (want,)
     for got, ref in zip(out, want, strict=True):
         if ref.is_floating_point():
-            torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5, equal_nan=True)
         else:
             assert got.dtype == ref.dtype and torch.equal(got.cpu(), ref)
     assert not warned and all(r.artifact is not None for r in records if r.kernel is not None)
@@ -59,3 +59,15 @@ def test_a_scan_that_is_only_reduced():
     _check(lambda a: torch.cumprod(a % 3 - 1, 0).sum(0, keepdim=True),
            torch.randint(-1000, 1000, (64,), generator=_g(6)))
     _check(lambda a: torch.cumsum(a, 1).amin(1, keepdim=True), torch.randn(1, 67, generator=_g(7)))
+
+
+def test_a_constant_row_with_inf_or_nan_has_eager_variance_and_product_sign(monkeypatch):
+    """Welford turns inf and nan into a nan mean and variance; and K odd copies of -1 multiply to
+    -1, where fp32 cannot hold K the product is refused (runs on the CPU) rather than computed
+    as (-1) ** float(K) == 1 (both found in review)."""
+    a = torch.randn(300_000, 4, generator=_g(8))  # rows too long: a chunked plan
+    c = torch.tensor([[float("inf"), float("nan"), 1.0, 2.0]])
+    _check(lambda x, y: ((x + y.expand(300_000, 4)).sum(0), y.expand(300_000, 4).var(0)), a, c)
+    monkeypatch.delenv("SPYRE_STRICT")
+    out, _, _, warned, _ = compile_on_spyre(lambda x: x.expand(1, 2 ** 24 + 1).prod(-1), torch.tensor([[-1.0]]))
+    assert out[0].item() == -1.0 and warned

@@ -37,10 +37,7 @@ from ..kernel_ir import Cast, Load, PointwiseKernel
 from ._dump import Describable
 
 FLOATS = ("fp16", "bf16", "fp32")
-# Reduction kernels (reduction_lowering.py) do their integer work in int32 and keep int64 tiles
-# only to widen index results (argmax) for their store, so they refuse other int64 values.
-POINTWISE_DTYPES = tuple(d for d in DTYPES if d != "int64")
-# Pointwise kernels (issue 9) compute int64 values in int64 tiles: exact, never narrowed.
+# Kernels compute int64 values in int64 tiles (issue 9): exact, never narrowed.
 TILE_DTYPES = tuple(DTYPES)
 
 

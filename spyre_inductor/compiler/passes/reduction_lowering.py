@@ -66,6 +66,7 @@ codegen resolves for the full chunk and the remainder chunk.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -275,8 +276,9 @@ def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
     b.looped = looped
     # a scan's values are full-space even when nothing full-space is stored (cumsum(x).sum())
     b.one_row = all(d == 1 for d in outer) and (any(rs for _, rs in acc_strides[n_loads:]) or kernel.has_scan)
+    names = loads_and_stores(kernel)
     for k, (os_, rs) in enumerate(acc_strides):
-        access = loads_and_stores(kernel)[k]
+        access = names[k]
         if rs < 0 or any(s < 0 for s in os_ + looped_strides[k]):
             raise Unsupported(f"{where}: {access} walks its buffer backwards (a negative stride, e.g. a flip); "
                               f"reduction tiles move forward rows")
@@ -462,25 +464,33 @@ class _Builder:
     def _of_a_constant(self, i, v: Reduction, arg: str) -> None:
         """A reduction of a value that does not vary over the reduced dim (an argmax over a dim
         of 1 summed, a broadcast constant): K copies of it, computed without a loop."""
-        space, K = self.vspace[v.arg], self.K * _product(self.looped)
+        space, K = self.vspace[v.arg], self.K * math.prod(self.looped)
         self.vspace[i], self.depth[i] = space, self.depth[v.arg]
         adt = self.tiles[arg].dtype
         if v.op in INDEX_OPS:  # every element ties: the first index
             self.vtile[i] = self.const(0, "int32")
             self.vspace[i] = "S"
             return
-        if v.op in WELFORD:
-            if v.op == "welford_mean":
+        if v.op == "welford_weight":
+            self.vtile[i], self.vspace[i] = self.const(float(K), "fp32"), "S"
+            return
+        if v.op in WELFORD:  # as eager's Welford: an inf or nan turns the mean (K > 1) and m2 into nan
+            nan_or_0 = self.new("t", "fp32", space, "work")
+            self.emit(i, RStep("binary", "sub", nan_or_0, (arg, arg)), space)
+            if v.op == "welford_mean" and K == 1:
                 self.vtile[i] = arg
-            else:
-                self.vtile[i] = self.const(0.0 if v.op == "welford_m2" else float(K), "fp32")
-                self.vspace[i] = "S"
+                return
+            self.vtile[i] = self.new("t", "fp32", space, "work")
+            step = ("add", (arg, nan_or_0)) if v.op == "welford_mean" else ("add", (nan_or_0, nan_or_0))
+            self.emit(i, RStep("binary", step[0], self.vtile[i], step[1]), space)
             return
         if v.op in ("any", "all"):
             dtype, step = "bool", ("binary", "ne", (arg, self.const(0.0, "fp32") if adt in FLOATS
                                                    else self.const(0, "int32")))
         else:
             dtype = self._accumulator(i, v, "int32" if adt == "bool" else adt, f"{v.op} of")
+            if v.op == "prod" and dtype == "fp32" and K > 2 ** 24:  # fp32 would round an odd K even
+                raise Unsupported(f"{self.where}: value {i}: a float product of {K} copies of one value")
             k = self.const(float(K), "fp32") if dtype == "fp32" else self.const(K, dtype)
             step = {"sum": ("binary", "mul", (arg, k)), "prod": ("binary", "pow", (arg, k)),
                     "max": ("unary", "copy", (arg,)), "min": ("unary", "copy", (arg,))}[v.op]
@@ -636,8 +646,8 @@ class _Builder:
 
     def _ring_scan(self, outer_map) -> ReductionLowering:
         """Ring mode for scans (module docstring): one resident slice per core, split at the scans."""
-        if self.red or self.group_loads:
-            raise Unsupported(f"{self.where}: scans next to reductions or per-row loads: no ring plan")
+        if self.red or self.group_loads or self.outer_stores or self.o_steps:
+            raise Unsupported(f"{self.where}: scans next to reductions or per-row values: no ring plan")
         before, after = _split_at_scans(self.resident_steps)
         totals = []
         for st in after:
@@ -651,7 +661,8 @@ class _Builder:
                     raise Unsupported(f"{self.where}: a float cumprod: no ring plan")
                 totals.append(RStep("reduce", st.op, carry, (arg,)))  # this slice's total
         after = [replace(st, args=(st.args[0], f"in:{st.args[1]}")) if st.kind == "scan" else st for st in after]
-        p = RPass(1, (), tuple(self.f_loads.values()), tuple(_fold_copies(before, self.tiles)) + tuple(totals),
+        before = _fold_copies(before, self.tiles, later=totals + after)  # the totals and scans read them
+        p = RPass(1, (), tuple(self.f_loads.values()), tuple(before) + tuple(totals),
                   tuple((t, a) for t, a, _ in self.f_stores), (),
                   "the core's slice resident: reduced to its total, scanned from the earlier cores' prefix")
         return ReductionLowering(
@@ -697,8 +708,11 @@ class _Builder:
                 if stores:
                     why.append("the epilogue stores, which need the complete reductions")
                 passes.append(RPass(p, init, loads, tuple(steps), stores, post, "; ".join(why)))
-            passes = tuple(replace(p, post=tuple(_fold_copies(p.post, tiles))) for p in passes)
             post = tuple(_fold_copies([s for d, s in self.o_steps if d >= n], tiles))
+            # a per-row value computed after pass p's chunks may be read by any later pass
+            passes = tuple(replace(p, post=tuple(_fold_copies(
+                p.post, tiles, later=[s for q in passes[k + 1:] for s in q.init + q.steps + q.post] + list(post))))
+                for k, p in enumerate(passes))
         pre = tuple(s for d, s in self.o_steps if d == 0)
         if self.mode != "resident" and pre:
             passes = (replace(passes[0], init=pre + passes[0].init),) + passes[1:]
@@ -721,13 +735,6 @@ def _split_at_scans(steps) -> tuple[list, list]:
     return before, after
 
 
-def _product(dims) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
-
-
 def _identity(op: str, dtype: str):
     """The fill that starts an accumulator: max/min of integers start from the dtype's bounds."""
     if dtype in INTEGERS and op in ("max", "min"):
@@ -736,11 +743,12 @@ def _identity(op: str, dtype: str):
     return int(IDENTITY[op]) if dtype in INTEGERS else IDENTITY[op]
 
 
-def _fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan")) -> list:
+def _fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan"), later=()) -> list:
     """A stored value's final copy (the rounding) folded into the step that computes it, when
-    that step's result is an F work tile nobody else reads: the sfp writes fp32 results straight
-    into the output tile, rounding once, and saves a pass over the tile."""
-    steps = list(steps)
+    that step's result is a work tile nobody else reads, in `steps` or in the `later` steps that
+    run after them: the sfp writes fp32 results straight into the output tile, rounding once,
+    and saves a pass over the tile."""
+    steps, later = list(steps), list(later)
     out = []
     for k, st in enumerate(steps):
         src = tiles.get(st.args[0]) if st.args else None
@@ -749,7 +757,7 @@ def _fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan")) -> l
                 and src.role == "work" and src.space == tiles[st.dst].space
                 and (src.dtype == tiles[st.dst].dtype or (src.dtype == "fp32" and tiles[st.dst].dtype in FLOATS))
                 and not any(st.args[0] in (o.args + (o.dst,)) for o in out[:-1])
-                and not any(st.args[0] in o.args for o in steps[k + 1:])):
+                and not any(st.args[0] in o.args for o in steps[k + 1:] + later)):
             out[-1] = replace(out[-1], dst=st.dst)
             continue
         out.append(st)
