@@ -219,6 +219,34 @@ def _check(plan: JobPlan, args) -> None:
             raise LaunchError(f"{where}: expected shape {list(spec.shape)}, got {list(t.shape)}")
         if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
             raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
+    _check_overlap(plan, args)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _check_overlap(plan: JobPlan, args) -> None:
+    """A written argument may share bytes with another only as the very same tensor layout (an
+    in-place update): a program reads and writes tile by tile, so an output that overlaps another
+    argument elsewhere would read what it has already written. Refused conservatively, by byte
+    span (two interleaved views of one buffer are refused too)."""
+    for i, spec in enumerate(plan.args):
+        if spec.role not in ("output", "inout") or args[i].numel() == 0:
+            continue
+        lo, hi = _span(args[i])
+        for j, other in enumerate(plan.args):
+            t = args[j]
+            if j == i or t.numel() == 0:
+                continue
+            olo, ohi = _span(t)
+            same = (t.data_ptr(), tuple(t.shape), t.stride()) == (args[i].data_ptr(), tuple(args[i].shape),
+                                                                  args[i].stride())
+            if lo < ohi and olo < hi and not same:
+                raise LaunchError(f"kernel {plan.name!r}: argument {spec.index} ({spec.name!r}, {spec.role}) "
+                                  f"overlaps argument {other.index} ({other.name!r}, {other.role}) in device "
+                                  f"memory without being the same tensor; pass separate buffers")
 
 
 def _slot_words(nbytes: int, bound) -> torch.Tensor:

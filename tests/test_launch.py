@@ -87,6 +87,18 @@ def test_bad_arguments_raise_naming_the_argument_and_leave_the_device_usable(add
     torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
 
 
+def test_an_output_overlapping_an_input_is_refused_unless_it_is_the_same_tensor(add_plan):
+    x, y, xs, ys, out = operands(8)
+    both = torch.empty((2 * SHAPE[0], SHAPE[1]), device="spyre")
+    both[: SHAPE[0]].copy_(xs)
+    shifted = both[1: SHAPE[0] + 1]  # shares all but one row with the input
+    with pytest.raises(LaunchError, match=r"argument 2 \('out', output\) overlaps argument 0 \('x', input\)"):
+        launch_jobplan(add_plan, [both[: SHAPE[0]], ys, shifted])
+    launch_jobplan(add_plan, [xs, ys, xs])  # in place: the same tensor in both roles
+    torch.spyre.synchronize()
+    torch.testing.assert_close(xs.cpu(), x + y, rtol=0, atol=0)
+
+
 def test_a_launch_that_fails_on_the_device_leaves_it_usable(tmp_path, add_plan):
     k = KernelBuilder("idiv", (64,))
     for name in ("a", "b", "out"):
