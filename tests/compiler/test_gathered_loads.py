@@ -5,7 +5,8 @@ the innermost outer dim and transposed on chip. An operand that walks
 neither contiguously (transposed in another pair of dims), or a per-column
 weight read with a stride along the reduced dim (``w[::2]``), is gathered:
 each tile row's elements are loaded one per stick into a column and
-transposed into the row. Before this, the strided weight was read as if it
+transposed into the row (a result laid out that way is scattered: the mirror
+image). Before this, the strided weight was read as if it
 were contiguous: a silently wrong result (fixed, pinned below); the other
 case fell back to the CPU (the graph fuzzer's seed-42 findings). An operand
 walked backwards (a flip) is refused, and runs correctly on the CPU: tiles
@@ -77,3 +78,15 @@ def test_a_flipped_operand_runs_correctly_on_the_cpu(monkeypatch):
     for got, want in zip(out, fn(x), strict=True):
         torch.testing.assert_close(got.cpu(), want, **TOL)
     assert warned and any("backwards" in (r.fallback_reason or "") for r in records)
+
+
+def test_a_result_whose_layout_walks_neither_dim_is_scattered():
+    """The store's mirror image (fuzzer seed 99): the output is contiguous in an outer dim the
+    kernel does not walk innermost, so each tile row is transposed into a column and stored one
+    element per stick."""
+    x = _rand((6, 70, 40), 9)
+    _check(lambda a: a.transpose(1, 2).softmax(0), x)
+    _check(lambda a: a.transpose(1, 2).cumsum(0) * 2, x)
+    i = torch.randint(-2, 3, (3, 130, 5), generator=torch.Generator().manual_seed(19845)).transpose(-1, -2)
+    out, _, records, warned, _ = compile_on_spyre(lambda a: torch.cumprod(1 - a % 2 * 2, 0), i)
+    assert torch.equal(out[0].cpu(), torch.cumprod(1 - i % 2 * 2, 0)) and not warned

@@ -208,7 +208,16 @@ class _Core:
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         dst = self.dev(u, a, group, chunk)
-        if a.transposed:
+        if a.gathered:  # row by row: transposed into a [kc, 1] column, stored one element per stick
+            col = self.plan.at(f"{tile}^col", copy)
+            element = self.element(a, group, chunk)
+            o = a.outer_strides[self.odim] if a.outer_strides else 0
+            for i in u.range(g):
+                u.emit(Transpose(u.tile(col.offset, a.dtype, kc, 1, STICK),
+                                 u.tile(al.offset + i * al.row_stride, a.dtype, 1, kc, al.row_stride)),
+                       Store(u.dev(a.buffer, (element + i * o) * isz), u.sp(col.offset), kc, isz,
+                             a.r_stride * isz if kc > 1 else 0, STICK))
+        elif a.transposed:
             st = self.plan.at(f"{tile}^T", copy)
             u.emit(Transpose(u.tile(st.offset, a.dtype, kc, g, st.row_stride),
                              u.tile(al.offset, a.dtype, g, kc, al.row_stride)),

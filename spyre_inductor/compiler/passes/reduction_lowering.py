@@ -25,8 +25,9 @@ must be contiguous) and the load/store unit transposes it on chip into the
 kernel transpose back. A load that walks neither r nor o contiguously (an
 operand transposed in another pair of dims), and an R load whose r is
 strided, is *gathered*: each tile row's Kc elements are loaded one per
-stick into a [Kc, 1] column and transposed into the row. That moves a whole
-stick per element (charged as such) but stays on the card.
+stick into a [Kc, 1] column and transposed into the row (a store the other
+way round: scattered). That moves a whole stick per element (charged as
+such) but stays on the card.
 
 Three modes (the planner picks; see reduction_plan.py):
 
@@ -607,10 +608,9 @@ class _Builder:
             if space == "R":
                 raise Unsupported(f"{self.where}: store to {s.buffer!r} of a value that does not vary over the outer dims")
             tr = rs != 1 and self.K > 1
-            if tr:
-                if not os_ or os_[-1] != 1:
-                    raise Unsupported(f"{self.where}: store to {s.buffer!r} walks no dim contiguously")
-                self.transposed = True
+            gathered = tr and (not os_ or os_[-1] != 1)  # neither dim contiguous: scattered
+            tr = tr and not gathered
+            self.transposed |= tr
             out = self.new("o", buf.dtype, "F", "out")
             step = RStep("unary", "copy", out, (src,))
             self.defs.setdefault(("store", s.buffer), []).append(step)
@@ -618,7 +618,7 @@ class _Builder:
             self.depth[("store", s.buffer)] = self.depth[s.value]
             self.resident_steps.append(step)
             self.f_stores.append((out, RAccess(s.buffer, buf.dtype, tuple(os_), rs, s.index.offset, tr,
-                                               looped_strides=tuple(ls_)), ("store", s.buffer)))
+                                               gathered, tuple(ls_)), ("store", s.buffer)))
         else:
             out = self.new("o", buf.dtype, "O", "out")
             step = RStep("unary", "copy", out, (src,))

@@ -87,8 +87,8 @@ def needs(low: ReductionLowering, G: int, Kc: int) -> list[tuple[str, int, int, 
     tr_loads = {t for t, a in low.passes[0].loads if a.transposed}
     for p in low.passes:
         tr_loads |= {t for t, a in p.loads + p.stores if a.transposed}
-    gathered = {t for p in low.passes for t, a in p.loads if a.gathered} | {t for t, a in low.once_loads
-                                                                             if a.gathered}
+    gathered = {t for p in low.passes for t, a in p.loads + p.stores if a.gathered} | {
+        t for t, a in low.once_loads if a.gathered}
     for t in low.tiles:
         isz = ITEMSIZE[t.dtype]
         s = streamed(low, t.name)
