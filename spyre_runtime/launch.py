@@ -228,10 +228,11 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _check_overlap(plan: JobPlan, args) -> None:
-    """A written argument may share bytes with another only as the very same tensor layout (an
-    in-place update): a program reads and writes tile by tile, so an output that overlaps another
-    argument elsewhere would read what it has already written. Refused conservatively, by byte
-    span (two interleaved views of one buffer are refused too)."""
+    """A written argument may share bytes with an input only as the very same tensor layout (an
+    in-place update: a program reads each tile before it writes it back): an output that
+    overlaps an argument elsewhere would read what it has already written, and two outputs on
+    the same bytes race. Refused conservatively, by byte span (two interleaved views of one
+    buffer are refused too)."""
     for i, spec in enumerate(plan.args):
         if spec.role not in ("output", "inout") or args[i].numel() == 0:
             continue
@@ -241,8 +242,8 @@ def _check_overlap(plan: JobPlan, args) -> None:
             if j == i or t.numel() == 0:
                 continue
             olo, ohi = _span(t)
-            same = (t.data_ptr(), tuple(t.shape), t.stride()) == (args[i].data_ptr(), tuple(args[i].shape),
-                                                                  args[i].stride())
+            same = (other.role == "input" and (t.data_ptr(), tuple(t.shape), t.stride())
+                    == (args[i].data_ptr(), tuple(args[i].shape), args[i].stride()))
             if lo < ohi and olo < hi and not same:
                 raise LaunchError(f"kernel {plan.name!r}: argument {spec.index} ({spec.name!r}, {spec.role}) "
                                   f"overlaps argument {other.index} ({other.name!r}, {other.role}) in device "

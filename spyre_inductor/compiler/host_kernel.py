@@ -204,7 +204,7 @@ class HostHandler(DefaultHandler):
         try:
             # OpsValue params: a combine_fn may use operators (a + b) as well as ops.add(a, b).
             results = combine_fn(tuple(map(OpsValue, a_names)), tuple(map(OpsValue, b_names)))
-            results = [self._arg(OpsWrapper._unwrap(r)) for r in results]
+            results = [self._arg(getattr(r, "value", r)) for r in results]  # V.ops wraps in OpsValue
             inner = self.w.lines
         finally:
             self.w.lines, self.masks = outer, masks

@@ -115,19 +115,16 @@ def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
 
 
 def _plannable_shape(kernel: PointwiseKernel | None) -> bool:
-    """False if the reduction planner would refuse the kernel's iteration space outright
-    (reduced dims that do not merge into one): fusing into such a group would turn nodes
-    that compile on their own into one CPU fallback (an unrolled softmax over dim 0 into a
-    full mean, found by the graph fuzzer). A cheap check, not a plan."""
+    """False if the reduction planner would refuse the kernel's iteration space outright: fusing
+    into such a group would turn nodes that compile on their own into one CPU fallback (found
+    by the graph fuzzer). Reduced dims that do not merge into one are planned (chunked, the
+    others looped) unless the kernel scans over them. A cheap check, not a plan."""
     if kernel is None or not kernel.reduction_ranges or 0 in kernel.reduction_ranges:
         return True
     from .passes.reduction_lowering import canonical
 
-    try:
-        canonical(kernel)
-    except Unsupported:
-        return False
-    return True
+    looped = canonical(kernel)[4]
+    return not (looped and kernel.has_scan)
 
 
 class SpyreScheduling(BaseScheduling):

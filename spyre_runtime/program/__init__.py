@@ -7,7 +7,8 @@ run_program for a hand-written program, prepare_kernel/launch_jobplan for compil
 from . import isa
 from .execute import Machine
 from .isa import (
-    Binary, Copy, EndLoop, Fence, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Select, Send, Store, Transpose, Unary,
+    Binary, Copy, EndLoop, Fence, Fill, Load, Loop, MatMul, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
+    Unary,
 )
 from .operands import STICK, Addr, DevAddr, Tile
 from .program import CoreProgram, Program, ProgramFormatError, Queue, Symbol
@@ -17,6 +18,7 @@ from .validate import ProgramError, validate
 __all__ = [
     "Addr", "Artifact", "Binary", "Copy", "CoreProgram", "DevAddr", "EndLoop", "Fill", "Load", "Loop",
     "Machine", "MatMul", "Pop", "Program", "ProgramError", "ProgramExecutable", "ProgramFormatError",
-    "Fence", "Push", "Queue", "Reduce", "STICK", "Select", "Send", "Store", "Symbol", "Tile", "Transpose", "Unary", "isa",
+    "Fence", "Push", "Queue", "Reduce", "STICK", "Scan", "Select", "Send", "Store", "Symbol", "Tile", "Transpose",
+    "Unary", "isa",
     "validate",
 ]

@@ -158,7 +158,7 @@ class Load(Instruction):
                      self.dst.at(idx), self.dst_stride, write=False)
 
     def touches(self):
-        return (("sp_rows", self.dst, self.rows, _sticks(self.row_bytes), self.dst_stride),
+        return (("sp_rows", self.dst, self.rows, sticks(self.row_bytes), self.dst_stride),
                 ("dev_rows", self.src, self.rows, self.row_bytes, self.src_stride))
 
 
@@ -183,7 +183,7 @@ class Store(Instruction):
                      self.src.at(idx), self.src_stride, write=True)
 
     def touches(self):
-        return (("sp_rows", self.src, self.rows, _sticks(self.row_bytes), self.src_stride),
+        return (("sp_rows", self.src, self.rows, sticks(self.row_bytes), self.src_stride),
                 ("dev_rows", self.dst, self.rows, self.row_bytes, self.dst_stride))
 
 
@@ -256,9 +256,6 @@ class Transpose(Instruction):
         if "none" != self.dst.broadcast or "none" != self.src.broadcast:
             return "transpose tiles cannot broadcast"
         return None
-
-
-_sticks = sticks
 
 
 # ---- processing-element array ------------------------------------------------------

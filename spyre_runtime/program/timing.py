@@ -517,6 +517,9 @@ def estimate(program, hardware=None, replicas: int = 1) -> Report:
     from .execute import Machine
 
     hw = hardware or HARDWARE
+    if replicas > 1 and len(program.cores) != 1:
+        raise ValueError(f"estimate: replicas={replicas} times ONE representative core as that many in step; "
+                         f"program {program.name!r} has {len(program.cores)} cores")
     timing = Timing(program, hw, replicas)
     # Named errors for a malformed program (unknown queue, unmatched loop, ...) instead of a
     # failure deep in the replay; validated once per program, as for a launch.

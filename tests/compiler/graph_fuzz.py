@@ -575,9 +575,10 @@ def check(graph: Graph) -> Outcome:
             problems.append(f"output {i} (v{graph.outputs[i]}, rtol {rtol:.3g}, atol {atol:.3g}): {e}")
     fallbacks = [r.ops for r in records if r.artifact is None and r.kernel is not None or r.fallback_reason]
     reasons = [f"{r.ops}: {r.fallback_reason}" for r in records if r.fallback_reason]
-    # Inductor's own fallback kernels (aten ops it does not lower) run eagerly on the device.
-    extern = sorted({line.split("(")[0].split("=")[-1].strip() for line in code.splitlines()
-                     if "torch.ops.aten." in line and "=" in line})
+    # Inductor's own fallback kernels (aten ops it does not lower, extern kernels) run eagerly.
+    from coverage_ops import extern_calls
+
+    extern = extern_calls(code)
     bad = [f for f in fallbacks + extern if not any(ok in f for ok in NOT_COMPILED)]
     if bad:
         problems.append(f"CPU fallbacks: {reasons or bad}")

@@ -36,6 +36,17 @@ def compile_on_spyre(fn, *cpu_args, device=SPYRE, **compile_kwargs):
     return out, args, records, spyre_warnings, code[0]
 
 
+def refuse_every_kernel(monkeypatch) -> None:
+    """Make the backend refuse every kernel (Unsupported "refused by the test"), so each node
+    runs as an in-graph CPU fallback kernel."""
+    from spyre_inductor.compiler import backend
+
+    def refuse(kernel, artifact_root, **kwargs):
+        raise backend.Unsupported("refused by the test")
+
+    monkeypatch.setattr(backend, "compile_kernel", refuse)
+
+
 def assert_close_to_cpu(out, ref, **tol):
     ref = ref if isinstance(ref, tuple) else (ref,)
     assert len(out) == len(ref)

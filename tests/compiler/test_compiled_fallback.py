@@ -4,10 +4,9 @@ one warning per op naming it, an error naming it under SPYRE_STRICT=1."""
 import pytest
 import torch
 
-from spyre_inductor.compiler import backend
 
 from conftest import run_python
-from inductor_helpers import assert_close_to_cpu, compile_on_spyre
+from inductor_helpers import assert_close_to_cpu, compile_on_spyre, refuse_every_kernel
 
 
 def many_unsupported(x, idx, w):
@@ -68,10 +67,7 @@ def test_strict_mode_still_compiles_supported_graphs(monkeypatch):
 
 
 def test_backend_refusal_falls_back_to_the_cpu(monkeypatch):
-    def refuse(kernel, artifact_root, **kwargs):
-        raise backend.Unsupported("refused by the test")
-
-    monkeypatch.setattr(backend, "compile_kernel", refuse)
+    refuse_every_kernel(monkeypatch)
     x, y = torch.randn(8, 8), torch.randn(8)
     fn = lambda a, b: (a + b).tanh()  # noqa: E731
     out, _, records, warned, code = compile_on_spyre(fn, x, y)

@@ -27,7 +27,7 @@ from spyre_inductor.compiler.backend import plan_kernel
 from spyre_inductor.compiler.kernel_ir import Scan
 from spyre_runtime.program.timing import estimate
 
-from inductor_helpers import compile_on_spyre
+from inductor_helpers import compile_on_spyre, refuse_every_kernel
 from pointwise_ir import contiguous
 from reduction_ir import ReductionBuilder
 
@@ -247,13 +247,8 @@ def test_max_with_indices_of_integers_and_bools(dtype):
 
 def test_the_cpu_fallback_takes_max_with_indices_of_bools(monkeypatch):
     """torch.argmax refuses bools; the fallback compares them as 0/1 (it crashed before)."""
-    from spyre_inductor.compiler import backend
-
-    def refuse(kernel, artifact_root, **kwargs):
-        raise backend.Unsupported("refused by the test")
-
     monkeypatch.delenv("SPYRE_STRICT")
-    monkeypatch.setattr(backend, "compile_kernel", refuse)
+    refuse_every_kernel(monkeypatch)
     x = torch.rand(5, 67, generator=torch.Generator().manual_seed(5)) > 0.5
     out, _, _, warned, _ = compile_on_spyre(lambda a: torch.max(a, -1), x)
     for got, want in zip(out, torch.max(x, -1), strict=True):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inductor_helpers import compile_on_spyre
+from inductor_helpers import compile_on_spyre, refuse_every_kernel
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -35,6 +35,8 @@ def _check(fn, *args, compiled=True):
         torch.testing.assert_close(got.cpu(), ref, **TOL)
     if compiled:
         assert not warned and all(r.artifact is not None for r in records if r.kernel is not None), records
+    else:  # the path under test really was the CPU fallback
+        assert warned and any(r.fallback_reason for r in records), records
     return records
 
 
@@ -72,10 +74,5 @@ def test_argmax_over_reordered_dims_returns_the_logical_index(name, path, monkey
     if path == "compiled":
         monkeypatch.setenv("SPYRE_STRICT", "1")
     else:
-        from spyre_inductor.compiler import backend
-
-        def refuse(kernel, artifact_root, **kwargs):
-            raise backend.Unsupported("refused by the test")
-
-        monkeypatch.setattr(backend, "compile_kernel", refuse)
+        refuse_every_kernel(monkeypatch)
     _check(fn, x, compiled=path == "compiled")

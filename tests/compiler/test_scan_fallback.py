@@ -29,11 +29,11 @@ from torch._inductor.codegen.common import BackendFeature
 from torch._inductor import virtualized
 from torch.utils._ordered_set import OrderedSet
 
-from spyre_inductor.compiler import backend, host_runtime
+from spyre_inductor.compiler import host_runtime
 from spyre_inductor.compiler.host_kernel import HostHandler, HostUnsupported, _Writer
 from spyre_inductor.compiler.scheduling import SpyreScheduling
 
-from inductor_helpers import compile_on_spyre
+from inductor_helpers import compile_on_spyre, refuse_every_kernel
 
 
 def _randn(shape, dtype=torch.float32, seed=0):
@@ -59,10 +59,7 @@ def _compile_and_compare(fn, *args, **tol):
 @pytest.fixture
 def cpu_only(monkeypatch):
     """The backend refuses every kernel: each node runs as a CPU fallback."""
-    def refuse(kernel, artifact_root, **kwargs):
-        raise backend.Unsupported("refused by the test")
-
-    monkeypatch.setattr(backend, "compile_kernel", refuse)
+    refuse_every_kernel(monkeypatch)
 
 
 def _assert_scan_fell_back(records, warned, code, op: str):

@@ -173,17 +173,27 @@ class _Core:
     def dev(self, u, a: RAccess, group, chunk):
         return u.dev(a.buffer, self.element(a, group, chunk) * ITEMSIZE[a.dtype])
 
-    def gather(self, u, a: RAccess, element, dst, row_stride, rows, kc, col):
-        """`rows` rows of kc elements strided by r_stride (rows apart by the innermost outer
-        stride): each row is loaded one element per stick into the [kc, 1] column `col` and
-        transposed into row i of the tile at `dst`."""
+    def o_stride(self, a: RAccess) -> int:
+        """The access's stride along the innermost outer dim (0 for a full reduction)."""
+        return a.outer_strides[self.odim] if a.outer_strides else 0
+
+    def _element_rows(self, u, a: RAccess, element, dst, row_stride, rows, kc, col, store: bool):
+        """`rows` tile rows of kc elements strided by r_stride in device memory (rows apart by
+        the innermost outer stride), one element per stick through the [kc, 1] column `col`:
+        gathered (load, then transpose into row i of the tile at `dst`) or scattered (the reverse)."""
         isz = ITEMSIZE[a.dtype]
-        o = a.outer_strides[self.odim] if a.outer_strides else 0
         for i in u.range(rows):
-            u.emit(Load(u.sp(col.offset), u.dev(a.buffer, (element + i * o) * isz), kc, isz,
-                        a.r_stride * isz if kc > 1 else 0, STICK),
-                   Transpose(u.tile(dst + i * row_stride, a.dtype, 1, kc, row_stride),
-                             u.tile(col.offset, a.dtype, kc, 1, STICK)))
+            dev = u.dev(a.buffer, (element + i * self.o_stride(a)) * isz)
+            column = u.tile(col.offset, a.dtype, kc, 1, STICK)
+            row = u.tile(dst + i * row_stride, a.dtype, 1, kc, row_stride)
+            stride = a.r_stride * isz if kc > 1 else 0
+            if store:
+                u.emit(Transpose(column, row), Store(dev, u.sp(col.offset), kc, isz, stride, STICK))
+            else:
+                u.emit(Load(u.sp(col.offset), dev, kc, isz, stride, STICK), Transpose(row, column))
+
+    def gather(self, u, a: RAccess, element, dst, row_stride, rows, kc, col):
+        self._element_rows(u, a, element, dst, row_stride, rows, kc, col, store=False)
 
     def load_f(self, u, tile, a, copy, g, kc, group, chunk):
         isz = ITEMSIZE[a.dtype]
@@ -208,15 +218,9 @@ class _Core:
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         dst = self.dev(u, a, group, chunk)
-        if a.gathered:  # row by row: transposed into a [kc, 1] column, stored one element per stick
-            col = self.plan.at(f"{tile}^col", copy)
-            element = self.element(a, group, chunk)
-            o = a.outer_strides[self.odim] if a.outer_strides else 0
-            for i in u.range(g):
-                u.emit(Transpose(u.tile(col.offset, a.dtype, kc, 1, STICK),
-                                 u.tile(al.offset + i * al.row_stride, a.dtype, 1, kc, al.row_stride)),
-                       Store(u.dev(a.buffer, (element + i * o) * isz), u.sp(col.offset), kc, isz,
-                             a.r_stride * isz if kc > 1 else 0, STICK))
+        if a.gathered:  # scattered: the mirror image of a gathered load
+            self._element_rows(u, a, self.element(a, group, chunk), al.offset, al.row_stride, g, kc,
+                               self.plan.at(f"{tile}^col", copy), store=True)
         elif a.transposed:
             st = self.plan.at(f"{tile}^T", copy)
             u.emit(Transpose(u.tile(st.offset, a.dtype, kc, g, st.row_stride),
@@ -230,7 +234,7 @@ class _Core:
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         src = self.dev(u, a, group, 0)
-        o = a.outer_strides[self.odim] if a.outer_strides else 0
+        o = self.o_stride(a)
         if o == 1 and g > 1:
             row = self.plan.at(f"{tile}^row", copy if streamed(self.low, tile) else None)
             u.emit(Load(u.sp(row.offset), src, 1, g * isz, 0, row.row_stride),
@@ -242,7 +246,7 @@ class _Core:
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         dst = self.dev(u, a, group, 0)
-        o = a.outer_strides[self.odim] if a.outer_strides else 0
+        o = self.o_stride(a)
         if o == 1 and g > 1:
             row = self.plan.at(f"{tile}^row", copy if streamed(self.low, tile) else None)
             u.emit(Transpose(u.tile(row.offset, a.dtype, 1, g, row.row_stride), u.tile(al.offset, a.dtype, g, 1, STICK)),

@@ -161,7 +161,8 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
     except Unsupported as e:  # reduced dims that do not merge: chunked plans only
         resident = None
         errors.append(str(e))
-    base = resident or lower(kernel, "chunked")
+    chunked = None if resident is not None else lower(kernel, "chunked")
+    base = resident or chunked
     granule = _granule(base)
     odim = len(base.outer) - 1
     units = _max_units(base, granule)
@@ -200,7 +201,7 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
     if resident is not None:
         search(variants, counts, resident_at, errors)
     if not results:  # the rows do not fit: chunks along the reduced dim, multi-pass if needed
-        chunked = lower(kernel, "chunked")
+        chunked = chunked or lower(kernel, "chunked")
         kg = _granule(chunked)
 
         def chunked_at(variant, n):
@@ -235,10 +236,12 @@ def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cor
             plan = fit(ring, outer_n, min(kc, -(-per // kg) * kg), buffers, kg)
             if plan.group < outer_n or (ring.after_ring and plan.chunk < per):
                 return None
-            return consider(ring, plan, "reduced dim (ring)", shares,
-                            f"ring {target // 1024}K/{buffers}b/{len(shares)}c", symmetric=False)
+            label = "resident slices" if ring.after_ring else f"{target // 1024}K/{buffers}b"
+            return consider(ring, plan, "reduced dim (ring)", shares, f"ring {label}/{len(shares)}c",
+                            symmetric=False)
 
-        search(variants, ring_counts, ring_at, errors)
+        # a scan's ring plan has one shape (the slice resident, one buffer): time it once per count
+        search(variants[:1] if ring.after_ring else variants, ring_counts, ring_at, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no reduction plan fits: {'; '.join(errors[:3])}")
     fastest = min(r[0] for r in results)

@@ -79,6 +79,8 @@ from .fusion import _isa_op
 from .layout import FLOATS, TILE_DTYPES, _canonical
 
 IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf"), "any": False, "all": True}
+# The binary step that combines two partial results of a reduction (or two scan prefixes).
+COMBINE = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "any": "or", "all": "and"}
 INTEGERS = ("int64", "int32", "int8")
 INDEX_OPS = {"argmax": "max", "argmin": "min"}
 WELFORD = ("welford_mean", "welford_m2", "welford_weight")
@@ -440,7 +442,7 @@ class _Builder:
         self.red_init[i] = [RStep("fill", "fill", t, value=_identity(op, dtype))]
         self.red_chunk[i] = [RStep("reduce", op, t, (arg,), accumulate=True)]
         self.accs.append(t)
-        comb = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "any": "or", "all": "and"}[op]
+        comb = COMBINE[op]
         self.red_combine.append(RStep("binary", comb, t, (f"in:{t}", t)))
 
     def scan(self, i, v: Scan) -> None:
@@ -459,7 +461,7 @@ class _Builder:
         self.emit(i, RStep("scan", v.op, self.vtile[i], (arg, carry)), "F")
         if self.mode == "ring":
             self.accs.append(carry)
-            self.red_combine.append(RStep("binary", {"sum": "add", "prod": "mul"}[v.op], carry,
+            self.red_combine.append(RStep("binary", COMBINE[v.op], carry,
                                           (f"in:{carry}", carry)))
 
     def _of_a_constant(self, i, v: Reduction, arg: str) -> None:
