@@ -22,6 +22,12 @@ Every operation also gets a simulated start and end on its pipeline's
 timeline: the later of its dependencies' simulated ends and its pipeline's
 previous end, plus its cost from the hardware config.
 
+Across devices: a Wait may name a signal of another device's queue (an
+event recorded on spyre:0, waited for on spyre:1). The owner of the signal
+hands the waiter back to the waiter's own queue when the signal fires
+(signal_fired, on a delivery thread, holding no queue lock), so each device's
+tickets are only ever completed, counted and woken by their own queue.
+
 A failing operation makes its stream's error sticky: later operations of that
 stream are skipped and the next query/synchronize raises, naming it, until
 clear_error(). Other streams keep working.
@@ -33,10 +39,12 @@ import collections
 import ctypes
 import heapq
 import itertools
+import queue as queue_module
 import threading
 import time
 from typing import Callable
 
+from . import signals
 from .operations import Barrier, Compute, DeviceAddress, HostCallback, Signal, Transfer, Wait
 from .signals import SoftSignal
 
@@ -68,11 +76,12 @@ class Ticket:
     __slots__ = (
         "op", "stream", "seq", "pipeline", "inline", "priority", "deps_left", "dependents",
         "edges", "ready", "done", "skipped", "error", "result", "pending_error", "deadline",
-        "ready_sim", "sim_start", "sim_end", "host_start", "host_end", "fetch_on_ready",
+        "ready_sim", "sim_start", "sim_end", "host_start", "host_end", "fetch_on_ready", "device",
     )
 
-    def __init__(self, op, stream, seq: int, inline: bool):
+    def __init__(self, op, stream, seq: int, inline: bool, device: int = -1):
         self.op = op
+        self.device = device
         self.stream = stream
         self.seq = seq
         self.pipeline = op.pipeline
@@ -180,6 +189,11 @@ class DeviceQueue:
         self.changed = threading.Condition(self.lock)
         self.pipelines = {name: _Pipeline(name, self.lock) for name in PIPELINES}
         self.streams: dict[int, _Stream] = {}
+        # Streams with unfinished work, and streams whose finished work may still
+        # order new work in simulated time: enqueueing looks at these only, so
+        # its cost does not grow with every stream ever created.
+        self._busy: dict[_Stream, None] = {}
+        self._recent: dict[_Stream, None] = {}
         self.inflight: dict[int, Ticket] = {}
         self.unsignaled: set[Ticket] = set()
         self.recorders: list[list[Ticket]] = []
@@ -198,12 +212,28 @@ class DeviceQueue:
         self._on_enqueued(stream_id, ticket.seq)
         return ticket
 
-    def _enqueue_locked(self, stream_id: int, op, inline: bool) -> Ticket:
+    def enqueue_many(self, stream_id: int, ops) -> list[Ticket]:
+        """Enqueue `ops` back to back on one stream, with nothing from another thread between
+        them: a launch's steps (patch the correction area, hold the fetch, compute) are only
+        correct as one unbroken run, since the next launch patches the same area."""
+        ops = list(ops)
+        for op in ops:
+            self._check_operation(op)
+        with self.lock:
+            tickets = [self._enqueue_locked(stream_id, op, False) for op in ops]
+        for t in tickets:
+            self._on_enqueued(stream_id, t.seq)
+        return tickets
+
+    def _check_operation(self, op) -> None:
         if getattr(op, "pipeline", None) not in _KNOWN_PIPELINES:
             raise TypeError(f"spyre:{self.device}: cannot enqueue {type(op).__name__}; operations are "
                             f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
+
+    def _enqueue_locked(self, stream_id: int, op, inline: bool) -> Ticket:
+        self._check_operation(op)
         stream = self._stream(stream_id)
-        ticket = Ticket(op, stream, next(self._seq), inline)
+        ticket = Ticket(op, stream, next(self._seq), inline, self.device)
         previous = stream.last
         self._add_dependencies(ticket, stream)
         if type(op) is Compute and hasattr(op.executable, "fetch"):
@@ -214,6 +244,8 @@ class DeviceQueue:
             else:
                 op.executable.fetch(op.bindings)
         stream.last = ticket
+        if not stream.pending:
+            self._busy[stream] = None
         stream.pending.append(ticket)
         if op.footprint.writes:
             stream.writers.append(ticket)
@@ -235,7 +267,7 @@ class DeviceQueue:
                 deps.append((stream.last, "stream"))
         ticket.ready_sim = max(ticket.ready_sim, self.sim_floor)
         footprint = op.footprint
-        others = [s for s in self.streams.values() if s is not stream and s.pending]
+        others = [s for s in self._busy if s is not stream]
         if not footprint.empty:
             for other in others:
                 # A stream finishes in order: depending on its newest
@@ -245,7 +277,8 @@ class DeviceQueue:
                     if footprint.conflicts(pending.op.footprint):
                         deps.append((pending, "derived"))
                         break
-        if isinstance(op, Barrier):
+        if isinstance(op, Barrier) and footprint.empty:
+            # A device-wide barrier: everything enqueued before it, on any stream.
             deps.extend((other.pending[-1], "barrier") for other in others)
             for other in self.streams.values():
                 if other is not stream and other.last is not None and other.last.done:
@@ -255,20 +288,7 @@ class DeviceQueue:
         elif isinstance(op, Signal):
             self._attach_signal(ticket, op.signal)
         elif isinstance(op, Wait):
-            signal = op.signal
-            if signal.ticket is None:
-                # Its Signal may still come, from any stream: count it as a
-                # dependency now and give up at the deadline.
-                ticket.deps_left += 1
-                ticket.deadline = time.monotonic() + self.wait_timeout
-                signal.waiters.append(ticket)
-                self.unsignaled.add(ticket)
-                self._start_watchdog()
-            elif signal.ticket.done:
-                ticket.ready_sim = max(ticket.ready_sim, signal.ticket.sim_end)
-                ticket.edges.append((signal.ticket, "event"))
-            else:
-                deps.append((signal.ticket, "event"))
+            self._add_wait(ticket, op.signal, deps)
         seen = set()
         for dep, why in deps:
             if dep.seq in seen:
@@ -284,8 +304,15 @@ class DeviceQueue:
         In host time it is done, but on the simulated timeline the new
         operation must not start before it ends. Looks back RECENT finished
         operations per stream (newest first: a stream's ends only grow).
+        A stream whose newest finished operation ends before what the host has
+        observed (sim_floor) can order nothing new, and is dropped from the
+        streams looked at until it finishes more work.
         """
-        for other in self.streams.values():
+        stale = []
+        for other in self._recent:
+            if other.recent[-1].sim_end <= self.sim_floor:
+                stale.append(other)
+                continue
             if other is stream:
                 continue
             for done in reversed(other.recent):
@@ -299,18 +326,63 @@ class DeviceQueue:
                     # Older operations are forgotten; each ended before the
                     # oldest remembered one started, so that start bounds them.
                     ticket.ready_sim = max(ticket.ready_sim, other.recent[0].sim_start)
+        for other in stale:
+            del self._recent[other]
+
+    def _add_wait(self, ticket: Ticket, signal: SoftSignal, deps: list) -> None:
+        with signals.lock:
+            if signal.fired:
+                ticket.ready_sim = max(ticket.ready_sim, signal.fired_ns)
+                ticket.edges.append((signal.ticket, "event"))
+                return
+            if signal.owner is self:
+                deps.append((signal.ticket, "event"))
+                return
+            # Not enqueued yet (it may still come, from any stream of any device), or
+            # enqueued on another device: count it as a dependency now; its owner hands
+            # this ticket back to us when it fires (signal_fired).
+            ticket.deps_left += 1
+            signal.waiters.append((self, ticket))
+            if signal.ticket is not None:
+                return
+        ticket.deadline = time.monotonic() + self.wait_timeout
+        self.unsignaled.add(ticket)
+        self._start_watchdog()
 
     def _attach_signal(self, ticket: Ticket, signal: SoftSignal) -> None:
-        if signal.ticket is not None:
-            raise ValueError(f"{signal!r} is single-use and was already enqueued")
-        signal.ticket = ticket
-        for waiter in signal.waiters:
+        with signals.lock:
+            if signal.ticket is not None:
+                raise ValueError(f"{signal!r} is single-use and was already enqueued")
+            signal.ticket = ticket
+            signal.owner = self
+            mine = [w for q, w in signal.waiters if q is self]
+            signal.waiters = [(q, w) for q, w in signal.waiters if q is not self]
+        for waiter in mine:
             # The waiter's placeholder dependency now stands for this ticket.
             waiter.deadline = None
             self.unsignaled.discard(waiter)
             waiter.edges.append((ticket, "event"))
             ticket.dependents.append(waiter)
-        signal.waiters.clear()
+
+    def _fire(self, t: Ticket) -> None:
+        """A Signal completed: waiters on other devices go back to their own queues."""
+        signal = t.op.signal
+        with signals.lock:
+            signal.fired_ns = t.sim_end
+            remote, signal.waiters = signal.waiters, []
+        for q, waiter in remote:
+            _deliver(q, waiter, t)
+
+    def signal_fired(self, waiter: Ticket, source: Ticket) -> None:
+        """Another device's signal that `waiter` (a Wait of this queue) waited for has fired."""
+        with self.lock:
+            self.unsignaled.discard(waiter)
+            waiter.deadline = None
+            waiter.ready_sim = max(waiter.ready_sim, source.sim_end)
+            waiter.edges.append((source, "event"))
+            waiter.deps_left -= 1
+            if waiter.deps_left == 0:
+                self._make_ready([waiter])
 
     def _stream(self, stream_id: int) -> _Stream:
         stream = self.streams.get(stream_id)
@@ -353,6 +425,10 @@ class DeviceQueue:
         self.inflight.pop(t.seq, None)
         stream = t.stream
         _drop(stream.pending, t)
+        if not stream.pending:
+            del self._busy[stream]
+        if type(t.op) is Signal:
+            self._fire(t)
         if stream.writers and t.op.footprint.writes:
             _drop(stream.writers, t)
         raise_to_caller = isinstance(t.op, HostCallback) and t.op.raise_to_caller
@@ -376,6 +452,7 @@ class DeviceQueue:
         t.op = _Finished(t.op.name, footprint)
         if not footprint.empty and not t.skipped:
             stream.recent.append(t)
+            self._recent[stream] = None
         t.dependents = []
         if self.recorders:
             for rec in self.recorders:
@@ -499,7 +576,7 @@ class DeviceQueue:
             self.sim_floor = max(self.sim_floor, sim_time)
 
     def _execute_direct(self, op):
-        probe = Ticket(op, _Stream(-1, 0), 0, True)
+        probe = Ticket(op, _Stream(-1, 0), 0, True, self.device)
         _, error = self._execute(probe)
         if error is not None:
             raise error
@@ -581,7 +658,14 @@ class DeviceQueue:
                 ready = []
                 for t in expired:
                     self.unsignaled.discard(t)
-                    t.op.signal.waiters.remove(t)
+                    signal = t.op.signal
+                    with signals.lock:
+                        enqueued = signal.ticket is not None
+                        if not enqueued:
+                            signal.waiters.remove((self, t))
+                    if enqueued:  # on another device, meanwhile: its firing releases t
+                        t.deadline = None
+                        continue
                     t.pending_error = WaitTimeout(
                         f"spyre:{self.device} stream {t.stream.id}: {t.name} waited "
                         f"{self.wait_timeout:g} s for a signal that was never enqueued"
@@ -598,3 +682,29 @@ class DeviceQueue:
     def sim_busy_ns(self) -> dict[str, float]:
         with self.lock:
             return {name: p.sim_busy for name, p in self.pipelines.items()}
+
+
+# ---- handing waiters back to their own device ---------------------------------------------
+
+_deliveries: queue_module.SimpleQueue = queue_module.SimpleQueue()
+_delivery_thread: threading.Thread | None = None
+_delivery_start = threading.Lock()
+
+
+def _deliver(q: DeviceQueue, waiter: Ticket, source: Ticket) -> None:
+    """Tell `q` (outside the firing queue's lock: two devices may wait on each other) that
+    the signal `waiter` waited for has fired."""
+    global _delivery_thread
+    _deliveries.put((q, waiter, source))
+    if _delivery_thread is None:
+        with _delivery_start:
+            if _delivery_thread is None:
+                _delivery_thread = threading.Thread(target=_deliver_forever, name="spyre-signal-delivery",
+                                                    daemon=True)
+                _delivery_thread.start()
+
+
+def _deliver_forever() -> None:
+    while True:
+        q, waiter, source = _deliveries.get()
+        q.signal_fired(waiter, source)

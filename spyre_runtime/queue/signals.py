@@ -2,30 +2,45 @@
 
 A signal is fired by exactly one Signal operation. A user-facing event maps
 to a fresh signal each time it is recorded.
+
+A signal is also where two devices' queues meet: a Wait may be enqueued on
+one device for a signal enqueued (or still to be enqueued) on another. Each
+queue keeps its own lock and its own bookkeeping; what they share is this
+record, guarded by one lock that is never held while taking a queue's lock.
+A queue that fires a signal hands each waiter of another queue back to that
+queue (DeviceQueue.signal_fired), so a wait and everything behind it always
+completes on its own device.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 
 _ids = itertools.count(1)
 
+# Guards every signal's ticket, owner, fired_ns and waiters. Taken while a
+# queue's lock is held (queue lock, then this), never the other way round.
+lock = threading.Lock()
+
 
 class SoftSignal:
-    __slots__ = ("ident", "ticket", "waiters")
+    __slots__ = ("ident", "ticket", "owner", "fired_ns", "waiters")
 
     def __init__(self):
         self.ident = next(_ids)
-        self.ticket = None  # the Signal operation's ticket, once enqueued
-        self.waiters = []   # Wait tickets enqueued before the Signal was
+        self.ticket = None    # the Signal operation's ticket, once enqueued
+        self.owner = None     # the queue it was enqueued on
+        self.fired_ns = None  # its simulated end, once it fired
+        self.waiters = []     # (queue, Wait ticket) to release when it fires
 
     @property
     def fired(self) -> bool:
-        return self.ticket is not None and self.ticket.done
+        return self.fired_ns is not None
 
     @property
     def sim_time_ns(self) -> float | None:
-        return self.ticket.sim_end if self.fired else None
+        return self.fired_ns
 
     def __repr__(self) -> str:
         state = "fired" if self.fired else ("enqueued" if self.ticket else "pending")
