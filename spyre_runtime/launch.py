@@ -9,7 +9,10 @@ turns the execution plan into typed steps.
 ``launch_jobplan(plan, args)`` checks the arguments against the launch spec
 (raising, naming the argument, before anything is enqueued: a bad call
 leaves the device untouched), resolves each argument's (region, offset),
-and enqueues the plan's steps on the current stream without waiting:
+and enqueues the plan's steps on the current stream without waiting, as one
+unbroken run (DeviceQueue.enqueue_many): every launch of a plan patches the
+same correction area, so another thread's launch between this one's patch
+and its compute would hand this compute the other's addresses.
 
 1. a HostCallback writes the addresses into a pinned staging buffer
    (a completion-gated pool; filled in stream order, so a buffer whose
@@ -17,7 +20,9 @@ and enqueues the plan's steps on the current stream without waiting:
 2. a Transfer copies the staging buffer into the correction area;
 3. a Barrier holds program distribution: the device fetches a program and
    its correction area ahead of execution, and without the Barrier the
-   fetch could read the previous launch's addresses;
+   fetch could read the previous launch's addresses. It is scoped to the
+   program's memory: it waits for its stream and for other streams' writes
+   to that memory, not for unrelated work on every stream;
 4. a Compute runs the program (run.ProgramExecutable), with a footprint of
    what it reads and writes so the queue layer orders it against other
    streams' work.
@@ -156,10 +161,18 @@ def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step
             steps.append(RunProgram(reads, writes))
         else:
             raise ValueError(f"{where}: unknown step {s!r}")
-    staging = next((st.nbytes for st in steps if isinstance(st, ResolveAddresses)), 0)
-    if any(isinstance(st, PatchCorrectionArea) and st.nbytes > staging for st in steps):
-        raise ValueError(f"{where}: the correction transfer reads past its {staging}-byte staging buffer")
+    shape = [type(st) for st in steps]
+    if shape != list(_PLAN_SHAPE):
+        raise ValueError(f"{where}: steps {[t.__name__ for t in shape]}; a launch is exactly "
+                         f"{[t.__name__ for t in _PLAN_SHAPE]}, in that order (without the barrier the "
+                         f"fetch reads unpatched addresses; a second compute would run on them unpatched)")
+    if steps[1].nbytes > steps[0].nbytes:
+        raise ValueError(f"{where}: the correction transfer reads past its {steps[0].nbytes}-byte staging buffer")
     return tuple(steps)
+
+
+# The one plan shape the compiler emits (templates/execution_plan.json.j2) and this layer runs.
+_PLAN_SHAPE = (ResolveAddresses, PatchCorrectionArea, HoldFetch, RunProgram)
 
 
 def _check_binding(where: str, slot: int, sym, arg: ArgSpec) -> None:
@@ -219,6 +232,13 @@ def _check(plan: JobPlan, args) -> None:
             raise LaunchError(f"{where}: expected shape {list(spec.shape)}, got {list(t.shape)}")
         if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
             raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
+        if t.numel() > 0:
+            needed = (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) \
+                * t.element_size()
+            have = t.untyped_storage().nbytes()
+            if have < needed:
+                raise LaunchError(f"{where}: its storage holds {have} bytes but the tensor reaches byte {needed} "
+                                  f"(was the storage resized under it?)")
     _check_overlap(plan, args)
 
 
@@ -288,34 +308,31 @@ def launch_jobplan(plan: JobPlan, args) -> None:
     device = plan.device
     queue, stream = current().queue(device), _C.current_stream_id(device)
     alloc = plan.allocation
-    staged = None
-    for step in plan.steps:
-        if isinstance(step, ResolveAddresses):
-            words = _slot_words(step.nbytes, [(slot, args[i]) for slot, i in step.slots])  # storage is fixed now
-            staged = _staging.acquire(step.nbytes, stream=(device, stream), filled_in_stream_order=True)
-            buf = staged
+    resolve, patch, _, run = plan.steps  # the plan's shape is checked by prepare_kernel
+    words = _slot_words(resolve.nbytes, [(slot, args[i]) for slot, i in resolve.slots])  # storage is fixed now
+    staged = _staging.acquire(resolve.nbytes, stream=(device, stream), filled_in_stream_order=True)
 
-            def fill(buf=buf, words=words):
-                buf.memory[: words.numel() * 8].copy_(words.view(torch.uint8))
+    def fill(buf=staged, words=words):
+        buf.memory[: words.numel() * 8].copy_(words.view(torch.uint8))
 
-            queue.enqueue(stream, HostCallback(fill, name=f"{plan.name}: resolve addresses"))
-        elif isinstance(step, PatchCorrectionArea):
-            if staged is None:
-                raise ValueError(f"execution plan of {plan.name!r}: correction transfer before addresses")
-            dst = DeviceAddress(plan.artifact.region, plan.artifact.offset + step.offset)
-            ticket = queue.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(staged.address), dst,
-                                                    step.nbytes, keepalive=staged.memory))
-            _staging.release(staged, ticket, (device, stream))
-            staged = None
-        elif isinstance(step, HoldFetch):
-            queue.enqueue(stream, Barrier(name=f"{plan.name}: hold program fetch"))
-        elif isinstance(step, RunProgram):
-            reads = [args[i] for i in step.reads] + [alloc]
-            writes = [args[i] for i in step.writes]
-            if any(sym.role == "temp" for sym in plan.program.symbols):
-                writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
-            queue.enqueue(stream, Compute(plan.executable, plan.artifact, footprint(reads=reads, writes=writes),
-                                          name=plan.name))
+    reads = [args[i] for i in run.reads] + [alloc]
+    writes = [args[i] for i in run.writes]
+    if any(sym.role == "temp" for sym in plan.program.symbols):
+        writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
+    ops = (
+        HostCallback(fill, name=f"{plan.name}: resolve addresses"),
+        Transfer(TransferKind.H2D, HostAddress(staged.address),
+                 DeviceAddress(plan.artifact.region, plan.artifact.offset + patch.offset), patch.nbytes,
+                 keepalive=staged.memory),
+        Barrier(name=f"{plan.name}: hold program fetch", footprint=footprint(reads=[alloc])),
+        Compute(plan.executable, plan.artifact, footprint(reads=reads, writes=writes), name=plan.name),
+    )
+    try:
+        tickets = queue.enqueue_many(stream, ops)
+    except BaseException:
+        _staging.release(staged, None, (device, stream))  # nothing will read it
+        raise
+    _staging.release(staged, tickets[1], (device, stream))
 
 
 # ---- running a (hand-written) program once, blocking ------------------------------------

@@ -186,9 +186,17 @@ class Wait(_OnSignal):
 
 @dataclass(frozen=True)
 class Barrier(_Control):
-    """Hold the stream until every operation enqueued before it, on any stream, is done."""
+    """Hold the stream until earlier work is done.
+
+    Without a footprint it is device-wide: every operation enqueued before it,
+    on any stream. With one it holds only what it must: its own stream's
+    earlier work and other streams' unfinished work that conflicts with the
+    footprint (for a launch, writes to the program memory its fetch reads), so
+    an unrelated stream's copies or a stuck stream do not stall it.
+    """
 
     name: str = "barrier"
+    footprint: Footprint = NO_FOOTPRINT
 
 
 Operation = HostCallback | Transfer | Compute | Signal | Wait | Barrier
