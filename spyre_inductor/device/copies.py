@@ -109,9 +109,10 @@ def _device_to_host(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) ->
 def _device_to_device(src: torch.Tensor, dst: torch.Tensor) -> None:
     device = dst.device.index
     if src.device != dst.device:
-        # No edges cross devices: let the source's work finish, then copy in
-        # the destination's stream order.
-        queues.queue(src.device.index).synchronize_stream(queues.current_stream(src.device.index))
+        # Footprints do not cross devices: wait until the source device has finished what
+        # writes the source (its current stream's earlier work and other streams' writers),
+        # then copy in the destination's stream order, against the destination's streams.
+        queues.run_on_host(src.device.index, lambda: None, reads=(src,), name="d2d (cross-device): source ready")
         queues.run_on_host(device, lambda: _C.host_alias(dst).copy_(_C.host_alias(src)),
                            writes=(dst,), name="d2d (cross-device)")
         return
