@@ -205,6 +205,10 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
         steps = _steps(plan_doc, program, args)
     except FileNotFoundError as e:
         raise ValueError(f"{root} is not a complete spyre artifact: {e.filename} is missing") from None
+    except IsADirectoryError as e:
+        raise ValueError(f"{root} is not a spyre artifact: {e.filename} is a directory, not a file") from None
+    except OSError as e:
+        raise ValueError(f"{root}: cannot read the artifact: {e}") from None
     except (KeyError, TypeError) as e:
         raise ValueError(f"{root}: malformed artifact ({type(e).__name__}: {e})") from None
     except ValueError as e:  # bad JSON, format, checksum, and the checks against the program

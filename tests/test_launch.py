@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from spyre_inductor.compiler.backend import compile_kernel
 from spyre_runtime.launch import (
     HoldFetch, LaunchError, PatchCorrectionArea, ResolveAddresses, RunProgram, launch_jobplan, prepare_kernel,
 )
-from spyre_runtime.queue import HostCallback
+from spyre_runtime.queue import HostCallback, Signal, SoftSignal, Wait
 from spyre_runtime.queue.runtime import current
 from spyre_runtime import _C
 
@@ -169,3 +170,68 @@ def test_arguments_must_be_a_list_of_tensors(add_plan):
     x, y, xs, ys, out = operands(6)
     with pytest.raises(LaunchError, match="must be a list of tensors"):
         launch_jobplan(add_plan, xs)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda steps: [s for s in steps if s["kind"] != "barrier"], "a launch is exactly"),
+    (lambda steps: steps + [dict(steps[-1])], "a launch is exactly"),
+    (lambda steps: [steps[0], steps[2], steps[1], steps[3]], "a launch is exactly"),
+])
+def test_an_execution_plan_of_another_shape_is_refused(tmp_path, edit, match):
+    """Without its barrier the fetch reads unpatched addresses; a second compute would run on
+    them unpatched; reordered steps patch after the fetch. prepare_kernel accepted all three
+    and the launches then ran wrongly."""
+    d = compile_kernel(binary_kernel("mul", (64,), "fp32"), tmp_path)
+    _edit_json(d / "execution_plan.json", lambda doc: doc.update(steps=edit(doc["steps"])))
+    with pytest.raises(ValueError, match=match):
+        prepare_kernel(d)
+
+
+def test_a_program_json_that_is_a_directory_is_refused_naming_it(tmp_path):
+    d = compile_kernel(binary_kernel("mul", (64,), "fp32"), tmp_path)
+    (d / "program.json").unlink()
+    (d / "program.json").mkdir()
+    with pytest.raises(ValueError, match=r"program.json.* is a directory"):
+        prepare_kernel(d)
+
+
+def test_a_storage_resized_to_zero_under_an_argument_is_refused_at_the_launch(add_plan):
+    """Before, the launch passed its checks and the program then failed on the device naming
+    a nonsense region handle, leaving the stream in error."""
+    x, y, xs, ys, out = operands(9)
+    ys.untyped_storage().resize_(0)
+    with pytest.raises(LaunchError, match=r"argument 1 \('y', input\): its storage holds 0 bytes"):
+        launch_jobplan(add_plan, [xs, ys, out])
+    small = torch.empty(SHAPE, device="spyre")
+    small.untyped_storage().resize_(64)
+    with pytest.raises(LaunchError, match=r"argument 2 \('out', output\): its storage holds 64 bytes"):
+        launch_jobplan(add_plan, [xs, xs, small])
+    torch.spyre.synchronize()  # nothing was enqueued: the stream is fine
+    launch_jobplan(add_plan, [xs, xs, out])
+    torch.spyre.synchronize()
+    torch.testing.assert_close(out.cpu(), x + x, rtol=0, atol=0)
+
+
+def test_a_launch_does_not_wait_for_unrelated_work_on_other_streams(add_plan):
+    """The fetch barrier holds only the program's own memory: before, every launch waited for
+    everything enqueued earlier on every stream (an independent kernel waited behind another
+    stream's copies, and one stuck stream stalled every launch until the wait timeout)."""
+    x, y, xs, ys, out = operands(10)
+    other = torch.zeros(SHAPE, device="spyre")
+    torch.spyre.synchronize()
+    stuck = torch.spyre.Stream()
+    release = SoftSignal()
+    current().queue(0).enqueue(stuck.stream_id, Wait(release))  # held until we signal
+    with torch.spyre.stream(stuck):
+        other.copy_(xs, non_blocking=True)  # unrelated work queued behind the wait
+    launch_jobplan(add_plan, [xs, ys, out])
+    deadline = time.monotonic() + 10
+    finished = False
+    while not finished and time.monotonic() < deadline:
+        finished = torch.spyre.current_stream().query()
+        time.sleep(0.001)
+    current().queue(0).enqueue(stuck.stream_id, Signal(release))
+    stuck.synchronize()
+    assert finished, "the launch waited for an unrelated stream"
+    torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
+    torch.testing.assert_close(other.cpu(), x, rtol=0, atol=0)
