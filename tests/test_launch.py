@@ -230,7 +230,7 @@ def test_a_launch_does_not_wait_for_unrelated_work_on_other_streams(add_plan):
     while not finished and time.monotonic() < deadline:
         finished = torch.spyre.current_stream().query()
         time.sleep(0.001)
-    current().queue(0).enqueue(stuck.stream_id, Signal(release))
+    current().queue(0).enqueue(torch.spyre.Stream().stream_id, Signal(release))
     stuck.synchronize()
     assert finished, "the launch waited for an unrelated stream"
     torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
