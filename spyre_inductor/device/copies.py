@@ -6,6 +6,16 @@ that is not non_blocking waits for what it reads and writes. Non-blocking
 host-to-device copies from pageable memory snapshot the source into a pinned
 staging buffer first, as CUDA does; to pageable host memory they are
 blocking, as on CUDA.
+
+A copy that runs later (on a worker) captures the storages its tensors have
+when it is enqueued: `param.data = other` (what Module.to does) or `set_()`
+may give the same tensor object another storage before the copy runs.
+
+Conjugate and negative views are bits on the tensor, not values in memory.
+As PyTorch's own backends do, the copy moves the stored values and then
+conjugates or negates the destination's stored values by whatever the two
+tensors' bits differ in; materialising the source first would call this copy
+again, without end.
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     _check_shapes(src, dst)
     if dst.numel() == 0:
         return dst
+    if src.is_conj() or dst.is_conj() or src.is_neg() or dst.is_neg():
+        return _copy_resolving_bits(src, dst, non_blocking)
     if in_host_operation():
         # Inside an operation that already holds its place in stream order.
         _C.host_alias(dst).copy_(_C.host_alias(src))
@@ -62,6 +74,36 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         _host_to_device(src, dst, non_blocking)
     else:
         _device_to_host(src, dst, non_blocking)
+    return dst
+
+
+def _stored(t: torch.Tensor) -> torch.Tensor:
+    """A view of `t`'s stored values: no conjugate or negative bit."""
+    if t.is_conj():
+        t = t.conj()  # the conjugate of a conjugate view is its memory as stored
+    if t.is_neg():
+        t = torch._neg_view(t)
+    return t
+
+
+def _copy_resolving_bits(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> torch.Tensor:
+    stored_dst = _stored(dst)
+    copy_from(_stored(src), stored_dst, non_blocking)
+    conj, neg = src.is_conj() != dst.is_conj(), src.is_neg() != dst.is_neg()
+    if not (conj or neg):
+        return dst
+
+    def fix(values: torch.Tensor) -> None:
+        if conj:
+            values.conj_physical_()
+        if neg:
+            values.neg_()
+
+    if _spyre(stored_dst):
+        queues.run_on_host(stored_dst.device.index, lambda: fix(_C.host_alias(stored_dst)), writes=(stored_dst,),
+                           name="copy: resolve conjugate/negative bits")
+    else:
+        fix(stored_dst)
     return dst
 
 
@@ -84,7 +126,7 @@ def _host_to_device(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) ->
         ticket = q.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(buf.address), queues.address(dst), nbytes))
         queues.staging.release(buf, ticket, (device, stream))
     else:
-        snapshot = src.clone()
+        snapshot, dst = src.clone(), dst.detach()  # detach: fixed to today's storage
         q.enqueue(stream, HostCallback(lambda: _C.host_alias(dst).copy_(snapshot),
                                        queues.footprint(writes=(dst,)), name="h2d (strided)"))
 
@@ -98,6 +140,7 @@ def _device_to_host(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) ->
         if dense:
             q.enqueue(stream, Transfer(TransferKind.D2H, queues.address(src), HostAddress(dst.data_ptr()), nbytes, keepalive=dst))
         else:
+            src, dst = src.detach(), dst.detach()  # fixed to today's storages
             q.enqueue(stream, HostCallback(lambda: dst.copy_(_C.host_alias(src)),
                                            queues.footprint(reads=(src,)), name="d2h (strided)"))
     elif dense:
@@ -121,6 +164,7 @@ def _device_to_device(src: torch.Tensor, dst: torch.Tensor) -> None:
         nbytes = src.numel() * src.element_size()
         q.enqueue(stream, Transfer(TransferKind.D2D, queues.address(src), queues.address(dst), nbytes))
     else:
+        src, dst = src.detach(), dst.detach()  # fixed to today's storages
         q.enqueue(stream, HostCallback(lambda: _C.host_alias(dst).copy_(_C.host_alias(src)),
                                        queues.footprint(reads=(src,), writes=(dst,)), name="d2d (strided)"))
 
@@ -143,3 +187,6 @@ def install() -> None:
     _lib.impl("_copy_from", copy_from, "PrivateUse1")
     _lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
     _lib.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")
+    for key in ("Conjugate", "Negative"):  # the bits reach copy_from, which resolves them
+        _lib.impl("_copy_from", torch.library.fallthrough_kernel, key)
+        _lib.impl("_copy_from_and_resize", torch.library.fallthrough_kernel, key)
