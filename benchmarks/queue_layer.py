@@ -1,6 +1,8 @@
 """The queue layer: what enqueueing costs on the host, and what overlap buys on the device.
 
-1. Enqueue cost: host time per enqueue (the work itself runs on workers).
+1. Enqueue cost: host time per enqueue (the work itself runs on workers),
+   and the same once 1,000 other streams have been used (it must not grow
+   with every stream ever created).
 2. An alternating transfer/compute workload (load chunk i, compute on chunk i)
    on one stream vs two: the simulated compute-pipeline idle fraction and
    makespan, from the run's timeline. Compute cost is a stated placeholder
@@ -62,6 +64,36 @@ def enqueue_cost_table() -> None:
     print_table("enqueue cost (host us per operation, median of 3 x %d)" % n, ["operation", "us"], rows)
 
 
+def many_streams_table(n: int = 3000, others: int = 1000) -> None:
+    q = queues.queue(0)
+    s1 = torch.spyre.Stream()
+    dev = torch.empty(1 << 20, dtype=torch.uint8, device="spyre")
+    host = torch.empty(1 << 20, dtype=torch.uint8).pin_memory()
+    addr = queues.address(dev)
+
+    def per_enqueue() -> float:
+        samples = []
+        for _ in range(3):
+            q.synchronize()
+            start = time.perf_counter()
+            for _ in range(n):
+                q.enqueue(s1.stream_id, Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), addr, 4096))
+            samples.append((time.perf_counter() - start) / n * 1e6)
+        q.synchronize()
+        return statistics.median(samples)
+
+    before = per_enqueue()
+    scratch = torch.empty(others * 128, dtype=torch.uint8, device="spyre")
+    for i in range(others):  # each stream writes its own bytes once, then sits idle
+        part = scratch[i * 128:(i + 1) * 128]
+        q.enqueue(torch.spyre.Stream().stream_id,
+                  Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), queues.address(part), 128))
+    after = per_enqueue()
+    print_table(f"enqueue cost before and after {others} other streams were used (host us, median of 3 x {n})",
+                ["h2d 4 KiB on one stream", "us"],
+                [["before", before], [f"after {others} streams", after], ["ratio", after / before]])
+
+
 def alternating(streams: list) -> Timeline:
     q = queues.queue(0)
     host = torch.empty(CHUNK * CHUNKS, dtype=torch.uint8).pin_memory()
@@ -94,6 +126,7 @@ def overlap_table() -> None:
 
 def main() -> None:
     enqueue_cost_table()
+    many_streams_table()
     overlap_table()
 
 
