@@ -18,7 +18,8 @@ each (``Step``). Decisions made here:
   result stored to fp16) or is a broadcast tile gets a final ``copy`` into a
   tile of the buffer's dtype: that write is the one rounding (Inductor's
   CPU codegen rounds at the store too);
-* constants are filled once per core into one-stick scalar tiles.
+* constants are filled once per core into one-stick scalar tiles, with the
+  value the tile holds (layout.operand_value: 1e39 in fp32 is inf).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from spyre_runtime.program import isa
 from ..errors import Unsupported
 from ..kernel_ir import Cast, Constant, Load, Op, PointwiseKernel
 from ._dump import Describable
-from .layout import FLOATS, Access, LayoutPlan
+from .layout import FLOATS, Access, LayoutPlan, operand_value
 
 # Inductor op name -> (ISA instruction kind, ISA op). "square" is x * x.
 UNARY = {n: n for n in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
@@ -132,10 +133,11 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> FusionPlan:
                 load_list.append((loads[key], access))
             value_tile[i] = loads[key]
         elif isinstance(v, Constant):
-            key = (repr(v.value), dtype)
+            value = operand_value(v.value, dtype)
+            key = (repr(value), dtype)
             if key not in consts:
                 consts[key] = new("k", dtype, "const", "scalar")
-                const_list.append((consts[key], _fill_value(v.value, dtype)))
+                const_list.append((consts[key], value))
             value_tile[i] = consts[key]
         elif isinstance(v, Cast):
             src = value_tile[v.arg]
@@ -164,14 +166,6 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> FusionPlan:
     live = _live_ranges(tiles, steps)
     return FusionPlan(tuple(tiles.values()), tuple(load_list), tuple(const_list), tuple(steps),
                       tuple(store_list), live)
-
-
-def _fill_value(value, dtype: str):
-    if dtype in FLOATS:
-        return float(value)
-    if dtype == "bool":
-        return bool(value)
-    return int(value)
 
 
 def _isa_op(where, i, v: Op, args, dtypes):

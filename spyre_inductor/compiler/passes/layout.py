@@ -14,7 +14,9 @@ scratchpad tiles of the kernel's values, and for them it chooses
   is laid out one element per stick ("elements" mode): correct for any
   strides, and charged honestly for the wasted bytes;
 * padding: each tile row is padded to whole sticks of 128 bytes (64 fp16 /
-  bf16, 32 fp32, 128 int8 elements).
+  bf16, 32 fp32, 128 int8 elements);
+* constants (``operand_value``): a Python number becomes the value its tile
+  holds here, at compile time, by PyTorch's conversion, never at run time.
 
 Before choosing, the iteration space is canonicalized: dims of extent 1
 are dropped and neighbouring dims that every access walks contiguously are
@@ -28,7 +30,10 @@ and is already folded into that address at launch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import torch
 
 from spyre_runtime.program.operands import DTYPES, ITEMSIZE, STICK
 
@@ -47,6 +52,33 @@ def on_chip_dtype(dtype: str, where: str) -> str:
         raise Unsupported(f"{where}: dtype {dtype} has no spyre tile type for this (the ISA computes in "
                           f"{', '.join(TILE_DTYPES)})")
     return "fp32" if dtype in FLOATS else dtype
+
+
+def operand_value(value, dtype: str):
+    """Python constant `value` as a tile of `dtype` holds it: what a Fill of that tile may write.
+
+    Inductor hands constants over as Python numbers (``a * 1e39`` is the constant 1e39), and
+    the sfp's fill only writes a value its tile can represent: 1e39 in an fp32 tile is a run-time
+    error that leaves the stream in error, where PyTorch computes inf. So the conversion happens
+    here, at compile time, as PyTorch converts a Python scalar to a tensor's type
+    (``torch.tensor(v, dtype=torch.float64).to(torch.float32)``): a float beyond the type's range
+    is +-inf, nan stays nan, others round to nearest; an integer wraps to the type's width (two's
+    complement, as ``.to(torch.int32)`` does); a bool is itself. Float constants live in fp32
+    tiles (on_chip_dtype) whatever their IR dtype, because that is where Inductor computes them
+    (eager's opmath: ``fp16 * 1e6`` multiplies by 1e6 in fp32, then rounds the product).
+    """
+    torch_dtype = DTYPES[dtype]
+    if torch_dtype == torch.bool:
+        return bool(value)
+    if torch_dtype.is_floating_point:
+        try:
+            wide = float(value)
+        except OverflowError:  # a Python int beyond every float
+            wide = math.inf if value > 0 else -math.inf
+        return float(torch.tensor(wide, dtype=torch.float64).to(torch_dtype))
+    bits = torch.iinfo(torch_dtype).bits
+    wrapped = int(value) & ((1 << bits) - 1)
+    return wrapped - (1 << bits) if wrapped >> (bits - 1) else wrapped
 
 
 @dataclass(frozen=True)
@@ -191,4 +223,5 @@ def _value_layout(where, i, v, kernel) -> ValueLayout:
     return ValueLayout(i, dtype, STICK // ITEMSIZE[dtype])
 
 
-__all__ = ["Access", "BufferLayout", "LayoutPlan", "ValueLayout", "on_chip_dtype", "plan_layout"]
+__all__ = ["Access", "BufferLayout", "LayoutPlan", "ValueLayout", "on_chip_dtype", "operand_value",
+           "plan_layout"]

@@ -76,7 +76,7 @@ from ..errors import Unsupported
 from ..kernel_ir import TORCH_DTYPES, Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, Scan
 from ._dump import Describable
 from .fusion import _isa_op
-from .layout import FLOATS, TILE_DTYPES, _canonical
+from .layout import FLOATS, TILE_DTYPES, _canonical, operand_value
 
 IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf"), "any": False, "all": True}
 # The binary step that combines two partial results of a reduction (or two scan prefixes).
@@ -342,6 +342,7 @@ class _Builder:
         return name
 
     def const(self, value, dtype) -> str:
+        value = operand_value(value, dtype)  # what the tile holds (1e39 in fp32 is inf), not a run-time fill error
         key = (repr(value), dtype)
         if key not in self._consts:
             self._consts[key] = self.new("k", dtype, "S", "const")
@@ -381,8 +382,7 @@ class _Builder:
         dtype = v.dtype if v.dtype in ("bool",) + INTEGERS else "fp32"
         if v.dtype not in FLOATS + ("bool",) + INTEGERS:
             raise Unsupported(f"{self.where}: constant of {v.dtype}")
-        value = float(v.value) if dtype == "fp32" else bool(v.value) if dtype == "bool" else int(v.value)
-        self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = self.const(value, dtype), "S", 0, ()
+        self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = self.const(v.value, dtype), "S", 0, ()
 
     def cast(self, i, v: Cast) -> None:
         src = self.vtile[v.arg]
@@ -742,7 +742,7 @@ def _identity(op: str, dtype: str):
     if dtype in INTEGERS and op in ("max", "min"):
         info = torch.iinfo(TORCH_DTYPES[dtype])
         return info.min if op == "max" else info.max
-    return int(IDENTITY[op]) if dtype in INTEGERS else IDENTITY[op]
+    return operand_value(IDENTITY[op], dtype)
 
 
 def _fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan"), later=()) -> list:
