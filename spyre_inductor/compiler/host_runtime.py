@@ -94,11 +94,40 @@ def store(buffer: torch.Tensor, index, value, mode=None) -> None:
         raise NotImplementedError(f"spyre CPU fallback: store mode {mode!r}")
 
 
+def with_traced_layout(t, size, stride):
+    """An extern kernel's or fallback op's result `t` in the layout the graph was traced with.
+
+    The op ran through the device's eager kernels or its CPU fallback, which return the layout
+    the CPU kernel chose (a convolution of a channels-last input is channels-last), while the
+    graph was traced with the op's meta layout (contiguous, for a device the meta does not know)
+    and its later kernels read the buffer with those strides. `t` itself when the strides
+    agree (the stride of a dim of one element does not matter, as in assert_size_stride), so a
+    view stays a view; otherwise a copy with the traced strides. A result of another shape is
+    returned as it is, for the graph's size assertion to report.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t
+    size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    if tuple(t.shape) != size or t.numel() == 0:
+        return t
+    if all(n == 1 or a == b for n, a, b in zip(size, t.stride(), stride)):
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
 # ---- values ------------------------------------------------------------------------
 
 
 def constant(value, dtype: torch.dtype) -> torch.Tensor:
-    return torch.tensor(value, dtype=compute_dtype(dtype))
+    # PyTorch's conversion of a Python scalar, as the compiled path does (passes/layout.py,
+    # operand_value): through float64 / int64, so a float beyond the type's range is inf and an
+    # integer wraps to the type's width (torch.tensor(300, dtype=torch.int8) would raise instead).
+    if dtype == torch.bool:
+        return torch.tensor(bool(value))
+    wide = torch.complex128 if dtype.is_complex else torch.float64 if dtype.is_floating_point else torch.int64
+    return torch.tensor(value, dtype=wide).to(compute_dtype(dtype))
 
 
 def index_value(value, dtype: torch.dtype) -> torch.Tensor:

@@ -14,22 +14,36 @@ called where the schedule puts it:
 
 Both go through the wrapper's line machinery (``define_kernel``, ``writeline``,
 custom ``WrapperLine``s); the generated code is never edited as text.
+
+Extern kernels and fallback ops (``extern_kernels.convolution``, an aten op
+Inductor cannot lower, a custom op) return a tensor the op computed itself:
+on spyre through the device's eager kernels or its CPU fallback, which keep
+whatever layout the CPU kernel chose. The graph was traced with the layout
+the op's meta promised, and everything after it (``assert_size_stride``, the
+programs reading the buffer with those strides) relies on it; the two differ,
+e.g. a CPU convolution keeps a channels-last input's layout where the meta
+for an unknown device says contiguous. So every such result is put into the
+traced layout right where it is produced (host_runtime.with_traced_layout:
+the tensor itself when its strides already agree, else a copy).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from torch._inductor import config
+from torch._inductor import config, ir
 from torch._inductor.codegen.wrapper import (
     PythonWrapperCodegen,
     SubgraphPythonWrapperCodegen,
     WrapperLine,
 )
 from torch._inductor.utils import IndentedBuffer
+from torch._inductor.virtualized import V
 
 LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan, prepare_kernel"
 HOST_IMPORT = "from spyre_inductor.compiler import host_runtime as spyre_host"
+# Layouts that describe another buffer's memory (a view into it, a mutation of it).
+_NOT_OWN_LAYOUT = (ir.NonOwningLayout, ir.MutationLayoutSHOULDREMOVE)
 
 
 @dataclasses.dataclass
@@ -85,6 +99,41 @@ class SpyreWrapperMixin:
 
     def call_host_kernel(self, name: str, args: list[str]) -> None:
         self.writeline(f"{name}({', '.join(args)})")
+
+    # ---- results that extern kernels and fallback ops allocate themselves ---------------
+
+    def _generate_extern_kernel_alloc_helper(self, extern_kernel, args):
+        # ExternKernelAlloc (convolution...) and FallbackKernel: ``buf = kernel(args)``.
+        super()._generate_extern_kernel_alloc_helper(extern_kernel, args)
+        self.codegen_traced_layout(extern_kernel)
+
+    def codegen_multi_output(self, node):
+        # ``buf = fallback_result[i]``: one output of a multi-output fallback (max_pool2d_with_indices...).
+        super().codegen_multi_output(node)
+        self.codegen_traced_layout(node)
+
+    def generate_fallback_kernel_with_runtime_lookup(self, buf_name, python_kernel_name, get_args, op_overload,
+                                                     raw_args, outputs):
+        super().generate_fallback_kernel_with_runtime_lookup(buf_name, python_kernel_name, get_args, op_overload,
+                                                             raw_args, outputs)
+        node = V.graph.try_get_buffer(buf_name)
+        if node is not None:
+            self.codegen_traced_layout(node)
+
+    def codegen_traced_layout(self, node) -> None:
+        """After the line that binds `node`'s result: rebind it in the layout the graph was traced with
+        (a spyre tensor with a fixed layout only; a mutation or a view into another buffer is
+        the other buffer's layout, and CPU results are Inductor's own business)."""
+        layout = node.get_output_spec()
+        if not isinstance(layout, ir.Layout) or isinstance(layout, _NOT_OWN_LAYOUT):
+            return
+        if layout.device is None or layout.device.type != "spyre":
+            return
+        name = node.get_name()
+        size = self.codegen_python_shape_tuple(layout.size)
+        stride = self.codegen_python_shape_tuple(layout.stride)
+        self._definitions().add_import_once(HOST_IMPORT)
+        self.writeline(f"{name} = spyre_host.with_traced_layout({name}, {size}, {stride})")
 
     def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
         # Inductor allocates on "other" devices by type only (device='spyre'),
