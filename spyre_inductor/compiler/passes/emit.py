@@ -8,7 +8,8 @@
     launch_spec.json      the arguments: order, role, dtype, shape, stride
     plan.json             every pass's result, for debugging and tests
     summary.txt           a person's view of the plan
-    call.py               the wrapper's call
+    call.py               the wrapper's call (names its own directory: artifacts are
+                          written in a staging directory, then renamed into place)
 
 The JSON and text files are rendered through the jinja2 templates next to
 this package (templates/); launch_spec.json is written last, so a
@@ -95,8 +96,8 @@ def write_artifact(directory: Path, kernel: PointwiseKernel, plans: Plans, progr
             reads=[a["index"] for a in args if a["role"] in ("input", "inout")],
             writes=[a["index"] for a in args if a["role"] in ("output", "inout")]),
         "summary.txt": render(*_summary(plans)[0], **_summary(plans)[1]),
-        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", artifact=str(directory),
-                          args=[a["name"] for a in args]),
+        # No path: `directory` is the staging directory (backend.compile_kernel), gone once renamed.
+        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args]),
     }
     for name, text in files.items():
         if name.endswith(".json"):
