@@ -200,3 +200,16 @@ def test_copies_between_devices_while_both_compute():
         assert torch.equal((moved - out1).cpu(), torch.zeros(64, 64))
     synchronize_within(0)
     synchronize_within(1)
+
+
+def test_the_timeline_draws_a_cross_device_wait_from_the_recording_device():
+    gate = Gate(0)
+    event = torch.Event(device="spyre:0")
+    with torch.spyre.timeline() as tl:
+        event.record(torch.spyre.current_stream(0))
+        torch.spyre.current_stream(1).wait_event(event)
+        gate.open()
+        synchronize_within(1)
+    starts = [e for e in tl.trace()["traceEvents"] if e.get("ph") == "s" and e["name"] == "event"]
+    finishes = [e for e in tl.trace()["traceEvents"] if e.get("ph") == "f" and e["name"] == "event"]
+    assert [(s["pid"], f["pid"]) for s, f in zip(starts, finishes)] == [(0, 1)]

@@ -75,7 +75,8 @@ class Timeline:
                 if why not in ("event", "derived"):
                     continue
                 flow += 1
-                events.append({"name": why, "ph": "s", "id": flow, "pid": d,
+                # An event edge may come from another device (a cross-device wait).
+                events.append({"name": why, "ph": "s", "id": flow, "pid": source.device if source.device >= 0 else d,
                                "tid": _STREAM_TID0 + source.stream.id, "ts": source.sim_end / 1e3, "cat": "edge"})
                 events.append({"name": why, "ph": "f", "bp": "e", "id": flow, "pid": d,
                                "tid": _STREAM_TID0 + t.stream.id, "ts": t.sim_start / 1e3, "cat": "edge"})
