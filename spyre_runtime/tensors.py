@@ -12,13 +12,35 @@ from . import _C
 from .queue.operations import DeviceAddress, Footprint, Range
 
 
-# (storage address, bytes) -> its allocation's pieces. A live allocation's
-# address and size determine its region, offset and length, so an entry can
-# never be stale.
+# (storage address, bytes) -> its allocation's pieces, valid for one region
+# epoch. While no region is released, an address and a size determine the
+# region, offset and length of the live allocation there (a region's address
+# range never moves and holds only whole blocks). Releasing a region
+# (empty_cache(), or the allocator's out-of-memory retry) breaks that: a new
+# region may be created at the same address under a NEW handle, and a storage
+# of the same size there would be described by the dead handle ("no region
+# with handle N" on the first copy, footprints that miss hazards). The C++
+# allocator bumps _C.region_epoch() on every release; the cache is dropped
+# when it changed. (A storage being looked up is alive, so its region is too:
+# the release that could make an entry for its address stale happened before
+# it was allocated, and so before the epoch is read here.)
+#
+# The other caches of region information need no epoch because region
+# handles are never reused (each new region gets the next number, per device;
+# allocator.cpp): the queue layer's handle -> base address map
+# (DeviceQueue._region_addresses) and memory.region_address (device_view)
+# can only hold the true base of a live handle. They keep the entries of
+# released handles (a few bytes each, never looked up with a live description).
 _pieces_cache: dict[tuple[int, int], tuple[Range, ...]] = {}
+_pieces_epoch = _C.region_epoch()
 
 
 def storage_ranges(storage: torch.UntypedStorage) -> tuple[Range, ...]:
+    global _pieces_epoch
+    epoch = _C.region_epoch()
+    if epoch != _pieces_epoch:
+        _pieces_cache.clear()
+        _pieces_epoch = epoch
     key = (storage.data_ptr(), storage.nbytes())
     found = _pieces_cache.get(key)
     if found is None:

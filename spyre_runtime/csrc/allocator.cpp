@@ -28,6 +28,10 @@ namespace {
 // same keys with the same meaning.
 constexpr size_t kSmallBlockLimit = 1 << 20;
 
+// Bumped whenever a region is released (process-wide: one counter for every
+// device); see region_epoch().
+std::atomic<uint64_t> g_region_epoch{0};
+
 size_t round_up(size_t n, size_t unit) {
   return (n + unit - 1) / unit * unit;
 }
@@ -144,21 +148,30 @@ struct DeviceMemory {
     return best;
   }
 
+  // `length` is a multiple of kStickBytes.
   Region* new_region_locked(size_t length) {
-    if (static_cast<int64_t>(regions.size()) >= budget) {
+    const auto in_use = static_cast<int64_t>(regions.size());
+    if (in_use >= budget) {
       return nullptr;
     }
-    const size_t size = std::max(round_up(length, kRegionGranularity), min_region());
-    auto where = address_space->take(size);
-    if (!where && size > length) {
-      // Near the end of the capacity: a region just big enough may still fit.
-      const size_t tight = round_up(length, kStickBytes);
-      where = address_space->take(tight);
-      if (where) {
-        return add_region_locked(*where, tight);
-      }
+    // What is left of the address space that one region can cover. Region
+    // sizes and the capacity are whole sticks, so this is too.
+    const size_t rest = address_space->largest();
+    if (rest < length) {
+      return nullptr;
     }
-    return where ? add_region_locked(*where, size) : nullptr;
+    size_t size = std::max(round_up(length, kRegionGranularity), min_region());
+    if (in_use + 1 == budget || size > rest) {
+      // The last handle takes everything that is left: a region of the usual
+      // size would leave the rest of the card unreachable (no handle could
+      // ever name it). Likewise near the end of the capacity, where the usual
+      // size no longer fits: the region takes what is left, not just the
+      // request, or each small request there would spend a handle of its own.
+      size = rest;
+    }
+    const auto where = address_space->take(size);
+    TORCH_INTERNAL_ASSERT(where.has_value(), "spyre: the largest free range of the address space is gone");
+    return add_region_locked(*where, size);
   }
 
   Region* add_region_locked(size_t where, size_t size) {
@@ -192,6 +205,9 @@ struct DeviceMemory {
       stats.num_device_free += 1;
       it = regions.erase(it);
       ++released;
+      // Caches of "which region holds this address" are now stale: a new
+      // region may be created at the same address under another handle.
+      g_region_epoch.fetch_add(1, std::memory_order_release);
     }
     return released;
   }
@@ -338,6 +354,10 @@ void configure(int num_devices, size_t capacity_bytes, int region_handles, const
   g_capacity = capacity_bytes;
   g_region_handles = region_handles;
   g_mode = mode;
+}
+
+uint64_t region_epoch() {
+  return g_region_epoch.load(std::memory_order_acquire);
 }
 
 int device_count() {

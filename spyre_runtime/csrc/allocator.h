@@ -10,9 +10,16 @@
 // Region size policy: a new region is max(request rounded up to 2 MiB,
 // capacity / handle budget). With that minimum the budget can always cover
 // the whole capacity, so the handle budget alone never makes memory
-// unreachable; a large request gets a region of its own size. Wholly unused
-// regions stay cached until empty_cache() or until an allocation needs their
-// handle or address space.
+// unreachable; a large request gets a region of its own size. The last handle
+// takes all that is left of the address space (the largest free range), and
+// so does a region made where the usual size no longer fits, so no handle is
+// spent on a sliver while the rest of the card stays out of reach. Wholly
+// unused regions stay cached until empty_cache() or until an allocation needs
+// their handle or address space.
+//
+// Handles are never reused: each region created gets the next number, per
+// device. A released region's address range may be given to a new region
+// (with a new handle); region_epoch() changes whenever that can happen.
 //
 // Streams: a freed block is reused only once every stream that used it (the
 // stream current when it was allocated, plus any given to record_stream) has
@@ -47,6 +54,11 @@ void configure(int num_devices, size_t capacity_bytes, int region_handles,
                const std::string& mode);
 int device_count();
 size_t device_capacity();
+
+// Incremented (process-wide) every time a region is released, by
+// empty_cache() or by an allocation's out-of-memory retry. A cache mapping
+// device addresses to (region, offset) is valid while this is unchanged.
+uint64_t region_epoch();
 
 // Stream progress, from the queue layer: `seq` numbers increase per stream.
 void note_enqueued(c10::DeviceIndex device, c10::StreamId stream, int64_t seq);

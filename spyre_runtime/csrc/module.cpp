@@ -23,10 +23,19 @@ py::object default_generator(int device) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "C++ part of the spyre device: allocator, guard, hooks, memory kernels";
+  // The devices are ready as soon as this module is loaded. Tell torch, whose
+  // lazy-init flag for PrivateUse1 otherwise stays unset until something
+  // queries the device or creates a tensor; until then
+  // torch.accelerator.synchronize(i) (and so torch.spyre.synchronize()) returns
+  // without waiting, dropping work already enqueued and its errors.
+  torch::utils::set_requires_device_init(c10::DeviceType::PrivateUse1, false);
   m.def("configure", &spyre::configure, py::arg("num_devices"), py::arg("capacity_bytes"),
         py::arg("region_handles"), py::arg("mode"),
         "Set the device count, per-device memory and region handle budget before first use.");
   m.def("device_count", &spyre::device_count);
+  m.def("region_epoch", &spyre::region_epoch,
+        "Changes whenever a region is released (empty_cache or an out-of-memory retry): "
+        "cached (region, offset) descriptions of device addresses are valid while it is unchanged.");
   m.def("device_capacity", &spyre::device_capacity);
   m.def("current_device", [] { return static_cast<int>(spyre::current_device()); });
   m.def("set_device", [](int d) { spyre::set_current_device(static_cast<c10::DeviceIndex>(d)); });
