@@ -4,7 +4,8 @@ Each value says where it comes from (see ../shared/SPYRE_MEASUREMENTS.md):
 M = measured on a card, F = fitted to measurements, E = datasheet or estimate.
 Override for experiments with ``dataclasses.replace(HARDWARE, ...)`` or, for
 the device itself, the environment variables named below (read once, when the
-device is first registered).
+device is first registered; a value that cannot be used is reported with a
+SpyreConfigWarning and the default is used instead).
 """
 
 from __future__ import annotations
@@ -90,27 +91,52 @@ class HardwareConfig:
 HARDWARE = HardwareConfig()
 
 
-def _number_from_env(name: str, default: str, parse, valid, what: str):
-    raw = os.environ.get(name, default)
+# The device registers on `import torch` (the torch.backends entry point), so a
+# bad value here must not raise: that would make torch itself unimportable.
+# Each reader warns, naming the variable, the bad value and the default, and
+# uses the default.
+
+
+class SpyreConfigWarning(UserWarning):
+    """A SPYRE_* environment variable held a value that cannot be used."""
+
+
+def _warn_default(name: str, raw: str, what: str, default) -> None:
+    import warnings
+
+    warnings.warn(f"spyre: {name}={raw!r} is not {what}; using the default {default}",
+                  SpyreConfigWarning, stacklevel=3)
+
+
+def _number_from_env(name: str, default, parse, valid, what: str):
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
     try:
-        value = parse(raw)
+        value = parse(raw.strip())
     except ValueError:
-        raise ValueError(f"{name} must be {what}, got {raw!r}") from None
-    if not valid(value):
-        raise ValueError(f"{name} must be {what}, got {value}")
+        value = None
+    if value is None or not valid(value):
+        _warn_default(name, raw, what, default)
+        return default
     return value
 
 
 def wait_timeout_from_env() -> float:
-    """SPYRE_WAIT_TIMEOUT: seconds a stream waits for a signal that was never enqueued."""
-    return _number_from_env("SPYRE_WAIT_TIMEOUT", "60", float, lambda v: v > 0, "a positive number of seconds")
+    """SPYRE_WAIT_TIMEOUT: seconds a stream waits for a signal that was never enqueued (default 60)."""
+    return _number_from_env("SPYRE_WAIT_TIMEOUT", 60.0, float, lambda v: 0 < v < float("inf"),
+                            "a positive, finite number of seconds")
 
 
 def mode_from_env() -> str:
     """SPYRE_MODE: "pf" (card dedicated, the default) or "vf" (card shared)."""
-    mode = os.environ.get("SPYRE_MODE", "pf").strip().lower()
+    raw = os.environ.get("SPYRE_MODE")
+    if raw is None:
+        return "pf"
+    mode = raw.strip().lower()
     if mode not in ("pf", "vf"):
-        raise ValueError(f"SPYRE_MODE must be 'pf' or 'vf', got {mode!r}")
+        _warn_default("SPYRE_MODE", raw, "'pf' or 'vf'", "pf")
+        return "pf"
     return mode
 
 
@@ -120,4 +146,4 @@ def region_handles(mode: str, hardware: HardwareConfig = HARDWARE) -> int:
 
 def device_count_from_env() -> int:
     """SPYRE_NUM_DEVICES: how many simulated cards (default 1)."""
-    return _number_from_env("SPYRE_NUM_DEVICES", "1", int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
+    return _number_from_env("SPYRE_NUM_DEVICES", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")

@@ -13,15 +13,22 @@ namespace {
 // destructors running after the interpreter is gone.
 std::atomic<py::object*> g_runtime{nullptr};
 
+// A Python exception raised by the runtime propagates as the
+// py::error_already_set that carries it: torch's HANDLE_TH_ERRORS and pybind11
+// restore it, so the caller of torch.spyre.synchronize(), stream.synchronize(),
+// event.synchronize(), stream.query() ... gets the original exception, with its
+// type, message and traceback (a StreamError naming the failed operation; a
+// KeyboardInterrupt if Ctrl-C arrives during a wait). Converting it to a
+// c10::Error would turn every one of them into a RuntimeError.
+//
+// Callers that must not throw (destructors: event_destroy) catch everything
+// themselves. Other C++ callers (e.g. the autograd engine's worker threads,
+// recording events) see a std::exception, as they would see a c10::Error; the
+// exception object takes the GIL itself when it is destroyed.
 template <typename... Args>
 py::object call(const char* method, Args&&... args) {
   py::gil_scoped_acquire gil;
-  try {
-    return g_runtime.load()->attr(method)(std::forward<Args>(args)...);
-  } catch (py::error_already_set& e) {
-    // Surface the runtime's own message (it names the stream and operation).
-    TORCH_CHECK(false, e.what());
-  }
+  return g_runtime.load()->attr(method)(std::forward<Args>(args)...);
 }
 
 bool active() {
