@@ -155,9 +155,13 @@ def timeline(path=None):
 
 
 def kernel_reports():
-    """Reports of the programs launched since reset_kernel_reports(): simulated_us,
-    roofline_us, efficiency, bytes_moved, flops, cores_used, bottleneck, per-unit busy time
-    (docs/timing_model.md)."""
+    """Reports of the most recent programs launched since reset_kernel_reports(), oldest
+    first: simulated_us, roofline_us, efficiency, bytes_moved, flops, cores_used,
+    bottleneck, per-unit busy time (docs/timing_model.md).
+
+    Only a window of the most recent launches is kept (1024 by default; older reports
+    are dropped so a long run does not grow without bound): see
+    set_kernel_report_window()."""
     from spyre_runtime.program.run import kernel_reports as reports
 
     return reports()
@@ -167,6 +171,21 @@ def reset_kernel_reports() -> None:
     from spyre_runtime.program.run import reset_kernel_reports as reset
 
     reset()
+
+
+def kernel_report_window() -> int | None:
+    """How many of the most recent kernel reports kernel_reports() keeps (None: all)."""
+    from spyre_runtime.program.run import kernel_report_window as window
+
+    return window()
+
+
+def set_kernel_report_window(n: int | None) -> None:
+    """Keep the ``n`` most recent kernel reports (default 1024); ``None`` keeps every
+    report, without bound (each is about 11 KB). The newest reports already kept stay."""
+    from spyre_runtime.program.run import set_kernel_report_window as set_window
+
+    set_window(n)
 
 
 def clear_errors(device=None) -> None:

@@ -18,6 +18,7 @@ with the stale addresses.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import torch
@@ -84,13 +85,35 @@ class ProgramExecutable:
         return self.last_report.simulated_ns if self.last_report is not None else 0.0
 
 
-_reports: list[Report] = []
+# The most recent launches' reports, oldest first. Bounded: a report is about
+# 11 KB, and a process launches without end. Appending to a deque is atomic, so
+# worker threads running programs need no lock.
+DEFAULT_KERNEL_REPORT_WINDOW = 1024
+_reports: collections.deque[Report] = collections.deque(maxlen=DEFAULT_KERNEL_REPORT_WINDOW)
 
 
 def kernel_reports() -> list[Report]:
-    """Reports of the programs run since the last reset_kernel_reports()."""
-    return list(_reports)
+    """Reports of the most recent programs run since the last reset_kernel_reports(),
+    oldest first: at most kernel_report_window() of them (older ones are dropped)."""
+    return list(_reports.copy())
 
 
 def reset_kernel_reports() -> None:
     _reports.clear()
+
+
+def kernel_report_window() -> int | None:
+    """How many of the most recent reports are kept (None: all of them)."""
+    return _reports.maxlen
+
+
+def set_kernel_report_window(n: int | None) -> None:
+    """Keep the `n` most recent reports (None keeps every one, without bound).
+
+    The newest reports already kept stay. A report of a program finishing while
+    the window is being resized may be missed.
+    """
+    global _reports
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"the kernel report window must be a positive integer or None, got {n!r}")
+    _reports = collections.deque(_reports.copy(), maxlen=n)
