@@ -6,6 +6,7 @@
 #include "kernels.h"
 
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
 
 namespace spyre::bridge {
