@@ -84,7 +84,15 @@ def footprint(reads=(), writes=()) -> Footprint:
 
 def address(t: torch.Tensor) -> DeviceAddress:
     """Where a tensor's first element lives: (region, offset in the region)."""
-    first = storage_ranges(t.untyped_storage())[0]
+    storage = t.untyped_storage()
+    pieces = storage_ranges(storage)
+    reach = (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)) \
+        * t.element_size() if t.numel() else 0
+    if not pieces or reach > storage.nbytes():
+        # A storage resized under the tensor: a transfer would run past its block.
+        raise RuntimeError(f"spyre: a tensor of shape {list(t.shape)} reaches byte {reach} of its storage, "
+                           f"which holds {storage.nbytes()} bytes (was the storage resized under it?)")
+    first = pieces[0]
     return DeviceAddress(first.region, first.offset + t.storage_offset() * t.element_size())
 
 

@@ -68,3 +68,25 @@ def test_a_deferred_copy_to_the_host_writes_the_storage_it_was_given():
     torch.spyre.synchronize()
     assert torch.equal(original, torch.arange(12.0).reshape(3, 4).t())
     assert torch.equal(dst, torch.full((4, 3), -1.0))
+
+
+@pytest.mark.parametrize("op", ["cpu", "copy from host", "copy on device", "fallback op", "strided view"])
+@pytest.mark.parametrize("left", [0, 16])
+def test_a_storage_resized_under_a_tensor_is_refused_naming_the_bytes(op, left):
+    """Before, a copy of such a tensor failed with an IndexError, or ran a transfer past its
+    block (the storage's bytes are fewer than the tensor names), and a CPU-fallback op on it
+    crashed the process (as the CPU's own kernels do). Now each is a clear error, and the
+    device stays usable."""
+    t = torch.ones(16, device="spyre")
+    t.untyped_storage().resize_(left)
+    run = {
+        "cpu": lambda: t.cpu(),
+        "copy from host": lambda: t.copy_(torch.zeros(16)),
+        "copy on device": lambda: t.copy_(torch.zeros(16, device="spyre")),
+        "fallback op": lambda: t + 1,
+        "strided view": lambda: t[::2].cpu(),
+    }[op]
+    with pytest.raises(RuntimeError, match=r"(was the storage resized under it\?|out of bounds)"):
+        run()
+    assert torch.equal((torch.ones(4, device="spyre") + 1).cpu(), torch.full((4,), 2.0))
+    torch.spyre.synchronize()

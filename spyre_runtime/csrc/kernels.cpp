@@ -29,6 +29,19 @@ at::Tensor host_alias(const at::Tensor& t) {
   }
   // The alias keeps the device storage alive for as long as it lives.
   c10::Storage keep = t.storage();
+  // A storage resized under the tensor (t.untyped_storage().resize_(0)) no
+  // longer holds the bytes the tensor names: refuse, as the CPU would not.
+  if (t.numel() > 0) {
+    int64_t last = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.stride(d) > 0) {
+        last += (t.size(d) - 1) * t.stride(d);
+      }
+    }
+    const auto reach = static_cast<size_t>(last + 1) * t.element_size();
+    TORCH_CHECK(reach <= keep.nbytes(), "spyre: a tensor of shape ", t.sizes(), " reaches byte ", reach,
+                " of its storage, which holds ", keep.nbytes(), " bytes (was the storage resized under it?)");
+  }
   return at::for_blob(t.data_ptr(), t.sizes())
       .strides(t.strides())
       .deleter([keep](void*) {})
