@@ -314,28 +314,29 @@ def launch_jobplan(plan: JobPlan, args) -> None:
     alloc = plan.allocation
     resolve, patch, _, run = plan.steps  # the plan's shape is checked by prepare_kernel
     words = _slot_words(resolve.nbytes, [(slot, args[i]) for slot, i in resolve.slots])  # storage is fixed now
+    reads = [args[i] for i in run.reads] + [alloc]
+    writes = [args[i] for i in run.writes]
+    if any(sym.role == "temp" for sym in plan.program.symbols):
+        writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
+    fetch_reads = footprint(reads=[alloc])
+    program_footprint = footprint(reads=reads, writes=writes)
     staged = _staging.acquire(resolve.nbytes, stream=(device, stream), filled_in_stream_order=True)
 
     def fill(buf=staged, words=words):
         buf.memory[: words.numel() * 8].copy_(words.view(torch.uint8))
 
-    reads = [args[i] for i in run.reads] + [alloc]
-    writes = [args[i] for i in run.writes]
-    if any(sym.role == "temp" for sym in plan.program.symbols):
-        writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
     ops = (
         HostCallback(fill, name=f"{plan.name}: resolve addresses"),
         Transfer(TransferKind.H2D, HostAddress(staged.address),
                  DeviceAddress(plan.artifact.region, plan.artifact.offset + patch.offset), patch.nbytes,
                  keepalive=staged.memory),
-        Barrier(name=f"{plan.name}: hold program fetch", footprint=footprint(reads=[alloc])),
-        Compute(plan.executable, plan.artifact, footprint(reads=reads, writes=writes), name=plan.name),
+        Barrier(name=f"{plan.name}: hold program fetch", footprint=fetch_reads),
+        Compute(plan.executable, plan.artifact, program_footprint, name=plan.name),
     )
-    try:
-        tickets = queue.enqueue_many(stream, ops)
-    except BaseException:
-        _staging.release(staged, None, (device, stream))  # nothing will read it
-        raise
+    # If this raises, the buffer is not returned to the pool: it may have come with an
+    # earlier transfer of this stream still to read it, which only the pool's record of that
+    # transfer protects (the transfer itself keeps its memory alive).
+    tickets = queue.enqueue_many(stream, ops)
     _staging.release(staged, tickets[1], (device, stream))
 
 

@@ -127,6 +127,9 @@ def constant(value, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.tensor(bool(value))
     wide = torch.complex128 if dtype.is_complex else torch.float64 if dtype.is_floating_point else torch.int64
+    if wide == torch.int64:  # a Python int beyond int64 wraps too, as operand_value does
+        value = int(value) & ((1 << 64) - 1)
+        value = value - (1 << 64) if value >> 63 else value
     return torch.tensor(value, dtype=wide).to(compute_dtype(dtype))
 
 

@@ -88,8 +88,9 @@ def _stored(t: torch.Tensor) -> torch.Tensor:
 
 def _copy_resolving_bits(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> torch.Tensor:
     stored_dst = _stored(dst)
-    copy_from(_stored(src), stored_dst, non_blocking)
     conj, neg = src.is_conj() != dst.is_conj(), src.is_neg() != dst.is_neg()
+    # A host destination is fixed up on this thread, so its copy must have landed first.
+    copy_from(_stored(src), stored_dst, non_blocking and not ((conj or neg) and not _spyre(stored_dst)))
     if not (conj or neg):
         return dst
 
@@ -119,7 +120,8 @@ def _host_to_device(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) ->
             queues.run_on_host(device, lambda: _C.host_alias(dst).copy_(src), writes=(dst,), name="h2d (strided)")
         return
     if dense and src.is_pinned():
-        q.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(src.data_ptr()), queues.address(dst), nbytes, keepalive=src))
+        q.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(src.data_ptr()), queues.address(dst), nbytes,
+                                   keepalive=src.detach()))  # detach: today's storage, whatever `src` becomes
     elif dense:
         buf = queues.staging.acquire(nbytes)
         ctypes.memmove(buf.address, src.data_ptr(), nbytes)  # the copy sees the source as it is now
@@ -138,7 +140,8 @@ def _device_to_host(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) ->
     nbytes = src.numel() * src.element_size()
     if non_blocking and dst.is_pinned():
         if dense:
-            q.enqueue(stream, Transfer(TransferKind.D2H, queues.address(src), HostAddress(dst.data_ptr()), nbytes, keepalive=dst))
+            q.enqueue(stream, Transfer(TransferKind.D2H, queues.address(src), HostAddress(dst.data_ptr()), nbytes,
+                                       keepalive=dst.detach()))  # detach: today's storage
         else:
             src, dst = src.detach(), dst.detach()  # fixed to today's storages
             q.enqueue(stream, HostCallback(lambda: dst.copy_(_C.host_alias(src)),

@@ -42,6 +42,7 @@ import itertools
 import queue as queue_module
 import threading
 import time
+import traceback
 from typing import Callable
 
 from . import signals
@@ -219,10 +220,14 @@ class DeviceQueue:
         ops = list(ops)
         for op in ops:
             self._check_operation(op)
-        with self.lock:
-            tickets = [self._enqueue_locked(stream_id, op, False) for op in ops]
-        for t in tickets:
-            self._on_enqueued(stream_id, t.seq)
+        tickets: list[Ticket] = []
+        try:
+            with self.lock:
+                for op in ops:
+                    tickets.append(self._enqueue_locked(stream_id, op, False))
+        finally:  # what was enqueued is accounted for, even if a later one failed
+            for t in tickets:
+                self._on_enqueued(stream_id, t.seq)
         return tickets
 
     def _check_operation(self, op) -> None:
@@ -707,4 +712,7 @@ def _deliver(q: DeviceQueue, waiter: Ticket, source: Ticket) -> None:
 def _deliver_forever() -> None:
     while True:
         q, waiter, source = _deliveries.get()
-        q.signal_fired(waiter, source)
+        try:
+            q.signal_fired(waiter, source)
+        except BaseException:  # noqa: BLE001 - one failure must not stop every later cross-device wait
+            traceback.print_exc()

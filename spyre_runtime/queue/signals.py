@@ -9,7 +9,9 @@ queue keeps its own lock and its own bookkeeping; what they share is this
 record, guarded by one lock that is never held while taking a queue's lock.
 A queue that fires a signal hands each waiter of another queue back to that
 queue (DeviceQueue.signal_fired), so a wait and everything behind it always
-completes on its own device.
+completes on its own device. A Signal skipped because its stream failed
+still fires, on one device or across two alike: the waiter goes on, and the
+failure is raised by the failed stream's query/synchronize.
 """
 
 from __future__ import annotations
