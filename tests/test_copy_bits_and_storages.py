@@ -10,6 +10,7 @@ between enqueue and run made it copy from the wrong storage.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import pytest
@@ -91,7 +92,9 @@ def test_a_pending_pinned_transfer_keeps_its_host_memory_alive(direction):
     dev = torch.arange(1024.0).to("spyre")
     host = torch.arange(1024.0).flip(0).pin_memory()
     address = host.data_ptr()
-    hold_stream()
+    gate = threading.Event()
+    queues.queue(0).enqueue(torch.spyre.current_stream(0).stream_id,
+                            HostCallback(lambda: gate.wait(60), name="gate"))
     if direction == "d2h":
         host.copy_(dev, non_blocking=True)
     else:
@@ -99,6 +102,7 @@ def test_a_pending_pinned_transfer_keeps_its_host_memory_alive(direction):
     host.data = torch.full((1024,), -1.0)
     gc.collect()
     reused = [v for v in (torch.full((1024,), 5.0).pin_memory() for _ in range(8)) if v.data_ptr() == address]
+    gate.set()
     torch.spyre.synchronize()
     assert not reused, "the pending transfer's pinned block was handed to another tensor"
     if direction == "h2d":
