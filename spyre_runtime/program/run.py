@@ -19,6 +19,7 @@ with the stale addresses.
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +79,8 @@ class ProgramExecutable:
         timing = Timing(self.program, self.hardware)
         Machine(self.program, buffers, self.hardware.scratchpad_bytes, timing).run()
         self.last_report = timing.finish()
-        _reports.append(self.last_report)
+        with _reports_lock:  # a resize swaps the deque: append to the current one
+            _reports.append(self.last_report)
 
     def simulated_ns(self, artifact: Artifact) -> float:
         """The last run's simulated time: the Compute's duration on the timeline."""
@@ -90,6 +92,7 @@ class ProgramExecutable:
 # worker threads running programs need no lock.
 DEFAULT_KERNEL_REPORT_WINDOW = 1024
 _reports: collections.deque[Report] = collections.deque(maxlen=DEFAULT_KERNEL_REPORT_WINDOW)
+_reports_lock = threading.Lock()
 
 
 def kernel_reports() -> list[Report]:
@@ -110,10 +113,10 @@ def kernel_report_window() -> int | None:
 def set_kernel_report_window(n: int | None) -> None:
     """Keep the `n` most recent reports (None keeps every one, without bound).
 
-    The newest reports already kept stay. A report of a program finishing while
-    the window is being resized may be missed.
+    The newest reports already kept stay.
     """
     global _reports
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"the kernel report window must be a positive integer or None, got {n!r}")
-    _reports = collections.deque(_reports.copy(), maxlen=n)
+    with _reports_lock:
+        _reports = collections.deque(_reports, maxlen=n)
