@@ -52,7 +52,7 @@ from .program.validate import validate_once
 from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, Transfer, TransferKind
 from .queue.runtime import current
 from .queue.staging import StagingPool
-from .tensors import address, footprint, storage_ranges
+from .tensors import address, element_span, footprint, reach_bytes, storage_ranges
 
 __all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
            "write_correction_area"]
@@ -237,9 +237,7 @@ def _check(plan: JobPlan, args) -> None:
         if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
             raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
         if t.numel() > 0:
-            needed = (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) \
-                * t.element_size()
-            have = t.untyped_storage().nbytes()
+            needed, have = reach_bytes(t), t.untyped_storage().nbytes()
             if have < needed:
                 raise LaunchError(f"{where}: its storage holds {have} bytes but the tensor reaches byte {needed} "
                                   f"(was the storage resized under it?)")
@@ -247,8 +245,10 @@ def _check(plan: JobPlan, args) -> None:
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    start = t.data_ptr()
-    return start, start + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+    """The host addresses of a non-empty tensor's first and past-its-last touched byte."""
+    lo, hi = element_span(t)
+    base, size = t.untyped_storage().data_ptr(), t.element_size()
+    return base + lo * size, base + (hi + 1) * size
 
 
 def _check_overlap(plan: JobPlan, args) -> None:

@@ -52,6 +52,22 @@ def storage_ranges(storage: torch.UntypedStorage) -> tuple[Range, ...]:
     return found
 
 
+def element_span(t: torch.Tensor) -> tuple[int, int]:
+    """The lowest and highest element a non-empty tensor touches, counted from its storage's start."""
+    lo = hi = t.storage_offset()
+    for n, st in zip(t.shape, t.stride()):
+        if st > 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return lo, hi
+
+
+def reach_bytes(t: torch.Tensor) -> int:
+    """How many bytes of its storage a tensor needs: up to the end of its last element (0 if empty)."""
+    return (element_span(t)[1] + 1) * t.element_size() if t.numel() else 0
+
+
 def ranges(t: torch.Tensor) -> tuple[Range, ...]:
     """The device memory a tensor touches: the span from its first to its last element.
 
@@ -66,10 +82,10 @@ def ranges(t: torch.Tensor) -> tuple[Range, ...]:
     if t.is_contiguous():
         extent = t.numel()
     else:
-        strides = t.stride()
-        if min(strides) < 0:
+        lo, hi = element_span(t)
+        if lo < t.storage_offset():
             return pieces  # negative strides: be conservative
-        extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, strides))
+        extent = hi - lo + 1
     size = t.element_size()
     whole = pieces[0]
     return (Range(whole.region, whole.offset + t.storage_offset() * size, extent * size),)
@@ -86,8 +102,7 @@ def address(t: torch.Tensor) -> DeviceAddress:
     """Where a tensor's first element lives: (region, offset in the region)."""
     storage = t.untyped_storage()
     pieces = storage_ranges(storage)
-    reach = (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)) \
-        * t.element_size() if t.numel() else 0
+    reach = reach_bytes(t)
     if not pieces or reach > storage.nbytes():
         # A storage resized under the tensor: a transfer would run past its block.
         raise RuntimeError(f"spyre: a tensor of shape {list(t.shape)} reaches byte {reach} of its storage, "

@@ -36,7 +36,7 @@ def test_a_negative_view_copies_to_the_host_as_its_values(z):
 @pytest.mark.parametrize("src_conj,dst_conj", [(True, False), (False, True), (True, True)])
 def test_copies_into_spyre_honour_both_tensors_bits(z, src_conj, dst_conj):
     src = z.conj() if src_conj else z
-    dst = torch.zeros(4, 3, dtype=torch.complex64, device="spyre")
+    dst = torch.zeros(4, 3, dtype=torch.complex64).to("spyre")
     if dst_conj:
         dst = dst.conj()
     dst.copy_(src)
@@ -129,16 +129,16 @@ def test_a_storage_resized_under_a_tensor_is_refused_naming_the_bytes(op, left):
     block (the storage's bytes are fewer than the tensor names), and a CPU-fallback op on it
     crashed the process (as the CPU's own kernels do). Now each is a clear error, and the
     device stays usable."""
-    t = torch.ones(16, device="spyre")
+    t = torch.ones(16).to("spyre")
     t.untyped_storage().resize_(left)
     run = {
         "cpu": lambda: t.cpu(),
         "copy from host": lambda: t.copy_(torch.zeros(16)),
-        "copy on device": lambda: t.copy_(torch.zeros(16, device="spyre")),
+        "copy on device": lambda: t.copy_(torch.zeros(16).to("spyre")),
         "fallback op": lambda: t + 1,
         "strided view": lambda: t[::2].cpu(),
     }[op]
     with pytest.raises(RuntimeError, match=r"(was the storage resized under it\?|out of bounds)"):
         run()
-    assert torch.equal((torch.ones(4, device="spyre") + 1).cpu(), torch.full((4,), 2.0))
+    assert torch.equal((torch.ones(4).to("spyre") + 1).cpu(), torch.full((4,), 2.0))
     torch.spyre.synchronize()

@@ -217,7 +217,7 @@ def test_a_launch_does_not_wait_for_unrelated_work_on_other_streams(add_plan):
     everything enqueued earlier on every stream (an independent kernel waited behind another
     stream's copies, and one stuck stream stalled every launch until the wait timeout)."""
     x, y, xs, ys, out = operands(10)
-    other = torch.zeros(SHAPE, device="spyre")
+    other = torch.zeros(SHAPE).to("spyre")
     torch.spyre.synchronize()
     stuck = torch.spyre.Stream()
     release = SoftSignal()

@@ -46,7 +46,7 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
     g = torch.Generator().manual_seed(0)
     a, b, c, d = (torch.randn(SHAPE, generator=g) for _ in range(4))
     da, db, dc, dd = (t.to("spyre") for t in (a, b, c, d))
-    out1, out2 = torch.zeros(SHAPE, device="spyre"), torch.zeros(SHAPE, device="spyre")
+    out1, out2 = torch.zeros(SHAPE).to("spyre"), torch.zeros(SHAPE).to("spyre")
     other = torch.spyre.Stream() if intruder_stream == "another stream" else torch.spyre.current_stream()
     intruded = []
     real_enqueue, real_enqueue_many = DeviceQueue.enqueue, DeviceQueue.enqueue_many

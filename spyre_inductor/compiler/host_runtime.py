@@ -27,6 +27,8 @@ import torch
 
 from spyre_runtime import _C
 
+from .scalars import scalar_as
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -121,16 +123,10 @@ def with_traced_layout(t, size, stride):
 
 
 def constant(value, dtype: torch.dtype) -> torch.Tensor:
-    # PyTorch's conversion of a Python scalar, as the compiled path does (passes/layout.py,
-    # operand_value): through float64 / int64, so a float beyond the type's range is inf and an
-    # integer wraps to the type's width (torch.tensor(300, dtype=torch.int8) would raise instead).
-    if dtype == torch.bool:
-        return torch.tensor(bool(value))
-    wide = torch.complex128 if dtype.is_complex else torch.float64 if dtype.is_floating_point else torch.int64
-    if wide == torch.int64:  # a Python int beyond int64 wraps too, as operand_value does
-        value = int(value) & ((1 << 64) - 1)
-        value = value - (1 << 64) if value >> 63 else value
-    return torch.tensor(value, dtype=wide).to(compute_dtype(dtype))
+    # Converted as the compiled path converts it (scalars.scalar_as: 1e39 in fp32 is inf, integers wrap).
+    if dtype.is_complex:
+        return torch.tensor(value, dtype=torch.complex128).to(compute_dtype(dtype))
+    return torch.tensor(scalar_as(value, compute_dtype(dtype)), dtype=compute_dtype(dtype))
 
 
 def index_value(value, dtype: torch.dtype) -> torch.Tensor:

@@ -30,14 +30,12 @@ and is already folded into that address at launch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-
-import torch
 
 from spyre_runtime.program.operands import DTYPES, ITEMSIZE, STICK
 
 from ..errors import Unsupported
+from ..scalars import scalar_as
 from ..kernel_ir import Cast, Load, PointwiseKernel
 from ._dump import Describable
 
@@ -67,18 +65,7 @@ def operand_value(value, dtype: str):
     tiles (on_chip_dtype) whatever their IR dtype, because that is where Inductor computes them
     (eager's opmath: ``fp16 * 1e6`` multiplies by 1e6 in fp32, then rounds the product).
     """
-    torch_dtype = DTYPES[dtype]
-    if torch_dtype == torch.bool:
-        return bool(value)
-    if torch_dtype.is_floating_point:
-        try:
-            wide = float(value)
-        except OverflowError:  # a Python int beyond every float
-            wide = math.inf if value > 0 else -math.inf
-        return float(torch.tensor(wide, dtype=torch.float64).to(torch_dtype))
-    bits = torch.iinfo(torch_dtype).bits
-    wrapped = int(value) & ((1 << bits) - 1)
-    return wrapped - (1 << bits) if wrapped >> (bits - 1) else wrapped
+    return scalar_as(value, DTYPES[dtype])
 
 
 @dataclass(frozen=True)
