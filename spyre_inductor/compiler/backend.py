@@ -1,4 +1,4 @@
-"""compile_kernel: one PointwiseKernel -> one planned, verified program in an artifact directory.
+"""compile_kernel: one Kernel (kernel_ir) -> one planned, verified program in an artifact directory.
 
 The passes run in order (spyre_inductor/compiler/passes): layout, fusion,
 tiling, scratchpad (which may shrink the tile), division (which emits and
@@ -27,7 +27,7 @@ from spyre_runtime.program.program import Program
 from spyre_runtime.program.validate import ProgramError, validate
 
 from .errors import PlanError, Unsupported
-from .kernel_ir import PointwiseKernel
+from .kernel_ir import Kernel
 from .passes.codegen import build_program
 from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns, representative
 from .passes.emit import Plans, write_artifact
@@ -52,7 +52,7 @@ class Compiled:
     program: Program
 
 
-def _build(kernel: PointwiseKernel, plans_without_division, division: DivisionPlan, check: bool = True) -> Program:
+def _build(kernel: Kernel, plans_without_division, division: DivisionPlan, check: bool = True) -> Program:
     layout, fusion, spad = plans_without_division
     notes = (f"{COMPILER_VERSION}: {len(fusion.steps)} fused step(s), tiles {spad.tiling.tile_rows}x"
              f"{spad.tiling.tile_cols} streamed along dim {spad.tiling.stream_dim}, {division.cores} core(s)")
@@ -75,7 +75,7 @@ def _candidates(kernel, fixed, estimate):
     return representative(build)
 
 
-def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores: int | None = None,
+def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | None = None,
                 estimate=None) -> Compiled:
     """Run every pass. `cores` forces the core count, `max_cores` caps it (default: the timing model
     chooses among up to all cores); each tile-size target of tiling.TARGETS is planned and the fastest
@@ -122,7 +122,7 @@ def plan_kernel(kernel: PointwiseKernel, *, cores: int | None = None, max_cores:
     return Compiled(Plans(layout, fusion, spad, division), program)
 
 
-def _plan_reduction(kernel: PointwiseKernel, cores, max_cores, estimate) -> Compiled:
+def _plan_reduction(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """Reductions (issue 8): passes/reduction_*.py choose resident / chunked / ring plans by the timing model."""
     kwargs = {} if estimate is None else {"estimate": estimate}
     low, plan, division, program = plan_reduction(kernel, cores=cores, max_cores=max_cores, **kwargs)
@@ -136,7 +136,7 @@ def _plan_reduction(kernel: PointwiseKernel, cores, max_cores, estimate) -> Comp
     return Compiled(ReductionPlans(low, plan, division, buffers), program)
 
 
-def artifact_key(kernel: PointwiseKernel, cores: int | None = None, max_cores: int | None = None) -> str:
+def artifact_key(kernel: Kernel, cores: int | None = None, max_cores: int | None = None) -> str:
     ir = json.loads(kernel.to_json())
     ir.pop("name")  # identical kernels under different names share an artifact
     text = json.dumps({"ir": ir, "compiler": COMPILER_VERSION, "cores": cores, "max_cores": max_cores,
@@ -144,7 +144,7 @@ def artifact_key(kernel: PointwiseKernel, cores: int | None = None, max_cores: i
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def compile_kernel(kernel: PointwiseKernel, artifact_root: Path, *, cores: int | None = None,
+def compile_kernel(kernel: Kernel, artifact_root: Path, *, cores: int | None = None,
                    max_cores: int | None = None) -> Path:
     """The artifact directory of `kernel` under `artifact_root` (reused if already compiled)."""
     root = Path(artifact_root)

@@ -1,4 +1,4 @@
-"""Capture: Inductor scheduler nodes -> one PointwiseKernel (kernel_ir), or a reason why not.
+"""Capture: Inductor scheduler nodes -> one Kernel (kernel_ir), or a reason why not.
 
 Each node's loop body is an FX graph of Inductor ``ops`` calls. We run it
 under our own ops handler (``with V.set_ops_handler(h): node._body(vars, [])``)
@@ -66,7 +66,7 @@ from .kernel_ir import (
     Index,
     Load,
     Op,
-    PointwiseKernel,
+    Kernel,
     Reduction,
     Scan,
     Store,
@@ -101,7 +101,7 @@ _EXACT_WIDENING = {
 class Capture:
     """What capture made of a group of nodes."""
 
-    kernel: PointwiseKernel | None  # None: nothing to run (no elements, or nothing stored)
+    kernel: Kernel | None  # None: nothing to run (no elements, or nothing stored)
     removed: frozenset[str]  # Inductor buffers that stay on chip (the wrapper must not allocate them)
 
 
@@ -490,14 +490,8 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
             raise NotCapturable(f"{b} is written while the kernel reads other views of its memory")
     values, stores = _live(group.values, list(group.stores.values()))
     used = {v.buffer for v in values if isinstance(v, Load)} | {st.buffer for st in stores}
-    kernel = PointwiseKernel(
-        name=name,
-        ranges=ranges,
-        buffers=tuple(b for b in group.buffers.values() if b.name in used),
-        values=values,
-        stores=stores,
-        reduction_ranges=reduction_ranges,
-    )
+    kernel = Kernel.of(name, ranges, tuple(b for b in group.buffers.values() if b.name in used), values,
+                       stores, reduction_ranges)
     kernel.check()
     return Capture(kernel, frozenset(group.removed))
 

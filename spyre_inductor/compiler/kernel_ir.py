@@ -1,6 +1,6 @@
 """The kernel IR: what the Inductor side hands the passes, and nothing more.
 
-One ``PointwiseKernel`` is one future dataflow program: an iteration space
+One ``Kernel`` is one future dataflow program: an iteration space
 (``ranges``, outermost first), the device buffers it touches in PyTorch's
 strided layout, a straight-line list of values (SSA: a value refers to
 earlier values by their position) and the stores that leave the kernel.
@@ -36,6 +36,16 @@ Values whose result is only used inside the kernel stay on chip; a value
 reaches device memory only through a ``Store``. Arithmetic follows
 Inductor's contract: floats are computed in fp32 and rounded when stored
 (or when a ``Cast`` says so), integers in their own width.
+
+Matmuls (issue 15): a ``Reduction`` "dot" is the sum over the reduction range
+of its argument, a product of two operands (Inductor's native-matmul form:
+``ops.dot`` of the two loads, reduced by "dot"); a kernel that has one is a
+matmul, planned on the PE arrays.
+
+The kernel's type names what it is (``Kernel.of`` picks it from the
+content, ``check`` insists on it): a ``PointwiseKernel`` has no reduction
+ranges, a ``ReductionKernel`` reduces or scans over them, a
+``MatmulKernel`` is a reduction whose one reduction is a dot.
 
 The IR is frozen and JSON-serialisable (``to_json``/``from_json``) so a
 kernel can be dumped, diffed and unit-tested without Inductor.
@@ -78,6 +88,7 @@ TERNARY_OPS = frozenset({"where"})  # where(cond, a, b)
 REDUCTION_OPS = frozenset({
     "sum", "prod", "max", "min", "argmax", "argmin", "any", "all",
     "welford_mean", "welford_m2", "welford_weight",
+    "dot",  # the sum of a product of two operands: a matmul (issue 15)
 })
 SCAN_OPS = frozenset({"sum", "prod"})  # inclusive prefixes along the one reduction range
 
@@ -154,17 +165,37 @@ Value = Load | Constant | Op | Cast | Reduction | Scan
 class Store:
     buffer: str
     index: Index
-    value: int  # position in PointwiseKernel.values
+    value: int  # position in Kernel.values
 
 
 @dataclass(frozen=True)
-class PointwiseKernel:
+class Kernel:
+    """The common shape of every kernel; build one with ``Kernel.of``, which picks the type."""
+
     name: str
     ranges: tuple[int, ...]
     buffers: tuple[Buffer, ...]
     values: tuple[Value, ...]
     stores: tuple[Store, ...]
     reduction_ranges: tuple[int, ...] = ()
+
+    @staticmethod
+    def kind_of(values, reduction_ranges) -> type["Kernel"]:
+        if not reduction_ranges:
+            return PointwiseKernel
+        if any(isinstance(v, Reduction) and v.op == "dot" for v in values):
+            return MatmulKernel
+        return ReductionKernel
+
+    @staticmethod
+    def of(name, ranges, buffers, values, stores, reduction_ranges=()) -> "Kernel":
+        """The kernel of that content, as the type it is."""
+        cls = Kernel.kind_of(values, reduction_ranges)
+        return cls(name, tuple(ranges), tuple(buffers), tuple(values), tuple(stores), tuple(reduction_ranges))
+
+    def as_kind(self) -> "Kernel":
+        """This content as the type it is (after a ``replace`` that changed what it is)."""
+        return Kernel.of(self.name, self.ranges, self.buffers, self.values, self.stores, self.reduction_ranges)
 
     @property
     def is_reduction(self) -> bool:
@@ -216,6 +247,10 @@ class PointwiseKernel:
 
     def check(self) -> None:
         """Raise ValueError naming the first malformed part (a bad IR is a capture bug)."""
+        kind = Kernel.kind_of(self.values, self.reduction_ranges)
+        if type(self) is not kind:
+            raise ValueError(f"kernel {self.name!r} is a {kind.__name__} built as a {type(self).__name__} "
+                             f"(use Kernel.of)")
         names = {b.name for b in self.buffers}
         rank = len(self.ranges) + len(self.reduction_ranges)
 
@@ -277,14 +312,14 @@ class PointwiseKernel:
             return d
 
         return json.dumps({
-            "name": self.name, "ranges": list(self.ranges), "reduction_ranges": list(self.reduction_ranges),
+            "kind": type(self).__name__, "name": self.name, "ranges": list(self.ranges), "reduction_ranges": list(self.reduction_ranges),
             "buffers": [dataclasses.asdict(b) for b in self.buffers],
             "values": [enc(v) for v in self.values],
             "stores": [dataclasses.asdict(s) for s in self.stores],
         }, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "PointwiseKernel":
+    def from_json(cls, text: str) -> "Kernel":
         d = json.loads(text)
         kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast, "Reduction": Reduction, "Scan": Scan}
 
@@ -299,7 +334,7 @@ class PointwiseKernel:
                 return Op(v["name"], tuple(v["args"]), v["dtype"])
             return kind(**v)
 
-        return cls(
+        return Kernel.of(
             d["name"], tuple(d["ranges"]),
             tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
                   for b in d["buffers"]),
@@ -307,3 +342,15 @@ class PointwiseKernel:
             tuple(Store(s["buffer"], index(s["index"]), s["value"]) for s in d["stores"]),
             tuple(d.get("reduction_ranges", ())),
         )
+
+
+class PointwiseKernel(Kernel):
+    """Elementwise work over ``ranges``: no reduction ranges."""
+
+
+class ReductionKernel(Kernel):
+    """Reductions and scans over ``reduction_ranges``, with their prologues and epilogues."""
+
+
+class MatmulKernel(ReductionKernel):
+    """A reduction whose one reduction is a "dot": out[..., m, n] = sum_k a[..., m, k] * b[..., k, n]."""

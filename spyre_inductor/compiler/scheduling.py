@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import Op, PointwiseKernel, Reduction, Scan
+from .kernel_ir import Op, Kernel, Reduction, Scan
 from .version import compiler_version
 
 
@@ -52,7 +52,7 @@ class KernelRecord:
 
     nodes: tuple[str, ...]
     ops: str
-    kernel: PointwiseKernel | None
+    kernel: Kernel | None
     artifact: Path | None
     fallback_reason: str | None
 
@@ -85,7 +85,7 @@ def artifact_root() -> Path:
     return Path(cache_dir()) / "spyre" / compiler_version()
 
 
-def content_name(kernel: PointwiseKernel) -> PointwiseKernel:
+def content_name(kernel: Kernel) -> Kernel:
     """The kernel, named after what it computes and its content hash, e.g.
     ``spyre_pw_mul_add_sigmoid_sub_relu_3f2a...`` or ``spyre_red_max_sub_exp_sum_truediv_...``
     (reports and listings say what ran; the artifact key ignores the name, so
@@ -102,7 +102,7 @@ def content_name(kernel: PointwiseKernel) -> PointwiseKernel:
     return replace(kernel, name=f"spyre_{kind}_{label}_{digest}")
 
 
-def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
+def compile_kernel(kernel: Kernel) -> tuple[Path | None, str | None]:
     """(artifact dir, None), or (None, why the backend cannot compile it)."""
     from . import backend, config
 
@@ -114,7 +114,7 @@ def compile_kernel(kernel: PointwiseKernel) -> tuple[Path | None, str | None]:
         return None, f"backend: {e}"
 
 
-def _plannable_shape(kernel: PointwiseKernel | None) -> bool:
+def _plannable_shape(kernel: Kernel | None) -> bool:
     """False if the reduction planner would refuse the kernel's iteration space outright: fusing
     into such a group would turn nodes that compile on their own into one CPU fallback (found
     by the graph fuzzer). Reduced dims that do not merge into one are planned (chunked, the
@@ -197,7 +197,7 @@ class SpyreScheduling(BaseScheduling):
         _record(nodes, kernel, None, reason)
         self._emit_cpu_fallback(nodes, reason)
 
-    def _emit_program(self, nodes, kernel: PointwiseKernel, artifact: Path, removed) -> None:
+    def _emit_program(self, nodes, kernel: Kernel, artifact: Path, removed) -> None:
         wrapper = V.graph.wrapper_code
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()

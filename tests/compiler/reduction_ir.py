@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spyre_inductor.compiler.kernel_ir import Index, PointwiseKernel, Reduction, Store
+from spyre_inductor.compiler.kernel_ir import Index, Kernel, Reduction, Store
 
 from pointwise_ir import KernelBuilder, contiguous
 
@@ -20,8 +20,8 @@ class ReductionBuilder(KernelBuilder):
     def reduce(self, op, arg, dtype="fp32"):
         return self._add(Reduction(op, arg, dtype))
 
-    def build(self) -> PointwiseKernel:
-        k = PointwiseKernel(self.name, self.ranges, tuple(self.buffers), tuple(self.values), tuple(self.stores),
+    def build(self) -> Kernel:
+        k = Kernel.of(self.name, self.ranges, tuple(self.buffers), tuple(self.values), tuple(self.stores),
                             self.rranges)
         k.check()
         return k

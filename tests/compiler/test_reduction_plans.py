@@ -72,9 +72,9 @@ def test_the_verifier_rejects_overlapping_accumulators():
 
 def test_an_int64_constant_beyond_int32_stays_int64_not_wrapped():
     from spyre_inductor.compiler.backend import plan_kernel
-    from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Load, Op, PointwiseKernel, Reduction, Store
+    from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Kernel, Load, Op, Reduction, Store
 
-    k = PointwiseKernel("big", (4,), (Buffer("x", "int64", (4, 64), (64, 1)), Buffer("out", "int64", (4,), (1,))),
+    k = Kernel.of("big", (4,), (Buffer("x", "int64", (4, 64), (64, 1)), Buffer("out", "int64", (4,), (1,))),
                         (Load("x", Index((64, 1)), "int64"), Constant(2 ** 40, "int64"),
                          Op("mul", (0, 1), "int64"), Reduction("sum", 2, "int64")),
                         (Store("out", Index((1, 0)), 3),), (64,))

@@ -27,7 +27,7 @@ import jinja2
 from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one written
 from spyre_runtime.program.program import Program
 
-from ..kernel_ir import PointwiseKernel
+from ..kernel_ir import Kernel
 from ._dump import plain
 from .division import DivisionPlan
 from .fusion import FusionPlan
@@ -62,7 +62,7 @@ def _summary(plans):
                                      spad=plans.scratchpad, division=plans.division)
 
 
-def launch_args(kernel: PointwiseKernel, layout: LayoutPlan) -> list[dict]:
+def launch_args(kernel: Kernel, layout: LayoutPlan) -> list[dict]:
     read = set(kernel.inputs)
     args = []
     for i, b in enumerate(layout.buffers):
@@ -72,7 +72,7 @@ def launch_args(kernel: PointwiseKernel, layout: LayoutPlan) -> list[dict]:
     return args
 
 
-def write_artifact(directory: Path, kernel: PointwiseKernel, plans: Plans, program: Program,
+def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Program,
                    compiler: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     args = launch_args(kernel, plans.layout)

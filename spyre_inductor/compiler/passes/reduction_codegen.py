@@ -37,7 +37,7 @@ from spyre_runtime.program.isa import (Binary, Fill, Load, Pop, Push, Reduce, Sc
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
-from ..kernel_ir import PointwiseKernel
+from ..kernel_ir import ReductionKernel
 from .reduction_lowering import RAccess, ReductionLowering
 from .reduction_plan import ReductionPlan, streamed
 
@@ -51,13 +51,13 @@ class RShare:
     kn: int                   # reduced elements of this core
 
 
-def symbols_of(kernel: PointwiseKernel) -> tuple[Symbol, ...]:
+def symbols_of(kernel: ReductionKernel) -> tuple[Symbol, ...]:
     stored = set(kernel.outputs)
     return tuple(Symbol(b.name, "output" if b.name in stored else "input", b.dtype, b.shape, b.strides)
                  for b in kernel.buffers)
 
 
-def build_reduction_program(kernel: PointwiseKernel, low: ReductionLowering, plan: ReductionPlan,
+def build_reduction_program(kernel: ReductionKernel, low: ReductionLowering, plan: ReductionPlan,
                             shares: tuple[RShare, ...], notes: str = "") -> Program:
     queues, cores = [], []
     last = len(shares) - 1

@@ -28,7 +28,7 @@ from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ..errors import Unsupported
-from ..kernel_ir import PointwiseKernel
+from ..kernel_ir import ReductionKernel
 from ._dump import Describable
 from .division import TIE, TIE_NS, candidate_counts, simulated_ns
 from .reduction_codegen import RShare, build_reduction_program
@@ -151,7 +151,7 @@ def search(variants, counts, evaluate, errors) -> None:
             break
 
 
-def plan_reduction(kernel: PointwiseKernel, *, cores: int | None = None, max_cores: int | None = None,
+def plan_reduction(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | None = None,
                    estimate=simulated_ns):
     """The fastest (by the timing model) verified reduction program: (ReductionPlans, Program)."""
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)

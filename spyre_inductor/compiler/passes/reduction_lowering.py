@@ -73,7 +73,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import Unsupported
-from ..kernel_ir import TORCH_DTYPES, Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, Scan
+from ..kernel_ir import TORCH_DTYPES, Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, ReductionKernel, Scan
 from ._dump import Describable
 from .fusion import _isa_op
 from .layout import FLOATS, TILE_DTYPES, _canonical, operand_value
@@ -182,7 +182,7 @@ def _space(outer_strides, r_stride, K, one_row=False) -> str:
     return {(True, True): "F", (True, False): "O", (False, True): "R", (False, False): "S"}[(on_o, on_r)]
 
 
-def canonical(kernel: PointwiseKernel):
+def canonical(kernel: ReductionKernel):
     """(outer ranges, outer map, K, per access (outer strides, r stride), looped extents, per
     access looped strides), accesses being the loads then the stores."""
     n = len(kernel.ranges)
@@ -194,13 +194,13 @@ def canonical(kernel: PointwiseKernel):
             [tuple(r[:-1]) for r in r_strides])
 
 
-def loads_and_stores(kernel: PointwiseKernel) -> list[str]:
+def loads_and_stores(kernel: ReductionKernel) -> list[str]:
     """Names of the accesses in canonical()'s order: loads, then stores."""
     return ([f"the load of {v.buffer!r}" for v in kernel.values if isinstance(v, Load)]
             + [f"the store to {s.buffer!r}" for s in kernel.stores])
 
 
-def exact_welford(kernel: PointwiseKernel) -> PointwiseKernel:
+def exact_welford(kernel: ReductionKernel) -> ReductionKernel:
     """Welford as the exact two-pass form over resident rows: mean = sum/K, m2 = sum((x - mean)^2)."""
     K = 1
     for r in kernel.reduction_ranges:
@@ -238,7 +238,7 @@ def exact_welford(kernel: PointwiseKernel) -> PointwiseKernel:
     return replace(kernel, values=tuple(values), stores=stores)
 
 
-def empty_as_pointwise(kernel: PointwiseKernel) -> PointwiseKernel:
+def empty_as_pointwise(kernel: ReductionKernel) -> PointwiseKernel:
     """K == 0: every reduction is its identity (sum 0, prod 1, any False, all True; welford nan/0):
     a pointwise kernel over the outer ranges."""
     n = len(kernel.ranges)
@@ -261,7 +261,7 @@ def empty_as_pointwise(kernel: PointwiseKernel) -> PointwiseKernel:
 # ---- lowering ------------------------------------------------------------------------------
 
 
-def lower(kernel: PointwiseKernel, mode: str) -> ReductionLowering:
+def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
     where = f"kernel {kernel.name!r}"
     if mode == "resident":
         kernel = exact_welford(kernel)
