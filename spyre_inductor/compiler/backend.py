@@ -27,12 +27,13 @@ from spyre_runtime.program.program import Program
 from spyre_runtime.program.validate import ProgramError, validate
 
 from .errors import PlanError, Unsupported
-from .kernel_ir import Kernel
+from .kernel_ir import Kernel, MatmulKernel
 from .passes.codegen import build_program
 from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns, representative
 from .passes.emit import Plans, write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import BufferLayout, plan_layout
+from .passes.matmul import plan_matmul
 from .passes.reduction_division import ReductionPlans, plan_reduction
 from .passes.reduction_lowering import empty_as_pointwise
 from .passes.scratchpad import BUFFER_CHOICES, plan_scratchpad
@@ -89,6 +90,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
             raise ValueError(f"{name} must be an integer in 1..{HARDWARE.cores}, got {n!r}")
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
+    if isinstance(kernel, MatmulKernel) and 0 not in kernel.reduction_ranges:
+        return plan_matmul(kernel, cores=cores, max_cores=max_cores)
     if kernel.reduction_ranges:
         if 0 in kernel.reduction_ranges:
             # an empty reduced dim: every reduction is its identity, the rest is pointwise

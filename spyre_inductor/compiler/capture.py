@@ -82,7 +82,8 @@ _IR_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
 # Inductor decomposed into ``any``; welford_combine only appears in split
 # reductions, which REDUCE_TO_SINGLE_ELEMENT turns off; argmax_value and
 # friends are Triton-only lowerings.)
-_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "argmax", "argmin", "any", "all"})
+_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "argmax", "argmin", "any", "all",
+                         "dot"})  # Inductor's native-matmul reduction (lowerings.py): a matmul
 _WELFORD = ("welford_mean", "welford_m2", "welford_weight")
 _LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 # IR dtype -> the dtypes that represent each of its values exactly.
@@ -252,6 +253,11 @@ class CaptureHandler(DefaultHandler):
     def _is_div_rn(self, x: _V) -> bool:
         v = self.g.values[x.pos]
         return isinstance(v, Op) and v.name == "div_rn" and x.dtype.is_floating_point
+
+    def dot(self, a, b):
+        # The product inside Inductor's native-matmul form (lowerings.py: ops.dot of the two
+        # operands, reduced by "dot"); pointwise it is a multiply, the "dot" reduction sums it.
+        return self._default("mul", (a, b), {})
 
     def _default(self, name: str, args, kwargs):
         if kwargs:

@@ -1,4 +1,17 @@
-"""Spyre-only lowerings: pointwise ops Inductor would otherwise hand to an extern ATen kernel.
+"""Spyre-only lowerings: ops Inductor would otherwise hand to an extern ATen kernel.
+
+Matmuls (issue 15): ``mm``, ``bmm``, ``addmm`` and ``baddbmm`` of floating
+spyre tensors are lowered to Inductor's own native-matmul form (what it
+builds for Triton under ``config.triton.native_matmul``): the operands
+unsqueezed and broadcast against each other, ``ops.dot`` of the two (a
+pointwise product) and a ``"dot"`` reduction over k. That is an ordinary
+reduction node, so the scheduler fuses prologues (casts, scaling, a
+transpose view) and epilogues (bias, activation, residual, cast) around it
+and capture hands the whole group to the matmul family as one MatmulKernel,
+instead of an ``extern_kernels.mm`` call that runs outside any program.
+``linear``, ``matmul`` and ``einsum`` reach these four through their ATen
+decompositions. Integer matmuls keep Inductor's lowering (a visible CPU
+fallback: the PE arrays accumulate floats).
 
 Inductor lowers ``integer ** integer tensor`` (``aten.pow.Tensor_Tensor`` and
 ``aten.pow.Scalar`` on integers) to a FallbackKernel calling ATen, because
@@ -21,6 +34,7 @@ import threading
 import torch
 from torch._inductor import ir
 from torch._inductor import lowering as L
+from torch._inductor.virtualized import ops
 
 aten = torch.ops.aten
 _lock = threading.Lock()
@@ -51,6 +65,44 @@ def _spyre_pow(inductor_pow):
     return lowering
 
 
+def _floating_on_spyre(*mats) -> bool:
+    return _on_spyre(*mats) and all(isinstance(m, ir.IRNode) and m.get_dtype().is_floating_point for m in mats)
+
+
+def native_matmul(mat1, mat2, k_dim: int):
+    """sum over k of mat1[..., m, k, 1] * mat2[..., 1, k, n]: Inductor's native-matmul form."""
+    mat1 = L.lowerings[aten.unsqueeze](mat1, -1)
+    mat2 = L.lowerings[aten.unsqueeze](mat2, -3)
+    a, b = L.broadcast_tensors(mat1, mat2)
+    product = L.make_pointwise(ops.dot)(a, b)
+    return L.make_reduction("dot")(product, k_dim)
+
+
+def _spyre_mm(inductor_mm, batched: bool):
+    def lowering(mat1, mat2, out_dtype=None, *, layout=None):
+        if out_dtype is None and layout is None and _floating_on_spyre(mat1, mat2):
+            return native_matmul(mat1, mat2, 2 if batched else 1)
+        return inductor_mm(mat1, mat2, out_dtype, layout=layout)
+
+    return lowering
+
+
+def _spyre_addmm(inductor_addmm, mm):
+    def lowering(inp, mat1, mat2, *, beta=1, alpha=1, layout=None):
+        if layout is None and _floating_on_spyre(inp, mat1, mat2):
+            # beta * inp + alpha * (mat1 @ mat2): the scale and the add are the matmul's epilogue
+            product = L.lowerings[mm](mat1, mat2)
+            if alpha != 1:
+                product = L.lowerings[aten.mul](product, alpha)
+            if beta == 0:
+                return product
+            scaled = inp if beta == 1 else L.lowerings[aten.mul](inp, beta)
+            return L.lowerings[aten.add](scaled, product)
+        return inductor_addmm(inp, mat1, mat2, beta=beta, alpha=alpha, layout=layout)
+
+    return lowering
+
+
 def install() -> None:
     """Register the spyre-conditional lowerings (idempotent)."""
     global _installed
@@ -60,4 +112,10 @@ def install() -> None:
         for overload in (aten.pow.Tensor_Tensor, aten.pow.Scalar):
             inductor_pow = L.lowerings[overload]
             L.register_lowering(overload, broadcast=True)(_spyre_pow(inductor_pow))
+        # Overloads, not packets: Inductor looks lowerings up by the overload in the graph, and
+        # registering a packet here would not replace them.
+        for op, batched in ((aten.mm.default, False), (aten.bmm.default, True)):
+            L.register_lowering(op, type_promotion_kind=None)(_spyre_mm(L.lowerings[op], batched))
+        for op, mm in ((aten.addmm.default, aten.mm.default), (aten.baddbmm.default, aten.bmm.default)):
+            L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], mm))
         _installed = True

@@ -32,6 +32,7 @@ from ._dump import plain
 from .division import DivisionPlan
 from .fusion import FusionPlan
 from .layout import LayoutPlan
+from .plans import Plans as FamilyPlans
 from .scratchpad import ScratchpadPlan
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -55,6 +56,8 @@ class Plans:
 
 def _summary(plans):
     """(template, context) of summary.txt: reduction plans bring their own (reduction_division.py)."""
+    if isinstance(plans, FamilyPlans):
+        return ("plans_summary.txt.j2",), dict(plans=plans)
     if hasattr(plans, "summary_context"):
         template, context = plans.summary_context()
         return (template,), context
@@ -62,7 +65,7 @@ def _summary(plans):
                                      spad=plans.scratchpad, division=plans.division)
 
 
-def launch_args(kernel: Kernel, layout: LayoutPlan) -> list[dict]:
+def launch_args(kernel: Kernel, layout) -> list[dict]:
     read = set(kernel.inputs)
     args = []
     for i, b in enumerate(layout.buffers):
@@ -75,7 +78,7 @@ def launch_args(kernel: Kernel, layout: LayoutPlan) -> list[dict]:
 def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Program,
                    compiler: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    args = launch_args(kernel, plans.layout)
+    args = launch_args(kernel, plans if isinstance(plans, FamilyPlans) else plans.layout)
     arg_of = {a["name"]: a["index"] for a in args}
     slots = [{"slot": s["slot"], "arg": arg_of[s["symbol"]], "symbol": s["symbol"], "offset": s["offset"]}
              for s in program.correction_layout]

@@ -1,0 +1,89 @@
+"""The matmul family end to end: lowering, tilings and grids timed by the timing model, the kept program.
+
+Candidates (search.py): for each core count the grid that moves the fewest
+bytes (matmul_plan.best_grid), and at it every tiling that fits
+(matmul_plan.fitting: tile shapes and operand pools). A candidate is timed
+by one core's program standing for all of them in step (timing.estimate's
+replicas: the blocks differ only in where they start, the first is the
+largest); the program kept is built for every core and validated once.
+"""
+
+from __future__ import annotations
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.program import Program, Symbol
+
+from ..errors import Unsupported
+from ..kernel_ir import MatmulKernel
+from . import search
+from .allocate import check_needs, check_placement
+from .division import simulated_ns
+from .layout import BufferLayout
+from .matmul_codegen import build_matmul_program
+from .matmul_lowering import analyse
+from .matmul_plan import best_grid, fitting, tile_needs, variants
+from .plans import Division, Plans
+
+
+def _symbols(kernel) -> tuple[Symbol, ...]:
+    stored = set(kernel.outputs)
+    return tuple(Symbol(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
+                        tuple(b.strides)) for b in kernel.buffers)
+
+
+def _buffers(kernel) -> tuple[BufferLayout, ...]:
+    stored = set(kernel.outputs)
+    return tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
+                              tuple(b.strides), b.offset) for b in kernel.buffers)
+
+
+def candidate_counts(shape, limit: int) -> list[int]:
+    return sorted({c for c in (1, 2, 4, 8, 16, 32) if c <= limit} | {limit})
+
+
+def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: int | None = None,
+                estimate=None):
+    from ..backend import COMPILER_VERSION, Compiled
+
+    shape, tk = analyse(kernel)
+    symbols = _symbols(kernel)
+    limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
+    counts = [cores] if cores else candidate_counts(shape, limit)
+    grids = {n: best_grid(shape, n) for n in counts}
+    errors: list[str] = []
+
+    def evaluate(variant, n):
+        grid = grids[n]
+        fit = fitting(tk, shape, grid, variant)
+        if fit is None:
+            return None
+        tiling, placement = fit
+        program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
+                                       blocks=grid.blocks[:1])
+        ns = estimate(program) if estimate is not None else simulated_ns(program, grid.cores)
+        label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
+                 f"{tiling.label}")
+        return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
+
+    results = search.search(variants(), counts, evaluate, errors)
+    if not results:
+        raise Unsupported(f"kernel {kernel.name!r}: no matmul tiling fits {HARDWARE.scratchpad_usable_bytes} B "
+                          f"of scratchpad" + (f": {'; '.join(errors[:3])}" if errors else ""))
+    chosen = search.choose(results)
+    grid, tiling, placement = chosen.plan
+    needs = tile_needs(tk, tiling)
+    check_needs("matmul scratchpad plan", needs, placement)
+    check_placement("matmul scratchpad plan", placement.allocations,
+                    min(placement.usable, HARDWARE.scratchpad_usable_bytes))
+    notes = (f"{COMPILER_VERSION}: matmul {shape.M}x{shape.K}x{shape.N}"
+             + (f" x{shape.batches}" if shape.batch else "")
+             + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
+    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes)
+    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks)
+    plans = Plans("matmul", _buffers(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),
+                  placement, division)
+    return Compiled(plans, program)
+
+
+__all__ = ["plan_matmul"]

@@ -1,0 +1,196 @@
+"""Matmul planning: tile shape, operand slots and the division of the output over cores.
+
+A core owns a block of the output (batches x rows x columns) and walks it in
+output tiles of ``tm x tn``; each output tile is ``K / tk`` k-steps, one PE
+matmul of an A tile [tm, tk] by a B tile [tk, tn] into an fp32 accumulator.
+
+Operand tiles live in **slots**: each operand has a pool of them, and a
+tile already in a slot is not moved again. The schedule of the whole core
+is known before emission, so eviction is optimal (the slot whose tile is
+needed again farthest in the future, then the least recently used): a pool
+as large as the operand's distinct tiles keeps it resident (each byte read
+once per core: weights stationary), two slots double-buffer a stream.
+The re-fetch factor (bytes read from device memory over the kernel's
+minimum) follows from the pools and the division, and the timing model
+chooses among them.
+
+Division: the output's batches, rows and columns are split into a grid of
+``gb x gm x gn`` blocks, one per core. Columns split in whole sticks of the
+output dtype, so no two cores store into one stick. A block's operands are
+read once per block, so a grid reads A ``gn`` times and B ``gm`` times: for
+each core count the grid that moves the fewest bytes is the candidate, and
+the timing model picks the count (search.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.emitter import split_evenly
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+
+from ..errors import Unsupported
+from ._dump import Describable
+from .allocate import Need, Placement, allocate
+from .matmul_lowering import MatmulShape
+from .tiles import Role, TileKernel
+
+PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
+
+
+@dataclass(frozen=True)
+class MatmulTiling(Describable):
+    tm: int
+    tn: int
+    tk: int
+    a_slots: int
+    b_slots: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """One core's share of the output: flat batch indices [b0, b0 + bc), rows, columns."""
+
+    core: int
+    b0: int
+    bc: int
+    m0: int
+    mc: int
+    n0: int
+    nc: int
+
+
+@dataclass(frozen=True)
+class Grid(Describable):
+    gb: int
+    gm: int
+    gn: int
+    blocks: tuple[Block, ...]
+
+    @property
+    def cores(self) -> int:
+        return len(self.blocks)
+
+
+def n_granule(shape: MatmulShape) -> int:
+    return STICK // ITEMSIZE[shape.out_dtype]
+
+
+def grids(shape: MatmulShape, cores: int) -> list[Grid]:
+    """Every grid of at most `cores` blocks that uses all of them it can."""
+    g = n_granule(shape)
+    n_units = -(-shape.N // g)
+    out = []
+    for gb in range(1, min(shape.batches, cores) + 1):
+        for gn in range(1, min(n_units, cores // gb) + 1):
+            gm = min(shape.M, cores // (gb * gn))
+            if gm < 1:
+                continue
+            out.append(make_grid(shape, gb, gm, gn))
+    best = max(o.cores for o in out)
+    return [o for o in out if o.cores == best]
+
+
+def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int) -> Grid:
+    g = n_granule(shape)
+    n_units = -(-shape.N // g)
+    blocks = []
+    for b0, bc in split_evenly(shape.batches, gb):
+        for m0, mc in split_evenly(shape.M, gm):
+            for u0, un in split_evenly(n_units, gn):
+                n0 = u0 * g
+                nc = min(un * g, shape.N - n0)
+                if bc and mc and nc > 0:
+                    blocks.append(Block(len(blocks), b0, bc, m0, mc, n0, nc))
+    return Grid(gb, gm, gn, tuple(blocks))
+
+
+def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
+    """Device bytes the grid reads and writes if each block reads its operands once."""
+    ia, ib = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype]
+    a_bytes = shape.batches * shape.M * shape.K * ia
+    b_bytes = (shape.batches if any(shape.b.batch_strides) else 1) * shape.K * shape.N * ib
+    return grid.gn * a_bytes + (grid.gm * (grid.gb if not any(shape.b.batch_strides) else 1)) * b_bytes
+
+
+def best_grid(shape: MatmulShape, cores: int) -> Grid:
+    return min(grids(shape, cores), key=lambda g: (grid_bytes(shape, g), -g.gm))
+
+
+# ---- tiles and scratchpad ----------------------------------------------------------------
+
+
+def operand_tiles(tk_: TileKernel) -> tuple[str, str]:
+    """The A and B tiles: the two loads of the chunk phase."""
+    (ta, _), (tb, _) = tk_.phases[0].loads
+    return ta, tb
+
+
+def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
+    """What every tile needs at this tiling (the verifier recomputes the same from the tile kernel):
+    A tiles are [tm, tk] rows, B tiles [tk, tn], everything else [tm, tn], a staging tile is its
+    operand with the axes swapped; an axis a tile does not vary over has extent 1. Operand
+    pools have their slots, accumulators, epilogue operands and outputs two copies (the PE
+    fills one while the sfp drains the other), staging and temporaries one."""
+    ta, tb = operand_tiles(tk_)
+    size = {"m": t.tm, "n": t.tn, "k": t.tk}
+    needs = []
+    for tile in tk_.tiles:
+        if tile.role is Role.CONSTANT:
+            needs.append(Need(tile.name, STICK, STICK))
+            continue
+        served = tile.of or tile.name
+        rows_axis, cols_axis = ("m", "k") if served == ta else ("k", "n") if served == tb else ("m", "n")
+        rows = size[rows_axis] if rows_axis in tile.space else 1
+        cols = size[cols_axis] if cols_axis in tile.space else 1
+        if tile.role is Role.STAGING:
+            rows, cols = cols, rows
+        row = sticks(cols * ITEMSIZE[tile.dtype])
+        if tile.name in (ta, tb):
+            copies = t.a_slots if tile.name == ta else t.b_slots
+        else:
+            copies = 1 if tile.role in (Role.STAGING, Role.TEMPORARY) else 2
+        needs.append(Need(tile.name, rows * row, row, copies))
+    return needs
+
+
+def place(tk_: TileKernel, t: MatmulTiling) -> tuple[list[Need], Placement]:
+    needs = tile_needs(tk_, t)
+    return needs, allocate(needs, HARDWARE.scratchpad_usable_bytes)
+
+
+# Tile-shape targets (rows, columns, k) and operand pool policies the search tries; the tile is
+# the target clipped to the core's block.
+TARGETS = ((128, 256, 1024), (64, 256, 256), (128, 128, 256))
+POOLS = ("B resident", "A resident", "streamed")
+
+
+def variants() -> list[tuple]:
+    return [(tgt, pool) for tgt in TARGETS for pool in POOLS]
+
+
+def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
+    (tm_t, tn_t, tk_t), pool = variant
+    mc = max(b.mc for b in grid.blocks)
+    nc = max(b.nc for b in grid.blocks)
+    g = n_granule(shape)
+    tm, tk = min(mc, tm_t), min(shape.K, tk_t)
+    tn = min(nc, max(g, tn_t // g * g))
+    ktiles = -(-shape.K // tk)
+    a_tiles, b_tiles = -(-mc // tm) * ktiles, -(-nc // tn) * ktiles
+    a_slots = a_tiles if pool == "A resident" else min(2, a_tiles)
+    b_slots = b_tiles if pool == "B resident" else min(2, b_tiles)
+    return MatmulTiling(tm, tn, tk, a_slots, b_slots, pool)
+
+
+def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[MatmulTiling, Placement] | None:
+    """The variant's tiling on this grid and its placement, or None if it does not fit."""
+    t = tiling_for(shape, grid, variant)
+    _, p = place(tk_, t)
+    return (t, p) if p.fits else None
+
+
+__all__ = ["Block", "Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
+           "n_granule", "operand_tiles", "place", "tile_needs", "tiling_for", "variants"]
