@@ -1,7 +1,7 @@
 """The timing model against the measured kernels, the reports of the hand-written programs,
 and the hardware config it is built from: `.venv/bin/python benchmarks/calibration.py`.
 
-Every entry of spyre_runtime.program.calibration.CALIBRATION (a hand-written
+Every entry of spyre_authoring.calibration.CALIBRATION (a hand-written
 program equivalent to one measured kernel of SPYRE_MEASUREMENTS.md) is
 estimated with the timing model (timing.estimate: the program's control flow
 and costs, without computing values). Columns: simulated device time, its
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from _bench import print_table
+from _bench import TRAFFIC_HEADER, print_table, traffic_columns
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.calibration import BOUNDS, CALIBRATION
-from spyre_runtime.program.handwritten import cast_round_trip, ring_sum, row_softmax, tiled_matmul, vector_add
+from spyre_authoring.calibration import BOUNDS, CALIBRATION
+from spyre_authoring.handwritten import cast_round_trip, ring_sum, row_softmax, tiled_matmul, vector_add
 from spyre_runtime.program.timing import estimate
 
 HANDWRITTEN = [
@@ -52,11 +52,15 @@ def handwritten_table() -> None:
     for build in HANDWRITTEN:
         program = build()
         r = estimate(program)
+        # Hand-written programs record no minimum: each input and output placeholder once stands in (*).
+        read_once = sum(s.nbytes for s in program.symbols if s.role == "input")
+        written_once = sum(s.nbytes for s in program.symbols if s.role == "output")
         rows.append([program.name, r.cores_used, r.simulated_us, r.roofline_us, r.efficiency, r.utilization(),
-                     r.bottleneck, _mib(r.bytes_moved), f"{r.flops:.3g}"])
-    print_table("Hand-written programs: kernel reports",
+                     r.bottleneck, *traffic_columns([r], read_once, written_once), f"{r.flops:.3g}"])
+    print_table("Hand-written programs: kernel reports (roofline and efficiency against the bytes moved; "
+                "* minimum: each input and output placeholder once)",
                 ["program", "cores", "simulated us", "roofline us", "efficiency", "utilization", "bottleneck",
-                 "bytes moved", "flops"], rows)
+                 *TRAFFIC_HEADER, "flops"], rows)
 
 
 def hardware_table() -> None:

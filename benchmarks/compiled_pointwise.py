@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from _bench import print_table
+from _bench import TRAFFIC_HEADER, print_table, traffic_columns
 from _compiled import compile_seconds, nbytes, reports_of_one_call
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
@@ -44,17 +44,16 @@ def chain_table() -> None:
         if len(reports) != 1:
             raise SystemExit(f"expected the chain to be one program, got {len(reports)}: {[r.name for r in reports]}")
         (r,) = reports
-        minimum = nbytes(x, y, out)
         err = (out.cpu().float() - chain(x.float(), y.float())).abs().max().item()
         rows.append([f"{shape[0]}x{shape[1]}", r.name, r.cores_used, r.simulated_us, r.roofline_us, r.efficiency,
-                     r.bytes_moved, minimum, r.bytes_moved / minimum, r.utilization(), r.bottleneck, err, spyre_s,
-                     cpu_s])
+                     *traffic_columns(reports, nbytes(x, y), nbytes(out)), r.utilization(), r.bottleneck, err,
+                     spyre_s, cpu_s])
     print_table(
         "Compiled 5-op chain relu(sigmoid(x*y + 1) - 0.5) * 2, fp16 (targets: efficiency >= 0.85, "
-        "bytes <= 1.1x minimum, compile time <= Inductor CPU's)",
-        ["shape", "kernel", "cores", "simulated us", "roofline us", "efficiency", "bytes moved", "minimum",
-         "bytes/min", "utilization", "bottleneck", "max |err| vs fp32", "compile s (spyre)",
-         "compile s (Inductor CPU)"], rows)
+        "bytes <= 1.1x minimum, compile time <= Inductor CPU's; roofline against the minimum, "
+        "* the inputs' and output's bytes where the program does not record it)",
+        ["shape", "kernel", "cores", "simulated us", "roofline us", "efficiency", *TRAFFIC_HEADER,
+         "utilization", "bottleneck", "max |err| vs fp32", "compile s (spyre)", "compile s (Inductor CPU)"], rows)
 
 
 CALIBRATION = [
@@ -68,7 +67,7 @@ CALIBRATION = [
 
 def calibration_table() -> None:
     from spyre_inductor.compiler import config
-    from spyre_runtime.program import calibration
+    from spyre_authoring import calibration
     from spyre_runtime.program.timing import estimate
 
     rows = []
@@ -82,15 +81,16 @@ def calibration_table() -> None:
             torch._dynamo.reset()
             compiled = torch.compile(fn)
             compiled(*args)
-            _, reports = reports_of_one_call(compiled, *args)
+            out, reports = reports_of_one_call(compiled, *args)
         (r,) = reports
         rows.append([name, r.cores_used, measured, handwritten, r.simulated_us, r.simulated_us / measured,
                      "yes" if r.simulated_us <= measured else "NO", r.simulated_us / handwritten,
-                     r.efficiency, r.bottleneck])
+                     r.efficiency, *traffic_columns(reports, nbytes(*args), nbytes(out)), r.bottleneck])
     print_table("Compiled pointwise calibration kernels vs measured (SPYRE_MEASUREMENTS.md); 'measured plan' is "
                 "the model's time for the hand-written program of the plan the measurement ran",
                 ["kernel", "cores", "measured us", "measured plan, simulated us", "compiled, simulated us",
-                 "compiled/measured", "at or below", "compiled/measured plan", "efficiency", "bottleneck"], rows)
+                 "compiled/measured", "at or below", "compiled/measured plan", "efficiency", *TRAFFIC_HEADER,
+                 "bottleneck"], rows)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from _bench import print_table
+from _bench import TRAFFIC_HEADER, print_table, traffic_columns
 from _compiled import compile_seconds, nbytes, reports_of_one_call
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
@@ -87,18 +87,17 @@ def fusion_table() -> None:
         dev = [a.to("spyre") for a in args]
         spyre_s, compiled = compile_seconds(fn, *dev)
         out, reports = reports_of_one_call(compiled, *dev)
-        minimum = nbytes(*args, out)
-        moved = sum(r.bytes_moved for r in reports)
         sim = sum(r.simulated_us for r in reports)
         roof = sum(r.roofline_us for r in reports)
         err = (out.cpu().float() - fn(*(a.float() for a in args))).abs().max().item()
         util = max((r.utilization() for r in reports), default=0.0)
         rows.append([name, len(reports), max((r.cores_used for r in reports), default=0), sim, roof,
-                     roof / sim if sim else 0.0, moved / minimum, util,
+                     roof / sim if sim else 0.0, *traffic_columns(reports, nbytes(*args), nbytes(out)), util,
                      ",".join(sorted({r.bottleneck for r in reports})), err, spyre_s, cpu_s])
     print_table("Compiled reductions, fp16 (targets: efficiency >= 0.85, bytes <= 1.1x minimum, compile time <= "
-                "Inductor CPU's)",
-                ["kernel", "programs", "cores", "simulated us", "roofline us", "efficiency", "bytes/min",
+                "Inductor CPU's; roofline against the minimum, * the inputs' and outputs' bytes where the programs "
+                "do not record it)",
+                ["kernel", "programs", "cores", "simulated us", "roofline us", "efficiency", *TRAFFIC_HEADER,
                  "utilization", "bottleneck", "max |err| vs fp32", "compile s (spyre)", "compile s (Inductor CPU)"],
                 rows)
 
@@ -120,13 +119,13 @@ def measured_table() -> None:
             torch._dynamo.reset()
             compiled = torch.compile(fn)
             compiled(*dev)
-            _, reports = reports_of_one_call(compiled, *dev)
+            out, reports = reports_of_one_call(compiled, *dev)
         sim = sum(r.simulated_us for r in reports)
         rows.append([name, len(reports), max(r.cores_used for r in reports), measured, sim, sim / measured,
-                     "yes" if sim <= measured else "NO", sum(r.bytes_moved for r in reports)])
+                     "yes" if sim <= measured else "NO", *traffic_columns(reports, nbytes(*dev), nbytes(out))])
     print_table("Compiled reductions vs measured (SPYRE_MEASUREMENTS.md)",
                 ["kernel", "programs", "cores", "measured us", "simulated us", "sim/meas", "at or below",
-                 "bytes moved"], rows)
+                 *TRAFFIC_HEADER], rows)
 
 
 def main() -> None:

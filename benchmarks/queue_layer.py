@@ -18,18 +18,18 @@ import torch
 
 from _bench import print_table
 from spyre_inductor.device import queues
-from spyre_runtime.queue import Compute, HostCallback, Timeline, Transfer, TransferKind, HostAddress
+from spyre_runtime.queue import Compute, Executor, HostCallback, Timeline, Transfer, TransferKind, HostAddress
 
 CHUNK = 4 << 20          # bytes per chunk: ~168 us of host link at 25 GB/s
 COMPUTE_NS = 200_000.0   # simulated cost of the compute on one chunk (placeholder)
 CHUNKS = 16
 
 
-class FixedCost:
+class FixedCost(Executor):
     def run(self, bindings):
         pass
 
-    def simulated_ns(self, bindings):
+    def cost_ns(self, bindings):
         return COMPUTE_NS
 
 

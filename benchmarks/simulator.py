@@ -1,6 +1,6 @@
 """The functional simulator on hand-written programs: host wall time vs torch on the CPU.
 
-Two programs of spyre_runtime/program/handwritten.py at full size:
+Two programs of spyre_authoring/handwritten.py at full size:
 
 * tiled_matmul 1024 x 1024 x 1024 fp16 on 32 cores (rows of `a` split over
   the cores, so every core streams all of `b`);
@@ -26,7 +26,7 @@ from _bench import per_call_us, print_table
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.launch import run_program
 from spyre_runtime.program import Machine
-from spyre_runtime.program.handwritten import row_softmax, tiled_matmul
+from spyre_authoring.handwritten import row_softmax, tiled_matmul
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 

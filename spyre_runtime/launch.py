@@ -15,17 +15,19 @@ same correction area, so another thread's launch between this one's patch
 and its compute would hand this compute the other's addresses.
 
 1. a HostCallback writes the addresses into a pinned staging buffer
-   (a completion-gated pool; filled in stream order, so a buffer whose
-   last transfer is earlier on the same stream is safe to reuse);
+   (the runtime's one completion-gated pool, shared with eager copies;
+   filled in stream order, so a buffer whose last transfer is earlier on
+   the same stream is safe to reuse);
 2. a Transfer copies the staging buffer into the correction area;
 3. a Barrier holds program distribution: the device fetches a program and
    its correction area ahead of execution, and without the Barrier the
    fetch could read the previous launch's addresses. It is scoped to the
    program's memory: it waits for its stream and for other streams' writes
    to that memory, not for unrelated work on every stream;
-4. a Compute runs the program (run.ProgramExecutable), with a footprint of
-   what it reads and writes so the queue layer orders it against other
-   streams' work.
+4. a Compute runs the program (the simulated device's
+   device.programs.ProgramExecutor, whose prefetch is that fetch), with a
+   footprint of what it reads and writes so the queue layer orders it
+   against other streams' work.
 
 A launch that fails on the device stops its stream like any failed
 operation (the error names the kernel); ``torch.spyre.clear_errors()``
@@ -45,20 +47,19 @@ from pathlib import Path
 import torch
 
 from . import _C
+from .device.programs import ProgramExecutor
 from .program.operands import DTYPES
 from .program.program import SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
 from .program.validate import validate_once
 from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, Transfer, TransferKind
 from .queue.runtime import current
-from .queue.staging import StagingPool
 from .tensors import address, element_span, footprint, reach_bytes, storage_ranges
 
 __all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
            "write_correction_area"]
 
 LAUNCH_FORMAT = 1
-_staging = StagingPool(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True), min_bytes=256)
 
 
 class LaunchError(TypeError):
@@ -115,7 +116,7 @@ class JobPlan:
     program: Program
     args: tuple[ArgSpec, ...]
     steps: tuple[Step, ...]
-    executable: ProgramExecutable
+    executor: ProgramExecutor  # what the queue layer runs for the plan's Compute
     artifact: Artifact
     allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
 
@@ -216,7 +217,8 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
     validate_once(program)  # ProgramExecutable will not validate it again
     device = _C.current_device() if device is None else device
     alloc, artifact = _allocate(program, device)
-    return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutable(program), artifact, alloc)
+    return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
+                   artifact, alloc)
 
 
 def _check(plan: JobPlan, args) -> None:
@@ -310,7 +312,8 @@ def launch_jobplan(plan: JobPlan, args) -> None:
     args = list(args)
     _check(plan, args)
     device = plan.device
-    queue, stream = current().queue(device), _C.current_stream_id(device)
+    runtime = current()
+    queue, stream = runtime.queue(device), _C.current_stream_id(device)
     alloc = plan.allocation
     resolve, patch, _, run = plan.steps  # the plan's shape is checked by prepare_kernel
     words = _slot_words(resolve.nbytes, [(slot, args[i]) for slot, i in resolve.slots])  # storage is fixed now
@@ -320,7 +323,8 @@ def launch_jobplan(plan: JobPlan, args) -> None:
         writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
     fetch_reads = footprint(reads=[alloc])
     program_footprint = footprint(reads=reads, writes=writes)
-    staged = _staging.acquire(resolve.nbytes, stream=(device, stream), filled_in_stream_order=True)
+    staging = runtime.staging
+    staged = staging.acquire(resolve.nbytes, stream=(device, stream), filled_in_stream_order=True)
 
     def fill(buf=staged, words=words):
         buf.memory[: words.numel() * 8].copy_(words.view(torch.uint8))
@@ -331,13 +335,13 @@ def launch_jobplan(plan: JobPlan, args) -> None:
                  DeviceAddress(plan.artifact.region, plan.artifact.offset + patch.offset), patch.nbytes,
                  keepalive=staged.memory),
         Barrier(name=f"{plan.name}: hold program fetch", footprint=fetch_reads),
-        Compute(plan.executable, plan.artifact, program_footprint, name=plan.name),
+        Compute(plan.executor, plan.artifact, program_footprint, name=plan.name),
     )
     # If this raises, the buffer is not returned to the pool: it may have come with an
     # earlier transfer of this stream still to read it, which only the pool's record of that
     # transfer protects (the transfer itself keeps its memory alive).
     tickets = queue.enqueue_many(stream, ops)
-    _staging.release(staged, tickets[1], (device, stream))
+    staging.release(staged, tickets[1], (device, stream))
 
 
 # ---- running a (hand-written) program once, blocking ------------------------------------
@@ -398,7 +402,7 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
     queue, stream = current().queue(device), _C.current_stream_id(device)
     inputs = [bound[s.name] for s in program.placeholders if s.role == "input"]
     outputs = [bound[s.name] for s in program.placeholders if s.role == "output"]
-    op = Compute(ProgramExecutable(program), artifact,
+    op = Compute(ProgramExecutor(ProgramExecutable(program)), artifact,
                  footprint(reads=inputs + [alloc], writes=outputs + [alloc]), name=program.name)
     # Blocking: run it on this thread once its turn comes (see DeviceQueue.run_inline).
     queue.run_inline(stream, op)

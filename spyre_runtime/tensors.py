@@ -25,12 +25,12 @@ from .queue.operations import DeviceAddress, Footprint, Range
 # the release that could make an entry for its address stale happened before
 # it was allocated, and so before the epoch is read here.)
 #
-# The other caches of region information need no epoch because region
+# The other cache of region information needs no epoch because region
 # handles are never reused (each new region gets the next number, per device;
-# allocator.cpp): the queue layer's handle -> base address map
-# (DeviceQueue._region_addresses) and memory.region_address (device_view)
-# can only hold the true base of a live handle. They keep the entries of
-# released handles (a few bytes each, never looked up with a live description).
+# allocator.cpp): the handle -> base address map of memory.region_address
+# (device_view, and the simulated device's data-movement engine) can only
+# hold the true base of a live handle. It keeps the entries of released
+# handles (a few bytes each, never looked up with a live description).
 _pieces_cache: dict[tuple[int, int], tuple[Range, ...]] = {}
 _pieces_epoch = _C.region_epoch()
 

@@ -1,4 +1,4 @@
-"""Calibration programs (spyre_runtime/program/calibration.py): valid at full size, correct scaled down.
+"""Calibration programs (spyre_authoring/calibration.py): valid at full size, correct scaled down.
 
 Full-size programs are only validated here (simulating them is the job of
 benchmarks/calibration.py); their simulated times are pinned, and held to the
@@ -22,7 +22,7 @@ import torch
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program import Load, Machine, Store, validate
-from spyre_runtime.program.calibration import (
+from spyre_authoring.calibration import (
     CALIBRATION, add, fused_mul_add, matmul, neg, row_sum, softmax_dim0, softmax_dim0_from_memory,
 )
 from spyre_runtime.program.operands import STICK

@@ -1,4 +1,4 @@
-"""Hand-written programs (spyre_runtime/program/handwritten.py) against torch on the CPU.
+"""Hand-written programs (spyre_authoring/handwritten.py) against torch on the CPU.
 
 Tolerances, and why:
 
@@ -33,7 +33,7 @@ import torch
 
 from spyre_runtime.launch import run_program
 from spyre_runtime.program import Program, validate
-from spyre_runtime.program.handwritten import (
+from spyre_authoring.handwritten import (
     cast_round_trip, ring_sum, row_softmax, tiled_matmul, vector_add,
 )
 

@@ -12,7 +12,8 @@ from spyre_runtime.program import (
     Addr, Binary, CoreProgram, DevAddr, EndLoop, Load, Loop, Pop, Program, ProgramError, ProgramExecutable, ProgramFormatError, Push, Queue, Send, Store, Symbol, Tile, Unary, validate,
 )
 from spyre_runtime.launch import prepare_artifact, run_program, write_correction_area
-from spyre_runtime.queue import Barrier, Compute, HostAddress, Transfer, TransferKind
+from spyre_runtime.device import ProgramExecutor
+from spyre_runtime.queue import Barrier, Compute, Executor, HostAddress, Transfer, TransferKind
 
 N = 1000  # fp32 elements: 4000 bytes, not a whole number of 128-byte sticks
 NB = N * 4
@@ -183,7 +184,7 @@ def test_arithmetic_rounds_to_nearest_even_on_store():
     assert torch.equal(run_program(p, x=x)["y"].cpu(), x.half())
 
 
-class Hold:
+class Hold(Executor):
     """A compute that keeps the compute pipeline busy while the test enqueues."""
 
     def __init__(self, seconds):
@@ -207,7 +208,7 @@ def launch(program, artifact, alloc, new_out, x, barrier):
                                           queues.address(alloc), program.correction_bytes, keepalive=staging))
     if barrier:
         q.enqueue(stream.stream_id, Barrier())
-    exe = ProgramExecutable(program)
+    exe = ProgramExecutor(ProgramExecutable(program))  # its prefetch is program distribution's fetch
     q.enqueue(stream.stream_id, Compute(exe, artifact, queues.footprint(reads=(x, alloc), writes=(new_out,))))
     stream.synchronize()
 

@@ -17,12 +17,14 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from spyre_runtime.device import SimulatedDataMovement, TransferCosts
 from spyre_runtime.queue import (
     Barrier,
     Compute,
-    Costs,
+    DataMovement,
     DeviceAddress,
     DeviceQueue,
+    Executor,
     Footprint,
     HostAddress,
     HostCallback,
@@ -40,7 +42,7 @@ from spyre_runtime.queue import (
 )
 
 H2D, D2H, D2D = TransferKind.H2D, TransferKind.D2H, TransferKind.D2D
-COSTS = Costs(host_link_gbps=25.0, device_memory_gbps=105.0)
+COSTS = TransferCosts(host_link_gbps=25.0, device_memory_gbps=105.0)
 MiB = 1 << 20
 GATE_LIMIT = 2.0  # the longest any gate holds a pipeline if a test forgets to open it
 
@@ -75,7 +77,7 @@ class FakeDevice:
         return self.buffers[region].raw
 
     def queue(self, **kwargs) -> DeviceQueue:
-        return DeviceQueue(device=0, costs=COSTS, resolve_region=self.resolve, **kwargs)
+        return DeviceQueue(device=0, data_movement=SimulatedDataMovement(COSTS, self.resolve), **kwargs)
 
 
 def host_buffer(data: bytes | int):
@@ -92,8 +94,8 @@ def affine(data: bytes) -> bytes:
     return bytes((b * 3 + 1) % 256 for b in data)
 
 
-class Affine:
-    """A compute executable: dst[i] = (src[i] * 3 + 1) % 256 over two device ranges.
+class Affine(Executor):
+    """A compute executor: dst[i] = (src[i] * 3 + 1) % 256 over two device ranges.
 
     `log` (a list, appended to from the worker thread; list.append is atomic)
     records `tag` when it runs.
@@ -114,11 +116,11 @@ class Affine:
 class TimedAffine(Affine):
     """The same, with a simulated cost on the card."""
 
-    def simulated_ns(self, bindings):
+    def cost_ns(self, bindings):
         return 2_000.0
 
 
-class Sleep:
+class Sleep(Executor):
     """A compute that holds the compute pipeline for `seconds` (time.sleep releases the GIL)."""
 
     def __init__(self, seconds: float, ns: float = 1_000_000, log: list | None = None, tag=None):
@@ -129,11 +131,11 @@ class Sleep:
         if self.log is not None:
             self.log.append(self.tag)
 
-    def simulated_ns(self, bindings):
+    def cost_ns(self, bindings):
         return self.ns
 
 
-class Gate:
+class Gate(Executor):
     """A compute that holds its pipeline until the test opens it (or GATE_LIMIT passes).
 
     `then` runs after the gate opens, still inside the operation.
@@ -151,7 +153,7 @@ class Gate:
         if self.then is not None:
             self.then()
 
-    def simulated_ns(self, bindings):
+    def cost_ns(self, bindings):
         return self.ns
 
     def open(self):
@@ -569,7 +571,7 @@ def test_barrier_waits_for_every_earlier_op_on_every_stream():
 # ---- 7. errors ---------------------------------------------------------------------
 
 
-class Exploding:
+class Exploding(Executor):
     """A compute that fails (once the test lets it)."""
 
     def __init__(self):
@@ -881,7 +883,7 @@ def test_timeline_writes_a_chrome_trace(tmp_path):
 
 def test_simulated_costs_of_each_kind_of_operation():
     """Transfers cost bytes / bandwidth (host link for h2d/d2h, device memory for
-    d2d); a compute costs its executable's simulated_ns (0 without it); a host
+    d2d); a compute costs its executor's cost_ns (0 by default); a host
     callback costs its host wall time."""
     device = FakeDevice({1: 4096, 2: 4096})
     q = device.queue()
@@ -925,8 +927,17 @@ def test_malformed_operations_are_refused_at_enqueue():
     q = FakeDevice().queue()
     with pytest.raises(TypeError, match="cannot enqueue str; operations are HostCallback"):
         q.enqueue(1, "copy please")
-    with pytest.raises(TypeError, match="Compute 'k': the executable must have run"):
+    with pytest.raises(TypeError, match="Compute 'k': the executor must be an Executor"):
         Compute(object(), None, name="k")
+
+    class RunOnly:  # has run(), but is not an Executor: the queue does not guess
+        def run(self, bindings):
+            pass
+
+    with pytest.raises(TypeError, match="Compute 'r': the executor must be an Executor"):
+        Compute(RunOnly(), None, name="r")
+    with pytest.raises(TypeError, match="data_movement must be a DataMovement engine"):
+        DeviceQueue(device=0, data_movement=COSTS)
     with pytest.raises(TypeError, match="HostCallback 'h': fn must be callable"):
         HostCallback(42, name="h")
     assert q.query_stream(1)
@@ -967,3 +978,167 @@ def test_enqueueing_looks_only_at_streams_that_can_still_order_it():
     finally:
         gate.open()
     q.synchronize()
+
+
+# ---- the executor interface: the queue runs what it is handed, without probing it ------
+
+
+class Recorder(Executor):
+    """Records every call the queue makes, in order; has nothing but the Executor methods."""
+
+    def __init__(self, log: list, tag, ns: float = 0.0):
+        self.log, self.tag, self.ns = log, tag, ns
+
+    def prefetch(self, bindings):
+        self.log.append(("prefetch", self.tag, bindings))
+
+    def run(self, bindings):
+        self.log.append(("run", self.tag, bindings))
+
+    def cost_ns(self, bindings):
+        self.log.append(("cost", self.tag, bindings))
+        return self.ns
+
+
+def test_a_stub_executor_with_only_run_needs_nothing_else():
+    """An Executor that defines run() alone (no fetch, no simulated_ns, nothing to find by
+    hasattr) runs, costs 0 simulated ns and prefetches nothing: the defaults are the
+    interface's, not a guess of the queue's."""
+    ran = []
+
+    class OnlyRun(Executor):
+        def run(self, bindings):
+            ran.append(bindings)
+
+    assert not hasattr(OnlyRun(), "fetch") and not hasattr(OnlyRun(), "simulated_ns")
+    q = FakeDevice().queue()
+    t = q.enqueue(1, Compute(OnlyRun(), "b", name="stub"))
+    inline = q.run_inline(2, Compute(OnlyRun(), "inline"))
+    q.synchronize()
+    assert sorted(ran) == ["b", "inline"] and inline is None
+    assert t.sim_end - t.sim_start == 0.0
+
+
+def test_the_queue_calls_prefetch_run_and_cost_in_that_order():
+    """prefetch when enqueued (ahead of the stream's earlier work), run when its turn
+    comes, cost_ns right after: the simulated duration on the compute timeline."""
+    log: list = []
+    q = FakeDevice().queue()
+    gate, held = hold_compute(q, 1)
+    try:
+        t = q.enqueue(1, Compute(Recorder(log, "k", ns=4_321.0), "bindings"))
+        assert log == [("prefetch", "k", "bindings")]  # fetched ahead: the gate still runs
+    finally:
+        gate.open()
+    q.wait(t)
+    assert log == [("prefetch", "k", "bindings"), ("run", "k", "bindings"), ("cost", "k", "bindings")]
+    assert t.sim_end - t.sim_start == 4_321.0
+    assert t.sim_start >= held.sim_end
+
+
+def test_a_barrier_ahead_holds_the_prefetch_until_it_is_done():
+    """Behind a Barrier that has not completed, the prefetch waits until the Compute is
+    ready (program distribution must not read a correction area still being patched)."""
+    log: list = []
+    q = FakeDevice().queue()
+    gate, held = hold_compute(q, 1)
+    try:
+        q.enqueue(1, Barrier())
+        t = q.enqueue(1, Compute(Recorder(log, "k"), None))
+        time.sleep(0.05)
+        assert log == []  # not fetched while the barrier holds it
+    finally:
+        gate.open()
+    q.wait(t)
+    assert [call for call, *_ in log] == ["prefetch", "run", "cost"]
+
+
+class BadPrefetch(Executor):
+    def __init__(self, ran: list):
+        self.ran = ran
+
+    def prefetch(self, bindings):
+        raise RuntimeError("the correction area's region is gone")
+
+    def run(self, bindings):
+        self.ran.append("ran")
+
+
+@pytest.mark.parametrize("behind_barrier", [False, True])
+def test_a_failing_prefetch_fails_its_operation_on_its_stream(behind_barrier):
+    """A prefetch that raises is the operation's failure, reported like a failing run (its
+    stream's error, naming it), whether it ran at enqueue or when a barrier let it go: it
+    neither escapes into the enqueuer nor kills a worker, and the run never happens."""
+    ran: list = []
+    q = FakeDevice().queue()
+    gate, held = hold_compute(q, 1)
+    try:
+        if behind_barrier:
+            q.enqueue(1, Barrier())
+        failed = q.enqueue(1, Compute(BadPrefetch(ran), None, name="stale fetch"))
+        after = q.enqueue(1, HostCallback(lambda: ran.append("after")))
+    finally:
+        gate.open()
+    with pytest.raises(StreamError, match=r"stale fetch.*region is gone"):
+        q.synchronize_stream(1)
+    assert failed.done and isinstance(failed.error, RuntimeError) and after.skipped and ran == []
+    with pytest.raises(RuntimeError, match="region is gone"):
+        q.run_inline(2, Compute(BadPrefetch(ran), None, name="inline"))
+    q.clear_error()
+    assert q.run_inline(1, HostCallback(lambda: "fine")) == "fine" and ran == []
+
+
+class CountingMover(DataMovement):
+    """A data-movement engine that moves nothing: it counts and prices."""
+
+    def __init__(self):
+        self.moved: list[Transfer] = []
+
+    def run(self, transfer):
+        self.moved.append(transfer)
+
+    def cost_ns(self, transfer):
+        return 10.0 * len(self.moved)
+
+
+def test_transfers_go_to_the_device_engine_the_queue_was_handed():
+    """The queue layer moves no bytes itself: every Transfer is its engine's to run and
+    price (the simulated device's memmove lives in spyre_runtime.device)."""
+    mover = CountingMover()
+    q = DeviceQueue(device=0, data_movement=mover)
+    src, src_addr = host_buffer(b"\x07" * 16)
+    ops = [Transfer(H2D, src_addr, DeviceAddress(1, 0), 16),
+           Transfer(D2D, DeviceAddress(1, 0), DeviceAddress(2, 0), 16),
+           Transfer(D2H, DeviceAddress(2, 0), src_addr, 16)]
+    tickets = [q.enqueue(1, op) for op in ops]
+    q.synchronize()
+    assert mover.moved == ops  # in stream order, each once
+    assert [t.sim_end - t.sim_start for t in tickets] == [10.0, 20.0, 30.0]
+    assert src.raw[:16] == b"\x07" * 16  # nothing was copied behind the engine's back
+
+
+def test_the_simulated_engine_moves_and_prices_every_kind():
+    device = FakeDevice({1: 32, 2: 32})
+    engine = SimulatedDataMovement(COSTS, device.resolve)
+    src, src_addr = host_buffer(bytes(range(16)))
+    out, out_addr = host_buffer(16)
+    for op in (Transfer(H2D, src_addr, DeviceAddress(1, 4), 16),
+               Transfer(D2D, DeviceAddress(1, 4), DeviceAddress(2, 8), 16),
+               Transfer(D2H, DeviceAddress(2, 8), out_addr, 16)):
+        engine.run(op)
+    assert out.raw[:16] == bytes(range(16)) and device.region(2)[8:24] == bytes(range(16))
+    assert engine.cost_ns(Transfer(D2D, DeviceAddress(1, 0), DeviceAddress(2, 0), 105)) == pytest.approx(1.0)
+    assert engine.cost_ns(Transfer(H2D, src_addr, DeviceAddress(1, 0), 25)) == pytest.approx(1.0)
+
+
+def test_the_queue_layer_imports_neither_programs_nor_the_device_nor_torch():
+    from conftest import run_python
+
+    r = run_python(
+        "import sys, spyre_runtime.queue\n"
+        "print(sorted(m for m in sys.modules if m == 'ctypes' or m.startswith(('torch', "
+        "'spyre_runtime.program', 'spyre_runtime.device', 'spyre_runtime.launch'))))\n",
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -93,10 +93,10 @@ import time  # noqa: E402
 
 from spyre_inductor.device import queues  # noqa: E402
 from spyre_runtime.hardware import HARDWARE  # noqa: E402
-from spyre_runtime.queue import Compute, HostCallback, StreamError  # noqa: E402
+from spyre_runtime.queue import Compute, Executor, HostCallback, StreamError  # noqa: E402
 
 
-class Sleep:
+class Sleep(Executor):
     """A compute that holds the compute pipeline for a while (GIL released)."""
 
     def __init__(self, seconds: float, simulated_ns: float = 1e6):
@@ -105,7 +105,7 @@ class Sleep:
     def run(self, bindings):
         time.sleep(self.seconds)
 
-    def simulated_ns(self, bindings):
+    def cost_ns(self, bindings):
         return self.ns
 
 

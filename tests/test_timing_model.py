@@ -18,7 +18,7 @@ from spyre_runtime.program import (
     Addr, CoreProgram, DevAddr, EndLoop, Load, Loop, Machine, Pop, Program, Push, Queue, Symbol, Tile, Unary,
 )
 from spyre_runtime.launch import run_program
-from spyre_runtime.program.handwritten import ring_sum, vector_add
+from spyre_authoring.handwritten import ring_sum, vector_add
 from spyre_runtime.program.run import kernel_reports, reset_kernel_reports
 from spyre_runtime.program.timing import Timing
 
@@ -108,7 +108,7 @@ def test_dma_counts_every_stick_each_row_touches(offset, rows, row_bytes, stride
 
 
 def test_reports_through_torch_spyre_with_roofline_and_bottleneck():
-    from spyre_runtime.program.handwritten import row_softmax, tiled_matmul
+    from spyre_authoring.handwritten import row_softmax, tiled_matmul
 
     torch.spyre.reset_kernel_reports()
     run_program(vector_add(1 << 16, "fp16"), x=torch.randn(1 << 16).half(), y=torch.randn(1 << 16).half())
@@ -158,8 +158,8 @@ def test_per_unit_activity_can_be_recorded_for_a_compute():
 
 # ---- calibration -------------------------------------------------------------------------
 
-from spyre_runtime.program.calibration import BOUNDS, CALIBRATION, neg, row_sum  # noqa: E402
-from spyre_runtime.program.handwritten import cast_round_trip, row_softmax, tiled_matmul  # noqa: E402
+from spyre_authoring.calibration import BOUNDS, CALIBRATION, neg, row_sum  # noqa: E402
+from spyre_authoring.handwritten import cast_round_trip, row_softmax, tiled_matmul  # noqa: E402
 from spyre_runtime.program.timing import estimate  # noqa: E402
 
 

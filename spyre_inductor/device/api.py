@@ -156,8 +156,10 @@ def timeline(path=None):
 
 def kernel_reports():
     """Reports of the most recent programs launched since reset_kernel_reports(), oldest
-    first: simulated_us, roofline_us, efficiency, bytes_moved, flops, cores_used,
-    bottleneck, per-unit busy time (docs/timing_model.md).
+    first: simulated_us, roofline_us, efficiency, bytes_moved, minimum_bytes (what the
+    kernel needs at least, when its program records it; the roofline and efficiency are
+    against it then), refetch, flops, cores_used, bottleneck, per-unit busy time, and
+    describe() for one printable line (docs/timing_model.md).
 
     Only a window of the most recent launches is kept (1024 by default; older reports
     are dropped so a long run does not grow without bound): see

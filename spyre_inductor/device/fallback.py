@@ -9,6 +9,13 @@ streams that touch the same memory; the caller waits for it (output shapes
 are only known once it has run). Each op warns once, naming itself; ``SPYRE_STRICT=1`` turns the
 fallback into an error naming the op.
 
+"Once" is per op for the whole process: this fallback and the compiled
+graph's (compiler/fallback_policy.py) share one record of the ops already
+warned about (first_warning), so an op shown by one is not shown again by
+the other. An op is its operator, whatever the overload: eager runs
+structured ops as their out= overload (aten::cos.out) where a compiled graph
+names the functional one (aten.cos.default).
+
 Later issues replace the fallback op by op with compile-backed kernels.
 """
 
@@ -31,7 +38,10 @@ class SpyreFallbackWarning(UserWarning):
     """An op ran on the CPU because spyre has no kernel for it yet."""
 
 
+# The ops already warned about (operator names, "aten::cos"), by either fallback. Its lock
+# is a leaf: nothing else is taken while it is held.
 _warned: set[str] = set()
+_warned_lock = threading.Lock()
 _lib: torch.library.Library | None = None
 _cpu = torch.device("cpu")
 _thread_state = threading.local()
@@ -42,6 +52,7 @@ class _OpPlan:
     """What the fallback needs to know about one op, read once from its schema."""
 
     name: str
+    operator: str                     # the op without its overload ("aten::cos"): what warns once
     arg_names: tuple[str, ...]
     out_args: frozenset[str]          # out= tensors (CPU kernels may resize them)
     written_args: frozenset[str]      # every argument the op writes
@@ -87,6 +98,7 @@ def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
         returns.append(owner)
     plan = _OpPlan(
         name=name,
+        operator=schema.name,
         arg_names=tuple(a.name for a in schema.arguments),
         out_args=frozenset(out_args),
         written_args=frozenset(written),
@@ -95,6 +107,33 @@ def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
     )
     _plans[op] = plan
     return plan
+
+
+def operator_name(op: str) -> str:
+    """The operator an op name denotes, without its overload, as a schema names it:
+    "aten.cos.default", "aten::cos.out" and "aten::cos" are all "aten::cos". A name that is
+    not an op's ("buf3") is returned as it is."""
+    namespace, sep, rest = op.partition("::")
+    if not sep:
+        namespace, sep, rest = op.partition(".")
+        if not sep:
+            return op
+    return f"{namespace}::{rest.partition('.')[0]}"
+
+
+def first_warning(operators) -> bool:
+    """Record `operators` (operator_name() names) as warned about; True if any of them was
+    not yet, i.e. the caller should warn. Shared by the eager and the compiled fallback."""
+    with _warned_lock:
+        new = [op for op in operators if op not in _warned]
+        _warned.update(new)
+    return bool(new)
+
+
+def reset_warnings() -> None:
+    """Forget which ops were warned about (tests)."""
+    with _warned_lock:
+        _warned.clear()
 
 
 def _inside_tensor_printing() -> bool:
@@ -126,9 +165,8 @@ def _announce(plan: _OpPlan) -> None:
             f"spyre: {plan.name} has no spyre kernel and SPYRE_STRICT=1 forbids "
             f"running it through the CPU fallback"
         )
-    if plan.name in _warned or _inside_tensor_printing():
+    if plan.operator in _warned or _inside_tensor_printing() or not first_warning((plan.operator,)):
         return
-    _warned.add(plan.name)
     warnings.warn(
         f"spyre: {plan.name} has no spyre kernel yet; it runs on the CPU over the "
         f"device bytes (this warning is shown once per op)",

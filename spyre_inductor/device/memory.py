@@ -14,6 +14,7 @@ import torch
 
 from spyre_runtime import _C
 
+from . import queues
 from ._index import device_index
 
 
@@ -64,7 +65,9 @@ def memory_stats(device=None) -> OrderedDict[str, Any]:
     ``regions.min_bytes``: the smallest region the policy creates;
     ``regions.free_bytes`` / ``regions.largest_free_block``: unused bytes
     inside regions; ``fragmentation``: 1 - largest free block / free bytes
-    in regions; ``mode``: "pf" or "vf".
+    in regions; ``mode``: "pf" or "vf"; ``host_staging.buffers`` /
+    ``host_staging.bytes``: the pinned host staging buffers of the process's
+    one pool (eager copies and launches share it; the same for every device).
     """
     index = device_index(device)
     stats = torch.accelerator.memory_stats(index)
@@ -76,6 +79,9 @@ def memory_stats(device=None) -> OrderedDict[str, Any]:
     stats["regions.largest_free_block"] = info["largest_free_block"]
     stats["fragmentation"] = info["fragmentation"]
     stats["mode"] = info["mode"]
+    staging = queues.staging()
+    stats["host_staging.buffers"] = staging.created
+    stats["host_staging.bytes"] = staging.created_bytes
     return stats
 
 

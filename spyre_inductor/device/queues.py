@@ -7,36 +7,28 @@ nothing about tensors.
 
 from __future__ import annotations
 
-import atexit
-
-import torch
-
 from spyre_runtime import _C
-from spyre_runtime.hardware import HARDWARE, wait_timeout_from_env
-from spyre_runtime.queue import Costs, HostCallback, Runtime, StagingPool, Timeline, in_host_operation
-from spyre_runtime.queue import runtime as runtime_module
+from spyre_runtime import device as simulated_device
+from spyre_runtime.queue import HostCallback, Runtime, StagingPool, Timeline, in_host_operation
+from spyre_runtime.queue.runtime import installed
 from spyre_runtime.tensors import address, footprint, ranges, storage_ranges  # noqa: F401
-
-_runtime: Runtime | None = None
-staging = StagingPool(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
 
 
 def install() -> Runtime:
-    """Create the queue layer and hand it to the C++ guard (no threads start yet)."""
-    global _runtime
-    if _runtime is None:
-        costs = Costs(HARDWARE.host_link_gbps, HARDWARE.device_memory_gbps_mixed)
-        _runtime = Runtime(_C.device_count(), costs, native=_C, wait_timeout=wait_timeout_from_env())
-        _C.set_runtime(_runtime)
-        runtime_module.set_current(_runtime)
-        # Work still queued at exit would run on worker threads while Python and torch tear
-        # down (the process aborts): finish it and stop the workers first, as CUDA drains at exit.
-        atexit.register(_runtime.shutdown)
-    return _runtime
+    """Bring up the process's one runtime (spyre_runtime.device.install; no threads start yet)."""
+    return simulated_device.install(_C)
 
 
 def runtime() -> Runtime:
-    return _runtime if _runtime is not None else install()
+    """The process's one runtime (the launch layer reaches the same one through
+    spyre_runtime.queue.runtime.current())."""
+    rt = installed()
+    return rt if rt is not None else install()
+
+
+def staging() -> StagingPool:
+    """The process's one pool of pinned staging buffers (shared with the launch layer)."""
+    return runtime().staging
 
 
 def queue(device: int):

@@ -2,6 +2,8 @@
 
 Running a program on spyre tensors is the launch layer's job (spyre_runtime.launch:
 run_program for a hand-written program, prepare_kernel/launch_jobplan for compiled ones).
+Programs written by hand (reference and calibration programs) are program authoring,
+not part of the simulator: they live in spyre_authoring.
 """
 
 from . import isa

@@ -10,7 +10,19 @@ allocation. The artifact's allocation is laid out as
 
 Serialized form: a JSON document with a header (magic, format version,
 checksum of the body, symbol table, correction-area offset and layout,
-per-core scratchpad high-water mark) and the body (queues and programs).
+per-core scratchpad high-water mark) and the body (queues and programs, and
+the kernel's minimum traffic when the author knows it).
+
+The minimum traffic (``minimum_bytes``, and of it ``minimum_read_bytes``) is
+what the kernel needs to move at least: every distinct input element read
+once and every output element written once (the compiler computes it from
+the kernel IR: spyre_inductor/compiler/passes/minimum.py). It is optional:
+``None`` means unknown, as in hand-written programs and artifacts written
+before the field existed; such artifacts load unchanged (the keys are absent
+from their body, so their checksum is the same). When known, it is part of
+the body and so of the checksum, and kernel reports rate the program
+against it (timing.Report: roofline, efficiency, refetch) instead of against
+the bytes the program chose to move.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +92,23 @@ class Program:
     cores: tuple[CoreProgram, ...]
     queues: tuple[Queue, ...] = ()
     notes: str = field(default="", compare=False)
+    # What the kernel must move at least (bytes; None: unknown). See the module docstring.
+    minimum_bytes: int | None = None
+    minimum_read_bytes: int | None = None  # the reads' part of minimum_bytes (None: not separated)
+
+    def __post_init__(self):
+        for what in ("minimum_bytes", "minimum_read_bytes"):
+            v = getattr(self, what)
+            if isinstance(v, numbers.Integral) and not isinstance(v, (bool, int)):
+                object.__setattr__(self, what, int(v))  # a NumPy integer: stored (and serialized) as an int
+        _check_minimum(self.name, self.minimum_bytes, self.minimum_read_bytes)
+
+    @property
+    def minimum_write_bytes(self) -> int | None:
+        """The writes' part of minimum_bytes, when the reads' part is known."""
+        if self.minimum_bytes is None or self.minimum_read_bytes is None:
+            return None
+        return self.minimum_bytes - self.minimum_read_bytes
 
     def symbol(self, name: str) -> Symbol:
         for s in self.symbols:
@@ -149,6 +179,11 @@ class Program:
                 for c in self.cores
             ],
         }
+        # Only when known: a program without a minimum keeps the body (and checksum) it always had.
+        if self.minimum_bytes is not None:
+            body["minimum_bytes"] = self.minimum_bytes
+        if self.minimum_read_bytes is not None:
+            body["minimum_read_bytes"] = self.minimum_read_bytes
         body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         header = {
             "magic": MAGIC,
@@ -182,6 +217,10 @@ class Program:
         body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         if hashlib.sha256(body_text.encode()).hexdigest() != header.get("checksum"):
             raise ProgramFormatError(f"program {header.get('name')!r}: checksum mismatch (body was altered)")
+        try:
+            _check_minimum(header.get("name"), body.get("minimum_bytes"), body.get("minimum_read_bytes"))
+        except ValueError as e:
+            raise ProgramFormatError(str(e)) from None
         return cls(
             name=header["name"],
             symbols=tuple(_decode(s) for s in header["symbols"]),
@@ -191,6 +230,8 @@ class Program:
                 for c in body["cores"]
             ),
             notes=header.get("notes", ""),
+            minimum_bytes=body.get("minimum_bytes"),
+            minimum_read_bytes=body.get("minimum_read_bytes"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -208,6 +249,14 @@ class Program:
         return render(self)
 
 
+
+def _check_minimum(name, total, reads) -> None:
+    for what, v in (("minimum_bytes", total), ("minimum_read_bytes", reads)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"program {name!r}: {what} must be a non-negative integer or None, got {v!r}")
+    if reads is not None and (total is None or reads > total):
+        raise ValueError(f"program {name!r}: minimum_read_bytes={reads!r} needs minimum_bytes at least as "
+                         f"large (reads and writes together), got {total!r}")
 
 
 _OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue)}

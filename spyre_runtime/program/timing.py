@@ -82,8 +82,10 @@ class Report:
     name: str
     simulated_ns: float
     unit_busy_ns: dict = field(default_factory=dict)  # (core, unit) -> ns busy (ls: with a transfer in flight)
-    bytes_read: int = 0
+    bytes_read: int = 0                                 # what the program moved (whole sticks)
     bytes_written: int = 0
+    minimum_bytes: int | None = None                    # what the kernel needs at least (None: unknown)
+    minimum_read_bytes: int | None = None               # the reads' part of it (None: not separated)
     bursts: int = 0                                     # device bursts (<= burst_sticks contiguous sticks)
     ring_bytes: int = 0
     macs: int = 0
@@ -110,16 +112,34 @@ class Report:
         return 2 * self.macs + self.sfp_elements
 
     @property
-    def roofline_ns(self) -> float:
-        """max(FLOPs at the card's sustained matrix rate, bytes at the card's sustained bandwidth for this mix).
+    def minimum_write_bytes(self) -> int | None:
+        if self.minimum_bytes is None or self.minimum_read_bytes is None:
+            return None
+        return self.minimum_bytes - self.minimum_read_bytes
 
+    def _compute_ns(self) -> float:
+        return self.flops / self.roof_flops_per_ns if self.roof_flops_per_ns else 0.0
+
+    def _stream_ns(self, nbytes: int) -> float:
+        return nbytes / self.hardware.device_memory_gbps_sustained
+
+    @property
+    def roofline_ns(self) -> float:
+        """max(FLOPs at the card's sustained matrix rate, the kernel's minimum bytes at the card's
+        pure-stream bandwidth); the bytes the program moved when the minimum is unknown.
+
+        The minimum (every input element read once, every output element written once, from the
+        compiler) makes a plan that re-reads an operand show the re-reads as lost efficiency; a
+        program without one (hand-written, or an artifact from before the field) is rated against
+        the bytes it chose to move (moved_roofline_ns).
         The card, not the cores the plan used: a plan that leaves cores idle shows it as lost
         efficiency. For any mix the best rate is the pure-stream one: a plan can always run its
         reads and its writes as separate phases, and the turnaround only costs plans that
         interleave them, so it shows as lost efficiency too.
         """
-        compute = self.flops / self.roof_flops_per_ns if self.roof_flops_per_ns else 0.0
-        return max(compute, self.bytes_moved / self.hardware.device_memory_gbps_sustained)
+        if self.minimum_bytes is None:
+            return self.moved_roofline_ns
+        return max(self._compute_ns(), self._stream_ns(self.minimum_bytes))
 
     @property
     def roofline_us(self) -> float:
@@ -129,6 +149,31 @@ class Report:
     def efficiency(self) -> float:
         """roofline / simulated: 1 is the card's limit; never above it (the model never beats its caps)."""
         return min(1.0, self.roofline_ns / self.simulated_ns) if self.simulated_ns else 0.0
+
+    @property
+    def moved_roofline_ns(self) -> float:
+        """The roofline of the bytes the program moved: max(FLOPs at the matrix rate, bytes_moved at
+        the pure-stream bandwidth). What roofline_ns is when the minimum is unknown."""
+        return max(self._compute_ns(), self._stream_ns(self.bytes_moved))
+
+    @property
+    def moved_efficiency(self) -> float:
+        """moved roofline / simulated: how close the program runs to the limit of its own traffic."""
+        return min(1.0, self.moved_roofline_ns / self.simulated_ns) if self.simulated_ns else 0.0
+
+    @property
+    def bytes_over_minimum(self) -> float | None:
+        """bytes_moved / minimum_bytes (None: the minimum is unknown)."""
+        return _ratio(self.bytes_moved, self.minimum_bytes)
+
+    @property
+    def refetch(self) -> float | None:
+        """Bytes read from device memory over the minimum read bytes (1.0: every input byte read once,
+        to whole sticks); bytes moved over the minimum when only the total is known; None when the
+        minimum is unknown."""
+        if self.minimum_read_bytes is not None:
+            return _ratio(self.bytes_read, self.minimum_read_bytes)
+        return self.bytes_over_minimum
 
     @property
     def bottleneck(self) -> str:
@@ -152,8 +197,20 @@ class Report:
 
     def summary(self) -> dict:
         return {"name": self.name, "simulated_us": self.simulated_us, "roofline_us": self.roofline_us,
-                "efficiency": self.efficiency, "bytes_moved": self.bytes_moved, "flops": self.flops,
+                "efficiency": self.efficiency, "bytes_moved": self.bytes_moved,
+                "minimum_bytes": self.minimum_bytes, "refetch": self.refetch, "flops": self.flops,
                 "cores_used": self.cores_used, "utilization": self.utilization(), "bottleneck": self.bottleneck}
+
+    def describe(self) -> str:
+        """One line: time, roofline, efficiency, bytes moved against the minimum, bottleneck."""
+        against = "the minimum bytes" if self.minimum_bytes is not None else "the bytes moved; minimum unknown"
+        traffic = f"{self.bytes_moved:,} bytes moved"
+        if self.minimum_bytes is not None:
+            traffic += f" vs {self.minimum_bytes:,} minimum ({self.bytes_over_minimum:.2f}x"
+            traffic += f", refetch {self.refetch:.2f})" if self.minimum_read_bytes is not None else ")"
+        return (f"{self.name}: {self.cores_used} cores, {self.simulated_us:.1f} us simulated, roofline "
+                f"{self.roofline_us:.1f} us (against {against}), efficiency {self.efficiency:.2f}, {traffic}, "
+                f"bottleneck {self.bottleneck}")
 
     def trace(self) -> dict:
         """The recorded per-unit activity as a Chrome trace (one process per core, a track per unit)."""
@@ -162,6 +219,14 @@ class Report:
             events.append({"name": opcode, "ph": "X", "pid": core, "tid": unit, "ts": start / 1e3,
                            "dur": (end - start) / 1e3})
         return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def _ratio(num: int, den: int | None) -> float | None:
+    if den is None:
+        return None
+    if den == 0:
+        return 1.0 if num == 0 else math.inf
+    return num / den
 
 
 _recording = False
@@ -234,7 +299,9 @@ class Timing:
         self.program = program
         self.depth = {q.name: q.depth for q in program.queues}
         self.items: dict[tuple[int, str], list] = collections.defaultdict(list)
-        self.report = Report(program.name, 0.0, hardware=hardware)
+        self.report = Report(program.name, 0.0, hardware=hardware,
+                             minimum_bytes=getattr(program, "minimum_bytes", None),
+                             minimum_read_bytes=getattr(program, "minimum_read_bytes", None))
         self.report.cores_used = len(program.cores)
         self.report.roof_flops_per_ns = 2 * hardware.matrix_macs_per_ns_per_core * hardware.cores
         self.record = _recording

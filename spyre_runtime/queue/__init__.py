@@ -1,13 +1,17 @@
 """The queue layer: typed operations on ordered streams over the device's pipelines.
 
-It knows operations, streams, signals and footprints, never what a program is.
+It knows operations, streams, signals and footprints, never what a program is:
+a Compute runs the Executor it carries, a Transfer the DataMovement engine the
+device handed the queue (spyre_runtime.device provides the simulated one).
 """
 
-from .device_queue import Costs, DeviceQueue, StreamError, Ticket, WaitTimeout, in_host_operation
+from .device_queue import DeviceQueue, StreamError, Ticket, WaitTimeout, in_host_operation
 from .operations import (
     Barrier,
     Compute,
+    DataMovement,
     DeviceAddress,
+    Executor,
     Footprint,
     HostAddress,
     HostCallback,
@@ -24,7 +28,7 @@ from .staging import StagingBuffer, StagingPool
 from .timeline import Timeline
 
 __all__ = [
-    "Barrier", "Compute", "Costs", "DeviceAddress", "DeviceQueue", "Footprint", "HostAddress",
+    "Barrier", "Compute", "DataMovement", "DeviceAddress", "DeviceQueue", "Executor", "Footprint", "HostAddress",
     "HostCallback", "NO_FOOTPRINT", "Range", "Runtime", "Signal", "SoftSignal", "StagingBuffer",
     "StagingPool", "StreamError", "Ticket", "Timeline", "Transfer", "TransferKind", "Wait", "WaitTimeout",
     "in_host_operation",

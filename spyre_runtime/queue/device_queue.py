@@ -12,15 +12,19 @@ Rules, in the order they are applied to an enqueued operation:
    transfer runs while a compute runs. Control operations (Signal, Wait,
    Barrier) complete as soon as they are ready.
 
-Program distribution: a Compute whose executable can `fetch` is fetched when
-it is enqueued (ahead of execution), or, behind a Barrier, when it is ready.
+What runs is not this module's business: a Compute runs its Executor (its
+`prefetch` when enqueued, or, behind a Barrier, when ready; then `run` and
+`cost_ns`), and a Transfer runs on the DataMovement engine the device handed
+this queue (operations.py). The simulated device's engine and its program
+distribution live in spyre_runtime.device.
 
 Inline operations are run by the thread that enqueued them, once ready (eager
 ops that need their result now: the CPU fallback, blocking copies, item()).
 
 Every operation also gets a simulated start and end on its pipeline's
 timeline: the later of its dependencies' simulated ends and its pipeline's
-previous end, plus its cost from the hardware config.
+previous end, plus its cost (the executor's or the data-movement engine's
+cost_ns; a host callback's host wall time).
 
 Across devices: a Wait may name a signal of another device's queue (an
 event recorded on spyre:0, waited for on spyre:1). The owner of the signal
@@ -36,7 +40,6 @@ clear_error(). Other streams keep working.
 from __future__ import annotations
 
 import collections
-import ctypes
 import heapq
 import itertools
 import queue as queue_module
@@ -46,7 +49,7 @@ import traceback
 from typing import Callable
 
 from . import signals
-from .operations import Barrier, Compute, DeviceAddress, HostCallback, Signal, Transfer, Wait
+from .operations import Barrier, Compute, DataMovement, HostCallback, Signal, Transfer, Wait
 from .signals import SoftSignal
 
 PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
@@ -77,7 +80,7 @@ class Ticket:
     __slots__ = (
         "op", "stream", "seq", "pipeline", "inline", "priority", "deps_left", "dependents",
         "edges", "ready", "done", "skipped", "error", "result", "pending_error", "deadline",
-        "ready_sim", "sim_start", "sim_end", "host_start", "host_end", "fetch_on_ready", "device",
+        "ready_sim", "sim_start", "sim_end", "host_start", "host_end", "prefetch_on_ready", "device",
     )
 
     def __init__(self, op, stream, seq: int, inline: bool, device: int = -1):
@@ -99,7 +102,7 @@ class Ticket:
         self.ready_sim = 0.0
         self.sim_start = self.sim_end = 0.0
         self.host_start = self.host_end = 0
-        self.fetch_on_ready = False
+        self.prefetch_on_ready = False
 
     @property
     def name(self) -> str:
@@ -155,34 +158,24 @@ class _Pipeline:
         self.sim_busy = 0.0
 
 
-class Costs:
-    """Simulated cost of each operation kind, in ns (bandwidths in GB/s = bytes/ns)."""
-
-    def __init__(self, host_link_gbps: float, device_memory_gbps: float):
-        self.host_link_gbps = host_link_gbps
-        self.device_memory_gbps = device_memory_gbps
-
-    def transfer_ns(self, op: Transfer) -> float:
-        bw = self.device_memory_gbps if op.pipeline == "d2d" else self.host_link_gbps
-        return op.nbytes / bw
-
-
 class DeviceQueue:
     def __init__(
         self,
         device: int,
-        costs: Costs,
-        resolve_region: Callable[[int], int],
+        data_movement: DataMovement,
         stream_priority: Callable[[int], int] = lambda sid: 0,
         on_enqueued: Callable[[int, int], None] = lambda sid, seq: None,
         on_completed: Callable[[int, int], None] = lambda sid, seq: None,
         wait_timeout: float = 60.0,
     ):
+        """`data_movement`: the device's engine that performs and prices this device's
+        Transfers (operations.DataMovement)."""
+        if not isinstance(data_movement, DataMovement):
+            raise TypeError(f"spyre:{device}: data_movement must be a DataMovement engine, "
+                            f"got {type(data_movement).__name__}")
         self.device = device
-        self.costs = costs
+        self.data_movement = data_movement
         self.wait_timeout = wait_timeout
-        self._resolve_region = resolve_region
-        self._region_addresses: dict[int, int] = {}
         self._stream_priority = stream_priority
         self._on_enqueued = on_enqueued
         self._on_completed = on_completed
@@ -241,13 +234,13 @@ class DeviceQueue:
         ticket = Ticket(op, stream, next(self._seq), inline, self.device)
         previous = stream.last
         self._add_dependencies(ticket, stream)
-        if type(op) is Compute and hasattr(op.executable, "fetch"):
-            # Program distribution fetches ahead of execution, unless a
-            # Barrier ahead of it on the stream holds the fetch back.
+        if type(op) is Compute:
+            # The executor may read ahead of execution (prefetch), unless a
+            # Barrier ahead of it on the stream holds it back until it is done.
             if previous is not None and not previous.done and type(previous.op) is Barrier:
-                ticket.fetch_on_ready = True
+                ticket.prefetch_on_ready = True
             else:
-                op.executable.fetch(op.bindings)
+                self._prefetch(ticket)
         stream.last = ticket
         if not stream.pending:
             self._busy[stream] = None
@@ -256,7 +249,7 @@ class DeviceQueue:
             stream.writers.append(ticket)
         self.inflight[ticket.seq] = ticket
         if ticket.deps_left == 0:
-            if inline and stream.error is None and ticket.pipeline != "control":
+            if inline and stream.error is None and ticket.pipeline != "control" and ticket.pending_error is None:
                 ticket.ready = True  # nobody waits for it yet: no need to notify
             else:
                 self._make_ready([ticket])
@@ -407,7 +400,8 @@ class DeviceQueue:
                 t.pending_error = stream.error  # why it was skipped, even after clear_error()
                 t.sim_start = t.sim_end = t.ready_sim
                 work.extend(self._complete(t, None))
-            elif t.pipeline == "control" or t.pending_error is not None:
+            elif t.pipeline == "control" or t.pending_error is not None or \
+                    (t.prefetch_on_ready and not self._prefetch(t)):
                 t.sim_start = t.sim_end = t.ready_sim
                 work.extend(self._complete(t, t.pending_error))
             elif t.inline:
@@ -415,13 +409,23 @@ class DeviceQueue:
                 self.changed.notify_all()
             else:
                 t.ready = True
-                if t.fetch_on_ready:
-                    t.op.executable.fetch(t.op.bindings)
                 pipe = self.pipelines[t.pipeline]
                 key = t.priority if t.pipeline == "compute" else 0
                 heapq.heappush(pipe.heap, (key, t.seq, t))
                 self._start_worker(pipe)
                 pipe.cond.notify()
+
+    @staticmethod
+    def _prefetch(t: Ticket) -> bool:
+        """The Compute's prefetch; if it raises, the operation fails with that error (on its
+        stream, like a failing run) instead of the enqueuer or a worker. True if it did not."""
+        t.prefetch_on_ready = False
+        try:
+            t.op.executor.prefetch(t.op.bindings)
+        except BaseException as e:  # noqa: BLE001 - reported through the stream
+            t.pending_error = e
+            return False
+        return True
 
     def _complete(self, t: Ticket, error: BaseException | None) -> list[Ticket]:
         """Mark done; returns dependents that became ready (the caller readies them)."""
@@ -530,12 +534,11 @@ class DeviceQueue:
         t.host_start = time.perf_counter_ns()
         try:
             if isinstance(op, Transfer):
-                ctypes.memmove(self._address(op.destination), self._address(op.source), op.nbytes)
-                cost = self.costs.transfer_ns(op)
+                self.data_movement.run(op)
+                cost = float(self.data_movement.cost_ns(op))
             elif isinstance(op, Compute):
-                op.executable.run(op.bindings)
-                cost_fn = getattr(op.executable, "simulated_ns", None)
-                cost = float(cost_fn(op.bindings)) if cost_fn is not None else 0.0
+                op.executor.run(op.bindings)
+                cost = float(op.executor.cost_ns(op.bindings))
             else:  # HostCallback: it holds the stream for as long as it takes
                 t.result = op.fn()
                 cost = None
@@ -546,14 +549,6 @@ class DeviceQueue:
         if cost is None:
             cost = float(t.host_end - t.host_start)
         return cost, error
-
-    def _address(self, where) -> int:
-        if isinstance(where, DeviceAddress):
-            base = self._region_addresses.get(where.region)
-            if base is None:
-                base = self._region_addresses[where.region] = self._resolve_region(where.region)
-            return base + where.offset
-        return where.address
 
     def run_inline(self, stream_id: int, op):
         """Enqueue `op`, run it on this thread once ready, return its result or raise."""
@@ -581,6 +576,8 @@ class DeviceQueue:
             self.sim_floor = max(self.sim_floor, sim_time)
 
     def _execute_direct(self, op):
+        if type(op) is Compute:
+            op.executor.prefetch(op.bindings)  # nothing can come between: it runs now
         probe = Ticket(op, _Stream(-1, 0), 0, True, self.device)
         _, error = self._execute(probe)
         if error is not None:

@@ -1,13 +1,20 @@
-"""The typed operations the queue layer accepts.
+"""The typed operations the queue layer accepts, and the two interfaces it runs them through.
 
 An operation names its operands explicitly and carries its device-memory
 footprint: the (region, offset, length) ranges it reads and writes. The queue
 layer orders operations by stream and by footprint; it never looks inside a
-program (a Compute's executable is opaque to it).
+program and never asks what runs:
+
+* a Compute carries an ``Executor``; the queue calls its ``prefetch``,
+  ``run`` and ``cost_ns`` and nothing else;
+* each device queue is handed a ``DataMovement`` engine (the device's, e.g.
+  spyre_runtime.device.SimulatedDataMovement), which performs and prices
+  every Transfer.
 """
 
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -132,25 +139,72 @@ _TRANSFER_OPERANDS = {
 }
 
 
-@dataclass(frozen=True)
-class Compute:
-    """Run an executable with its bindings on the device's compute pipeline.
+class Executor(abc.ABC):
+    """What a Compute runs. The queue layer calls these three methods, in this order, and
+    nothing else; what the executor is (a program on the simulated device, a test's stub)
+    is not its business.
 
-    The executable is opaque here: it needs ``run(bindings)`` and may offer
-    ``simulated_ns(bindings)`` (its cost on the card; until the timing model
-    lands, an executable without it costs 0 simulated ns).
+    ``prefetch(bindings)``: the device may start reading what the run will need. Called when
+    the Compute is enqueued, or, if the operation ahead of it on its stream is a Barrier
+    that has not completed, when the Compute becomes ready (the barrier holds it back).
+    Called once per Compute, before ``run``; by default it does nothing.
+
+    ``run(bindings)``: execute, on the compute pipeline (its worker thread, or the caller's
+    thread for an inline operation). An exception fails the operation (and its stream).
+
+    ``cost_ns(bindings)``: the simulated duration of the run that just finished, in ns: its
+    length on the compute pipeline's timeline. Called right after ``run``; by default 0.
     """
 
-    executable: Any
+    __slots__ = ()
+
+    def prefetch(self, bindings) -> None:
+        return None
+
+    @abc.abstractmethod
+    def run(self, bindings) -> None:
+        ...
+
+    def cost_ns(self, bindings) -> float:
+        return 0.0
+
+
+class DataMovement(abc.ABC):
+    """The device's data-movement engine: what the queue layer hands every Transfer to.
+
+    ``run(transfer)`` moves the bytes (on the transfer's pipeline); ``cost_ns(transfer)``
+    is its simulated duration, called right after ``run``.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def run(self, transfer: Transfer) -> None:
+        ...
+
+    @abc.abstractmethod
+    def cost_ns(self, transfer: Transfer) -> float:
+        ...
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Run an executor with its bindings on the device's compute pipeline.
+
+    The executor is opaque here: the queue calls its Executor methods with
+    ``bindings`` and knows nothing else about either.
+    """
+
+    executor: Executor
     bindings: Any
     footprint: Footprint = NO_FOOTPRINT
     name: str = "compute"
     pipeline = "compute"
 
     def __post_init__(self):
-        if not callable(getattr(self.executable, "run", None)):
-            raise TypeError(f"Compute {self.name!r}: the executable must have run(bindings), "
-                            f"got {type(self.executable).__name__}")
+        if not isinstance(self.executor, Executor):
+            raise TypeError(f"Compute {self.name!r}: the executor must be an Executor (run, cost_ns, "
+                            f"prefetch; spyre_runtime.queue.Executor), got {type(self.executor).__name__}")
 
 
 class _Control:

@@ -3,24 +3,39 @@
 The C++ device guard forwards torch.Stream / torch.Event operations here
 (runtime_bridge.cpp). User events map to single-use signals: each record
 enqueues a fresh Signal; waiting enqueues a Wait on the latest one.
+
+There is ONE runtime per process: whoever brings the device up creates it
+and makes it current (set_current, once); everything else -- the PyTorch
+device, the launch layer -- reaches it through current(). It also owns the
+process's one pool of pinned staging buffers (staging.py), which eager copies
+and launches share.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
-from .device_queue import Costs, DeviceQueue
-from .operations import Signal, Wait
+from .device_queue import DeviceQueue
+from .operations import DataMovement, Signal, Wait
 from .signals import SoftSignal
+from .staging import StagingPool
 
 
 _current: Runtime | None = None
 
 
 def set_current(runtime: Runtime) -> None:
-    """The runtime the device uses (set once, when the device registers)."""
+    """Make `runtime` the process's runtime (once, when the device registers)."""
     global _current
+    if _current is not None and _current is not runtime:
+        raise RuntimeError("spyre: a runtime is already running; there is one per process")
     _current = runtime
+
+
+def installed() -> Runtime | None:
+    """The process's runtime, or None before the device has registered."""
+    return _current
 
 
 def current() -> Runtime:
@@ -30,20 +45,23 @@ def current() -> Runtime:
 
 
 class Runtime:
-    def __init__(self, num_devices: int, costs: Costs, native=None, wait_timeout: float = 60.0):
-        """`native`: the C++ module (region addresses, stream priorities, progress)."""
+    def __init__(self, num_devices: int, data_movement: Callable[[int], DataMovement], native=None,
+                 wait_timeout: float = 60.0, staging: StagingPool | None = None):
+        """`data_movement(device)`: that device's engine for transfers (the simulated device's,
+        spyre_runtime.device). `native`: the C++ module (stream priorities, progress).
+        `staging`: the pool of pinned host staging buffers every user of this runtime shares."""
         self._lock = threading.Lock()
         self._events: dict[int, tuple[int, SoftSignal]] = {}
-        self.devices = [self._make_queue(d, costs, native, wait_timeout) for d in range(num_devices)]
+        self.staging = staging if staging is not None else StagingPool(_no_host_memory)
+        self.devices = [self._make_queue(d, data_movement(d), native, wait_timeout) for d in range(num_devices)]
 
     @staticmethod
-    def _make_queue(device: int, costs: Costs, native, wait_timeout: float) -> DeviceQueue:
+    def _make_queue(device: int, data_movement: DataMovement, native, wait_timeout: float) -> DeviceQueue:
         if native is None:
-            return DeviceQueue(device, costs, resolve_region=_no_regions, wait_timeout=wait_timeout)
+            return DeviceQueue(device, data_movement, wait_timeout=wait_timeout)
         return DeviceQueue(
             device,
-            costs,
-            resolve_region=lambda region: native.region_address(device, region),
+            data_movement,
             stream_priority=lambda sid: native.stream_priority(device, sid),
             on_enqueued=lambda sid, seq: native.note_enqueued(device, sid, seq),
             on_completed=lambda sid, seq: native.note_completed(device, sid, seq),
@@ -111,5 +129,5 @@ class Runtime:
         self.devices[device].synchronize()
 
 
-def _no_regions(region: int) -> int:
-    raise RuntimeError("this runtime has no device memory attached (created without native)")
+def _no_host_memory(nbytes: int):
+    raise RuntimeError("this runtime was created without a staging pool (no pinned host memory)")

@@ -12,6 +12,13 @@ queue (DeviceQueue.signal_fired), so a wait and everything behind it always
 completes on its own device. A Signal skipped because its stream failed
 still fires, on one device or across two alike: the waiter goes on, and the
 failure is raised by the failed stream's query/synchronize.
+
+Lock order: a queue's lock, then this module's `lock`; never the other way
+round. Every other lock of the runtime is a leaf, held without taking any
+other: the staging pool's (staging.py), the runtime's event table
+(Runtime._lock), the device's install lock (spyre_runtime.device, held only
+while the one runtime is created) and the fallbacks' once-per-op warning
+record (spyre_inductor.device.fallback).
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ A buffer is handed out only when no transfer may still read it: either the
 operation that last used it is done, or the new user fills it in the same
 stream's order (a host callback enqueued on that stream), which then cannot
 run before the previous transfer on that stream has finished.
+
+A process has one pool (the runtime's, Runtime.staging): eager copies and
+launches draw from it alike. Its lock is a leaf: nothing else is taken while
+it is held.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class StagingPool:
         self._min_bytes = min_bytes
         self._lock = threading.Lock()
         self._free: list[StagingBuffer] = []
-        self.created = 0
+        self.created = 0        # buffers allocated so far (never freed: they are reused)
+        self.created_bytes = 0  # their total size
 
     def acquire(self, nbytes: int, stream=None, filled_in_stream_order: bool = False) -> StagingBuffer:
         """A buffer of at least `nbytes` that is safe to fill now.
@@ -55,6 +60,7 @@ class StagingPool:
                 return best
             size = max(self._min_bytes, 1 << max(0, nbytes - 1).bit_length())
             self.created += 1
+            self.created_bytes += size
         return StagingBuffer(self._allocate(size), size)
 
     @staticmethod

@@ -7,9 +7,9 @@ import warnings
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from spyre_inductor.compiler import fallback_policy
 from spyre_inductor.compiler.kernel_ir import Constant, Load, Op
 from spyre_inductor.compiler.scheduling import record_kernels
+from spyre_inductor.device import fallback
 
 SPYRE = torch.device("spyre", 0)
 
@@ -25,7 +25,7 @@ def compile_on_spyre(fn, *cpu_args, device=SPYRE, **compile_kwargs):
     compiler warnings, the generated wrapper source).
     """
     torch._dynamo.reset()
-    fallback_policy._warned.clear()
+    fallback.reset_warnings()  # the once-per-op record both fallbacks share
     args = to_spyre(cpu_args, device)
     with warnings.catch_warnings(record=True) as caught, record_kernels() as records, \
             torch._inductor.config.patch(force_disable_caches=True):

@@ -2,7 +2,7 @@
 
 Each builder returns a validated :class:`Program` equivalent to one measured
 kernel (same shape, fp16, same core count) with the obvious good plan, so the
-timing model (timing.py) can be calibrated against the measured times.
+timing model (spyre_runtime/program/timing.py) can be calibrated against the measured times.
 ``CALIBRATION`` lists them at full size with the measured device time; every
 builder also takes the sizes (and core count, chunk) as parameters so the
 tests can run the same plan scaled down.
@@ -36,12 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..hardware import HARDWARE
-from .emitter import Scratch, Unit, assemble, nothing, pipeline, pipeline_queues, split_evenly, sticks
-from .handwritten import tiled_matmul
-from .isa import Binary, Fill, Load, Pop, Push, Reduce, Store, Unary
-from .operands import ITEMSIZE, STICK
-from .program import Program, Queue, Symbol
+from spyre_authoring.handwritten import tiled_matmul
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.emitter import (
+    Scratch, Unit, assemble, nothing, pipeline, pipeline_queues, split_evenly, sticks,
+)
+from spyre_runtime.program.isa import Binary, Fill, Load, Pop, Push, Reduce, Store, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.program import Program, Queue, Symbol
 
 __all__ = ["CALIBRATION", "Calibration", "fused_mul_add", "neg", "add", "row_sum", "matmul", "softmax_dim0",
            "softmax_dim0_from_memory"]

@@ -4,17 +4,21 @@ Each builder returns a validated :class:`Program` whose docstring states the
 plan: how the data is tiled, how the work is split across cores, how
 scratchpad buffers are reused and which queues carry which tokens.
 
-They are written with the shared emitter (emitter.py: ``Unit``, ``Aff``,
-``pipeline``), whose docstring describes the idioms they use.
+They are written with the shared emitter (spyre_runtime/program/emitter.py:
+``Unit``, ``Aff``, ``pipeline``), whose docstring describes the idioms they
+use. Program authoring, used by tests and benchmarks: the simulator does not
+depend on it.
 """
 
 from __future__ import annotations
 
-from ..hardware import HARDWARE
-from .emitter import Aff, Scratch, Unit, assemble, nothing, pipeline, pipeline_queues, split_evenly, sticks
-from .isa import Binary, Fill, Load, MatMul, Pop, Push, Reduce, Send, Store, Unary
-from .operands import ITEMSIZE, STICK, Addr, DevAddr
-from .program import Program, Queue, Symbol
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.emitter import (
+    Aff, Scratch, Unit, assemble, nothing, pipeline, pipeline_queues, split_evenly, sticks,
+)
+from spyre_runtime.program.isa import Binary, Fill, Load, MatMul, Pop, Push, Reduce, Send, Store, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr, DevAddr
+from spyre_runtime.program.program import Program, Queue, Symbol
 
 __all__ = ["cast_round_trip", "ring_sum", "row_softmax", "tiled_matmul", "vector_add"]
 

@@ -1,0 +1,170 @@
+"""The least device traffic a kernel needs: what its kernel report is rated against.
+
+Every distinct element of every buffer the kernel loads, read once, and
+every distinct element of every buffer it stores, written once, times the
+buffer's itemsize. Nothing the plan chooses enters: not whole sticks, not
+re-reads (an operand broadcast over a dim, a matmul operand every core
+needs, a second pass over rows that did not stay resident), not
+temporaries. A program moving exactly this is at the bandwidth roofline's
+limit; what it moves beyond it is its refetch.
+
+An access (a Load's or a Store's Index over the kernel's ranges and
+reduction ranges) touches offset + sum(strides[d] * i_d) for i_d in
+range(extent_d). Dims with stride 0 (broadcasts, a reduced dim an outer
+value does not walk) and extent 1 add nothing. For the typical access,
+whose dims do not overlap, the distinct elements are the product of the
+remaining extents. Accesses of one buffer are deduplicated (the same
+operand loaded twice counts once), and a buffer accessed in several
+different ways (slices of it, windows that overlap, an index mixing two
+dims at one stride) is counted exactly as the union of the intervals its
+accesses touch, up to a budget of intervals; past the budget the sum over
+its accesses, capped at the buffer's own element count, is used (an upper
+bound, so the rating errs towards the generous).
+
+Loads are the IR's affine ``Load`` values; a buffer both loaded and stored
+counts in both parts. The result is a plain int (bytes); nothing here
+depends on a plan, so it is the same for every candidate of a kernel.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..kernel_ir import TORCH_DTYPES, Load
+
+# Intervals (contiguous runs of one access) enumerated to count a union exactly.
+UNION_BUDGET = 1 << 21
+
+
+class Traffic(NamedTuple):
+    read_bytes: int
+    write_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+
+def minimum_bytes(kernel) -> int:
+    """Bytes `kernel` must move at least: each distinct input element read once, each output element
+    written once. For Program(minimum_bytes=...)."""
+    return minimum_traffic(kernel).total
+
+
+def minimum_traffic(kernel) -> Traffic:
+    """(read bytes, write bytes) of minimum_bytes(kernel), for Program(minimum_read_bytes=...)."""
+    extents = tuple(kernel.ranges) + tuple(getattr(kernel, "reduction_ranges", ()))
+    reads: dict[str, list] = {}
+    writes: dict[str, list] = {}
+    for v in kernel.values:
+        if isinstance(v, Load):
+            reads.setdefault(v.buffer, []).append(v.index)
+    for s in kernel.stores:
+        writes.setdefault(s.buffer, []).append(s.index)
+    return Traffic(_bytes(kernel, reads, extents), _bytes(kernel, writes, extents))
+
+
+def _bytes(kernel, accesses: dict[str, list], extents: tuple[int, ...]) -> int:
+    total = 0
+    for name, indexes in accesses.items():
+        buffer = kernel.buffer(name)
+        elements = distinct_elements([(i.offset, i.strides) for i in indexes], extents,
+                                     cap=_buffer_elements(buffer))
+        total += elements * TORCH_DTYPES[buffer.dtype].itemsize
+    return total
+
+
+def distinct_elements(accesses, extents, cap: int | None = None) -> int:
+    """Distinct element indices touched by `accesses` ((offset, strides) over `extents`) together."""
+    canon = []
+    for offset, strides in accesses:
+        access = _canonical(offset, strides, extents)
+        if access is not None and access not in canon:
+            canon.append(access)
+    if not canon:
+        return 0
+    if len(canon) == 1 and _disjoint_dims(canon[0][1]):
+        return _count(canon[0])
+    runs = sum(_runs(a) for a in canon)
+    if runs <= UNION_BUDGET:
+        return _union(canon)
+    bound = sum(_count(a) for a in canon)
+    return bound if cap is None else min(bound, cap)
+
+
+def _canonical(offset: int, strides, extents):
+    """(lowest offset, ((stride, extent), ...) ascending, contiguous dims merged), None if empty."""
+    if len(strides) != len(extents):
+        raise ValueError(f"an index with {len(strides)} strides over {len(extents)} ranges")
+    if any(n == 0 for n in extents):
+        return None
+    dims = []
+    for s, n in zip(strides, extents):
+        if n == 1 or s == 0:
+            continue
+        if s < 0:  # walked backwards: the same elements from the other end
+            offset += (n - 1) * s
+            s = -s
+        dims.append((s, n))
+    dims.sort()
+    merged: list[tuple[int, int]] = []
+    for s, n in dims:
+        if merged and merged[-1][0] * merged[-1][1] == s:
+            ps, pn = merged.pop()
+            merged.append((ps, pn * n))
+        else:
+            merged.append((s, n))
+    return offset, tuple(merged)
+
+
+def _disjoint_dims(dims) -> bool:
+    """No two index tuples reach one element: each stride clears the span of the smaller dims."""
+    span = 0
+    for s, n in dims:
+        if s <= span:
+            return False
+        span += (n - 1) * s
+    return True
+
+
+def _count(access) -> int:
+    n = 1
+    for _, e in access[1]:
+        n *= e
+    return n
+
+
+def _run(access) -> tuple[int, tuple]:
+    """The access as runs: (run length, the dims whose every combination starts one run)."""
+    dims = access[1]
+    if dims and dims[0][0] == 1:
+        return dims[0][1], dims[1:]
+    return 1, dims
+
+
+def _runs(access) -> int:
+    return _count((0, _run(access)[1]))
+
+
+def _union(accesses) -> int:
+    starts, ends = [], []
+    for offset, dims in accesses:
+        length, outer = _run((offset, dims))
+        s = np.array([offset], dtype=np.int64)
+        for stride, n in outer:
+            s = (s[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
+        starts.append(s)
+        ends.append(s + length)
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)  # the furthest any earlier-starting run reaches
+    before = np.concatenate(([np.iinfo(np.int64).min], reach[:-1]))
+    return int(np.maximum(end - np.maximum(start, before), 0).sum())
+
+
+def _buffer_elements(buffer) -> int:
+    """Distinct elements of the buffer itself (its stride-0 dims count once)."""
+    return distinct_elements([(0, tuple(buffer.strides))], tuple(buffer.shape))
