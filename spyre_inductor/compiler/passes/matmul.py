@@ -19,9 +19,9 @@ from . import search
 from .allocate import check_needs, check_placement
 from .division import simulated_ns
 from .layout import BufferLayout
-from .matmul_codegen import build_matmul_program
+from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
-from .matmul_plan import best_grid, fitting, tile_needs, variants
+from .matmul_plan import fitting, grid_for, tile_needs, variants
 from .plans import Division, Plans
 
 
@@ -49,18 +49,27 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     symbols = _symbols(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     counts = [cores] if cores else candidate_counts(shape, limit)
-    grids = {n: best_grid(shape, n) for n in counts}
     errors: list[str] = []
 
     def evaluate(variant, n):
-        grid = grids[n]
+        grid = grid_for(shape, n, variant)
+        if grid is None:
+            return None
         fit = fitting(tk, shape, grid, variant)
         if fit is None:
             return None
         tiling, placement = fit
-        program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
-                                       blocks=grid.blocks[:1])
-        ns = estimate(program) if estimate is not None else simulated_ns(program, grid.cores)
+        if tiling.share:
+            # the cores meet on the ring: time them all (their programs differ in who sends where)
+            if not ring_ready(shape, tk, tiling, placement, grid):
+                return None
+            program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
+                                           share=tiling.share)
+            ns = estimate(program) if estimate is not None else simulated_ns(program)
+        else:
+            program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
+                                           blocks=grid.blocks[:1])
+            ns = estimate(program) if estimate is not None else simulated_ns(program, grid.cores)
         label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
                  f"{tiling.label}")
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
@@ -78,7 +87,8 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     notes = (f"{COMPILER_VERSION}: matmul {shape.M}x{shape.K}x{shape.N}"
              + (f" x{shape.batches}" if shape.batch else "")
              + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
-    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes)
+    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
+                                   share=tiling.share)
     division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks)
     plans = Plans("matmul", _buffers(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),

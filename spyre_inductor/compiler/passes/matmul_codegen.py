@@ -6,6 +6,12 @@ Per core, the output tiles of its block in order, each ``K / tk`` k-steps:
   moved into one (``pop free``, load, ``push full``; a transposed operand
   is moved in its own layout into the staging tile, fenced, and transposed
   on chip into the slot); then the epilogue operands of the output tile;
+  a *shared* operand (every core needs the same tiles in the same order:
+  A when the cores split the columns, B when they split the rows) is
+  all-gathered instead: each core loads one slice of rows of the tile from
+  device memory and the slices travel core to core along the chain of
+  neighbours in both directions (``ring_fill``), so the operand is read
+  from device memory once, not once per core;
   then the store of the previous output tile (one behind, so the loads of
   the next tile are not held up by the sfp).
 * pe: per k-step, ``pop full`` of each slot at its first use since it was
@@ -43,11 +49,12 @@ MAX_INSTRUCTIONS_PER_CORE = 200_000
 
 def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulShape, tk: TileKernel,
                          tiling: MatmulTiling, placement: Placement, grid: Grid, notes: str = "",
-                         blocks: tuple[Block, ...] | None = None) -> Program:
-    """`blocks` (default: the grid's) lets a planner time one representative core."""
+                         blocks: tuple[Block, ...] | None = None, share: str | None = None) -> Program:
+    """`blocks` (default: the grid's) lets a planner time one representative core; `share` ("a"
+    or "b") all-gathers that operand over the ring between the grid's cores."""
     cores, queues = [], []
     for block in (grid.blocks if blocks is None else blocks):
-        units, qs = _Core(shape, tk, tiling, placement, block).emit()
+        units, qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
         queues += qs
         cores.append(CoreProgram(block.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
     used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
@@ -65,6 +72,20 @@ def _batch_index(shape: MatmulShape, flat: int) -> tuple[int, ...]:
 def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
     return (access.offset + sum(s * i for s, i in zip(access.batch_strides, bidx)) + access.m_stride * m
             + access.n_stride * n + access.k_stride * k)
+
+
+PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
+
+
+def _rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
+                    sp_stride: int) -> None:
+    """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
+    serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
+    per = max(1, PIECE_BYTES // max(sp_stride, 1))
+    for r0 in range(0, rows, per):
+        n = min(per, rows - r0)
+        ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
+                     dev_stride if n > 1 else 0, sp_stride))
 
 
 class _Pool:
@@ -106,9 +127,10 @@ class _Pool:
 
 
 class _Core:
-    def __init__(self, shape, tk, tiling, placement, block: Block):
+    def __init__(self, shape, tk, tiling, placement, block: Block, share: str | None = None, group: int = 1):
         self.shape, self.tk, self.t, self.p, self.block = shape, tk, tiling, placement, block
         self.core = block.core
+        self.share, self.group = share, group
         self.ta, self.tb = operand_tiles(tk)
         self.staging = {t.of: t.name for t in tk.tiles if t.role is Role.STAGING}
         self.acc = tk.with_role(Role.ACCUMULATOR)[0].name
@@ -123,21 +145,32 @@ class _Core:
     # ---- the schedule --------------------------------------------------------------------
 
     def schedule(self):
+        """(output tiles, k-steps in order, A pool, B pool); a k-step is (output, batch, m, n, k)."""
         s, t, b = self.shape, self.t, self.block
         m_tiles = [(m, min(t.tm, b.m0 + b.mc - m)) for m in range(b.m0, b.m0 + b.mc, t.tm)]
         n_tiles = [(n, min(t.tn, b.n0 + b.nc - n)) for n in range(b.n0, b.n0 + b.nc, t.tn)]
         k_tiles = [(k, min(t.tk, s.K - k)) for k in range(0, s.K, t.tk)]
-        outputs = []
+        outputs, steps = [], []
         for flat in range(b.b0, b.b0 + b.bc):
             bidx = _batch_index(s, flat)
             pairs = (itertools.product(m_tiles, n_tiles) if t.label != "B resident" else
                      ((mt, nt) for nt in n_tiles for mt in m_tiles))
-            for mt, nt in pairs:
-                outputs.append((bidx, mt, nt))
-        steps = [(o, bidx, mt, nt, kt) for o, (bidx, mt, nt) in enumerate(outputs) for kt in k_tiles]
+            block = [(len(outputs) + i, (bidx, mt, nt)) for i, (mt, nt) in enumerate(pairs)]
+            outputs += [o for _, o in block]
+            if t.order == "k-outer":  # a batch's output tiles advance together, one k chunk at a time
+                steps += [(o, bi, mt, nt, kt) for kt in k_tiles for o, (bi, mt, nt) in block]
+            else:
+                steps += [(o, bi, mt, nt, kt) for o, (bi, mt, nt) in block for kt in k_tiles]
         a_keys = [(_element(s.a, bidx, mt[0], 0, kt[0]), mt[1], kt[1]) for _, bidx, mt, nt, kt in steps]
         b_keys = [(_element(s.b, bidx, 0, nt[0], kt[0]), kt[1], nt[1]) for _, bidx, mt, nt, kt in steps]
         return outputs, steps, _Pool(a_keys, t.a_slots), _Pool(b_keys, t.b_slots)
+
+    def shared_fills(self) -> list:
+        """The keys of the shared operand's fills, in order (every core must have the same)."""
+        outputs, steps, pa, pb = self.schedule()
+        pool = pa if self.share == "a" else pb
+        return [(steps[i][1], steps[i][2 if self.share == "a" else 3], steps[i][4])
+                for i in range(len(steps)) if pool.new[i]]
 
     # ---- emission --------------------------------------------------------------------------
 
@@ -148,82 +181,98 @@ class _Core:
             from ..errors import Unsupported
 
             raise Unsupported(f"matmul plan with {len(steps)} k-steps on core {self.core}: too many to unroll")
+        if self.share:
+            self.ring_queues()
+        A = self.t.acc_copies
         qa = {s: (self.q(f"a_full{s}", "ls", "pe"), self.q(f"a_free{s}", "pe", "ls")) for s in set(pa.slot)}
         qb = {s: (self.q(f"b_full{s}", "ls", "pe"), self.q(f"b_free{s}", "pe", "ls")) for s in set(pb.slot)}
-        qacc = [(self.q(f"acc_full{c}", "pe", "sfp"), self.q(f"acc_free{c}", "sfp", "pe")) for c in (0, 1)]
+        qacc = [(self.q(f"acc_full{c}", "pe", "sfp"), self.q(f"acc_free{c}", "sfp", "pe")) for c in range(A)]
         qepi = [(self.q(f"epi_full{c}", "ls", "sfp"), self.q(f"epi_free{c}", "sfp", "ls")) for c in (0, 1)]
         qout = [(self.q(f"out_full{c}", "sfp", "ls"), self.q(f"out_free{c}", "ls", "sfp")) for c in (0, 1)]
-        copies = range(min(2, len(outputs)))
+        first, last = {}, {}
+        for i, st in enumerate(steps):
+            first.setdefault(st[0], i)
+            last[st[0]] = i
+        done = sorted(range(len(outputs)), key=lambda o: last[o])  # completion order
+        rank = {o: r for r, o in enumerate(done)}   # epilogue copies alternate in completion order
         has_epi_loads = bool(self.epi.loads)
+        acc_used = range(min(A, len(outputs)))
+        io_used = range(min(2, len(outputs)))
         # priming: one free token per slot / copy from the consumer of the data
-        for s in sorted(qa):
-            pe.emit(Push(qa[s][1]))
-        for s in sorted(qb):
-            pe.emit(Push(qb[s][1]))
+        for slot in sorted(qa):
+            pe.emit(Push(qa[slot][1]))
+        for slot in sorted(qb):
+            pe.emit(Push(qb[slot][1]))
         for name, value in self.tk.constants:
             a = self.p.at(name)
             sfp.emit(Fill(sfp.tile(a.offset, self.tk.tile(name).dtype, 1, 1, STICK), value))
-        for c in copies:
+        for c in acc_used:
             sfp.emit(Push(qacc[c][1]))
+        for c in io_used:
             if has_epi_loads:
                 sfp.emit(Push(qepi[c][1]))
             ls.emit(Push(qout[c][1]))
-        by_output: dict[int, list[int]] = {}
-        for i, st in enumerate(steps):
-            by_output.setdefault(st[0], []).append(i)
-        for o, (bidx, mt, nt) in enumerate(outputs):
-            c = o % 2
-            idxs = by_output[o]
-            for i in idxs:
-                _, _, smt, snt, kt = steps[i]
-                if pa.new[i]:
-                    self.load_operand(ls, qa[pa.slot[i]], "a", pa.slot[i], bidx, smt, snt, kt)
-                if pb.new[i]:
-                    self.load_operand(ls, qb[pb.slot[i]], "b", pb.slot[i], bidx, smt, snt, kt)
-            if has_epi_loads:
-                ls.emit(Pop(qepi[c][1]))
-                self.epilogue_loads(ls, c, bidx, mt, nt)
-                ls.emit(Push(qepi[c][0]))
-            if o >= 1:
-                self.store(ls, qout[(o - 1) % 2], (o - 1) % 2, *outputs[o - 1])
+        stored = 0
+        for i, (o, bidx, mt, nt, kt) in enumerate(steps):
+            # ls: this step's new operand tiles; after an output's last step, its epilogue
+            # operands and the store of the output finished before it
+            if pa.new[i]:
+                fill = self.ring_fill if self.share == "a" else self.load_operand
+                fill(ls, qa[pa.slot[i]], "a", pa.slot[i], bidx, mt, nt, kt)
+            if pb.new[i]:
+                fill = self.ring_fill if self.share == "b" else self.load_operand
+                fill(ls, qb[pb.slot[i]], "b", pb.slot[i], bidx, mt, nt, kt)
+            if i == last[o]:
+                c = rank[o] % 2
+                if has_epi_loads:
+                    ls.emit(Pop(qepi[c][1]))
+                    self.epilogue_loads(ls, c, bidx, mt, nt)
+                    ls.emit(Push(qepi[c][0]))
+                if rank[o] >= 1:
+                    prev = done[rank[o] - 1]
+                    self.store(ls, qout[(rank[o] - 1) % 2], (rank[o] - 1) % 2, *outputs[prev])
+                    stored += 1
             # pe
-            pe.emit(Pop(qacc[c][1]))
-            for j, i in enumerate(idxs):
-                _, _, smt, snt, kt = steps[i]
-                if pa.new[i]:
-                    pe.emit(Pop(qa[pa.slot[i]][0]))
-                if pb.new[i]:
-                    pe.emit(Pop(qb[pb.slot[i]][0]))
-                acc = self.p.at(self.acc, c)
-                a, b = self.p.at(self.ta, pa.slot[i]), self.p.at(self.tb, pb.slot[i])
-                pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
-                               pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
-                               pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
-                               accumulate=j > 0))
-                if pa.last_use(i):
-                    pe.emit(Push(qa[pa.slot[i]][1]))
-                if pb.last_use(i):
-                    pe.emit(Push(qb[pb.slot[i]][1]))
-            pe.emit(Push(qacc[c][0]))
-            # sfp
-            sfp.emit(Pop(qacc[c][0]))
+            slot = o % A
+            if i == first[o]:
+                pe.emit(Pop(qacc[slot][1]))
+            if pa.new[i]:
+                pe.emit(Pop(qa[pa.slot[i]][0]))
+            if pb.new[i]:
+                pe.emit(Pop(qb[pb.slot[i]][0]))
+            acc = self.p.at(self.acc, slot)
+            a, b = self.p.at(self.ta, pa.slot[i]), self.p.at(self.tb, pb.slot[i])
+            pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
+                           pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
+                           pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
+                           accumulate=i != first[o]))
+            if pa.last_use(i):
+                pe.emit(Push(qa[pa.slot[i]][1]))
+            if pb.last_use(i):
+                pe.emit(Push(qb[pb.slot[i]][1]))
+            if i == last[o]:
+                pe.emit(Push(qacc[slot][0]))
+        for o in done:  # sfp: the epilogue of each output in the order the pe finishes them
+            slot, c = o % A, rank[o] % 2
+            sfp.emit(Pop(qacc[slot][0]))
             if has_epi_loads:
                 sfp.emit(Pop(qepi[c][0]))
             sfp.emit(Pop(qout[c][1]))
-            self.epilogue(sfp, c, mt[1], nt[1])
-            sfp.emit(Push(qacc[c][1]))
+            self.epilogue(sfp, slot, c, outputs[o][1][1], outputs[o][2][1])
+            sfp.emit(Push(qacc[slot][1]))
             if has_epi_loads:
                 sfp.emit(Push(qepi[c][1]))
             sfp.emit(Push(qout[c][0]))
-        if outputs:
-            last = len(outputs) - 1
-            self.store(ls, qout[last % 2], last % 2, *outputs[last])
-        for s in sorted(qa):
-            ls.emit(Pop(qa[s][1]))
-        for s in sorted(qb):
-            ls.emit(Pop(qb[s][1]))
-        for c in copies:
+        if done:
+            r = len(done) - 1
+            self.store(ls, qout[r % 2], r % 2, *outputs[done[r]])
+        for slot in sorted(qa):
+            ls.emit(Pop(qa[slot][1]))
+        for slot in sorted(qb):
+            ls.emit(Pop(qb[slot][1]))
+        for c in acc_used:
             pe.emit(Pop(qacc[c][1]))
+        for c in io_used:
             if has_epi_loads:
                 ls.emit(Pop(qepi[c][1]))
             sfp.emit(Pop(qout[c][1]))
@@ -243,15 +292,75 @@ class _Core:
         dst = self.p.at(name, slot)
         ls.emit(Pop(free))
         if not transposed:
-            ls.emit(Load(ls.sp(dst.offset), ls.dev(access.buffer, origin * isz), rows, cols * isz,
-                         row_stride * isz if rows > 1 else 0, dst.row_stride))
+            _rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
+                            dst.row_stride)
         else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
             st = self.p.at(self.staging[name])
-            ls.emit(Load(ls.sp(st.offset), ls.dev(access.buffer, origin * isz), cols, rows * isz,
-                         col_stride * isz if cols > 1 else 0, st.row_stride),
-                    Fence(),
+            _rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
+                            st.row_stride)
+            ls.emit(Fence(),
                     Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
                               ls.tile(st.offset, access.dtype, cols, rows, st.row_stride)))
+        ls.emit(Push(full))
+
+    # ---- the shared operand, all-gathered along the chain of cores ---------------------------
+
+    def ring_queues(self) -> None:
+        """The queues this core consumes: slices arriving from each side, and each neighbour's
+        word that its slot is open for this core's sends."""
+        j, g = self.core, self.group
+        for side, nb in (("L", j - 1), ("R", j + 1)):
+            if 0 <= nb < g:
+                for kind in ("from", "open"):
+                    self.queues.append(Queue(f"r{j}.{kind}{side}", (nb, "ls"), (j, "ls"), depth=g))
+
+    def ring_fill(self, ls, queues, which, slot, bidx, mt, nt, kt):
+        from spyre_runtime.program.emitter import split_evenly
+        from spyre_runtime.program.isa import Send
+
+        s, j, g = self.shape, self.core, self.group
+        full, free = queues
+        name = self.ta if which == "a" else self.tb
+        access = s.a if which == "a" else s.b
+        rows, cols = (mt[1], kt[1]) if which == "a" else (kt[1], nt[1])
+        row_stride = access.m_stride if which == "a" else access.k_stride
+        isz = ITEMSIZE[access.dtype]
+        dst = self.p.at(name, slot)
+        pieces = split_evenly(rows, g)
+        origin = _element(access, bidx, mt[0], nt[0], kt[0])
+
+        def send(to, p):
+            r0, rc = pieces[p]
+            at = ls.sp(dst.offset + r0 * dst.row_stride)
+            ls.emit(Send(to, at, at, rc * dst.row_stride))
+
+        ls.emit(Pop(free))
+        if j > 0:
+            ls.emit(Push(f"r{j - 1}.openR"))
+        if j < g - 1:
+            ls.emit(Push(f"r{j + 1}.openL"))
+        r0, rc = pieces[j]
+        _rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, (origin + r0 * row_stride) * isz, rc,
+                        cols * isz, row_stride * isz, dst.row_stride)
+        ls.emit(Fence())  # the slice has landed before it is sent on
+        if j < g - 1:
+            ls.emit(Pop(f"r{j}.openR"))
+            send(j + 1, j)
+            ls.emit(Push(f"r{j + 1}.fromL"))
+        if j > 0:
+            ls.emit(Pop(f"r{j}.openL"))
+            send(j - 1, j)
+            ls.emit(Push(f"r{j - 1}.fromR"))
+        for p in range(j - 1, -1, -1):  # slices from the left, nearest first
+            ls.emit(Pop(f"r{j}.fromL"))
+            if j < g - 1:
+                send(j + 1, p)
+                ls.emit(Push(f"r{j + 1}.fromL"))
+        for p in range(j + 1, g):  # slices from the right, nearest first
+            ls.emit(Pop(f"r{j}.fromR"))
+            if j > 0:
+                send(j - 1, p)
+                ls.emit(Push(f"r{j - 1}.fromR"))
         ls.emit(Push(full))
 
     def epilogue_loads(self, ls, c, bidx, mt, nt):
@@ -274,13 +383,13 @@ class _Core:
                           access.m_stride * isz if mt[1] > 1 else 0, a.row_stride))
         ls.emit(Push(free))
 
-    def epilogue(self, sfp, c, rows, cols):
+    def epilogue(self, sfp, acc_slot, c, rows, cols):
         def tile(name):
             t = self.tk.tile(name)
             if t.role is Role.CONSTANT:
                 a = self.p.at(name)
                 return sfp.tile(a.offset, t.dtype, rows, cols, STICK, "scalar")
-            a = self.p.at(name, c)
+            a = self.p.at(name, acc_slot if t.role is Role.ACCUMULATOR else c)
             return sfp.tile(a.offset, t.dtype, rows, cols, a.row_stride, broadcast_of(t.space, "m", "n"))
 
         for st in self.epi.steps:
@@ -293,4 +402,15 @@ class _Core:
                 sfp.emit(Select(dst, args[0], args[1], args[2]))
 
 
-__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "build_matmul_program"]
+def ring_ready(shape, tk, tiling, placement, grid) -> bool:
+    """Whether the grid's cores can all-gather the shared operand: each fill splits into a slice
+    per core (at least one row each), and every core fills the same tiles in the same order."""
+    cores = [_Core(shape, tk, tiling, placement, b, tiling.share, grid.cores) for b in grid.blocks]
+    fills = [c.shared_fills() for c in cores]
+    if any(f != fills[0] for f in fills[1:]) or not fills[0]:
+        return False
+    rows = [(mt[1] if tiling.share == "a" else kt[1]) for _, mt, kt in fills[0]]
+    return min(rows) >= grid.cores
+
+
+__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "build_matmul_program", "ring_ready"]

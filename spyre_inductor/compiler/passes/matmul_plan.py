@@ -47,6 +47,11 @@ class MatmulTiling(Describable):
     a_slots: int
     b_slots: int
     label: str
+    order: str = "output"      # "output": each output tile's k-steps in turn; "k-outer": every
+                               # output tile of the block advances one k chunk at a time (their
+                               # accumulators all resident), so each operand tile is used in one go
+    acc_copies: int = 2
+    share: str | None = None   # "a" / "b": that operand is all-gathered over the ring, read once
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
         row = sticks(cols * ITEMSIZE[tile.dtype])
         if tile.name in (ta, tb):
             copies = t.a_slots if tile.name == ta else t.b_slots
+        elif tile.role is Role.ACCUMULATOR:
+            copies = t.acc_copies
         else:
             copies = 1 if tile.role in (Role.STAGING, Role.TEMPORARY) else 2
         needs.append(Need(tile.name, rows * row, row, copies))
@@ -161,28 +168,55 @@ def place(tk_: TileKernel, t: MatmulTiling) -> tuple[list[Need], Placement]:
     return needs, allocate(needs, HARDWARE.scratchpad_usable_bytes)
 
 
-# Tile-shape targets (rows, columns, k) and operand pool policies the search tries; the tile is
-# the target clipped to the core's block.
+# Tile-shape targets (rows, columns, k) the search tries; a tile is the target clipped to the
+# core's block.
 TARGETS = ((128, 256, 1024), (64, 256, 256), (128, 128, 256))
 POOLS = ("B resident", "A resident", "streamed")
+# Shared-operand plans: the k-outer order walks every operand tile once per core, and the
+# shared one is all-gathered, so each operand is read from device memory once in all.
+SHARED = tuple((tgt, share) for share in ("a", "b") for tgt in ((128, 256, 256), (128, 256, 128), (64, 512, 128)))
 
 
 def variants() -> list[tuple]:
-    return [(tgt, pool) for tgt in TARGETS for pool in POOLS]
+    out = [(tgt, pool, "output", None) for tgt in TARGETS for pool in POOLS]
+    out += [(tgt, "streamed", "k-outer", None) for tgt in TARGETS[1:]]
+    out += [(tgt, "streamed", "k-outer", share) for tgt, share in SHARED]
+    return out
+
+
+def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
+    """The grid of a variant at `cores`: a shared operand needs every core on the same tiles of
+    it (A: split the columns only; B: the rows only); otherwise the fewest bytes."""
+    share = variant[3]
+    if share is None:
+        return best_grid(shape, cores)
+    if cores < 2 or (share == "a" and shape.a_transposed) or (share == "b" and shape.b_transposed):
+        return None
+    if share == "a":
+        units = -(-shape.N // n_granule(shape))
+        return make_grid(shape, 1, 1, min(cores, units)) if units >= 2 else None
+    return make_grid(shape, 1, min(cores, shape.M), 1) if shape.M >= 2 else None
 
 
 def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
-    (tm_t, tn_t, tk_t), pool = variant
+    (tm_t, tn_t, tk_t), pool, order, share = variant
     mc = max(b.mc for b in grid.blocks)
     nc = max(b.nc for b in grid.blocks)
     g = n_granule(shape)
     tm, tk = min(mc, tm_t), min(shape.K, tk_t)
     tn = min(nc, max(g, tn_t // g * g))
     ktiles = -(-shape.K // tk)
-    a_tiles, b_tiles = -(-mc // tm) * ktiles, -(-nc // tn) * ktiles
-    a_slots = a_tiles if pool == "A resident" else min(2, a_tiles)
-    b_slots = b_tiles if pool == "B resident" else min(2, b_tiles)
-    return MatmulTiling(tm, tn, tk, a_slots, b_slots, pool)
+    m_tiles, n_tiles = -(-mc // tm), -(-nc // tn)
+    a_tiles, b_tiles = m_tiles * ktiles, n_tiles * ktiles
+    if order == "k-outer":  # per k chunk: the A tiles of every row tile, the B tiles of every column tile
+        a_slots, b_slots = min(a_tiles, 2), min(b_tiles, n_tiles + 1)
+        acc = m_tiles * n_tiles
+        label = "k-outer" + (f", {share.upper()} shared over the ring" if share else "")
+    else:
+        a_slots = a_tiles if pool == "A resident" else min(2, a_tiles)
+        b_slots = b_tiles if pool == "B resident" else min(2, b_tiles)
+        acc, label = 2, pool
+    return MatmulTiling(tm, tn, tk, a_slots, b_slots, label, order, acc, share)
 
 
 def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[MatmulTiling, Placement] | None:
@@ -193,4 +227,4 @@ def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[M
 
 
 __all__ = ["Block", "Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
-           "n_granule", "operand_tiles", "place", "tile_needs", "tiling_for", "variants"]
+           "grid_for", "n_granule", "operand_tiles", "place", "tile_needs", "tiling_for", "variants"]
