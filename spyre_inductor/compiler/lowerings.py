@@ -70,7 +70,15 @@ def _floating_on_spyre(*mats) -> bool:
 
 
 def native_matmul(mat1, mat2, k_dim: int):
-    """sum over k of mat1[..., m, k, 1] * mat2[..., 1, k, n]: Inductor's native-matmul form."""
+    """sum over k of mat1[..., m, k, 1] * mat2[..., 1, k, n]: Inductor's native-matmul form.
+
+    The operands are realized first: a pointwise producer (an activation, a cast) would otherwise
+    be inlined into the product, a prologue the matmul family does not fuse yet, and the kernel
+    would fall back to the CPU; realized, it is a kernel of its own.
+    """
+    for m in (mat1, mat2):
+        if isinstance(m, ir.TensorBox):
+            m.realize()
     mat1 = L.lowerings[aten.unsqueeze](mat1, -1)
     mat2 = L.lowerings[aten.unsqueeze](mat2, -3)
     a, b = L.broadcast_tensors(mat1, mat2)

@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import Op, Kernel, Reduction, Scan
+from .kernel_ir import Kernel, MatmulKernel, Op, Reduction, Scan
 from .version import compiler_version
 
 
@@ -98,7 +98,8 @@ def content_name(kernel: Kernel) -> Kernel:
         if name is not None and name not in ops:
             ops.append(name)
     label = "_".join(ops[:5]) + ("_etc" if len(ops) > 5 else "") if ops else "copy"
-    kind = "scan" if kernel.has_scan else "red" if kernel.reduction_ranges else "pw"
+    kind = ("mm" if isinstance(kernel, MatmulKernel) else "scan" if kernel.has_scan else "red" if kernel.reduction_ranges
+            else "pw")
     return replace(kernel, name=f"spyre_{kind}_{label}_{digest}")
 
 

@@ -37,6 +37,16 @@ def _buffers(kernel) -> tuple[BufferLayout, ...]:
                               tuple(b.strides), b.offset) for b in kernel.buffers)
 
 
+REFETCH_WORTH_SHARING = 1.10  # plain plans reading more than this over the minimum try the ring
+
+
+def refetch(shape, grid) -> float:
+    """Bytes a plain grid reads over the minimum (each operand once)."""
+    from .matmul_plan import grid_bytes, make_grid
+
+    return grid_bytes(shape, grid) / max(1, grid_bytes(shape, make_grid(shape, 1, 1, 1)))
+
+
 def candidate_counts(shape, limit: int) -> list[int]:
     return sorted({c for c in (1, 2, 4, 8, 16, 32) if c <= limit} | {limit})
 
@@ -65,16 +75,29 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
                 return None
             program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
                                            share=tiling.share)
-            ns = estimate(program) if estimate is not None else simulated_ns(program)
+            ns = estimate(program) if estimate is not None else simulated_ns(program, validate=False)
         else:
             program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
                                            blocks=grid.blocks[:1])
-            ns = estimate(program) if estimate is not None else simulated_ns(program, grid.cores)
+            ns = (estimate(program) if estimate is not None
+                  else simulated_ns(program, grid.cores, validate=False))
         label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
                  f"{tiling.label}")
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
 
-    results = search.search(variants(), counts, evaluate, errors)
+    plain = [v for v in variants() if v[3] is None]
+    results = search.search(plain, counts, evaluate, errors)
+    top = max(counts)
+    best_plain = min(results, key=lambda r: r.ns, default=None)
+    if best_plain is not None and top > 1 and refetch(shape, best_plain.plan[0]) > REFETCH_WORTH_SHARING:
+        # the plain plans re-read an operand: try sharing it over the ring (timed whole: the cores
+        # meet on the ring, so one core cannot stand for the others), one tile shape per operand
+        for share in ("a", "b"):
+            for v in (v for v in variants() if v[3] == share):
+                r = evaluate(v, top)
+                if r is not None:
+                    results.append(r)
+                    break
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no matmul tiling fits {HARDWARE.scratchpad_usable_bytes} B "
                           f"of scratchpad" + (f": {'; '.join(errors[:3])}" if errors else ""))
