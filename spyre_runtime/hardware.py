@@ -52,6 +52,8 @@ class HardwareConfig:
         1760.0, "F: special-function results per us per core, a result being one 128-byte stick (64 fp16 lanes): "
                 "the resident dim-0 softmax (5 passes over 8192 sticks) measures 23.67 us")
     transpose_gbps_per_core: float = _figure(40.0, "M: on-chip transpose, about 40 GB/s per core")
+    core_span_bytes: int = _figure(256 * MIB, "E: per-core addressable span, 256 MB of device memory per tensor "
+                                              "slice: the bytes one core's accesses to one tensor may spread over")
     ring_bytes_per_cycle: int = _figure(128, "E: per direction")
     ring_hop_ns: float = _figure(5.0, "E: about 5 ns per hop")
     host_link_gbps: float = _figure(

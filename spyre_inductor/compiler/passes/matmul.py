@@ -21,7 +21,7 @@ from .division import simulated_ns
 from .layout import BufferLayout
 from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
-from .matmul_plan import fitting, grid_for, tile_needs, variants
+from .matmul_plan import fitting, grid_for, span_problem, tile_needs, variants
 from .plans import Division, Plans
 
 
@@ -65,6 +65,10 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
         grid = grid_for(shape, n, variant)
         if grid is None:
             return None
+        problem = span_problem(shape, grid)
+        if problem is not None:
+            errors.append(problem)
+            return None
         fit = fitting(tk, shape, grid, variant)
         if fit is None:
             return None
@@ -99,8 +103,9 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
                     results.append(r)
                     break
     if not results:
-        raise Unsupported(f"kernel {kernel.name!r}: no matmul tiling fits {HARDWARE.scratchpad_usable_bytes} B "
-                          f"of scratchpad" + (f": {'; '.join(errors[:3])}" if errors else ""))
+        raise Unsupported(f"kernel {kernel.name!r}: no matmul plan: no tiling fits the "
+                          f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad" +
+                          (f", or {'; '.join(dict.fromkeys(errors))}" if errors else ""))
     chosen = search.choose(results)
     grid, tiling, placement = chosen.plan
     needs = tile_needs(tk, tiling)

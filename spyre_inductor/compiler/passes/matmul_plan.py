@@ -112,6 +112,38 @@ def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int) -> Grid:
     return Grid(gb, gm, gn, tuple(blocks))
 
 
+def _span(access, block: Block, shape: MatmulShape, m: bool, n: bool, k: bool) -> int:
+    """Bytes between the first and the last element `access` touches in `block`."""
+    offsets = [_batch_offset(shape, access, f) for f in range(block.b0, block.b0 + block.bc)]
+    extent = max(offsets) - min(offsets)
+    extent += abs(access.m_stride) * (block.mc - 1) if m else 0
+    extent += abs(access.n_stride) * (block.nc - 1) if n else 0
+    extent += abs(access.k_stride) * (shape.K - 1) if k else 0
+    return (extent + 1) * ITEMSIZE[access.dtype]
+
+
+def _batch_offset(shape: MatmulShape, access, flat: int) -> int:
+    off = 0
+    for extent, stride in zip(reversed(shape.batch), reversed(access.batch_strides)):
+        flat, i = divmod(flat, extent)
+        off += stride * i
+    return off
+
+
+def span_problem(shape: MatmulShape, grid: Grid) -> str | None:
+    """Why a core's slice of some tensor spreads over more than the per-core addressable span."""
+    limit = HARDWARE.core_span_bytes
+    for block in grid.blocks:
+        checks = [("A", shape.a, True, False, True), ("B", shape.b, False, True, True)]
+        checks += [(a.buffer, a, True, True, False) for _, a in shape.epilogue_loads + shape.stores]
+        for what, access, m, n, k in checks:
+            span = _span(access, block, shape, m, n, k)
+            if span > limit:
+                return (f"core {block.core}'s slice of {what} ({access.buffer}) spans {span} B of device memory, "
+                        f"more than the per-core addressable span of {limit} B")
+    return None
+
+
 def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
     """Device bytes the grid reads and writes if each block reads its operands once."""
     ia, ib = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype]
