@@ -10,6 +10,8 @@ largest); the program kept is built for every core and validated once.
 
 from __future__ import annotations
 
+import dataclasses
+
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.program import Program, Symbol
 
@@ -60,6 +62,7 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     counts = [cores] if cores else candidate_counts(shape, limit)
     errors: list[str] = []
+    seen: set = set()  # variants that clip to the same tiling of the same grid are timed once
 
     def evaluate(variant, n):
         grid = grid_for(shape, n, variant)
@@ -73,6 +76,10 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
         if fit is None:
             return None
         tiling, placement = fit
+        key = (grid.gb, grid.gm, grid.gn, dataclasses.replace(tiling, label=""))
+        if key in seen:
+            return None
+        seen.add(key)
         if tiling.share:
             # the cores meet on the ring: time them all (their programs differ in who sends where)
             if not ring_ready(shape, tk, tiling, placement, grid):
