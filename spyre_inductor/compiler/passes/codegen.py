@@ -59,6 +59,8 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
         a = spad.at(tile)
         sfp.emit(Fill(sfp.tile(a.offset, tk.tile(tile).dtype, 1, 1, STICK), value))
     stick_axis = STICKS if STICKS in tk.axes else None
+    # per tile: its dtype, whether it has a copy per stream buffer, the ISA broadcast it is read with
+    sfp_view = {t.name: (t.dtype, streamed(t), broadcast_of(t.space, ROWS, stick_axis)) for t in tk.tiles}
     stream = tiling.stream_dim
     extent = share.counts[stream]
     step = min(tiling.tile_extent, extent)
@@ -105,9 +107,9 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
         rows, cols = shape(size)
 
         def tile(name):
-            tv = tk.tile(name)
-            a = spad.at(name, b if streamed(tv) else None)
-            return u.tile(a.offset, tv.dtype, rows, cols, a.row_stride, broadcast_of(tv.space, ROWS, stick_axis))
+            dtype, buffered, broadcast = sfp_view[name]
+            a = spad.at(name, b if buffered else None)
+            return u.tile(a.offset, dtype, rows, cols, a.row_stride, broadcast)
 
         for st in chunk.steps:
             dst, args = tile(st.dst), [tile(x) for x in st.args]
