@@ -1,8 +1,9 @@
 """compile_kernel: one Kernel (kernel_ir) -> one planned, verified program in an artifact directory.
 
-The passes run in order (spyre_inductor/compiler/passes): layout, fusion,
-tiling, scratchpad (which may shrink the tile), division (which emits and
-times candidate programs), the independent verifier, then emission.
+The pointwise passes run in order (spyre_inductor/compiler/passes): layout,
+fusion (the tile kernel, tiles.py), tiling, scratchpad (which may shrink
+the tile), the independent verifier, division (which emits and times
+candidate programs, search.py), then emission of one plans.Plans.
 Anything the passes cannot compile raises ``Unsupported`` (the caller runs
 the kernel on the CPU); a program the validator rejects is never emitted.
 
@@ -28,17 +29,19 @@ from spyre_runtime.program.validate import ProgramError, validate
 
 from .errors import PlanError, Unsupported
 from .kernel_ir import Kernel, MatmulKernel
+from .passes.tiles import PhaseKind
 from .passes.codegen import build_program
-from .passes.division import TIE, DivisionPlan, choose_division, chosen_ns, representative
-from .passes.emit import Plans, write_artifact
+from .passes.division import TIE, choose_division, chosen_ns, representative
+from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import BufferLayout, plan_layout
 from .passes.matmul import plan_matmul
 from .passes.minimum import minimum_traffic
+from .passes.plans import Division, Plans
 from .passes.reduction_division import ReductionPlans, plan_reduction
 from .passes.reduction_lowering import empty_as_pointwise
-from .passes.scratchpad import BUFFER_CHOICES, plan_scratchpad
-from .passes.tiling import TARGETS, plan_tiling
+from .passes.scratchpad import plan_scratchpad
+from .passes.tiling import BUFFER_CHOICES, TARGETS, plan_tiling
 from .passes.verify import verify
 
 __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact_key", "compile_kernel",
@@ -50,15 +53,16 @@ COMPILER_VERSION = "spyre-4"  # 1: pointwise, 2: phased plans, 3: reductions, 4:
 
 @dataclass(frozen=True)
 class Compiled:
-    plans: Plans
+    plans: Plans | ReductionPlans  # the reductions' own until they are ported onto plans.Plans
     program: Program
 
 
-def _build(kernel: Kernel, plans_without_division, division: DivisionPlan, check: bool = True) -> Program:
-    layout, fusion, spad = plans_without_division
-    notes = (f"{COMPILER_VERSION}: {len(fusion.steps)} fused step(s), tiles {spad.tiling.tile_rows}x"
-             f"{spad.tiling.tile_cols} streamed along dim {spad.tiling.stream_dim}, {division.cores} core(s)")
-    program = build_program(kernel.name, layout, fusion, spad, division, notes)
+def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Program:
+    layout, tile_kernel, tiling, placement = fixed
+    steps = tile_kernel.phase(PhaseKind.CHUNK).steps
+    notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), tiles {tiling.tile_rows}x"
+             f"{tiling.tile_cols} streamed along dim {tiling.stream_dim}, {division.cores} core(s)")
+    program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
     if not check:  # a candidate, only timed; the chosen program is built again and validated
         return program
     try:
@@ -110,31 +114,39 @@ def _plan(kernel: Kernel, *, cores: int | None = None, max_cores: int | None = N
             kernel = empty_as_pointwise(kernel)
         else:
             return _plan_reduction(kernel, cores, max_cores, estimate)
+    return _plan_pointwise(kernel, cores, max_cores, estimate)
+
+
+def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
+    """The pointwise family: its lowering (layout, fusion: the tile kernel), its plan variants
+    (tile-size target x stream buffers, each a tile shape and a placement), then the core count."""
     layout = plan_layout(kernel)
-    fusion = plan_fusion(kernel, layout)
+    tile_kernel = plan_fusion(kernel, layout)
     # Tile size and buffering are chosen at the most cores the kernel may use, then the core
     # count for the chosen variant: they change the time by a few percent at any count, so
     # timing every variant at every count would multiply the planning time for nothing.
     widest = cores or max_cores or HARDWARE.cores
     best, seen = None, set()
     for target, buffers in ((t, b) for t in TARGETS for b in BUFFER_CHOICES):
-        spad = plan_scratchpad(fusion, plan_tiling(layout, fusion, target), buffers=buffers)
-        if (spad.tiling, buffers) in seen:
+        placement, tiling = plan_scratchpad(tile_kernel, plan_tiling(layout, tile_kernel, target, buffers))
+        if tiling in seen:
             continue  # the kernel is smaller than the target: same plan
-        seen.add((spad.tiling, buffers))
-        verify(spad, fusion)
-        fixed = (layout, fusion, spad)
+        seen.add(tiling)
+        verify(tile_kernel, tiling, placement)
+        fixed = (layout, tile_kernel, tiling, placement)
         build, timed = _candidates(kernel, fixed, estimate)
-        trial = choose_division(spad.tiling, build, force=widest, estimate=timed)
+        trial = choose_division(tiling, build, force=widest, estimate=timed)
         ns = chosen_ns(trial)
-        if best is None or ns < best[0] * (1 - TIE):
+        if best is None or ns < best[0] * (1 - TIE):  # ties go to the smaller tile, planned first
             best = (ns, fixed)
     fixed = best[1]
+    layout, tile_kernel, tiling, placement = fixed
     build, timed = _candidates(kernel, fixed, estimate)
-    division = choose_division(fixed[2].tiling, build, force=cores, estimate=timed, max_cores=max_cores)
-    layout, fusion, spad = fixed
+    division = choose_division(tiling, build, force=cores, estimate=timed, max_cores=max_cores)
     program = _build(kernel, fixed, division)
-    return Compiled(Plans(layout, fusion, spad, division), program)
+    plans = Plans("pointwise", layout.buffers, tile_kernel, (("layout", layout), ("tiling", tiling)), placement,
+                  division)
+    return Compiled(plans, program)
 
 
 def _plan_reduction(kernel: Kernel, cores, max_cores, estimate) -> Compiled:

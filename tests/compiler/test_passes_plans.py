@@ -12,10 +12,11 @@ import torch
 from pointwise_ir import KernelBuilder, binary_kernel, unary_kernel
 from spyre_inductor.compiler.backend import Unsupported, compile_kernel, plan_kernel
 from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.passes.division import choose_division, divide, simulated_ns
+from spyre_inductor.compiler.passes.division import choose_division, divide, simulated_ns, split_dim
 from spyre_inductor.compiler.passes.fusion import plan_fusion
 from spyre_inductor.compiler.passes.layout import plan_layout
 from spyre_inductor.compiler.passes.scratchpad import plan_scratchpad
+from spyre_inductor.compiler.passes.tiles import PhaseKind, Role
 from spyre_inductor.compiler.passes.tiling import plan_tiling
 from spyre_inductor.compiler.passes.verify import verify
 from spyre_runtime.hardware import HARDWARE
@@ -65,8 +66,8 @@ def test_int64_is_computed_in_int64_and_unknown_types_are_unsupported():
     k.buffer("out", "int64", (8,))
     k.store("out", k.op("add", k.load("x"), k.load("x"), dtype="int64"))
     kernel = k.build()
-    fusion = plan_fusion(kernel, plan_layout(kernel))
-    assert {t.dtype for t in fusion.tiles} == {"int64"}
+    tk = plan_fusion(kernel, plan_layout(kernel))
+    assert {t.dtype for t in tk.tiles} == {"int64"}
     k = KernelBuilder("i16", (8,))
     k.buffer("x", "int16", (8,))
     k.buffer("out", "int16", (8,))
@@ -86,16 +87,18 @@ def test_int64_is_computed_in_int64_and_unknown_types_are_unsupported():
 
 def test_fusion_reads_each_input_once_and_rounds_only_at_the_store():
     kernel = chain5()
-    fusion = plan_fusion(kernel, plan_layout(kernel))
-    assert [a.buffer for _, a in fusion.loads] == ["x", "y"]
-    assert [a.buffer for _, a in fusion.stores] == ["out"]
-    kinds = {t.name: (t.kind, t.dtype) for t in fusion.tiles}
-    work = [t for t in fusion.tiles if t.kind == "work"]
+    tk = plan_fusion(kernel, plan_layout(kernel))
+    chunk = tk.phase(PhaseKind.CHUNK)
+    assert [p.kind for p in tk.phases] == [PhaseKind.CHUNK]  # one phase: per tile, load, compute, store
+    assert [a.buffer for _, a in chunk.loads] == ["x", "y"]
+    assert [a.buffer for _, a in chunk.stores] == ["out"]
+    roles = {t.name: (t.role, t.dtype) for t in tk.tiles}
+    work = tk.with_role(Role.TEMPORARY)
     assert work and all(t.dtype == "fp32" for t in work)  # fused intermediates stay fp32
-    (out_tile, _), = fusion.stores
-    assert kinds[out_tile] == ("out", "fp16")
-    assert fusion.steps[-1].op == "copy" and fusion.steps[-1].dst == out_tile  # the one rounding
-    assert [s.op for s in fusion.steps] == ["mul", "add", "sigmoid", "sub", "relu", "mul", "copy"]
+    (out_tile, _), = chunk.stores
+    assert roles[out_tile] == (Role.OUTPUT, "fp16")
+    assert chunk.steps[-1].op == "copy" and chunk.steps[-1].dst == out_tile  # the one rounding
+    assert [s.op for s in chunk.steps] == ["mul", "add", "sigmoid", "sub", "relu", "mul", "copy"]
 
 
 def test_fusion_dedupes_loads_and_aliases_widening_casts():
@@ -105,9 +108,9 @@ def test_fusion_dedupes_loads_and_aliases_widening_casts():
     a, b = k.cast(k.load("x"), "fp32"), k.cast(k.load("x"), "fp32")
     k.store("out", k.op("mul", a, b))
     kernel = k.build()
-    fusion = plan_fusion(kernel, plan_layout(kernel))
-    assert len(fusion.loads) == 1
-    assert [s.op for s in fusion.steps] == ["mul"]  # no copies for fp16 -> fp32
+    chunk = plan_fusion(kernel, plan_layout(kernel)).phase(PhaseKind.CHUNK)
+    assert len(chunk.loads) == 1
+    assert [s.op for s in chunk.steps] == ["mul"]  # no copies for fp16 -> fp32
 
 
 # ---- tiling and scratchpad -------------------------------------------------------------
@@ -116,33 +119,33 @@ def test_fusion_dedupes_loads_and_aliases_widening_casts():
 def test_tiles_are_stick_aligned_chunks_and_fit_the_scratchpad():
     kernel = binary_kernel("add", (100003,), "fp16")
     lay = plan_layout(kernel)
-    fusion = plan_fusion(kernel, lay)
-    tiling = plan_tiling(lay, fusion)
+    tk = plan_fusion(kernel, lay)
+    tiling = plan_tiling(lay, tk)
     assert tiling.stream_dim == 0 and tiling.tile_cols % 64 == 0 and tiling.tile_cols * 2 == 32 * 1024
-    spad = plan_scratchpad(fusion, tiling)
+    spad, tiling = plan_scratchpad(tk, tiling)
     assert spad.high_water <= HARDWARE.scratchpad_usable_bytes
     assert all(a.offset % 128 == 0 for a in spad.allocations)
-    streamed = {a.tile for a in spad.allocations if a.buffer is not None}
-    assert streamed == {t.name for t in fusion.tiles if t.streamed}
-    verify(spad, fusion)
+    streamed = {a.tile for a in spad.allocations if a.copy is not None}
+    assert streamed == {t.name for t in tk.tiles if t.role in (Role.INPUT, Role.OUTPUT)}  # loaded or stored
+    verify(tk, tiling, spad)
 
 
 def test_scratchpad_shrinks_tiles_that_do_not_fit():
     kernel = chain5((64, 4096), "fp32")
     lay = plan_layout(kernel)
-    fusion = plan_fusion(kernel, lay)
-    big = dataclasses.replace(plan_tiling(lay, fusion), tile_rows=64, tile_cols=4096)
-    spad = plan_scratchpad(fusion, big, usable=HARDWARE.scratchpad_usable_bytes)
-    assert spad.tiling.tile_rows * spad.tiling.tile_cols < 64 * 4096
+    tk = plan_fusion(kernel, lay)
+    big = dataclasses.replace(plan_tiling(lay, tk), tile_rows=64, tile_cols=4096)
+    spad, tiling = plan_scratchpad(tk, big, usable=HARDWARE.scratchpad_usable_bytes)
+    assert tiling.tile_rows * tiling.tile_cols < 64 * 4096
     assert spad.high_water <= spad.usable
-    verify(spad, fusion)
+    verify(tk, tiling, spad)
 
 
 def test_work_tiles_share_bytes_when_their_live_ranges_do_not_overlap():
     kernel = chain5((64, 64), "fp32")
     lay = plan_layout(kernel)
-    fusion = plan_fusion(kernel, lay)
-    spad = plan_scratchpad(fusion, plan_tiling(lay, fusion))
+    tk = plan_fusion(kernel, lay)
+    spad, _ = plan_scratchpad(tk, plan_tiling(lay, tk))
     work = [a for a in spad.allocations if a.live is not None]
     assert len({a.offset for a in work}) < len(work)
 
@@ -150,27 +153,29 @@ def test_work_tiles_share_bytes_when_their_live_ranges_do_not_overlap():
 def test_verifier_rejects_an_overlapping_plan_naming_the_buffers():
     kernel = chain5()
     lay = plan_layout(kernel)
-    fusion = plan_fusion(kernel, lay)
-    spad = plan_scratchpad(fusion, plan_tiling(lay, fusion))
+    tk = plan_fusion(kernel, lay)
+    spad, tiling = plan_scratchpad(tk, plan_tiling(lay, tk))
+    x, y = (t.name for t in tk.with_role(Role.INPUT))
     allocs = list(spad.allocations)
-    i = next(k for k, a in enumerate(allocs) if a.name == "in0[1]")
-    allocs[i] = dataclasses.replace(allocs[i], offset=spad.at("in1", 0).offset)  # on top of in1[0]
-    with pytest.raises(PlanError, match=r"in0\[1\].*in1\[0\]|in1\[0\].*in0\[1\]"):
-        verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+    i = next(k for k, a in enumerate(allocs) if (a.tile, a.copy) == (x, 1))
+    allocs[i] = dataclasses.replace(allocs[i], offset=spad.at(y, 0).offset)  # x[1] on top of y[0]
+    x1, y0 = re.escape(f"{x}[1]"), re.escape(f"{y}[0]")
+    with pytest.raises(PlanError, match=f"{x1}.*{y0}|{y0}.*{x1}"):
+        verify(tk, tiling, dataclasses.replace(spad, allocations=tuple(allocs)))
     allocs = list(spad.allocations)
     allocs[0] = dataclasses.replace(allocs[0], offset=spad.usable)
     with pytest.raises(PlanError, match="outside the usable"):
-        verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+        verify(tk, tiling, dataclasses.replace(spad, allocations=tuple(allocs)))
     allocs = list(spad.allocations)
     allocs[0] = dataclasses.replace(allocs[0], offset=allocs[0].offset + 64)
     with pytest.raises(PlanError, match="stick"):
-        verify(dataclasses.replace(spad, allocations=tuple(allocs)), fusion)
+        verify(tk, tiling, dataclasses.replace(spad, allocations=tuple(allocs)))
     # A planner that claims a larger usable scratchpad than the hardware's is held to the hardware.
     with pytest.raises(PlanError, match="outside the usable"):
         big = dataclasses.replace(spad, usable=spad.usable * 2)
         allocs = list(big.allocations)
         allocs[0] = dataclasses.replace(allocs[0], offset=spad.usable)
-        verify(dataclasses.replace(big, allocations=tuple(allocs)), fusion)
+        verify(tk, tiling, dataclasses.replace(big, allocations=tuple(allocs)))
 
 
 def test_verifier_rejects_a_tile_whose_rows_overlap_each_other():
@@ -180,14 +185,14 @@ def test_verifier_rejects_a_tile_whose_rows_overlap_each_other():
     kernel.store("out", kernel.op("exp", kernel.load("x", strides=(256, 1))))
     kernel = kernel.build()
     lay = plan_layout(kernel)
-    fusion = plan_fusion(kernel, lay)
-    spad = plan_scratchpad(fusion, plan_tiling(lay, fusion))
+    tk = plan_fusion(kernel, lay)
+    spad, tiling = plan_scratchpad(tk, plan_tiling(lay, tk))
     multi = [a for a in spad.allocations if a.nbytes > a.row_stride]  # tiles of several rows
     assert multi, "the plan should tile several rows at once"
     bad = dataclasses.replace(multi[0], row_stride=128)
     allocs = tuple(bad if a is multi[0] else a for a in spad.allocations)
     with pytest.raises(PlanError, match=f"{re.escape(bad.name)} has a row stride of 128 B"):
-        verify(dataclasses.replace(spad, allocations=allocs), fusion)
+        verify(tk, tiling, dataclasses.replace(spad, allocations=allocs))
 
 
 # ---- division -----------------------------------------------------------------------------
@@ -206,22 +211,23 @@ def test_large_add_uses_many_cores_split_on_stick_boundaries():
     compiled = plan_kernel(binary_kernel("add", (512, 1024), "fp16"))
     division = compiled.plans.division
     assert division.cores >= 8
-    dim = division.split_dim
+    dim, granule = split_dim(compiled.plans.stage("tiling"))
+    assert division.split == f"dim {dim} in units of {granule}"  # the split the division made
     starts = [s.starts[dim] for s in division.shares]
-    assert all(s % division.granule == 0 for s in starts) and division.granule == 64
+    assert all(s % granule == 0 for s in starts) and granule == 64
     counts = [s.counts[dim] for s in division.shares]
-    assert max(counts) - min(counts) <= division.granule  # balanced
-    assert sum(counts) == compiled.plans.layout.ranges[dim]
+    assert max(counts) - min(counts) <= granule  # balanced
+    assert sum(counts) == compiled.plans.stage("layout").ranges[dim]
 
 
 def test_division_takes_the_fastest_candidate_and_ties_go_to_fewer_cores():
     kernel = binary_kernel("add", (4096,), "fp32")
     lay = plan_layout(kernel)
-    fusion = plan_fusion(kernel, lay)
-    tiling = plan_scratchpad(fusion, plan_tiling(lay, fusion)).tiling
+    tk = plan_fusion(kernel, lay)
+    _, tiling = plan_scratchpad(tk, plan_tiling(lay, tk))
     fake = {1: 10000.0, 2: 5000.0, 4: 4990.0, 8: 8000.0}
     plan = choose_division(tiling, lambda d: d.cores, estimate=lambda n: fake.get(n, 1e9))
-    assert plan.cores == 2 and dict(plan.candidates)[4] == 4990.0
+    assert plan.cores == 2 and dict(plan.candidates)["4 core(s)"] == 4990.0 and plan.ns == 5000.0
     fake = {1: 2000.0, 2: 1000.0, 4: 500.0}
     assert choose_division(tiling, lambda d: d.cores, estimate=lambda n: fake.get(n, 1e9)).cores == 4
     assert divide(tiling, 3).cores == 3
@@ -248,7 +254,8 @@ def test_artifact_is_complete_and_content_addressed(tmp_path):
     steps = [s["kind"] for s in json.loads((d1 / "execution_plan.json").read_text())["steps"]]
     assert steps == ["host_callback", "transfer", "barrier", "compute"]
     plan = json.loads((d1 / "plan.json").read_text())
-    assert set(plan) == {"layout", "fusion", "tiling", "scratchpad", "division"}
+    assert set(plan) == {"family", "buffers", "tile_kernel", "layout", "tiling", "scratchpad", "division"}
+    assert plan["family"] == "pointwise"
     assert "core 0" in (d1 / "listing.txt").read_text()
 
 
@@ -288,8 +295,8 @@ def test_dead_values_are_dropped():
     x = k.load("x")
     k.op("exp", x)  # never stored
     k.store("out", k.op("neg", x))
-    fusion = plan_kernel(k.build()).plans.fusion
-    assert [s.op for s in fusion.steps] == ["neg"]
+    tk = plan_kernel(k.build()).plans.tile_kernel
+    assert [s.op for s in tk.phase(PhaseKind.CHUNK).steps] == ["neg"]
 
 
 def test_unary_kernel_plan_describes_as_json():

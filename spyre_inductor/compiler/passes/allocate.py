@@ -126,8 +126,10 @@ def check_placement(what: str, allocations, usable: int) -> None:
 
 
 def check_needs(what: str, needs, placement: Placement) -> None:
-    """Each need has exactly its copies, each big enough for its rows (recomputed by the family
-    from the tile kernel and the tile shape, not from the allocator's arithmetic)."""
+    """Each need has exactly its copies, each big enough for its rows at the row stride it was
+    given (recomputed by the family from the tile kernel and the tile shape, not from the
+    allocator's arithmetic). A need of several rows (nbytes a multiple of row_stride) may not
+    have its rows closer together than its row stride."""
     by_tile: dict[str, list] = {}
     for a in placement.allocations:
         by_tile.setdefault(a.tile, []).append(a)
@@ -137,10 +139,16 @@ def check_needs(what: str, needs, placement: Placement) -> None:
         if {a.copy for a in copies} != want or len(copies) != len(want):
             raise PlanError(f"{what}: tile {n.tile!r} has copies {[a.copy for a in copies]}, needs "
                             f"{sorted(want, key=str)}")
+        rows = n.nbytes // n.row_stride if n.row_stride else 1
         for a in copies:
-            if a.nbytes < n.nbytes or a.row_stride < n.row_stride:
-                raise PlanError(f"{what}: {a.name} has {a.nbytes} B (row stride {a.row_stride}), it needs "
-                                f"{n.nbytes} B (row stride {n.row_stride})")
+            if rows > 1 and a.row_stride < n.row_stride:  # its rows would overlap each other
+                raise PlanError(f"{what}: {a.name} has a row stride of {a.row_stride} B, its rows need "
+                                f"{n.row_stride} B")
+            # rows further apart than they need reach further: the last one starts (rows - 1) strides in
+            reach = n.nbytes + (rows - 1) * (a.row_stride - n.row_stride) if rows > 1 else n.nbytes
+            if a.nbytes < reach:
+                raise PlanError(f"{what}: {a.name} has {a.nbytes} B, its {max(rows, 1)} row(s) at a stride of "
+                                f"{a.row_stride} B need {reach} B")
 
 
 __all__ = ["Allocation", "Need", "Placement", "allocate", "check_needs", "check_placement", "first_fit"]

@@ -2,9 +2,10 @@
 
 Per core, over its share of the iteration space:
 
-* sfp: fill the constant tiles once; then, around the stream, the loops of
-  the loop dims; inside, per tile, pop ``full<b>``, run the fusion plan's
-  steps on buffer b's tiles, push ``done<b>``;
+* sfp: fill the CONSTANT tiles once; then, around the stream, the loops of
+  the loop dims; inside, per tile, pop ``full<b>``, run the chunk phase's
+  steps on buffer b's tiles (streamed tiles: copy b; the others: their one
+  copy), push ``done<b>``;
 * ls: the same loops; inside, the multi-buffered stream of
   spyre_runtime.program.emitter.pipeline (load tile t into buffer
   t % B, store it once the sfp is done, load tile t + 2; a smaller
@@ -13,9 +14,10 @@ Per core, over its share of the iteration space:
 Device addresses are affine in the loop counters: the byte offset of an
 access at tile origin (i_loop..., t) is
 itemsize * (offset + sum(stride_d * (share start_d + i_d)) + stride_stream * t * T).
-Broadcast operands load one row, one column (a strided column load, one
-element per stick) or one element, and the sfp reads them as broadcast
-tiles. Inputs and outputs are placeholder symbols; there are no
+A tile that does not vary over the rows axis loads one row, one that does
+not vary over the sticks axis one element per row (a strided column load,
+one element per stick), and the sfp reads it as the broadcast tile its
+space says (tiles.broadcast_of). Inputs and outputs are placeholder symbols; there are no
 temporaries (nothing but the stores leaves the chip).
 """
 
@@ -28,31 +30,37 @@ from spyre_runtime.program.isa import Binary, Fill, Load, Select, Store, Unary
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
-from .division import CoreShare, DivisionPlan
-from .fusion import FusionPlan
+from .allocate import Placement
+from .division import CoreShare
+from .fusion import ROWS, STICKS, streamed
 from .layout import Access, LayoutPlan
-from .scratchpad import ScratchpadPlan
+from .plans import Division
+from .tiles import PhaseKind, TileKernel, broadcast_of
+from .tiling import TilePlan
 
 
-def build_program(name: str, layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan,
-                  division: DivisionPlan, notes: str = "") -> Program:
+def build_program(name: str, layout: LayoutPlan, tile_kernel: TileKernel, tiling: TilePlan,
+                  placement: Placement, division: Division, notes: str = "") -> Program:
     symbols = tuple(Symbol(b.name, b.role, b.dtype, b.shape, b.strides) for b in layout.buffers)
     queues, cores = [], []
     for share in division.shares:
-        units, qs = _core(layout, fusion, spad, share)
+        units, qs = _core(tile_kernel, tiling, placement, share)
         queues += qs
         cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
     used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
     return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
 
 
-def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: CoreShare):
-    tiling = spad.tiling
+def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
+    chunk = tk.phase(PhaseKind.CHUNK)
     ls, sfp = Unit(), Unit()
-    q, queues = pipeline_queues(share.core, spad.buffers)
-    for tile, value in fusion.constants:
+    q, queues = pipeline_queues(share.core, tiling.buffers)
+    for tile, value in tk.constants:
         a = spad.at(tile)
-        sfp.emit(Fill(sfp.tile(a.offset, fusion.tile(tile).dtype, 1, 1, STICK), value))
+        sfp.emit(Fill(sfp.tile(a.offset, tk.tile(tile).dtype, 1, 1, STICK), value))
+    stick_axis = STICKS if STICKS in tk.axes else None
+    # per tile: its dtype, whether it has a copy per stream buffer, the ISA broadcast it is read with
+    sfp_view = {t.name: (t.dtype, streamed(t), broadcast_of(t.space, ROWS, stick_axis)) for t in tk.tiles}
     stream = tiling.stream_dim
     extent = share.counts[stream]
     step = min(tiling.tile_extent, extent)
@@ -81,16 +89,16 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
 
     def load(u, t, b, size):
         rows, cols = shape(size)
-        for tile, access in fusion.loads:
-            a, bc, isz = spad.at(tile, b), fusion.tile(tile).broadcast, ITEMSIZE[access.dtype]
-            n_rows = 1 if bc in ("rows", "scalar") else rows
-            n_bytes = isz if bc in ("cols", "scalar") else cols * isz
+        for tile, access in chunk.loads:
+            a, tv, isz = spad.at(tile, b), tk.tile(tile), ITEMSIZE[access.dtype]
+            n_rows = rows if tv.varies(ROWS) else 1
+            n_bytes = cols * isz if tv.varies(STICKS) or stick_axis is None else isz
             u.emit(Load(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
                         row_stride(access) if n_rows > 1 else 0, a.row_stride))
 
     def store(u, t, b, size):
         rows, cols = shape(size)
-        for tile, access in fusion.stores:
+        for tile, access in chunk.stores:
             a, isz = spad.at(tile, b), ITEMSIZE[access.dtype]
             u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
                          row_stride(access) if rows > 1 else 0, a.row_stride))
@@ -99,11 +107,11 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
         rows, cols = shape(size)
 
         def tile(name):
-            tv = fusion.tile(name)
-            a = spad.at(name, b if tv.streamed else None)
-            return u.tile(a.offset, tv.dtype, rows, cols, a.row_stride, tv.broadcast)
+            dtype, buffered, broadcast = sfp_view[name]
+            a = spad.at(name, b if buffered else None)
+            return u.tile(a.offset, dtype, rows, cols, a.row_stride, broadcast)
 
-        for st in fusion.steps:
+        for st in chunk.steps:
             dst, args = tile(st.dst), [tile(x) for x in st.args]
             if st.kind == "unary":
                 u.emit(Unary(st.op, dst, args[0]))
@@ -118,5 +126,5 @@ def _core(layout: LayoutPlan, fusion: FusionPlan, spad: ScratchpadPlan, share: C
             if n > 1:
                 counters[d] = stack.enter_context(ls.loop(n))
                 stack.enter_context(sfp.loop(n))
-        pipeline(ls, sfp, tiles, rem, q, load, compute, store, spad.buffers, phased=spad.buffers == 2)
+        pipeline(ls, sfp, tiles, rem, q, load, compute, store, tiling.buffers, phased=tiling.buffers == 2)
     return {"ls": ls.instrs, "sfp": sfp.instrs}, queues

@@ -18,22 +18,24 @@ wins over it: fewer cores leave the others free, and the timing model has no
 per-core start-up cost (distributing a program to one more core is not
 free on the card), so differences of a few tens of ns between tiny plans
 are below what it can tell apart. This is what makes a (1, 64) add run on
-one core.
+one core. The search and the tie rule are search.py's, shared by every
+family; the result is a plans.Division whose shares are ``CoreShare``s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
 
-from ._dump import Describable
+from ..errors import Unsupported
+from . import search
+from .plans import Division
+from .search import TIE, TIE_NS  # noqa: F401 - the reductions' import
 from .tiling import TilePlan
-
-TIE = 0.01     # relative: a count this close to the fastest counts as equally fast
-TIE_NS = 100.0  # absolute, ns: likewise (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -41,19 +43,6 @@ class CoreShare:
     core: int
     starts: tuple[int, ...]  # per canonical dim
     counts: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class DivisionPlan(Describable):
-    split_dim: int | None
-    granule: int                                  # elements per unit of the split
-    shares: tuple[CoreShare, ...]
-    candidates: tuple[tuple[int, float], ...]     # (cores, simulated ns) the choice compared
-    reason: str
-
-    @property
-    def cores(self) -> int:
-        return len(self.shares)
 
 
 def split_dim(tiling: TilePlan) -> tuple[int | None, int]:
@@ -70,16 +59,20 @@ def split_dim(tiling: TilePlan) -> tuple[int | None, int]:
     return best if best is not None else (None, 1)
 
 
-def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | None = None) -> DivisionPlan:
+def _split(dim: int | None, granule: int) -> str:
+    return "none" if dim is None else f"dim {dim} in units of {granule}"
+
+
+def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | None = None) -> Division:
     """Split over `cores` cores (fewer if the dim has fewer units)."""
     if dim is None and granule is None:
         dim, granule = split_dim(tiling)
     ranges = tiling.ranges
     if any(r == 0 for r in ranges):
-        return DivisionPlan(dim, granule or 1, (), (), "empty iteration space")
+        return Division(0, _split(dim, granule or 1), (), "empty iteration space")
     if dim is None:
         share = CoreShare(0, tuple(0 for _ in ranges), ranges)
-        return DivisionPlan(None, 1, (share,), (), "nothing to split")
+        return Division(1, _split(None, 1), (), "nothing to split", (share,))
     units = -(-ranges[dim] // granule)
     shares = []
     for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
@@ -88,7 +81,7 @@ def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | 
         starts = tuple(start if d == dim else 0 for d in range(len(ranges)))
         counts = tuple(count if d == dim else r for d, r in enumerate(ranges))
         shares.append(CoreShare(core, starts, counts))
-    return DivisionPlan(dim, granule, tuple(shares), (), f"split dim {dim} in units of {granule}")
+    return Division(len(shares), _split(dim, granule), (), "", tuple(shares))
 
 
 def simulated_ns(program, replicas: int = 1, validate: bool = True) -> float:
@@ -99,14 +92,13 @@ def simulated_ns(program, replicas: int = 1, validate: bool = True) -> float:
     return estimate(program, HARDWARE, replicas, validate=validate).simulated_ns
 
 
-def representative(build: Callable[[DivisionPlan], object]):
+def representative(build: Callable[[Division], object]):
     """(build, estimate) for choose_division that time a candidate by its first core only, as
     `cores` identical cores in step (timing.estimate's replicas): the shares differ only in
     where they start, and the first is the largest, so this is the candidate's time at a
     fraction of the cost of timing every core."""
-    import dataclasses
 
-    def build_first(plan: DivisionPlan):
+    def build_first(plan: Division):
         first = dataclasses.replace(plan, shares=plan.shares[:1])
         return build(first), plan.cores
 
@@ -119,42 +111,47 @@ def candidate_counts(units: int) -> list[int]:
     return sorted(counts)
 
 
-def choose_division(tiling: TilePlan, build: Callable[[DivisionPlan], object], force: int | None = None,
+def _label(cores: int) -> str:
+    return f"{cores} core(s)"
+
+
+def _timed(plan: Division, ns: float, reason: str) -> Division:
+    return dataclasses.replace(plan, candidates=((_label(plan.cores), ns),), reason=reason, ns=ns)
+
+
+def choose_division(tiling: TilePlan, build: Callable[[Division], object], force: int | None = None,
                     estimate: Callable[[object], float] = simulated_ns,
-                    max_cores: int | None = None) -> DivisionPlan:
+                    max_cores: int | None = None) -> Division:
     """The division the timing model says is fastest (or exactly `force` cores), at most `max_cores`."""
     dim, granule = split_dim(tiling)
     if force is not None:
         if dim is not None and -(-tiling.ranges[dim] // granule) < force:
             granule = 1  # forced: split finer than a stick (correct, and charged for shared sticks)
         plan = divide(tiling, force, dim, granule)
-        return DivisionPlan(plan.split_dim, plan.granule, plan.shares, ((plan.cores, estimate(build(plan))),),
-                            f"forced to {force} core(s); {plan.reason}")
+        return _timed(plan, estimate(build(plan)), f"forced to {force} core(s)")
     if dim is None or any(r == 0 for r in tiling.ranges):
         plan = divide(tiling, 1, dim, granule)
-        return DivisionPlan(plan.split_dim, plan.granule, plan.shares,
-                            ((plan.cores, estimate(build(plan))),) if plan.shares else (), plan.reason)
+        return _timed(plan, estimate(build(plan)), plan.reason) if plan.shares else plan
     units = -(-tiling.ranges[dim] // granule)
-    results = []
-    # From the most cores down, stopping once a count is clearly slower than the best so far:
-    # time against cores falls and then flattens (more streams, more sfp) before it rises
-    # (per-core fill and drain), so the counts below the turn cannot win, and planning a big
-    # kernel times a few candidates instead of six.
-    for n in reversed(candidate_counts(min(units, max_cores or HARDWARE.cores))):
+    counts = candidate_counts(min(units, max_cores or HARDWARE.cores))
+
+    def evaluate(_variant, n):
         plan = divide(tiling, n, dim, granule)
-        results.append((n, estimate(build(plan)), plan))
-        fastest = min(ns for _, ns, _ in results)
-        if results[-1][1] > max(fastest * (1 + TIE), fastest + TIE_NS):
-            break
-    results.sort(key=lambda r: r[0])
-    fastest = min(ns for _, ns, _ in results)
-    n, ns, plan = next(r for r in results if r[1] <= max(fastest * (1 + TIE), fastest + TIE_NS))
-    cands = tuple((c, t) for c, t, _ in results)
-    return DivisionPlan(plan.split_dim, plan.granule, plan.shares, cands,
-                        f"{n} core(s): {ns:.0f} ns, the fastest of {len(results)} candidate(s) "
-                        f"(ties within {TIE:.0%} or {TIE_NS:.0f} ns go to fewer cores); {plan.reason}")
+        return search.Candidate(_label(plan.cores), plan.cores, estimate(build(plan)), plan)
+
+    # One variant (the tile shape and buffers are chosen before, backend.py): the search times
+    # it from the most cores down until a count is clearly slower than the best so far, and
+    # ties go to fewer cores (search.py).
+    errors: list[str] = []
+    results = search.search([None], counts, evaluate, errors)
+    if errors:  # a candidate that cannot be built is the kernel's problem, not a slower candidate
+        raise Unsupported(errors[0])
+    chosen = search.choose(results)
+    results.sort(key=lambda r: r.cores)
+    return dataclasses.replace(chosen.plan, candidates=tuple((r.label, r.ns) for r in results), ns=chosen.ns,
+                               reason=search.reason(chosen, results))
 
 
-def chosen_ns(plan: DivisionPlan) -> float:
+def chosen_ns(plan: Division) -> float:
     """The estimate of the chosen division (0 for an empty kernel)."""
-    return dict(plan.candidates).get(plan.cores, 0.0)
+    return plan.ns

@@ -6,8 +6,8 @@
     symbols.json          the symbol table: placeholders and temporaries
     execution_plan.json   what a launch does, step by step (launch.py reads it)
     launch_spec.json      the arguments: order, role, dtype, shape, stride
-    plan.json             every pass's result, for debugging and tests
-    summary.txt           a person's view of the plan
+    plan.json             every pass's result (Plans.describe()), for debugging and tests
+    summary.txt           a person's view of the plan (templates/summary.txt.j2, any family)
     call.py               the wrapper's call (names its own directory: artifacts are
                           written in a staging directory, then renamed into place)
 
@@ -19,7 +19,6 @@ directory that has it is complete.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
@@ -29,11 +28,7 @@ from spyre_runtime.program.program import Program
 
 from ..kernel_ir import Kernel
 from ._dump import plain
-from .division import DivisionPlan
-from .fusion import FusionPlan
-from .layout import LayoutPlan
-from .plans import Plans as FamilyPlans
-from .scratchpad import ScratchpadPlan
+from .plans import Plans
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
@@ -41,34 +36,40 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_traili
 _env.filters["json"] = lambda v: json.dumps(plain(v))
 
 
-@dataclass(frozen=True)
-class Plans:
-    layout: LayoutPlan
-    fusion: FusionPlan
-    scratchpad: ScratchpadPlan
-    division: DivisionPlan
+def _brief(stage) -> str:
+    """A stage's one line: its fields that are numbers, strings or flat lists (any family's)."""
+    def flat(v):
+        return v is None or isinstance(v, (bool, int, float, str)) or (
+            isinstance(v, list) and all(isinstance(x, (int, float, str)) or (
+                isinstance(x, list) and all(isinstance(y, (int, float, str)) for y in x)) for x in v))
 
-    def describe(self) -> dict:
-        return {"layout": self.layout.describe(), "fusion": self.fusion.describe(),
-                "tiling": self.scratchpad.tiling.describe(), "scratchpad": self.scratchpad.describe(),
-                "division": self.division.describe()}
+    return ", ".join(f"{k} {v}" for k, v in stage.describe().items() if flat(v))
+
+
+def _step(st) -> str:
+    args = ", ".join(st.args) + (", " if st.args and st.value is not None else "") + (
+        repr(st.value) if st.value is not None else "")
+    return f"{st.dst} {'+' if st.accumulate else ''}= {st.kind} {st.op}({args})"
+
+
+_env.filters["brief"] = _brief
+_env.filters["step"] = _step
 
 
 def _summary(plans):
-    """(template, context) of summary.txt: reduction plans bring their own (reduction_division.py)."""
-    if isinstance(plans, FamilyPlans):
-        return ("plans_summary.txt.j2",), dict(plans=plans)
-    if hasattr(plans, "summary_context"):
-        template, context = plans.summary_context()
-        return (template,), context
-    return ("summary.txt.j2",), dict(layout=plans.layout, fusion=plans.fusion, tiling=plans.scratchpad.tiling,
-                                     spad=plans.scratchpad, division=plans.division)
+    """(template, context) of summary.txt: one template for every family's Plans. The reduction
+    family's plans (reduction_division.ReductionPlans) bring their own until they are Plans too."""
+    if isinstance(plans, Plans):
+        return "summary.txt.j2", dict(plans=plans)
+    template, context = plans.summary_context()
+    return template, context
 
 
-def launch_args(kernel: Kernel, layout) -> list[dict]:
+def launch_args(kernel: Kernel, buffers) -> list[dict]:
+    """The launch arguments, in order: `buffers` (Plans.buffers), each a BufferLayout."""
     read = set(kernel.inputs)
     args = []
-    for i, b in enumerate(layout.buffers):
+    for i, b in enumerate(buffers):
         role = "inout" if (b.role == "output" and b.name in read) else b.role
         args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype, "shape": list(b.shape),
                      "stride": list(b.strides), "storage_offset": b.offset, "slot": i})
@@ -78,7 +79,8 @@ def launch_args(kernel: Kernel, layout) -> list[dict]:
 def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Program,
                    compiler: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    args = launch_args(kernel, plans if isinstance(plans, FamilyPlans) else plans.layout)
+    summary_template, summary_context = _summary(plans)
+    args = launch_args(kernel, plans.buffers)
     arg_of = {a["name"]: a["index"] for a in args}
     slots = [{"slot": s["slot"], "arg": arg_of[s["symbol"]], "symbol": s["symbol"], "offset": s["offset"]}
              for s in program.correction_layout]
@@ -98,7 +100,7 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
             correction_bytes=program.correction_bytes,
             reads=[a["index"] for a in args if a["role"] in ("input", "inout")],
             writes=[a["index"] for a in args if a["role"] in ("output", "inout")]),
-        "summary.txt": render(*_summary(plans)[0], **_summary(plans)[1]),
+        "summary.txt": render(summary_template, **summary_context),
         # No path: `directory` is the staging directory (backend.compile_kernel), gone once renamed.
         "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args]),
     }

@@ -1,37 +1,44 @@
-"""Fusion: the whole pointwise kernel is one program; only stores leave the chip.
+"""Fusion: the pointwise family's lowering; the whole kernel is one program, only stores leave the chip.
 
-Every IR value becomes (at most) one scratchpad tile per tile of the
+The kernel becomes one tile kernel (tiles.py) on the axes ``rows`` and
+``sticks`` of a tile (``rows`` only in the one-element-per-stick layout):
+every IR value becomes (at most) one scratchpad tile per tile of the
 iteration space, and the straight-line values become one sfp instruction
-each (``Step``). Decisions made here:
+each (``Step``), in one CHUNK phase with the tile's loads and stores.
+Each tile has a role and a space (the axes it varies over; a broadcast
+operand varies over fewer). Decisions made here:
 
-* each distinct (buffer, index) is loaded once per tile, however many
-  values read it; dead values (not reaching a store) are dropped;
+* each distinct (buffer, index) is loaded once per tile (an INPUT tile),
+  however many values read it; dead values (not reaching a store) are
+  dropped;
 * a Cast that cannot change the value (to the tile's own dtype, or a float
   widened to fp32: the sfp reads every float in fp32 anyway) is an alias of
   its operand, not an instruction;
-* loaded tiles and stored tiles are *streamed*: the load/store unit fills
-  and drains them while the sfp works on another tile, so they are double
-  buffered (scratchpad.py); work tiles (intermediates) live only while the
-  sfp computes one tile, so one copy suffices and tiles whose live ranges
-  do not overlap can share bytes;
+* INPUT and OUTPUT tiles are *streamed* (``streamed``): the load/store unit
+  fills and drains them while the sfp works on another tile, so they are
+  multi-buffered (scratchpad.py); TEMPORARY tiles (intermediates) live only
+  while the sfp computes one tile, so one copy suffices and tiles whose
+  live ranges do not overlap can share bytes;
 * a stored value whose tile is not in the output buffer's dtype (an fp32
-  result stored to fp16) or is a broadcast tile gets a final ``copy`` into a
-  tile of the buffer's dtype: that write is the one rounding (Inductor's
-  CPU codegen rounds at the store too);
-* constants are filled once per core into one-stick scalar tiles, with the
-  value the tile holds (layout.operand_value: 1e39 in fp32 is inf).
+  result stored to fp16), does not vary over every axis (a broadcast) or is
+  a constant gets a final ``copy`` into an OUTPUT tile of the buffer's
+  dtype: that write is the one rounding (Inductor's CPU codegen rounds at
+  the store too); a temporary stored as it is becomes the OUTPUT tile;
+* constants are filled once per core into one-stick CONSTANT tiles (space:
+  no axes), with the value the tile holds (layout.operand_value: 1e39 in
+  fp32 is inf).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 from spyre_runtime.program import isa
 
 from ..errors import Unsupported
 from ..kernel_ir import Cast, Constant, Load, Op, PointwiseKernel
-from ._dump import Describable
 from .layout import FLOATS, Access, LayoutPlan, operand_value
+from .tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel
 
 # Inductor op name -> (ISA instruction kind, ISA op). "square" is x * x.
 UNARY = {n: n for n in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
@@ -49,50 +56,30 @@ INTEGER_ONLY = {"bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwi
 FLOAT_ONLY = {"truediv", "div", "div_rn"}  # integer division has its own ops (floordiv, truncdiv, mod)
 
 
-@dataclass(frozen=True)
-class TileValue:
-    name: str
-    dtype: str
-    kind: str        # "load", "const", "work", "out" (written by the sfp, stored by ls)
-    broadcast: str   # on the (row, stick) axes of a tile: none, rows, cols, scalar
-
-    @property
-    def streamed(self) -> bool:
-        """Filled or drained by the load/store unit: double buffered."""
-        return self.kind in ("load", "out")
+# The tile axes of a pointwise kernel: a tile is [rows, sticks] (tiling.py), or a column of
+# [rows] in the one-element-per-stick layout (layout.py: no stick dim).
+ROWS, STICKS = "rows", "sticks"
 
 
-@dataclass(frozen=True)
-class Step:
-    kind: str              # "unary", "binary", "select"
-    op: str                # the ISA operation
-    dst: str
-    args: tuple[str, ...]
+def axes_of(layout: LayoutPlan) -> tuple[str, ...]:
+    return (ROWS, STICKS) if layout.stick_dim is not None else (ROWS,)
 
 
-@dataclass(frozen=True)
-class FusionPlan(Describable):
-    tiles: tuple[TileValue, ...]
-    loads: tuple[tuple[str, Access], ...]       # (tile, access): one per distinct input index
-    constants: tuple[tuple[str, object], ...]   # (tile, value) filled once
-    steps: tuple[Step, ...]                     # the sfp's work per tile, in order
-    stores: tuple[tuple[str, Access], ...]      # (tile, access)
-    live: tuple[tuple[str, int, int], ...]      # work tiles: (tile, defining step, last reading step)
-
-    def tile(self, name: str) -> TileValue:
-        for t in self.tiles:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+def streamed(tile: Tile) -> bool:
+    """Filled or drained by the load/store unit while the sfp works on another tile: the loaded
+    and the stored tiles (stream buffers, scratchpad.py); temporaries and constants are not."""
+    return tile.role in (Role.INPUT, Role.OUTPUT)
 
 
-def _broadcast(access: Access, layout: LayoutPlan) -> str:
-    on_rows = layout.row_dim is None or access.strides[layout.row_dim] == 0
-    if layout.stick_dim is None:  # one element per stick: a tile is a column
-        return "rows" if on_rows else "none"
-    on_cols = access.strides[layout.stick_dim] == 0
-    return {(False, False): "none", (True, False): "rows", (False, True): "cols", (True, True): "scalar"}[
-        (on_rows, on_cols)]
+def access_space(access: Access, layout: LayoutPlan) -> frozenset[str]:
+    """The axes a loaded value varies over: those its access walks (a stride of 0 is a broadcast).
+    A kernel without a row dim (one row per tile) has no load that varies over the rows."""
+    axes = set()
+    if layout.row_dim is not None and access.strides[layout.row_dim] != 0:
+        axes.add(ROWS)
+    if layout.stick_dim is not None and access.strides[layout.stick_dim] != 0:
+        axes.add(STICKS)
+    return frozenset(axes)
 
 
 def _needed(kernel: PointwiseKernel) -> set[int]:
@@ -107,18 +94,24 @@ def _needed(kernel: PointwiseKernel) -> set[int]:
     return need
 
 
-def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> FusionPlan:
+def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> TileKernel:
+    """The kernel as one tile kernel: constants filled once, one chunk phase (per tile of the
+    iteration space) with its loads, the sfp's steps and its stores."""
     where = f"kernel {kernel.name!r}"
+    axes = axes_of(layout)
+    full = frozenset(axes)
     need = _needed(kernel)
-    tiles: dict[str, TileValue] = {}
+    tiles: dict[str, Tile] = {}
     value_tile: dict[int, str] = {}
     loads: dict[tuple, str] = {}
     load_list, const_list, steps = [], [], []
     consts: dict[tuple, str] = {}
+    reads, aliased, converted = 0, 0, 0
 
-    def new(prefix: str, dtype: str, kind: str, broadcast: str = "none") -> str:
+    # Names are labels for a person (summary, errors); what a tile is for is its role and space.
+    def new(prefix: str, dtype: str, role: Role, tile_space: frozenset[str] = full) -> str:
         name = f"{prefix}{len(tiles)}"
-        tiles[name] = TileValue(name, dtype, kind, broadcast)
+        tiles[name] = Tile(name, dtype, tile_space, role)
         return name
 
     for i, v in enumerate(kernel.values):
@@ -126,17 +119,18 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> FusionPlan:
             continue
         dtype = layout.value(i).dtype
         if isinstance(v, Load):
+            reads += 1
             access = layout.load(i)
             key = (access.buffer, access.strides, access.offset)
             if key not in loads:
-                loads[key] = new("in", dtype, "load", _broadcast(access, layout))
+                loads[key] = new("in", dtype, Role.INPUT, access_space(access, layout))
                 load_list.append((loads[key], access))
             value_tile[i] = loads[key]
         elif isinstance(v, Constant):
             value = operand_value(v.value, dtype)
             key = (repr(value), dtype)
             if key not in consts:
-                consts[key] = new("k", dtype, "const", "scalar")
+                consts[key] = new("k", dtype, Role.CONSTANT, frozenset())
                 const_list.append((consts[key], value))
             value_tile[i] = consts[key]
         elif isinstance(v, Cast):
@@ -144,31 +138,42 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> FusionPlan:
             src_dtype = tiles[src].dtype
             if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
                 value_tile[i] = src  # the value cannot change
+                aliased += 1
             else:
-                value_tile[i] = new("t", dtype, "work")
+                value_tile[i] = new("t", dtype, Role.TEMPORARY)
                 steps.append(Step("unary", "copy", value_tile[i], (src,)))
+                converted += 1
         elif isinstance(v, Op):
             args = tuple(value_tile[a] for a in v.args)
-            kind, op, args = _isa_op(where, i, v, args, [tiles[a].dtype for a in args])
-            value_tile[i] = new("t", dtype, "work")
+            kind, op, args = isa_op(where, i, v, args, [tiles[a].dtype for a in args])
+            value_tile[i] = new("t", dtype, Role.TEMPORARY)
             steps.append(Step(kind, op, value_tile[i], args))
-    store_list = []
+    store_list, rounded = [], 0
     for s, access in zip(kernel.stores, layout.stores):
         src = value_tile[s.value]
         t = tiles[src]
-        if t.dtype != access.dtype or t.broadcast != "none" or t.kind == "const":
-            out = new("o", access.dtype, "out")
+        if t.dtype != access.dtype or t.space != full or t.role is Role.CONSTANT:
+            out = new("o", access.dtype, Role.OUTPUT)
             steps.append(Step("unary", "copy", out, (src,)))
             src = out
-        elif t.kind == "work":
-            tiles[src] = TileValue(t.name, t.dtype, "out", t.broadcast)  # the ls unit drains it
+            rounded += 1
+        elif t.role is Role.TEMPORARY:
+            tiles[src] = replace(t, role=Role.OUTPUT)  # the ls unit drains it
         store_list.append((src, access))
-    live = _live_ranges(tiles, steps)
-    return FusionPlan(tuple(tiles.values()), tuple(load_list), tuple(const_list), tuple(steps),
-                      tuple(store_list), live)
+    notes = (f"{len(load_list)} load(s) for {reads} read(s) of the inputs (one per distinct access)",
+             f"casts: {aliased} alias their operand (the value cannot change), {converted} copy (a conversion)",
+             f"{rounded} of {len(store_list)} store(s) through a final copy (into the buffer's dtype, or a "
+             f"broadcast or constant made whole); the others store their value's tile",
+             f"{len(const_list)} constant(s), filled once per core")
+    chunk = Phase(PhaseKind.CHUNK, tuple(steps), tuple(load_list), tuple(store_list),
+                  "per tile of the iteration space: load, compute, store")
+    tk = TileKernel("pointwise", axes, tuple(tiles.values()), tuple(const_list), (chunk,), notes=notes)
+    tk.check()
+    return tk
 
 
-def _isa_op(where, i, v: Op, args, dtypes):
+def isa_op(where, i, v: Op, args, dtypes):
+    """(ISA instruction kind, ISA op, args) of IR op `v` at value `i` on tiles of `dtypes`."""
     floats = all(d in FLOATS for d in dtypes)
     name = v.name
     if name == "square":
@@ -192,12 +197,7 @@ def _isa_op(where, i, v: Op, args, dtypes):
     return kind, op, args
 
 
-def _live_ranges(tiles, steps) -> tuple[tuple[str, int, int], ...]:
-    first, last = {}, {}
-    for k, st in enumerate(steps):
-        for a in st.args:
-            last[a] = k
-        first.setdefault(st.dst, k)
-        last.setdefault(st.dst, k)
-    return tuple((n, first[n], max(last[n], first[n])) for n, t in tiles.items()
-                 if t.kind == "work" and n in first)
+_isa_op = isa_op  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
+
+__all__ = ["BINARY", "INTEGER_ONLY", "ROWS", "STICKS", "UNARY", "access_space", "axes_of", "isa_op",
+           "plan_fusion", "streamed"]

@@ -124,8 +124,9 @@ class LayoutPlan(Describable):
         return self.values[position]
 
 
-def _canonical(ranges, accesses):
-    """Drop extent-1 dims, merge neighbours walked contiguously by every access."""
+def canonical_dims(ranges, accesses):
+    """Drop extent-1 dims, merge neighbours walked contiguously by every access:
+    (ranges, the IR dims merged into each, each access's strides on them)."""
     dims = [(r, [s[d] for s in accesses], (d,)) for d, r in enumerate(ranges) if r != 1]
     merged = []
     for r, strides, orig in dims:
@@ -159,7 +160,7 @@ def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
             raise Unsupported(f"{where}: value {i} loads {v.buffer!r} as {v.dtype}, the buffer is "
                               f"{kernel.buffer(v.buffer).dtype}")
     raw = [v.index.strides for _, v in load_values] + [s.index.strides for s in kernel.stores]
-    ranges, dim_map, strides = _canonical(kernel.ranges, raw)
+    ranges, dim_map, strides = canonical_dims(kernel.ranges, raw)
     loads = tuple((i, Access(v.buffer, v.dtype, strides[k], v.index.offset)) for k, (i, v) in enumerate(load_values))
     stores = tuple(Access(s.buffer, kernel.buffer(s.buffer).dtype, strides[len(load_values) + k], s.index.offset)
                    for k, s in enumerate(kernel.stores))
@@ -210,5 +211,7 @@ def _value_layout(where, i, v, kernel) -> ValueLayout:
     return ValueLayout(i, dtype, STICK // ITEMSIZE[dtype])
 
 
-__all__ = ["Access", "BufferLayout", "LayoutPlan", "ValueLayout", "on_chip_dtype", "operand_value",
-           "plan_layout"]
+_canonical = canonical_dims  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
+
+__all__ = ["Access", "BufferLayout", "LayoutPlan", "ValueLayout", "canonical_dims", "on_chip_dtype",
+           "operand_value", "plan_layout"]

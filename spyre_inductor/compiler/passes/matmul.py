@@ -14,6 +14,7 @@ import dataclasses
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.program import Program, Symbol
+from spyre_runtime.program.validate import ProgramError, validate
 
 from ..errors import Unsupported
 from ..kernel_ir import MatmulKernel
@@ -124,8 +125,13 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
              + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
     program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
                                    share=tiling.share)
+    try:
+        validate(program)
+    except ProgramError as e:
+        raise Unsupported(f"kernel {kernel.name!r}: the planned matmul program does not validate: {e}") from e
     division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
-                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks)
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
+                        chosen.ns)
     plans = Plans("matmul", _buffers(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),
                   placement, division)
     return Compiled(plans, program)

@@ -27,6 +27,7 @@ class Division(Describable):
     candidates: tuple[tuple[str, float], ...]    # (candidate, simulated ns)
     reason: str
     shares: tuple = ()                           # the family's per-core shares
+    ns: float = 0.0                              # the chosen candidate's simulated ns (0: not timed)
 
 
 @dataclass(frozen=True)

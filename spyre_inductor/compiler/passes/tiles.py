@@ -149,6 +149,19 @@ class Phase:
     reason: str = ""                              # why this phase exists (e.g. "the sum needs the max")
 
 
+def live_ranges(steps) -> dict[str, tuple[int, int]]:
+    """(first, last) step of every tile a step writes: from the first step that writes it to the
+    last that reads it (its own writing step if none reads it), steps numbered from 0 in order.
+    A family numbers its steps however it allocates (one phase, or every phase in turn)."""
+    first, last = {}, {}
+    for k, st in enumerate(steps):
+        for a in st.args:
+            last[a] = k
+        first.setdefault(st.dst, k)
+        last.setdefault(st.dst, k)
+    return {n: (f, max(last[n], f)) for n, f in first.items()}
+
+
 @dataclass(frozen=True)
 class Combine:
     """Partial tiles merged across cores: each core receives its neighbour's `tiles` into their
@@ -174,6 +187,18 @@ class TileKernel(Describable):
             if t.name == name:
                 return t
         raise KeyError(f"tile kernel has no tile {name!r}")
+
+    @property
+    def full(self) -> frozenset[str]:
+        """The space of a tile that varies over every axis."""
+        return frozenset(self.axes)
+
+    def phase(self, kind: PhaseKind) -> Phase:
+        """The one phase of `kind` (KeyError if there is none or several)."""
+        found = [p for p in self.phases if p.kind is kind]
+        if len(found) != 1:
+            raise KeyError(f"{self.family} tile kernel has {len(found)} {kind} phases, not one")
+        return found[0]
 
     def with_role(self, role: Role) -> tuple[Tile, ...]:
         return tuple(t for t in self.tiles if t.role is role)
@@ -207,4 +232,4 @@ class TileKernel(Describable):
 
 
 __all__ = ["ChunkValue", "Combine", "Phase", "PhaseKind", "Relayout", "Role", "Step", "Tile", "TileKernel",
-           "broadcast_of", "space"]
+           "broadcast_of", "live_ranges", "space"]

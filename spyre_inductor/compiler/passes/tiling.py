@@ -14,6 +14,16 @@ computes (emit.py); every other dim is a plain loop around that stream.
   boundaries stay stick-aligned; one row per tile.
 * "elements" layout (no stick dim): one element per stick, ``tile_cols`` 1.
 
+Each streamed tile (fusion.streamed: loaded or stored) has ``buffers``
+copies in scratchpad: the load/store unit fills one while the sfp computes
+on another. With three, the store of tile t and the load of tile t + 2 are
+in flight together (reads and writes interleave on the bus: the streaming
+plan of the calibration kernels, spyre_runtime.program.emitter.pipeline);
+with two, the load of tile t + 2 waits for the store of tile t, so with
+every core in step the bus sees read phases and write phases (the
+pure-stream rate), at the price of less overlap on one core. The backend
+plans both (BUFFER_CHOICES) and keeps the faster.
+
 The tile is sized by a target of bytes per streamed operand per tile.
 Which target is best depends on the kernel and the core count (small tiles
 overlap load, compute and store sooner; large ones keep more of the bus in
@@ -29,11 +39,14 @@ from dataclasses import dataclass, replace
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
 from ._dump import Describable
-from .fusion import FusionPlan
+from .fusion import streamed
 from .layout import LayoutPlan
+from .tiles import TileKernel
 
 TARGET_BYTES = 32 * 1024
 TARGETS = (32 * 1024, 128 * 1024)
+BUFFERS = 3
+BUFFER_CHOICES = (3, 2)
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,7 @@ class TilePlan(Describable):
     tile_cols: int   # extent along stick_dim (1 in elements layout)
     loop_dims: tuple[int, ...]
     granule: int     # elements per stick of the narrowest dtype: chunk and core boundaries
+    buffers: int = BUFFERS  # copies of each streamed tile: the stream's depth
 
     @property
     def tile_extent(self) -> int:
@@ -57,6 +71,9 @@ class TilePlan(Describable):
             return replace(self, tile_cols=extent)
         return replace(self, tile_rows=extent)
 
+    def with_buffers(self, buffers: int) -> "TilePlan":
+        return replace(self, buffers=buffers)
+
     def shrunk(self) -> "TilePlan | None":
         """A smaller tile (half the rows, else half the chunk), or None at one stick."""
         if self.tile_rows > 1:
@@ -67,24 +84,25 @@ class TilePlan(Describable):
         return None
 
 
-def plan_tiling(layout: LayoutPlan, fusion: FusionPlan, target_bytes: int = TARGET_BYTES) -> TilePlan:
+def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int = TARGET_BYTES,
+                buffers: int = BUFFERS) -> TilePlan:
     ranges = layout.ranges
-    sizes = [ITEMSIZE[t.dtype] for t in fusion.tiles] or [4]
+    sizes = [ITEMSIZE[t.dtype] for t in tile_kernel.tiles] or [4]
     granule = STICK // min(sizes)
-    widest = max([ITEMSIZE[t.dtype] for t in fusion.tiles if t.streamed] or sizes)
+    widest = max([ITEMSIZE[t.dtype] for t in tile_kernel.tiles if streamed(t)] or sizes)
     sd, rd = layout.stick_dim, layout.row_dim
     if sd is None:
         rows = min(ranges[rd], max(1, target_bytes // STICK))
-        return TilePlan(ranges, None, rd, rd, rows, 1, _others(ranges, rd), granule)
+        return TilePlan(ranges, None, rd, rd, rows, 1, _others(ranges, rd), granule, buffers)
     chunk = max(granule, target_bytes // widest // granule * granule)
     if ranges[sd] > chunk:
-        return TilePlan(ranges, sd, rd, sd, 1, chunk, _others(ranges, sd), granule)
+        return TilePlan(ranges, sd, rd, sd, 1, chunk, _others(ranges, sd), granule, buffers)
     cols = ranges[sd]
     if rd is None:
-        return TilePlan(ranges, sd, None, sd, 1, cols, _others(ranges, sd), granule)
+        return TilePlan(ranges, sd, None, sd, 1, cols, _others(ranges, sd), granule, buffers)
     row_bytes = sticks(cols * widest)
     rows = min(ranges[rd], max(1, target_bytes // row_bytes))
-    return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule)
+    return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule, buffers)
 
 
 def _others(ranges, *exclude) -> tuple[int, ...]:
