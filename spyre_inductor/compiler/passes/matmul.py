@@ -24,7 +24,7 @@ from .division import simulated_ns
 from .layout import BufferLayout
 from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
-from .matmul_plan import fitting, grid_for, span_problem, tile_needs, variants
+from .matmul_plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
 from .plans import Division, Plans
 
 
@@ -40,7 +40,7 @@ def _buffers(kernel) -> tuple[BufferLayout, ...]:
                               tuple(b.strides), b.offset) for b in kernel.buffers)
 
 
-REFETCH_WORTH_SHARING = 1.10  # plain plans reading more than this over the minimum try the ring
+REFETCH_WORTH_SHARING = 1.10  # a plain grid reading more than this over the minimum shares over the ring
 
 
 def refetch(shape, grid) -> float:
@@ -97,19 +97,17 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
                  f"{tiling.label}")
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
 
-    plain = [v for v in variants() if v[3] is None]
-    results = search.search(plain, counts, evaluate, errors)
     top = max(counts)
-    best_plain = min(results, key=lambda r: r.ns, default=None)
-    if best_plain is not None and top > 1 and refetch(shape, best_plain.plan[0]) > REFETCH_WORTH_SHARING:
-        # the plain plans re-read an operand: try sharing it over the ring (timed whole: the cores
-        # meet on the ring, so one core cannot stand for the others), one tile shape per operand
-        for share in ("a", "b"):
-            for v in (v for v in variants() if v[3] == share):
-                r = evaluate(v, top)
-                if r is not None:
-                    results.append(r)
-                    break
+    results = []
+    if top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
+        # Every plain grid would re-read an operand: share the smaller one over the ring instead
+        # (timed whole: the cores meet on the ring, so one core cannot stand for the others).
+        for v in shared_variants(shape):
+            r = evaluate(v, top)
+            if r is not None:
+                results.append(r)
+    if not results:
+        results = search.search([v for v in variants() if v[3] is None], counts, evaluate, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no matmul plan: no tiling fits the "
                           f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad" +

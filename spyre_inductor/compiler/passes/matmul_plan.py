@@ -205,15 +205,23 @@ def place(tk_: TileKernel, t: MatmulTiling) -> tuple[list[Need], Placement]:
 TARGETS = ((128, 256, 1024), (64, 256, 256), (128, 128, 256))
 POOLS = ("B resident", "A resident", "streamed")
 # Shared-operand plans: the k-outer order walks every operand tile once per core, and the
-# shared one is all-gathered, so each operand is read from device memory once in all.
-SHARED = tuple((tgt, share) for share in ("a", "b") for tgt in ((128, 256, 256), (128, 256, 128), (64, 512, 128)))
+# shared one is all-gathered, so each operand is read from device memory once in all. Its
+# tiles are large (each core's slice of one is 1/32 of it, and a slice pays a ring hop).
+SHARED_TARGETS = ((512, 256, 256), (256, 256, 512))
 
 
 def variants() -> list[tuple]:
     out = [(tgt, pool, "output", None) for tgt in TARGETS for pool in POOLS]
     out += [(tgt, "streamed", "k-outer", None) for tgt in TARGETS[1:]]
-    out += [(tgt, "streamed", "k-outer", share) for tgt, share in SHARED]
     return out
+
+
+def shared_variants(shape: MatmulShape) -> list[tuple]:
+    """Ring plans sharing the smaller operand (the larger stays private, read once per core's slice)."""
+    a_bytes = shape.batches * shape.M * shape.K * ITEMSIZE[shape.a.dtype]
+    b_bytes = (shape.batches if any(shape.b.batch_strides) else 1) * shape.K * shape.N * ITEMSIZE[shape.b.dtype]
+    order = ("a", "b") if a_bytes <= b_bytes else ("b", "a")
+    return [(tgt, "streamed", "k-outer", share) for share in order for tgt in SHARED_TARGETS]
 
 
 def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
@@ -237,6 +245,8 @@ def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
     g = n_granule(shape)
     tm, tk = min(mc, tm_t), min(shape.K, tk_t)
     tn = min(nc, max(g, tn_t // g * g))
+    if share == "b":  # the shared B tile is [tk, tn]: make it as large as the rows' tile is for A
+        tn, tm = min(nc, max(g, tm_t // g * g)), min(mc, tn_t)
     ktiles = -(-shape.K // tk)
     m_tiles, n_tiles = -(-mc // tm), -(-nc // tn)
     a_tiles, b_tiles = m_tiles * ktiles, n_tiles * ktiles
@@ -259,4 +269,5 @@ def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[M
 
 
 __all__ = ["Block", "Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
-           "grid_for", "n_granule", "operand_tiles", "place", "tile_needs", "tiling_for", "variants"]
+           "grid_for", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem", "tile_needs", "tiling_for",
+           "variants"]
