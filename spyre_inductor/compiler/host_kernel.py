@@ -52,6 +52,9 @@ _BINARY = {
     )
 }
 _BINARY.update({
+    # a matmul's product (lowerings.native_matmul): kept apart, so the "dot" reduction contracts the
+    # two operands instead of materializing their broadcast product over (m, n, k)
+    "dot": "spyre_host.Product({0}, {1})",
     "truediv": "torch.true_divide({0}, {1})", "div_rn": "torch.true_divide({0}, {1})",
     "int_truediv": "torch.true_divide({0}, {1})", "mul_rn": "torch.mul({0}, {1})",
     "floordiv": "torch.floor_divide({0}, {1})", "truncdiv": "spyre_host.truncdiv({0}, {1})",

@@ -192,7 +192,14 @@ def fma(a, b, c):
 # What reduce() and store() implement: the generator (host_kernel.py) refuses anything else at
 # compile time, so an unknown kind can never reach a queued host operation.
 REDUCTIONS = frozenset({"sum", "prod", "max", "min", "any", "argmax", "argmin", "xor_sum", "welford_reduce",
-                        "welford_combine"})
+                        "welford_combine", "dot"})
+
+
+class Product:
+    """ops.dot(a, b) of a matmul: the two operands, contracted by reduce(..., "dot")."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
 STORE_MODES = frozenset({None, "atomic_add"})
 
 
@@ -201,6 +208,13 @@ def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
     shape = tuple(int(s) for s in shape)
     kept, rnumel = shape[: len(shape) - reduced], math.prod(shape[len(shape) - reduced:])
     keep_shape = kept + (1,) * reduced
+    if kind == "dot":
+        if reduced != 1:
+            raise ValueError(f"a dot reduces one dim, not {reduced}")
+        acc = compute_dtype(dtype)
+        a, b = (torch.as_tensor(v).to(acc) for v in (value.a, value.b))
+        out = torch.einsum("...k,...k->...", a, b)
+        return out.expand(kept).to(dtype).reshape(keep_shape)
     if kind == "welford_combine":
         mean, m2, weight = (torch.as_tensor(v).expand(shape).reshape(kept + (rnumel,)) for v in value)
         total = weight.sum(-1)
