@@ -184,3 +184,30 @@ def test_large_matmul_2048x2048x4096():
     assert_on_card(records, code)
     ref = a.double() @ b.double()
     check(out.cpu(), ref, matmul_bound(a, b, ref, torch.float32), "2048x2048x4096")
+
+
+def test_a_matmul_the_backend_declines_runs_on_the_cpu_inside_the_graph(monkeypatch):
+    """Without strict mode a MatmulKernel the planner refuses is an in-graph CPU fallback, warned
+    about by name, and right: the dot contracts its operands (no (m, n, k) product in memory)."""
+    from spyre_inductor.compiler import backend
+    from spyre_inductor.compiler.errors import Unsupported
+
+    monkeypatch.delenv("SPYRE_STRICT")
+
+    def refuse(kernel, **kwargs):
+        raise Unsupported("refused by the test")
+
+    monkeypatch.setattr(backend, "plan_matmul", refuse)
+    torch.manual_seed(9)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    (out,), _, records, warns, _ = compile_on_spyre(lambda x, y: torch.relu(x @ y), a, b)
+    assert [r.fallback_reason for r in records] == ["backend: refused by the test"]
+    assert any("aten.mm.default" in w for w in warns)
+    ref = torch.relu(a.double() @ b.double())
+    check(out.cpu(), ref, matmul_bound(a, b, ref, torch.float32, epilogue=True), "declined matmul")
+
+
+def test_an_integer_matmul_is_a_named_cpu_fallback_refused_under_strict():
+    a, b = torch.randint(-5, 5, (8, 16)), torch.randint(-5, 5, (16, 4))
+    with pytest.raises(Exception, match="aten::mm.*SPYRE_STRICT=1"):
+        compile_on_spyre(torch.mm, a, b)
