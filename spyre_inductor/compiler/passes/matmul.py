@@ -40,11 +40,11 @@ def _buffers(kernel) -> tuple[BufferLayout, ...]:
                               tuple(b.strides), b.offset) for b in kernel.buffers)
 
 
-REFETCH_WORTH_SHARING = 1.10  # a plain grid reading more than this over the minimum shares over the ring
+REFETCH_WORTH_SHARING = 1.15  # a plain grid moving more than this over the minimum shares over the ring
 
 
 def refetch(shape, grid) -> float:
-    """Bytes a plain grid reads over the minimum (each operand once)."""
+    """Bytes a plain grid moves over the minimum (each operand read once, the output written once)."""
     from .matmul_plan import grid_bytes, make_grid
 
     return grid_bytes(shape, grid) / max(1, grid_bytes(shape, make_grid(shape, 1, 1, 1)))
@@ -106,6 +106,10 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
             r = evaluate(v, top)
             if r is not None:
                 results.append(r)
+                if len(results) == 2:  # each is timed whole: two tile shapes are enough to choose from
+                    break
+        if results:  # next to the best plain tiling at the same count (one core stands for all)
+            results += [r for r in (evaluate(v, top) for v in variants()[:3]) if r is not None]
     if not results:
         results = search.search([v for v in variants() if v[3] is None], counts, evaluate, errors)
     if not results:

@@ -145,15 +145,29 @@ def span_problem(shape: MatmulShape, grid: Grid) -> str | None:
 
 
 def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
-    """Device bytes the grid reads and writes if each block reads its operands once."""
-    ia, ib = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype]
+    """Device bytes the grid moves if each block reads its operands once: A once per column
+    block, B once per row block (per batch block too, unless B is batched), the output once."""
+    ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
     a_bytes = shape.batches * shape.M * shape.K * ia
-    b_bytes = (shape.batches if any(shape.b.batch_strides) else 1) * shape.K * shape.N * ib
-    return grid.gn * a_bytes + (grid.gm * (grid.gb if not any(shape.b.batch_strides) else 1)) * b_bytes
+    batched_b = any(shape.b.batch_strides)
+    b_bytes = (shape.batches if batched_b else 1) * shape.K * shape.N * ib
+    out = shape.batches * shape.M * shape.N * io
+    return grid.gn * a_bytes + grid.gm * (1 if batched_b else grid.gb) * b_bytes + out
+
+
+def block_bytes(shape: MatmulShape, block: Block) -> int:
+    """Device bytes one block moves if it reads its operands once."""
+    ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
+    return block.bc * (block.mc * shape.K * ia + shape.K * block.nc * ib + block.mc * block.nc * io)
 
 
 def best_grid(shape: MatmulShape, cores: int) -> Grid:
-    return min(grids(shape, cores), key=lambda g: (grid_bytes(shape, g), -g.gm))
+    """The grid that moves the fewest bytes, counting a ragged grid as if every core moved its
+    largest block's bytes (the cores finish when the largest does)."""
+    def cost(g: Grid):
+        return (max(grid_bytes(shape, g), g.cores * max(block_bytes(shape, b) for b in g.blocks)), -g.gm)
+
+    return min(grids(shape, cores), key=cost)
 
 
 # ---- tiles and scratchpad ----------------------------------------------------------------
@@ -207,7 +221,7 @@ POOLS = ("B resident", "A resident", "streamed")
 # Shared-operand plans: the k-outer order walks every operand tile once per core, and the
 # shared one is all-gathered, so each operand is read from device memory once in all. Its
 # tiles are large (each core's slice of one is 1/32 of it, and a slice pays a ring hop).
-SHARED_TARGETS = ((512, 256, 256), (256, 256, 512))
+SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (256, 256, 512))
 
 
 def variants() -> list[tuple]:
