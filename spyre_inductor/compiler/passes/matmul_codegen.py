@@ -216,12 +216,14 @@ class _Core:
         for i, (o, bidx, mt, nt, kt) in enumerate(steps):
             # ls: this step's new operand tiles; after an output's last step, its epilogue
             # operands and the store of the output finished before it
-            if pa.new[i]:
-                fill = self.ring_fill if self.share == "a" else self.load_operand
-                fill(ls, qa[pa.slot[i]], "a", pa.slot[i], bidx, mt, nt, kt)
-            if pb.new[i]:
-                fill = self.ring_fill if self.share == "b" else self.load_operand
-                fill(ls, qb[pb.slot[i]], "b", pb.slot[i], bidx, mt, nt, kt)
+            # A shared operand's fill goes last: every hop of its slices pushes a token, and a push
+            # waits for the unit's transfers in flight, so a private load issued after it would
+            # hold up the whole chain of cores at every hop.
+            fills = [("a", pa, qa), ("b", pb, qb)]
+            for which, pool, queues in sorted(fills, key=lambda f: f[0] == self.share):
+                if pool.new[i]:
+                    fill = self.ring_fill if self.share == which else self.load_operand
+                    fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
             if i == last[o]:
                 c = rank[o] % 2
                 if has_epi_loads:

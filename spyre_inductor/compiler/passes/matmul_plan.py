@@ -265,7 +265,11 @@ def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
     m_tiles, n_tiles = -(-mc // tm), -(-nc // tn)
     a_tiles, b_tiles = m_tiles * ktiles, n_tiles * ktiles
     if order == "k-outer":  # per k chunk: the A tiles of every row tile, the B tiles of every column tile
-        a_slots, b_slots = min(a_tiles, 2), min(b_tiles, n_tiles + 1)
+        # a shared operand's fill waits on the slowest core of the chain: one more slot lets the
+        # load/store unit run a tile further ahead of the PE
+        ahead = 3 if share else 2
+        a_slots = min(a_tiles, ahead if share != "b" else 2)
+        b_slots = min(b_tiles, n_tiles + (ahead - 1 if share == "b" else 1))
         acc = m_tiles * n_tiles
         label = "k-outer" + (f", {share.upper()} shared over the ring" if share else "")
     else:
