@@ -12,6 +12,8 @@ def plain(value):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):  # a tile's space: the axes it varies over
+        return sorted(plain(v) for v in value)
     return value
 
 
