@@ -1,0 +1,164 @@
+"""The reduction family on the shared planner skeleton (issue 15 Part 1): what its tile kernel says.
+
+A reduction lowers to a TileKernel (family "reduction", axes outer and
+reduced): every tile has a space (the axes it varies over) and a Role, and
+nothing reads meaning from a tile's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from reduction_ir import layer_norm_kernel, row_reduce, softmax_kernel
+from spyre_inductor.compiler.backend import plan_kernel
+from spyre_inductor.compiler.errors import PlanError
+from spyre_inductor.compiler.passes.reduction_argreduce import SLICE_START
+from spyre_inductor.compiler.passes.reduction_codegen import build_reduction_program
+from spyre_inductor.compiler.passes.reduction_division import plan_reduction
+from spyre_inductor.compiler.passes.reduction_plan import verify_reduction
+from spyre_inductor.compiler.passes.tiles import ChunkValue, PhaseKind, Relayout, Role, Step
+
+OUTER, REDUCED = "outer", "reduced"
+
+
+def _steps(tk):
+    return [s for p in tk.phases for s in p.steps] + list(tk.combine.steps if tk.combine else ())
+
+
+def test_a_softmax_reduces_into_per_row_accumulators():
+    c = plan_kernel(softmax_kernel((512, 1024), "fp16"))
+    tk = c.plans.tile_kernel
+    assert c.plans.family == tk.family == "reduction" and tk.axes == (OUTER, REDUCED)
+    reduced = {s.op: tk.tile(s.dst) for s in _steps(tk) if s.kind == "reduce"}
+    assert set(reduced) == {"max", "sum"}
+    for t in reduced.values():
+        assert t.role is Role.ACCUMULATOR and t.space == {OUTER} and t.dtype == "fp32"
+    [x] = [tk.tile(name) for p in tk.phases for name, _ in p.loads]
+    [out] = [tk.tile(name) for p in tk.phases for name, _ in p.stores]
+    assert (x.role, x.space, x.dtype) == (Role.INPUT, {OUTER, REDUCED}, "fp16")
+    assert (out.role, out.space, out.dtype) == (Role.OUTPUT, {OUTER, REDUCED}, "fp16")
+    assert [p.kind for p in tk.phases] == [PhaseKind.CHUNK] and tk.combine is None  # resident rows: one phase
+
+
+def test_what_no_group_changes_is_loaded_once_per_core_in_the_setup_phase():
+    tk = plan_kernel(layer_norm_kernel((64, 1024), "fp16")).plans.tile_kernel  # resident rows
+    setup, chunk = tk.phases
+    assert (setup.kind, chunk.kind) == (PhaseKind.SETUP, PhaseKind.CHUNK) and not setup.steps
+    assert [(a.buffer, tk.tile(n).space, tk.tile(n).role) for n, a in setup.loads] == [
+        ("w", {REDUCED}, Role.INPUT), ("b", {REDUCED}, Role.INPUT)]
+    assert [a.buffer for _, a in chunk.loads] == ["x"]
+
+
+def test_a_chunked_plan_has_its_chunk_extents_as_chunk_constants():
+    c = plan_kernel(layer_norm_kernel((3, 300_000), "fp32"))
+    assert c.plans.stage("plan").mode == "chunked"
+    tk, placement = c.plans.tile_kernel, c.plans.placement
+    consts = {t.chunk_value: t for t in tk.with_role(Role.CHUNK_CONSTANT)}
+    assert set(consts) == set(ChunkValue)
+    for value, t in consts.items():
+        assert t.space == frozenset() and t.dtype == value.dtype
+        # one copy for the full chunk's extent, one for the remainder's
+        assert sorted(a.copy for a in placement.allocations if a.tile == t.name) == [0, 1]
+    # Chan's combine divides by the chunk's extent and fills its count with it
+    assert any(consts[ChunkValue.INVERSE_EXTENT].name in s.args for s in _steps(tk))
+    assert any(s.kind == "fill" and s.value is ChunkValue.EXTENT for s in _steps(tk))
+    # two passes (the statistics, then the normalisation), each per group: init, chunks, epilogue;
+    # the weight and bias vary over the reduced dim, so they stream with the second pass's chunks
+    assert [p.kind for p in tk.phases] == [PhaseKind.INIT, PhaseKind.CHUNK, PhaseKind.EPILOGUE] * 2
+    assert [tk.tile(n).space for n, _ in tk.phases[4].loads] == [{OUTER, REDUCED}, {REDUCED}, {REDUCED}]
+    assert [p.reason for p in tk.phases if p.kind is PhaseKind.CHUNK] == [
+        r.split(": ", 1)[1] for r in c.plans.stage("plan").pass_reasons]
+
+
+def test_a_ring_plan_lands_each_partial_in_the_accumulators_landing_tile():
+    c = plan_kernel(row_reduce("argmax", (8, 200_000), -1, "fp32"))
+    assert c.plans.stage("plan").mode == "ring"
+    tk = c.plans.tile_kernel
+    assert tk.combine is not None and tk.combine.kind == "ring"
+    landed = set()
+    for acc in tk.combine.tiles:
+        a = tk.tile(acc)
+        assert a.role is Role.ACCUMULATOR
+        [landing] = tk.serving(acc, Role.RING_LANDING)
+        assert (landing.dtype, landing.space) == (a.dtype, a.space)
+        landed.add(landing.name)
+    assert {n for s in tk.combine.steps for n in s.args} >= landed
+    # the first index of each core's slice is a typed fill value, not a name
+    starts = [s for s in _steps(tk) if s.kind == "fill" and s.value is SLICE_START]
+    assert len(starts) == 1 and tk.tile(starts[0].dst).role is Role.ACCUMULATOR
+
+
+def test_relayouts_pass_through_staging_tiles_of_the_tile_they_serve():
+    c = plan_kernel(row_reduce("sum", (512, 1024), 0, "fp16"))  # the reduced dim is not the contiguous one
+    tk = c.plans.tile_kernel
+    [x] = [tk.tile(n) for p in tk.phases for n, _ in p.loads]
+    [transposed] = tk.serving(x.name, Role.STAGING)
+    assert transposed.relayout is Relayout.TRANSPOSED and transposed.of == x.name
+    [out] = [tk.tile(n) for p in tk.phases for n, _ in p.stores]
+    assert out.space == {OUTER}
+    [row] = tk.serving(out.name, Role.STAGING)
+    assert row.relayout is Relayout.ROW and row.space == {OUTER}
+
+
+def _renamed(low, plan_, names):
+    """The lowering and plan with every tile renamed by `names` (old -> new)."""
+    tk = low.tile_kernel
+
+    def step(s):
+        return replace(s, dst=names[s.dst], args=tuple(names[a] for a in s.args))
+
+    def phase(p):
+        return replace(p, steps=tuple(map(step, p.steps)), loads=tuple((names[t], a) for t, a in p.loads),
+                       stores=tuple((names[t], a) for t, a in p.stores))
+
+    tiles = tuple(replace(t, name=names[t.name], of=names[t.of] if t.of else None) for t in tk.tiles)
+    combine = tk.combine and replace(tk.combine, tiles=tuple(names[t] for t in tk.combine.tiles),
+                                     steps=tuple(map(step, tk.combine.steps)))
+    tk = replace(tk, tiles=tiles, constants=tuple((names[t], v) for t, v in tk.constants),
+                 phases=tuple(map(phase, tk.phases)), combine=combine)
+    placement = replace(plan_.placement, allocations=tuple(replace(a, tile=names[a.tile])
+                                                           for a in plan_.placement.allocations))
+    return replace(low, tile_kernel=tk), replace(plan_, placement=placement)
+
+
+@pytest.mark.parametrize("kernel, cores", [
+    (layer_norm_kernel((3, 300_000), "fp32"), None),        # chunked, chunk constants, setup loads
+    (row_reduce("argmax", (3, 300_000), -1, "fp32"), 1),    # chunked argmax: the slice start
+    (row_reduce("argmax", (8, 200_000), -1, "fp32"), None), # ring: landing tiles
+    (row_reduce("sum", (512, 1024), 0, "fp16"), None),      # transposed and packed-row staging
+], ids=["welford-chunked", "argmax-chunked", "argmax-ring", "sum-dim0"])
+def test_no_meaning_travels_in_a_tile_name(kernel, cores):
+    """Renaming every tile, to names that once meant something else, builds the same program."""
+    low, plan_, division, program = plan_reduction(kernel, cores=cores)
+    tiles = [t.name for t in low.tile_kernel.tiles]
+    misleading = ["in:", "@n", "@inv_n", "@n_i", "base", "#rem", "#full", "^T", "^col", "^row"]
+    names = {n: f"{misleading[k % len(misleading)]}{len(tiles) - k}" for k, n in enumerate(tiles)}
+    low2, plan2 = _renamed(low, plan_, names)
+    verify_reduction(plan2, low2)
+    again = build_reduction_program(kernel, low2, plan2, division.shares, notes=program.notes)
+    assert again.to_json() == program.to_json()
+
+
+def test_a_planner_bug_raises_plan_error():
+    low, plan_, _, _ = plan_reduction(row_reduce("sum", (1 << 20,), 0, "fp32"))
+    assert low.mode == "ring"
+    tk = low.tile_kernel
+    # a step reading a tile the kernel does not have
+    bad = replace(tk, phases=tk.phases[:1] + (replace(tk.phases[1], steps=tk.phases[1].steps + (
+        Step("unary", "copy", tk.phases[1].steps[0].dst, ("nowhere",)),)),) + tk.phases[2:])
+    with pytest.raises(PlanError, match="unknown tile 'nowhere'"):
+        verify_reduction(plan_, replace(low, tile_kernel=bad))
+    # an accumulator combined over the ring without a landing tile
+    landing = {t.name for t in tk.with_role(Role.RING_LANDING)}
+    bad = replace(tk, tiles=tuple(t for t in tk.tiles if t.name not in landing), combine=replace(
+        tk.combine, steps=()))
+    with pytest.raises(PlanError, match="no ring landing tile"):
+        verify_reduction(plan_, replace(low, tile_kernel=bad))
+    # an allocation smaller than its tile
+    [acc] = tk.combine.tiles
+    small = replace(plan_.placement, allocations=tuple(replace(a, nbytes=a.nbytes // 2) if a.tile == acc else a
+                                                       for a in plan_.placement.allocations))
+    with pytest.raises(PlanError, match="needs"):
+        verify_reduction(replace(plan_, placement=small), low)
