@@ -2,18 +2,23 @@
 
 A reduction lowers to a TileKernel (family "reduction", axes outer and
 reduced): every tile has a space (the axes it varies over) and a Role, and
-nothing reads meaning from a tile's name.
+nothing reads meaning from a tile's name. The plan search times a
+candidate by one core where one core stands for its siblings and never
+validates a candidate it does not keep.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
 
 from reduction_ir import layer_norm_kernel, row_reduce, softmax_kernel
+from spyre_inductor.compiler import backend
 from spyre_inductor.compiler.backend import plan_kernel
 from spyre_inductor.compiler.errors import PlanError
+from spyre_inductor.compiler.passes import reduction_division
 from spyre_inductor.compiler.passes.reduction_argreduce import SLICE_START
 from spyre_inductor.compiler.passes.reduction_codegen import build_reduction_program
 from spyre_inductor.compiler.passes.reduction_division import plan_reduction
@@ -162,3 +167,53 @@ def test_a_planner_bug_raises_plan_error():
                                                        for a in plan_.placement.allocations))
     with pytest.raises(PlanError, match="needs"):
         verify_reduction(replace(plan_, placement=small), low)
+
+
+# ---- what planning builds and validates ----------------------------------------------------------
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """(programs built, programs validated) while planning: every build of a reduction program,
+    every validate() (the backend's and timing.estimate's)."""
+    built, validated = [], []
+    real_build = reduction_division.build_reduction_program
+
+    def build(*args, **kw):
+        built.append(real_build(*args, **kw))
+        return built[-1]
+
+    validate_module = sys.modules["spyre_runtime.program.validate"]
+    real_validate = validate_module.validate
+
+    def validate(program, *args, **kw):
+        validated.append(program)
+        return real_validate(program, *args, **kw)
+
+    monkeypatch.setattr(reduction_division, "build_reduction_program", build)
+    monkeypatch.setattr(validate_module, "validate", validate)
+    monkeypatch.setattr(backend, "validate", validate)
+    return built, validated
+
+
+def test_planning_a_softmax_builds_one_whole_program_and_validates_it_once(counted):
+    """(64, 1000) fp16 over 32 cores: the 5 candidates are 3 distinct plans (both tile targets
+    hold a core's 2 rows), each timed by a one-core program; the kept one is built whole once
+    and validated once. Before the port: 6 builds (5 whole-size candidates' first cores and the
+    kept program) and 6 validations (7 counting a later estimate of the kept program)."""
+    built, validated = counted
+    c = plan_kernel(softmax_kernel((64, 1000), "fp16"))
+    assert c.plans.division.cores == 32 and len(c.plans.division.candidates) == 5
+    whole = [p for p in built if len(p.cores) == 32]
+    assert whole == [c.program] and whole[0] is c.program
+    assert len(built) == 4 and all(len(p.cores) == 1 for p in built[:-1])
+    assert len(validated) == 1 and validated[0] is c.program
+
+
+def test_a_ring_candidate_timed_whole_is_kept_without_building_it_again(counted):
+    built, validated = counted
+    c = plan_kernel(row_reduce("sum", (1 << 20,), 0, "fp32"))
+    assert c.plans.stage("plan").mode == "ring"
+    assert any(p is c.program for p in built)          # the program its candidate was timed with
+    assert len(built) == len({id(p) for p in built})
+    assert len(validated) == 1 and validated[0] is c.program

@@ -21,10 +21,15 @@ fewer cores winning ties):
 For each: tile targets tiling.TARGETS bytes per streamed tile, 3
 (streaming) or 2 (phased) buffers, and core counts 1, 2, 4, ... 32.
 
-An outer split's cores run one program on their own rows, so a candidate
-is timed by its first core (the largest share) as that many cores in step
-(timing.estimate's replicas); ring cores differ, so a ring candidate is
-built and timed whole. The kept candidate is built again whole.
+What planning builds: an outer split's cores run one program on their own
+rows, so a candidate is timed by its first core (the largest share) as
+that many cores in step (timing.estimate's replicas), a one-core program;
+ring cores differ (each combines what the one before sent it), so a ring
+candidate is built and timed whole. A candidate whose plan is identical to
+one already timed (a tile target larger than a core's rows) reuses that
+time. No candidate's program is validated: the one kept is built whole
+once (or is the whole program its candidate was timed with) and validated
+once.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 from spyre_runtime.program.program import Program
+from spyre_runtime.program.timing import estimate as timing_estimate
 from spyre_runtime.program.validate import ProgramError, validate_once
 
 from ..errors import Unsupported
@@ -54,12 +60,14 @@ FAMILY = "reduction"
 
 @dataclass(frozen=True)
 class Trial:
-    """What a candidate stands for: its lowering, plan and shares."""
+    """What a candidate stands for: its lowering, plan and shares, and the whole program when
+    it was built whole to be timed (None: timed by a representative core)."""
 
     low: ReductionLowering
     plan: ReductionPlan
     split: str                       # "outer dim <d>", "reduced dim (ring)"
     shares: tuple[RShare, ...]
+    program: Program | None
 
 
 def buffers_of(kernel: ReductionKernel) -> tuple[BufferLayout, ...]:
@@ -132,9 +140,15 @@ def _build(kernel, low, plan, split, shares) -> Program:
     return build_reduction_program(kernel, low, plan, tuple(shares), notes=notes)
 
 
+def _simulated(program: Program, replicas: int) -> float:
+    """A candidate's time by the timing model, without validating it (search.py: it is not kept)."""
+    return timing_estimate(program, HARDWARE, replicas, check=False).simulated_ns
+
+
 def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candidate, list[Candidate]]:
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     results, errors = [], []
+    timed: dict[tuple, tuple[float, Program | None]] = {}
     try:
         resident = lower(kernel, "resident")
     except Unsupported as e:  # reduced dims that do not merge: chunked plans only
@@ -150,12 +164,16 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
     def consider(low, plan, split, shares, label, symmetric=True) -> Candidate:
         verify_reduction(plan, low)
         shares = tuple(shares)
-        if estimate is None and symmetric and len(shares) > 1:
-            # the cores run one program on their own rows: the first (the largest) as all of them
-            ns = simulated_ns(_build(kernel, low, plan, split, shares[:1]), len(shares))
-        else:
-            ns = (estimate or simulated_ns)(_build(kernel, low, plan, split, shares))
-        return Candidate(label, len(shares), ns, Trial(low, plan, split, shares))
+        key = (low.mode, plan.group, plan.chunk, plan.buffers, shares)
+        if key not in timed:
+            if estimate is None and symmetric and len(shares) > 1:
+                # the cores run one program on their own rows: the first (the largest) as all of them
+                timed[key] = (_simulated(_build(kernel, low, plan, split, shares[:1]), len(shares)), None)
+            else:
+                whole = _build(kernel, low, plan, split, shares)
+                timed[key] = (_simulated(whole, 1) if estimate is None else estimate(whole), whole)
+        ns, whole = timed[key]
+        return Candidate(label, len(shares), ns, Trial(low, plan, split, shares, whole))
 
     def resident_at(variant, n):
         target, buffers = variant
@@ -225,7 +243,7 @@ def _plan(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Trial, D
         estimate = None
     chosen, results = _search(kernel, cores, max_cores, estimate)
     t = chosen.plan
-    program = _build(kernel, t.low, t.plan, t.split, t.shares)
+    program = t.program if t.program is not None else _build(kernel, t.low, t.plan, t.split, t.shares)
     division = Division(len(t.shares), t.split, tuple((r.label, r.ns) for r in results), reason(chosen, results),
                         t.shares)
     return t, division, program
