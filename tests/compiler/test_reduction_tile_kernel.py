@@ -13,15 +13,18 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from reduction_ir import layer_norm_kernel, row_reduce, softmax_kernel
 from spyre_inductor.compiler import backend
 from spyre_inductor.compiler.backend import plan_kernel
 from spyre_inductor.compiler.errors import PlanError
+from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Kernel, Load, MatmulKernel, Op, Reduction, Store
 from spyre_inductor.compiler.passes import reduction_division
 from spyre_inductor.compiler.passes.reduction_argreduce import SLICE_START
 from spyre_inductor.compiler.passes.reduction_codegen import build_reduction_program
-from spyre_inductor.compiler.passes.reduction_division import plan_reduction
+from spyre_inductor.compiler.passes.reduction_division import plan, plan_reduction
+from spyre_inductor.compiler.passes.reduction_lowering import empty_as_pointwise
 from spyre_inductor.compiler.passes.reduction_plan import verify_reduction
 from spyre_inductor.compiler.passes.tiles import ChunkValue, PhaseKind, Relayout, Role, Step
 
@@ -217,3 +220,45 @@ def test_a_ring_candidate_timed_whole_is_kept_without_building_it_again(counted)
     assert any(p is c.program for p in built)          # the program its candidate was timed with
     assert len(built) == len({id(p) for p in built})
     assert len(validated) == 1 and validated[0] is c.program
+
+
+# ---- a matmul the matmul family declines is a reduction whose reduction is a dot --------------
+
+
+def _matmul(M, K, N, dtype="fp32"):
+    return Kernel.of("mm", (M, N), (Buffer("a", dtype, (M, K), (K, 1)), Buffer("b", dtype, (K, N), (N, 1)),
+                                    Buffer("out", dtype, (M, N), (N, 1))),
+                     (Load("a", Index((K, 0, 1)), dtype), Load("b", Index((0, 1, N)), dtype),
+                      Op("mul", (0, 1), "fp32"), Reduction("dot", 2, "fp32")),
+                     (Store("out", Index((N, 1, 0)), 3),), (K,))
+
+
+def test_a_dot_is_planned_as_a_sum(tmp_path):
+    from spyre_runtime.launch import launch_jobplan, prepare_kernel
+
+    k = _matmul(8, 48, 24)
+    assert isinstance(k, MatmulKernel)
+    assert empty_as_pointwise(_matmul(8, 0, 24)).values[3] == Constant(0.0, "fp32")  # K = 0: a sum's identity
+    plans, program = plan(k)
+    tk = plans.tile_kernel
+    assert plans.stage("plan").mode == "resident"
+    [red] = [s for s in _steps(tk) if s.kind == "reduce"]
+    assert red.op == "sum" and tk.tile(red.dst).role is Role.ACCUMULATOR
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 48, generator=g), torch.randn(48, 24, generator=g)
+    dev = [t.to("spyre") for t in (a, b, torch.empty(8, 24))]
+    launch_jobplan(prepare_kernel(backend.compile_kernel(k, tmp_path)), dev)
+    torch.spyre.synchronize()
+    # fp32 products summed in fp32 over K = 48: a few ulps of the largest partial sums
+    torch.testing.assert_close(dev[2].cpu(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_long_dot_accumulates_from_zero_and_combines_over_the_ring_with_add():
+    low, _, division, _ = plan_reduction(_matmul(2, 300_000, 1))  # decode-shaped: 2 outputs, K = 300K
+    assert low.mode == "ring" and division.cores > 1
+    tk = low.tile_kernel
+    [red] = [s for s in _steps(tk) if s.kind == "reduce"]
+    assert red.op == "sum" and red.accumulate
+    [fill] = [s for s in _steps(tk) if s.kind == "fill" and s.dst == red.dst]
+    assert fill.value == 0.0
+    assert [s.op for s in tk.combine.steps] == ["add"] and tk.combine.tiles == (red.dst,)
