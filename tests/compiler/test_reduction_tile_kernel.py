@@ -63,15 +63,17 @@ def test_a_chunked_plan_has_its_chunk_extents_as_chunk_constants():
     c = plan_kernel(layer_norm_kernel((3, 300_000), "fp32"))
     assert c.plans.stage("plan").mode == "chunked"
     tk, placement = c.plans.tile_kernel, c.plans.placement
-    consts = {t.chunk_value: t for t in tk.with_role(Role.CHUNK_CONSTANT)}
-    assert set(consts) == set(ChunkValue)
-    for value, t in consts.items():
-        assert t.space == frozenset() and t.dtype == value.dtype
-        # one copy for the full chunk's extent, one for the remainder's
-        assert sorted(a.copy for a in placement.allocations if a.tile == t.name) == [0, 1]
-    # Chan's combine divides by the chunk's extent and fills its count with it
-    assert any(consts[ChunkValue.INVERSE_EXTENT].name in s.args for s in _steps(tk))
+    # Chan's combine scales each chunk's sum by 1 / its extent, and fills its count with the extent
+    [inverse] = tk.with_role(Role.CHUNK_CONSTANT)
+    assert inverse.chunk_value is ChunkValue.INVERSE_EXTENT and inverse.space == frozenset()
+    assert inverse.dtype == "fp32" and any(inverse.name in s.args for s in _steps(tk))
     assert any(s.kind == "fill" and s.value is ChunkValue.EXTENT for s in _steps(tk))
+    # one copy for the full chunk's extent, one for the remainder's
+    assert sorted(a.copy for a in placement.allocations if a.tile == inverse.name) == [0, 1]
+    # a chunked argmax advances the index of each chunk's first element by the chunk's extent
+    argmax = plan_kernel(row_reduce("argmax", (3, 300_000), -1, "fp32"), cores=1).plans.tile_kernel
+    [extent] = argmax.with_role(Role.CHUNK_CONSTANT)
+    assert (extent.chunk_value, extent.dtype) == (ChunkValue.EXTENT_INT, "int32")
     # two passes (the statistics, then the normalisation), each per group: init, chunks, epilogue;
     # the weight and bias vary over the reduced dim, so they stream with the second pass's chunks
     assert [p.kind for p in tk.phases] == [PhaseKind.INIT, PhaseKind.CHUNK, PhaseKind.EPILOGUE] * 2

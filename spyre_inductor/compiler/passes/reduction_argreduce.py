@@ -63,8 +63,8 @@ def accumulate(b, i, v: Reduction, arg: str, level: int) -> None:
     chunk.append(Step("binary", "add", start, (start, b.chunk_constant(ChunkValue.EXTENT_INT))))
     b.red_chunk[i] = chunk
     b.accs += [best, idx]
-    # ring: incoming (earlier indices) vs own (later): own wins only if strictly better or NaN over non-NaN
-    b.red_combine += take(b, b.landing(best), b.landing(idx), best, idx, vop, own_wins=True)
+    if b.mode == "ring":  # incoming (earlier indices) vs own (later): own wins only if strictly better or NaN
+        b.red_combine += take(b, b.landing(best), b.landing(idx), best, idx, vop, own_wins=True)
 
 
 def take(b, new_v, new_i, best, idx, vop, own_wins=False) -> list[Step]:

@@ -49,7 +49,7 @@ from .reduction_scan import ring_phases, scan
 from .reduction_space import AXES, canonical, check_walks, loads_and_stores
 from .reduction_steps import StepBuilder, fold_copies
 from .reduction_welford import exact
-from .tiles import ChunkValue, Combine, Phase, PhaseKind, Role, Tile, TileKernel
+from .tiles import Combine, Phase, PhaseKind, Role, Tile, TileKernel
 
 MODES = ("resident", "chunked", "ring")
 
@@ -182,15 +182,11 @@ def _assemble(b: StepBuilder, outer_map) -> ReductionLowering:
         phases = _passes(b)
         if b.mode == "ring":
             combine = Combine("ring", tuple(b.accs), tuple(b.red_combine))
-    if b.mode != "resident":  # the chunk-extent constants, for the full chunk and the remainder
-        for value in ChunkValue:
-            b.chunk_constant(value)
     setup = ()
     if b.once_loads:
         setup = (Phase(PhaseKind.SETUP, (), loads=tuple(b.once_loads),
                        reason="once per core: the loads no group changes"),)
-    landings = set(b.landings.values()) if combine is not None else set()
-    tiles = tuple(t for t in b.tiles.values() if t.role is not Role.RING_LANDING or t.name in landings)
+    tiles = _used(b.tiles.values(), tuple(b.constants), setup + tuple(phases), combine)
     notes = [f"{b.mode}: outer {list(b.outer)}, reduced extent {b.K}"]
     if b.looped:
         notes.append(f"looped over reduced dims {list(b.looped)} around each pass's chunks")
@@ -199,6 +195,16 @@ def _assemble(b: StepBuilder, outer_map) -> ReductionLowering:
     tk = TileKernel("reduction", AXES, tiles, tuple(b.constants), setup + tuple(phases), combine, tuple(notes))
     tk.check()
     return ReductionLowering(b.mode, b.outer, outer_map, b.K, b.looped, b.transposed, tk)
+
+
+def _used(tiles, constants, phases, combine) -> tuple[Tile, ...]:
+    """The tiles a step, a move, a constant fill or the combine uses, and the staging and landing
+    tiles that serve them: the copy folded into the step computing a stored value leaves that
+    step's temporary unused, and a load no pass needs is never moved."""
+    steps = [s for p in phases for s in p.steps] + list(combine.steps if combine else ())
+    used = {n for s in steps for n in (s.dst,) + s.args} | {t for t, _ in constants}
+    used |= {t for p in phases for t, _ in p.loads + p.stores} | set(combine.tiles if combine else ())
+    return tuple(t for t in tiles if t.name in used or (t.role is Role.STAGING and t.of in used))
 
 
 def _closure(b: StepBuilder, roots) -> list:

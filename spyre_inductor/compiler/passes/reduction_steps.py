@@ -13,7 +13,7 @@ they can run), and every step also goes to ``resident_steps`` in IR order
 A reduction's own steps are recorded apart: its accumulator fills
 (``red_init``), its per-chunk accumulation (``red_chunk``) and how two
 cores' partials combine (``red_combine``, reading the RING_LANDING tiles of
-its accumulators); welford's and argmax's forms are in their own modules.
+its accumulators: ring plans only); welford's and argmax's forms are in their own modules.
 
 Tiles a relayout passes through (reduction_space's transposed, gathered and
 packed-row moves) are STAGING tiles of the tile they serve, and constants
@@ -86,7 +86,7 @@ class StepBuilder:
         return self.chunk_consts[value]
 
     def landing(self, acc: str) -> str:
-        """The tile a neighbour core's partial of `acc` lands in (ring plans only keep them)."""
+        """The tile a neighbour core's partial of `acc` lands in (ring plans)."""
         if acc not in self.landings:
             t = self.tiles[acc]
             self.landings[acc] = self.new(t.dtype, t.space, Role.RING_LANDING, of=acc)
@@ -193,7 +193,8 @@ class StepBuilder:
         self.red_init[i] = [Step("fill", "fill", t, value=identity(op, dtype))]
         self.red_chunk[i] = [Step("reduce", op, t, (arg,), accumulate=True)]
         self.accs.append(t)
-        self.red_combine.append(Step("binary", COMBINE[op], t, (self.landing(t), t)))
+        if self.mode == "ring":
+            self.red_combine.append(Step("binary", COMBINE[op], t, (self.landing(t), t)))
 
     def _of_a_constant(self, i, v: Reduction, arg: str) -> None:
         """A reduction of a value that does not vary over the reduced dim (an argmax over a dim

@@ -79,7 +79,8 @@ def accumulate(b, i, v: Reduction, arg: str, level: int) -> None:
         chunk += chan(b, M, M2, W, mc, m2c, n_tile)
         b.red_chunk[i] = chunk
         b.accs += [M, M2, W]
-        b.red_combine += chan(b, M, M2, W, b.landing(M), b.landing(M2), b.landing(W))
+        if b.mode == "ring":
+            b.red_combine += chan(b, M, M2, W, b.landing(M), b.landing(M2), b.landing(W))
     M, M2, W = b.shared[key]
     b.vtile[i] = {"welford_mean": M, "welford_m2": M2, "welford_weight": W}[v.op]
 
