@@ -36,7 +36,7 @@ from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import BufferLayout, plan_layout
 from .passes.plans import Division, Plans
-from .passes.reduction_division import ReductionPlans, plan_reduction
+from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
 from .passes.scratchpad import plan_scratchpad
 from .passes.tiling import BUFFER_CHOICES, TARGETS, plan_tiling
@@ -51,7 +51,7 @@ COMPILER_VERSION = "spyre-3"  # 1: pointwise, 2: phased plans, 3: reductions
 
 @dataclass(frozen=True)
 class Compiled:
-    plans: Plans | ReductionPlans  # the reductions' own until they are ported onto plans.Plans
+    plans: Plans
     program: Program
 
 
@@ -135,17 +135,11 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
 
 
 def _plan_reduction(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
-    """Reductions (issue 8): passes/reduction_*.py choose resident / chunked / ring plans by the timing model."""
+    """Reductions and scans (passes/reduction_*.py): resident / chunked / ring plans chosen by the
+    timing model; the kept program is validated once there."""
     kwargs = {} if estimate is None else {"estimate": estimate}
-    low, plan, division, program = plan_reduction(kernel, cores=cores, max_cores=max_cores, **kwargs)
-    try:
-        validate(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
-    stored = set(kernel.outputs)
-    buffers = tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
-                                 tuple(b.strides), b.offset) for b in kernel.buffers)
-    return Compiled(ReductionPlans(low, plan, division, buffers), program)
+    plans, program = reduction_plan(kernel, cores=cores, max_cores=max_cores, **kwargs)
+    return Compiled(plans, program)
 
 
 def artifact_key(kernel: Kernel, cores: int | None = None, max_cores: int | None = None) -> str:
