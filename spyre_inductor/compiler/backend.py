@@ -38,7 +38,7 @@ from .passes.layout import BufferLayout, plan_layout
 from .passes.matmul import plan_matmul
 from .passes.minimum import minimum_traffic
 from .passes.plans import Division, Plans
-from .passes.reduction_division import ReductionPlans, plan_reduction
+from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
 from .passes.scratchpad import plan_scratchpad
 from .passes.tiling import BUFFER_CHOICES, TARGETS, plan_tiling
@@ -53,7 +53,7 @@ COMPILER_VERSION = "spyre-4"  # 1: pointwise, 2: phased plans, 3: reductions, 4:
 
 @dataclass(frozen=True)
 class Compiled:
-    plans: Plans | ReductionPlans  # the reductions' own until they are ported onto plans.Plans
+    plans: Plans
     program: Program
 
 
@@ -107,7 +107,15 @@ def _plan(kernel: Kernel, *, cores: int | None = None, max_cores: int | None = N
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
     if isinstance(kernel, MatmulKernel) and 0 not in kernel.reduction_ranges:
-        return plan_matmul(kernel, cores=cores, max_cores=max_cores)
+        try:
+            return plan_matmul(kernel, cores=cores, max_cores=max_cores)
+        except Unsupported as declined:
+            # what the PE plans cannot take (a prologue, operands walking several row dims) is still
+            # a reduction: the dot is a sum of products, planned on the special-function pipeline
+            try:
+                return _plan_reduction(kernel, cores, max_cores, estimate)
+            except Unsupported as e:
+                raise Unsupported(f"{declined}; as a reduction: {e}") from e
     if kernel.reduction_ranges:
         if 0 in kernel.reduction_ranges:
             # an empty reduced dim: every reduction is its identity, the rest is pointwise
@@ -150,17 +158,11 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
 
 
 def _plan_reduction(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
-    """Reductions (issue 8): passes/reduction_*.py choose resident / chunked / ring plans by the timing model."""
+    """Reductions and scans (passes/reduction_*.py): resident / chunked / ring plans chosen by the
+    timing model; the kept program is validated once there."""
     kwargs = {} if estimate is None else {"estimate": estimate}
-    low, plan, division, program = plan_reduction(kernel, cores=cores, max_cores=max_cores, **kwargs)
-    try:
-        validate(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
-    stored = set(kernel.outputs)
-    buffers = tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
-                                 tuple(b.strides), b.offset) for b in kernel.buffers)
-    return Compiled(ReductionPlans(low, plan, division, buffers), program)
+    plans, program = reduction_plan(kernel, cores=cores, max_cores=max_cores, **kwargs)
+    return Compiled(plans, program)
 
 
 def artifact_key(kernel: Kernel, cores: int | None = None, max_cores: int | None = None) -> str:

@@ -571,7 +571,7 @@ class _Replay:
         r.compute_ns = dict(compute)
 
 
-def estimate(program, hardware=None, replicas: int = 1, validate: bool = True) -> Report:
+def estimate(program, hardware=None, replicas: int = 1, *, check: bool = True) -> Report:
     """The simulated cost of `program` without computing its results (for planners choosing between plans).
 
     replicas=N: `program` holds one core's share of a plan whose N cores all run the same
@@ -580,8 +580,9 @@ def estimate(program, hardware=None, replicas: int = 1, validate: bool = True) -
     last share it is the time of the larger shares. Planners use it to compare candidates;
     a launched program is always timed whole.
 
-    validate=False: a planner timing a candidate it will not keep as built (the kept program is
-    built again and validated); a malformed candidate then fails in the replay, not by name.
+    check=False: a planner's candidate, only timed and never launched, is not validated (the
+    plan it stands for is checked by the planner's verifier, and the program kept is validated
+    once); a malformed one fails in the replay instead of with validate()'s named error.
     """
     from ..hardware import HARDWARE
     from .execute import Machine
@@ -595,7 +596,7 @@ def estimate(program, hardware=None, replicas: int = 1, validate: bool = True) -
     # failure deep in the replay; validated once per program, as for a launch.
     from .validate import validate_once
 
-    if validate:
+    if check:
         validate_once(program)
     Machine(program, {}, hw.scratchpad_bytes, timing, functional=False).run()
     return timing.finish()

@@ -1,7 +1,7 @@
 """cumsum and cumprod compile to spyre programs (issue 9), and so do integer and bool
 reductions and scans.
 
-A scan is a full-space value in the reduction planner (reduction_lowering.py):
+A scan is a full-space value in the reduction planner (reduction_scan.py):
 the sfp's ``scan`` runs the inclusive prefix along tile rows; over resident
 rows once, and when a row does not fit, chunk after chunk in order with an
 fp32 carry column that continues each row's prefix. A scan over dim 0 loads
@@ -155,14 +155,14 @@ def cumsum_kernel(shape, dim=-1, dtype="fp32", op="sum"):
 
 def test_resident_rows_are_read_once_and_written_once():
     c = plan_kernel(cumsum_kernel((512, 1024), -1, "fp16"))
-    assert c.plans.plan.mode == "resident"
+    assert c.plans.stage("plan").mode == "resident"
     r = estimate(c.program)
     assert r.bytes_read == r.bytes_written == 512 * 1024 * 2
 
 
 def test_rows_that_do_not_fit_are_scanned_chunk_after_chunk_with_a_carry():
     c = plan_kernel(cumsum_kernel((3, 300_000), -1, "fp32"), cores=1)  # one core: no ring split
-    plan = c.plans.plan
+    plan = c.plans.stage("plan")
     assert plan.mode == "chunked" and plan.passes == 1  # the carry makes one pass enough
     r = estimate(c.program)
     assert r.bytes_read == r.bytes_written == 3 * 300_000 * 4
@@ -172,7 +172,7 @@ def test_a_long_row_is_split_over_cores_and_read_once():
     """Too few rows for the cores: each core reduces its slice to a total, the totals travel the
     ring as running prefixes, and each core scans its slice from the prefix it received."""
     c = plan_kernel(cumsum_kernel((1, 1 << 20), -1, "fp16"))
-    assert c.plans.plan.mode == "ring" and c.plans.division.cores == 32
+    assert c.plans.stage("plan").mode == "ring" and c.plans.division.cores == 32
     r = estimate(c.program)
     assert r.bytes_read == r.bytes_written == (1 << 20) * 2 and r.ring_bytes > 0
     assert r.roofline_us / r.simulated_us >= 0.85
@@ -181,12 +181,12 @@ def test_a_long_row_is_split_over_cores_and_read_once():
 def test_a_float_cumprod_is_not_split_over_cores():
     # its slices' products, reduced in one go, would drift from eager's double-accumulated prefix
     c = plan_kernel(cumsum_kernel((1, 1 << 18), -1, "fp32", op="prod"))
-    assert c.plans.plan.mode != "ring"
+    assert c.plans.stage("plan").mode != "ring"
 
 
 def test_cumsum_over_dim0_scans_transposed_tiles():
     c = plan_kernel(cumsum_kernel((512, 1024), 0, "fp16"))
-    assert c.plans.lowering.transposed
+    assert c.plans.stage("lowering").transposed
     r = estimate(c.program)
     assert r.bytes_read == r.bytes_written == 512 * 1024 * 2
 
@@ -225,7 +225,7 @@ def test_a_scan_recomputed_in_a_later_pass_restarts_its_carry(tmp_path):
     s = b._add(Scan("sum", b.load("x", [cols, 1]), "fp32"))
     b.store("out", b.op("truediv", s, b.reduce("sum", s)), [cols, 1])
     k = b.build()
-    assert plan_kernel(k, cores=1).plans.plan.passes == 2
+    assert plan_kernel(k, cores=1).plans.stage("plan").passes == 2
     x = _data(BIG).abs() + 0.1  # positive: no cancellation in the total
     _, got = _run(k, tmp_path, x, torch.empty_like(x), cores=1)
     y = torch.cumsum(x.double(), -1)

@@ -10,13 +10,14 @@ from reduction_ir import layer_norm_kernel, row_reduce, softmax_kernel
 from spyre_inductor.compiler.backend import plan_kernel
 from spyre_inductor.compiler.errors import PlanError
 from spyre_inductor.compiler.passes.reduction_plan import verify_reduction
+from spyre_inductor.compiler.passes.tiles import Role
 from spyre_runtime.program.timing import estimate
 
 
 def test_softmax_512x1024_fp16_reads_the_input_once_and_writes_the_output_once():
     c = plan_kernel(softmax_kernel((512, 1024), "fp16"))
     r = estimate(c.program)
-    assert c.plans.plan.mode == "resident" and c.plans.plan.passes == 1
+    assert c.plans.stage("plan").mode == "resident" and c.plans.stage("plan").passes == 1
     assert r.bytes_read == 512 * 1024 * 2      # whole sticks, each once
     assert r.bytes_written == 512 * 1024 * 2
     assert r.efficiency > 0.9
@@ -26,7 +27,7 @@ def test_layer_norm_4096_fp16_reads_the_input_once_and_writes_the_output_once():
     c = plan_kernel(layer_norm_kernel((4096, 4096), "fp16"))
     r = estimate(c.program)
     cores = c.plans.division.cores
-    assert c.plans.plan.mode == "resident" and c.plans.plan.passes == 1
+    assert c.plans.stage("plan").mode == "resident" and c.plans.stage("plan").passes == 1
     # x once; weight and bias once per core (pinned in scratchpad for all of its rows)
     assert r.bytes_read == 4096 * 4096 * 2 + cores * 2 * 4096 * 2
     assert r.bytes_written == 4096 * 4096 * 2
@@ -36,7 +37,7 @@ def test_layer_norm_4096_fp16_reads_the_input_once_and_writes_the_output_once():
 def test_full_reduction_is_split_across_cores_over_the_ring():
     c = plan_kernel(row_reduce("sum", (1 << 20,), 0, "fp32"))
     r = estimate(c.program)
-    assert c.plans.plan.mode == "ring" and c.plans.division.cores > 1
+    assert c.plans.stage("plan").mode == "ring" and c.plans.division.cores > 1
     assert r.ring_bytes > 0
     assert all(s.role != "temp" for s in c.program.symbols)  # partials never touch device memory
     assert r.bytes_written == 128                              # one stick: the scalar result
@@ -44,28 +45,29 @@ def test_full_reduction_is_split_across_cores_over_the_ring():
 
 def test_rows_that_do_not_fit_make_passes_and_say_why():
     c = plan_kernel(softmax_kernel((3, 300_000), "fp32"))
-    plan = c.plans.plan
+    plan = c.plans.stage("plan")
     assert plan.mode == "chunked" and plan.passes == 3
     assert "level-1" in plan.pass_reasons[0] and "level-2" in plan.pass_reasons[1]
     assert "epilogue" in plan.pass_reasons[2]
     r = estimate(c.program)
     assert r.bytes_read >= 3 * 3 * 300_000 * 4 and r.bytes_written == 3 * 300_000 * 4
     c = plan_kernel(layer_norm_kernel((3, 300_000), "fp32"))
-    assert c.plans.plan.passes == 2  # Chan-combined welford in one pass, the normalisation in another
+    assert c.plans.stage("plan").passes == 2  # Chan-combined welford in one pass, the normalisation in another
 
 
 def test_sum_over_dim0_reduces_transposed_tiles():
     c = plan_kernel(row_reduce("sum", (512, 1024), 0, "fp16"))
-    assert c.plans.lowering.transposed
+    assert c.plans.stage("lowering").transposed
     assert estimate(c.program).bytes_read == 512 * 1024 * 2
 
 
 def test_the_verifier_rejects_overlapping_accumulators():
     c = plan_kernel(softmax_kernel((64, 256), "fp32"))
-    plan, low = c.plans.plan, c.plans.lowering
-    accs = [a for a in plan.allocations if a.tile.startswith("r")]
-    bad = replace(plan, allocations=tuple(replace(a, offset=accs[0].offset) if a is accs[1] else a
-                                          for a in plan.allocations))
+    plan, low = c.plans.stage("plan"), c.plans.stage("lowering")
+    tk = c.plans.tile_kernel
+    accs = [a for a in plan.placement.allocations if tk.tile(a.tile).role is Role.ACCUMULATOR]
+    bad = replace(plan, placement=replace(plan.placement, allocations=tuple(
+        replace(a, offset=accs[0].offset) if a is accs[1] else a for a in plan.placement.allocations)))
     with pytest.raises(PlanError, match="overlap"):
         verify_reduction(bad, low)
 
@@ -78,7 +80,8 @@ def test_an_int64_constant_beyond_int32_stays_int64_not_wrapped():
                         (Load("x", Index((64, 1)), "int64"), Constant(2 ** 40, "int64"),
                          Op("mul", (0, 1), "int64"), Reduction("sum", 2, "int64")),
                         (Store("out", Index((1, 0)), 3),), (64,))
-    low = plan_kernel(k).plans.lowering
-    [(name, value)] = low.constants
-    assert value == 2 ** 40 and low.tile(name).dtype == "int64"
-    assert all(t.dtype == "int64" for t in low.tiles if t.role in ("acc", "work"))  # exact: nothing narrowed
+    tk = plan_kernel(k).plans.tile_kernel
+    [(name, value)] = tk.constants
+    assert value == 2 ** 40 and tk.tile(name).dtype == "int64"
+    assert all(t.dtype == "int64" for t in tk.tiles  # exact: nothing narrowed
+               if t.role in (Role.ACCUMULATOR, Role.CARRY, Role.TEMPORARY))

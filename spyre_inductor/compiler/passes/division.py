@@ -84,12 +84,12 @@ def divide(tiling: TilePlan, cores: int, dim: int | None = None, granule: int | 
     return Division(len(shares), _split(dim, granule), (), "", tuple(shares))
 
 
-def simulated_ns(program, replicas: int = 1, validate: bool = True) -> float:
+def simulated_ns(program, replicas: int = 1, check: bool = True) -> float:
     """The timing model's estimate of one program (the one place division asks it); see
     timing.estimate for `replicas` (one core's program standing for that many in step)."""
     from spyre_runtime.program.timing import estimate
 
-    return estimate(program, HARDWARE, replicas, validate=validate).simulated_ns
+    return estimate(program, HARDWARE, replicas, check=check).simulated_ns
 
 
 def representative(build: Callable[[Division], object]):

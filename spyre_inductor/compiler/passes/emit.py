@@ -56,13 +56,9 @@ _env.filters["brief"] = _brief
 _env.filters["step"] = _step
 
 
-def _summary(plans):
-    """(template, context) of summary.txt: one template for every family's Plans. The reduction
-    family's plans (reduction_division.ReductionPlans) bring their own until they are Plans too."""
-    if isinstance(plans, Plans):
-        return "summary.txt.j2", dict(plans=plans)
-    template, context = plans.summary_context()
-    return template, context
+def _summary(plans: Plans):
+    """(template, context) of summary.txt: one template for every family's Plans."""
+    return "summary.txt.j2", dict(plans=plans)
 
 
 def launch_args(kernel: Kernel, buffers) -> list[dict]:

@@ -87,12 +87,12 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
                 return None
             program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
                                            share=tiling.share)
-            ns = estimate(program) if estimate is not None else simulated_ns(program, validate=False)
+            ns = estimate(program) if estimate is not None else simulated_ns(program, check=False)
         else:
             program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
                                            blocks=grid.blocks[:1])
             ns = (estimate(program) if estimate is not None
-                  else simulated_ns(program, grid.cores, validate=False))
+                  else simulated_ns(program, grid.cores, check=False))
         label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
                  f"{tiling.label}")
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))

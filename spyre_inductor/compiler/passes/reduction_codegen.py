@@ -1,29 +1,33 @@
-"""Instruction selection for reduction kernels: lowering + plan + division -> one Program.
+"""Instruction selection for reduction kernels: lowering (its tile kernel) + plan + shares -> one Program.
 
 Per core (units ls and sfp, queues as in emitter.pipeline):
 
 * "resident": groups of G rows stream through ``buffers`` copies with
-  emitter.pipeline (load group t, sfp runs every step of every pass on
-  it, store its F outputs and its O outputs; load group t + 2), inside the
+  emitter.pipeline (load group t, sfp runs the chunk phase's steps on it,
+  store its full-space and per-row outputs; load group t + 2), inside the
   loops of the other outer dims. Each input byte is read once.
-* "chunked": per group, per pass, the group's chunks stream through the
-  pipeline (reductions accumulate into pinned O tiles, scans carry their
-  last column), inside counted loops over any looped reduced dims; after the last pass
-  the sfp computes the O epilogue and hands the O outputs to ls over
-  ofull/ofree (ls primes ofree, so the sfp never overwrites a column whose
-  store is in flight).
+* "chunked": per group, per pass, the init phase's fills, then the group's
+  chunks stream through the pipeline (reductions accumulate into pinned
+  per-row tiles, scans carry their last column), inside counted loops over
+  any looped reduced dims, then the pass's epilogue; the last epilogue hands
+  the per-row outputs to ls over ofull/ofree (ls primes ofree, so the sfp
+  never overwrites a column whose store is in flight).
 * "ring": each core streams its slice of the reduced dim (one group: all
   outer elements), then the partial accumulators travel 0 -> 1 -> ... ->
-  n-1: core c pops ring<c-1> (core c-1 Sent its partials into c's in:
-  tiles), combines them with its own (the incoming are the earlier indices:
-  they win argmax ties) and Sends on; the last core runs the epilogue and
-  stores. No device temporaries. A kernel of scans keeps each core's slice
-  resident instead: the slice's totals travel as running prefixes, and each
-  core scans from the prefix it received and stores its slice.
+  n-1: core c pops ring<c-1> (core c-1 Sent its partials into c's
+  RING_LANDING tiles), runs the combine (the incoming are the earlier
+  indices: they win argmax ties) and Sends on; the last core runs the last
+  epilogue and stores. No device temporaries. A kernel of scans keeps each
+  core's slice resident instead: the slice's totals travel as running
+  prefixes, and each core scans from the prefix it received and stores its slice.
 
-O outputs are columns [G, 1] (one stick per row); ls transposes them into a
-[1, G] row on chip before the store when the output is contiguous along o,
-so the store moves packed sticks.
+The setup phase's loads (what no group changes) run once per core, before
+any group. Per-row outputs are columns [G, 1] (one stick per row); ls
+transposes them into their packed-row STAGING tile on chip before the store
+when the output is contiguous along o, so the store moves packed sticks.
+CHUNK_CONSTANT tiles are filled once per core for the full chunk (copy 0)
+and the remainder (copy 1); a step reading one reads the copy of the chunk
+it runs on.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
 from ..kernel_ir import ReductionKernel
-from .reduction_lowering import RAccess, ReductionLowering
+from .reduction_argreduce import SliceValue
+from .reduction_lowering import ReductionLowering
 from .reduction_plan import ReductionPlan, streamed
+from .reduction_space import ALONG_REDUCED, FULL, OUTER, PER_ROW, REDUCED, SCALAR, Access
+from .tiles import ChunkValue, Relayout, Role, broadcast_of
 
 
 @dataclass(frozen=True)
@@ -93,39 +100,41 @@ class _Core:
     # ---- operands -------------------------------------------------------------------
 
     def sizes(self, space, g, kc):
-        return {"F": (g, kc), "O": (g, 1), "R": (1, kc), "S": (1, 1)}[space]
+        return (g if OUTER in space else 1, kc if REDUCED in space else 1)
 
-    def resolve(self, name, ksize):
-        if name.startswith("@"):
-            return f"{name}#{'rem' if ksize else 'full'}"
-        return name
+    def alloc(self, name, copy, ksize=None):
+        """The allocation a step or move of tile `name` uses: stream buffer `copy` of a streamed
+        tile, the full or remainder copy (ksize: the remainder's extent) of a chunk constant."""
+        t = self.low.tile(name)
+        if t.role is Role.CHUNK_CONSTANT:
+            return self.plan.at(name, 1 if ksize else 0)
+        return self.plan.at(name, copy if streamed(self.low, name) else None)
 
-    def alloc(self, name, copy):
-        plan = self.plan
-        base = name[3:] if name.startswith("in:") else name
-        if name.startswith("@") or name.startswith("in:"):
-            return plan.at(name, None)
-        return plan.at(name, copy if streamed(self.low, base) else None)
+    def staging(self, name, relayout, copy):
+        [st] = [s for s in self.low.tile_kernel.serving(name, Role.STAGING) if s.relayout is relayout]
+        return self.alloc(st.name, copy)
+
+    def landing(self, name):
+        [t] = self.low.tile_kernel.serving(name, Role.RING_LANDING)
+        return self.plan.at(t.name)
 
     def space(self, name):
-        if name.startswith("@"):
-            return "S"
-        return self.low.tile(name[3:] if name.startswith("in:") else name).space
+        return self.low.tile(name).space
 
-    def dtype(self, name):
-        if name.startswith("@"):
-            return "int32" if name.startswith("@n_i") else "fp32"
-        return self.low.tile(name[3:] if name.startswith("in:") else name).dtype
-
-    def tile(self, u, name, copy, rows, cols, dst_space=None):
-        a = self.alloc(name, copy)
+    def tile(self, u, name, copy, rows, cols, dst_space=None, ksize=None):
+        a = self.alloc(name, copy, ksize)
         sp = self.space(name)
         bc = "none"
-        if dst_space is not None and sp != dst_space:
-            bc = {"O": "cols", "R": "rows", "S": "scalar"}[sp]
-        elif sp == "S" and (rows, cols) != (1, 1):
-            bc = "scalar"
-        return u.tile(a.offset, self.dtype(name), rows, cols, a.row_stride, bc)
+        if (dst_space is not None and sp != dst_space) or (sp == SCALAR and (rows, cols) != (1, 1)):
+            bc = broadcast_of(sp, OUTER, REDUCED)
+        return u.tile(a.offset, self.low.tile(name).dtype, rows, cols, a.row_stride, bc)
+
+    def fill_value(self, value, kc):
+        if isinstance(value, ChunkValue):
+            return value.at(kc)
+        if value is SliceValue.START:
+            return self.share.k0
+        return value
 
     def steps(self, u, steps, copy, g, ksize):
         kc = ksize or self.kc
@@ -133,8 +142,8 @@ class _Core:
             dsp = self.space(st.dst)
             rows, cols = self.sizes(dsp, g, kc)
             dst = self.tile(u, st.dst, copy, rows, cols)
-            if st.kind == "reduce":  # src [g, kc] (an R source is broadcast over the rows)
-                src = self.tile(u, st.args[0], copy, g, kc, "F")
+            if st.kind == "reduce":  # src [g, kc] (an along-reduced source is broadcast over the rows)
+                src = self.tile(u, st.args[0], copy, g, kc, FULL)
                 u.emit(Reduce(st.op, dst, src, accumulate=st.accumulate))
                 continue
             if st.kind == "scan":  # src [g, kc]; carry [g, 1] when chunked
@@ -142,7 +151,7 @@ class _Core:
                 carry = self.tile(u, st.args[1], copy, g, 1) if len(st.args) > 1 else None
                 u.emit(Scan(st.op, dst, src, carry))
                 continue
-            args = [self.tile(u, self.resolve(a, ksize), copy, rows, cols, dsp) for a in st.args]
+            args = [self.tile(u, a, copy, rows, cols, dsp, ksize) for a in st.args]
             if st.kind == "unary":
                 u.emit(Unary(st.op, dst, args[0]))
             elif st.kind == "binary":
@@ -150,16 +159,11 @@ class _Core:
             elif st.kind == "select":
                 u.emit(Select(dst, *args))
             else:  # fill
-                value = st.value
-                if value == "@n":
-                    value = float(kc)
-                elif st.dst.startswith("base"):
-                    value = self.share.k0
-                u.emit(Fill(dst, value))
+                u.emit(Fill(dst, self.fill_value(st.value, kc)))
 
     # ---- device addresses ----------------------------------------------------------------
 
-    def element(self, a: RAccess, group, chunk) -> Aff:
+    def element(self, a: Access, group, chunk) -> Aff:
         """Element index of the access at a tile's origin (affine in the loop counters)."""
         s = self.share
         value = Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(len(s.starts))), 0)
@@ -170,14 +174,14 @@ class _Core:
             value = value + c * stride
         return value + (s.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
 
-    def dev(self, u, a: RAccess, group, chunk):
+    def dev(self, u, a: Access, group, chunk):
         return u.dev(a.buffer, self.element(a, group, chunk) * ITEMSIZE[a.dtype])
 
-    def o_stride(self, a: RAccess) -> int:
+    def o_stride(self, a: Access) -> int:
         """The access's stride along the innermost outer dim (0 for a full reduction)."""
         return a.outer_strides[self.odim] if a.outer_strides else 0
 
-    def _element_rows(self, u, a: RAccess, element, dst, row_stride, rows, kc, col, store: bool):
+    def _element_rows(self, u, a: Access, element, dst, row_stride, rows, kc, col, store: bool):
         """`rows` tile rows of kc elements strided by r_stride in device memory (rows apart by
         the innermost outer stride), one element per stick through the [kc, 1] column `col`:
         gathered (load, then transpose into row i of the tile at `dst`) or scattered (the reverse)."""
@@ -192,7 +196,7 @@ class _Core:
             else:
                 u.emit(Load(u.sp(col.offset), dev, kc, isz, stride, STICK), Transpose(row, column))
 
-    def gather(self, u, a: RAccess, element, dst, row_stride, rows, kc, col):
+    def gather(self, u, a: Access, element, dst, row_stride, rows, kc, col):
         self._element_rows(u, a, element, dst, row_stride, rows, kc, col, store=False)
 
     def load_f(self, u, tile, a, copy, g, kc, group, chunk):
@@ -200,13 +204,13 @@ class _Core:
         al = self.alloc(tile, copy)
         src = self.dev(u, a, group, chunk)
         if a.gathered:
-            rows = 1 if self.low.tile(tile).space == "R" else g
+            rows = 1 if self.low.tile(tile).space == ALONG_REDUCED else g
             self.gather(u, a, self.element(a, group, chunk), al.offset, al.row_stride, rows, kc,
-                        self.plan.at(f"{tile}^col", copy))
-        elif self.low.tile(tile).space == "R":
+                        self.staging(tile, Relayout.GATHERED, copy))
+        elif self.low.tile(tile).space == ALONG_REDUCED:
             u.emit(Load(u.sp(al.offset), src, 1, kc * isz, 0, al.row_stride))
         elif a.transposed:
-            st = self.plan.at(f"{tile}^T", copy)
+            st = self.staging(tile, Relayout.TRANSPOSED, copy)
             u.emit(Load(u.sp(st.offset), src, kc, g * isz, a.r_stride * isz if kc > 1 else 0, st.row_stride),
                    Transpose(u.tile(al.offset, a.dtype, g, kc, al.row_stride),
                              u.tile(st.offset, a.dtype, kc, g, st.row_stride)))
@@ -220,9 +224,9 @@ class _Core:
         dst = self.dev(u, a, group, chunk)
         if a.gathered:  # scattered: the mirror image of a gathered load
             self._element_rows(u, a, self.element(a, group, chunk), al.offset, al.row_stride, g, kc,
-                               self.plan.at(f"{tile}^col", copy), store=True)
+                               self.staging(tile, Relayout.GATHERED, copy), store=True)
         elif a.transposed:
-            st = self.plan.at(f"{tile}^T", copy)
+            st = self.staging(tile, Relayout.TRANSPOSED, copy)
             u.emit(Transpose(u.tile(st.offset, a.dtype, kc, g, st.row_stride),
                              u.tile(al.offset, a.dtype, g, kc, al.row_stride)),
                    Store(dst, u.sp(st.offset), kc, g * isz, a.r_stride * isz if kc > 1 else 0, st.row_stride))
@@ -236,7 +240,7 @@ class _Core:
         src = self.dev(u, a, group, 0)
         o = self.o_stride(a)
         if o == 1 and g > 1:
-            row = self.plan.at(f"{tile}^row", copy if streamed(self.low, tile) else None)
+            row = self.staging(tile, Relayout.ROW, copy)
             u.emit(Load(u.sp(row.offset), src, 1, g * isz, 0, row.row_stride),
                    Transpose(u.tile(al.offset, a.dtype, g, 1, STICK), u.tile(row.offset, a.dtype, 1, g, row.row_stride)))
         else:
@@ -248,7 +252,7 @@ class _Core:
         dst = self.dev(u, a, group, 0)
         o = self.o_stride(a)
         if o == 1 and g > 1:
-            row = self.plan.at(f"{tile}^row", copy if streamed(self.low, tile) else None)
+            row = self.staging(tile, Relayout.ROW, copy)
             u.emit(Transpose(u.tile(row.offset, a.dtype, 1, g, row.row_stride), u.tile(al.offset, a.dtype, g, 1, STICK)),
                    Store(dst, u.sp(row.offset), 1, g * isz, 0, row.row_stride))
         else:
@@ -256,22 +260,38 @@ class _Core:
 
     # ---- program -------------------------------------------------------------------------
 
+    def load(self, u, tile, a, copy, g, kc, group, chunk):
+        if self.space(tile) == PER_ROW:
+            self.load_o(u, tile, a, copy, g, group)
+        else:
+            self.load_f(u, tile, a, copy, g, kc, group, chunk)
+
+    def store(self, u, tile, a, copy, g, kc, group, chunk):
+        if self.space(tile) == PER_ROW:
+            self.store_o(u, tile, a, copy, g, group)
+        else:
+            self.store_f(u, tile, a, copy, g, kc, group, chunk)
+
     def build(self):
         low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
-        for t, v in low.constants:
+        tk = low.tile_kernel
+        for t, v in tk.constants:
             sfp.emit(Fill(self.tile(sfp, t, None, 1, 1), v))
-        if low.mode != "resident":
-            for size, n in (("full", self.kc), ("rem", self.krem or self.kc)):
-                for c, v, dt in (("@n", float(n), "fp32"), ("@inv_n", 1.0 / n, "fp32"), ("@n_i", n, "int32")):
-                    a = plan.at(f"{c}#{size}")
-                    sfp.emit(Fill(sfp.tile(a.offset, dt, 1, 1, STICK), v))
-        if low.once_loads:
-            for t, a in low.once_loads:
+        chunk_constants = {t.chunk_value: t for t in tk.with_role(Role.CHUNK_CONSTANT)}
+        for copy, n in ((0, self.kc), (1, self.krem or self.kc)):  # the full chunk, the remainder
+            for value in ChunkValue:
+                if value in chunk_constants:
+                    a = plan.at(chunk_constants[value].name, copy)
+                    sfp.emit(Fill(sfp.tile(a.offset, value.dtype, 1, 1, STICK), value.at(n)))
+        setup = low.setup
+        if setup is not None and setup.loads:
+            for t, a in setup.loads:
                 isz = ITEMSIZE[a.dtype]
                 al = self.alloc(t, None)
-                n = plan.chunk if low.tile(t).space == "R" else 1
+                n = plan.chunk if low.tile(t).space == ALONG_REDUCED else 1
                 if a.gathered:
-                    self.gather(ls, a, self.element(a, 0, 0), al.offset, al.row_stride, 1, n, plan.at(f"{t}^col"))
+                    self.gather(ls, a, self.element(a, 0, 0), al.offset, al.row_stride, 1, n,
+                                self.staging(t, Relayout.GATHERED, None))
                     continue
                 ls.emit(Load(ls.sp(al.offset), self.dev(ls, a, 0, 0) if n > 1 else ls.dev(a.buffer, a.offset * isz),
                              1, n * isz, 0, al.row_stride))
@@ -285,6 +305,12 @@ class _Core:
             self._ring()
         return {"ls": ls.instrs, "sfp": sfp.instrs}, self.queues
 
+    @property
+    def outer_stores(self):
+        """The per-row stores after the last pass (chunked and ring plans)."""
+        ep = self.low.passes[-1].epilogue
+        return ep.stores if ep is not None else ()
+
     def _outer_loops(self, stack):
         for d in self.loop_dims:
             self.counters[d] = stack.enter_context(self.ls.loop(self.share.counts[d]))
@@ -292,28 +318,22 @@ class _Core:
 
     def _resident(self):
         low, plan = self.low, self.plan
-        p = low.passes[0]
+        p = low.passes[0].chunk
         count = self.share.counts[self.odim]
         G = min(plan.group, count)
         tiles, rem = divmod(count, G)
         K = low.K
 
         def load(u, t, b, size):
-            g = size or G
-            for tile, a in low.group_loads:
-                self.load_o(u, tile, a, b, g, t)
             for tile, a in p.loads:
-                self.load_f(u, tile, a, b, g, K, t, 0)
+                self.load(u, tile, a, b, size or G, K, t, 0)
 
         def compute(u, t, b, size):
             self.steps(u, p.steps, b, size or G, None)
 
         def store(u, t, b, size):
-            g = size or G
             for tile, a in p.stores:
-                self.store_f(u, tile, a, b, g, K, t, 0)
-            for tile, a in low.outer_stores:
-                self.store_o(u, tile, a, b, g, t)
+                self.store(u, tile, a, b, size or G, K, t, 0)
 
         with ExitStack() as stack:
             self._outer_loops(stack)
@@ -321,15 +341,19 @@ class _Core:
                       phased=plan.buffers == 2)
 
     def _group(self, g, group):
-        """One group's passes (chunked and ring)."""
+        """One group's passes (chunked and ring), but for the last pass's epilogue (``_epilogue``)."""
         low, ls, sfp = self.low, self.ls, self.sfp
-        if low.group_loads:
-            for tile, a in low.group_loads:
+        passes = low.passes
+        group_loads = passes[0].init.loads if passes[0].init is not None else ()
+        if group_loads:
+            for tile, a in group_loads:
                 self.load_o(ls, tile, a, None, g, group)
             ls.emit(Push(self.qn["gl"]))
             sfp.emit(Pop(self.qn["gl"]))
-        for p in low.passes:
-            self.steps(sfp, p.init, None, g, None)
+        for k, ps in enumerate(passes):
+            p = ps.chunk
+            if ps.init is not None:
+                self.steps(sfp, ps.init.steps, None, g, None)
 
             def load(u, t, b, size, p=p):
                 for tile, a in p.loads:
@@ -349,26 +373,31 @@ class _Core:
                 pipeline(ls, sfp, self.chunks, self.krem, self.q, load, compute, store, self.plan.buffers,
                           phased=self.plan.buffers == 2)
             self.looped.clear()
-            self.steps(sfp, p.post, None, g, None)
+            if k < len(passes) - 1 and ps.epilogue is not None:
+                self.steps(sfp, ps.epilogue.steps, None, g, None)
 
     def _epilogue(self, g, group):
-        low, ls, sfp = self.low, self.ls, self.sfp
-        if low.outer_stores:
+        """The last pass's epilogue: the per-row epilogue, its outputs handed to ls and stored."""
+        ls, sfp = self.ls, self.sfp
+        ep = self.low.passes[-1].epilogue
+        stores = self.outer_stores
+        if stores:
             sfp.emit(Pop(self.qn["ofree"]))
-        self.steps(sfp, low.group_post, None, g, None)
-        if low.outer_stores:
+        if ep is not None:
+            self.steps(sfp, ep.steps, None, g, None)
+        if stores:
             sfp.emit(Push(self.qn["ofull"]))
             ls.emit(Pop(self.qn["ofull"]))
-            for tile, a in low.outer_stores:
+            for tile, a in stores:
                 self.store_o(ls, tile, a, None, g, group)
             ls.emit(Push(self.qn["ofree"]))
 
     def _chunked(self):
-        low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
+        plan, ls, sfp = self.plan, self.ls, self.sfp
         count = self.share.counts[self.odim]
         G = min(plan.group, count)
         groups, rem = divmod(count, G)
-        if low.outer_stores:
+        if self.outer_stores:
             ls.emit(Push(self.qn["ofree"]))
         with ExitStack() as stack:
             self._outer_loops(stack)
@@ -384,58 +413,58 @@ class _Core:
             if rem:
                 self._group(rem, Aff(groups))
                 self._epilogue(rem, Aff(groups))
-        if low.outer_stores:
+        if self.outer_stores:
             sfp.emit(Pop(self.qn["ofree"]))
 
     def _ring(self):
-        low, plan, ls, sfp = self.low, self.plan, self.ls, self.sfp
+        low, ls, sfp = self.low, self.ls, self.sfp
         c, g = self.share.core, self.share.counts[self.odim]
-        if low.after_ring:
+        if low.ring_scan:
             self._ring_scan(g)
             return
         self._group(g, Aff(0))
         if self.pos > 0:
             sfp.emit(Pop(f"ring{c - 1}"))
-            self.steps(sfp, low.combine, None, g, None)
+            self.steps(sfp, low.combine.steps, None, g, None)
         self._send_on()
         if self.pos == self.last:
-            if low.outer_stores:
+            if self.outer_stores:
                 ls.emit(Push(self.qn["ofree"]))
             self._epilogue(g, Aff(0))
-            if low.outer_stores:
+            if self.outer_stores:
                 sfp.emit(Pop(self.qn["ofree"]))
 
     def _send_on(self):
-        """Hand this core's accumulators to the next core's in: tiles (not from the last core)."""
+        """Hand this core's accumulators to the next core's ring landing tiles (not from the last core)."""
         low, plan, ls, sfp, c = self.low, self.plan, self.ls, self.sfp, self.share.core
         if self.pos < self.last:
             sfp.emit(Push(self.qn["ready"]))
             ls.emit(Pop(self.qn["ready"]))
-            for acc in low.accumulators:
-                a, dst = plan.at(acc), plan.at(f"in:{acc}")
+            for acc in low.combine.tiles:
+                a, dst = plan.at(acc), self.landing(acc)
                 ls.emit(Send(c + 1, Addr(dst.offset), Addr(a.offset), a.nbytes))
             ls.emit(Push(f"ring{c}"))
             self.queues.append(Queue(f"ring{c}", (c, "ls"), (c + 1, "sfp"), 1))
 
     def _ring_scan(self, g):
-        """Ring mode for scans (reduction_lowering.py): the slice [g, kn] resident and reduced to
-        its total; the prefix of the earlier cores arrives, travels on, and starts the scan."""
+        """Ring mode for scans (reduction_scan.py): the slice [g, kn] resident and reduced to its
+        total; the prefix of the earlier cores arrives, travels on, and starts the scan."""
         low, ls, sfp, c, kn = self.low, self.ls, self.sfp, self.share.core, self.share.kn
-        p = low.passes[0]
-        for tile, a in p.loads:
+        chunk, epilogue = low.passes[0].chunk, low.passes[0].epilogue
+        for tile, a in chunk.loads:
             self.load_f(ls, tile, a, 0, g, kn, Aff(0), Aff(0))
         ls.emit(Push(self.qn["gl"]))
         sfp.emit(Pop(self.qn["gl"]))
-        self.steps(sfp, p.steps, 0, g, None)   # each carry: this slice's total
+        self.steps(sfp, chunk.steps, 0, g, None)   # each carry: this slice's total
         if self.pos > 0:
             sfp.emit(Pop(f"ring{c - 1}"))
-            self.steps(sfp, low.combine, None, g, None)   # carry = prefix through this core
+            self.steps(sfp, low.combine.steps, None, g, None)   # carry = prefix through this core
         self._send_on()
-        after = low.after_ring
+        after = epilogue.steps
         if self.pos == 0:  # nothing came before core 0: its scans start from the identity
             after = tuple(replace(st, args=st.args[:1]) if st.kind == "scan" else st for st in after)
         self.steps(sfp, after, 0, g, None)
         sfp.emit(Push(self.qn["ofull"]))
         ls.emit(Pop(self.qn["ofull"]))
-        for tile, a in p.stores:
+        for tile, a in epilogue.stores:
             self.store_f(ls, tile, a, 0, g, kn, Aff(0), Aff(0))

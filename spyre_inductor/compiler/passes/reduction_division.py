@@ -1,8 +1,11 @@
 """Reduction planning end to end: mode, tile shape, buffers and core division, chosen by the timing model.
 
-Candidates, each emitted and run through ``timing.estimate`` (the fastest
-wins; a candidate within division.TIE / TIE_NS of it with fewer cores wins
-over it):
+``plan(kernel)`` returns the kernel's ``Plans`` (family "reduction": the
+tile kernel, the stages "lowering" and "plan", the scratchpad placement
+and the division with the candidates it compared) and its validated
+program. Candidates (search.py's search: each variant at the most cores,
+then the best from the most cores down; search.choose keeps the fastest,
+fewer cores winning ties):
 
 * outer split: the outer elements are divided over cores along the outer
   dim with the most units (granule one row, or a stick of elements when
@@ -15,8 +18,18 @@ over it):
   no full-size epilogue: the reduced dim is divided over cores and the
   partials meet over the ring.
 
-For each: tile targets tiling.TARGETS bytes per streamed tile, 2 (phased)
-or 3 (streaming) buffers, and core counts 1, 2, 4, ... 32.
+For each: tile targets tiling.TARGETS bytes per streamed tile, 3
+(streaming) or 2 (phased) buffers, and core counts 1, 2, 4, ... 32.
+
+What planning builds: an outer split's cores run one program on their own
+rows, so a candidate is timed by its first core (the largest share) as
+that many cores in step (timing.estimate's replicas), a one-core program;
+ring cores differ (each combines what the one before sent it), so a ring
+candidate is built and timed whole. A candidate whose plan is identical to
+one already timed (a tile target larger than a core's rows) reuses that
+time. No candidate's program is validated: the one kept is built whole
+once (or is the whole program its candidate was timed with) and validated
+once.
 """
 
 from __future__ import annotations
@@ -26,68 +39,65 @@ from dataclasses import dataclass
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+from spyre_runtime.program.program import Program
+from spyre_runtime.program.timing import estimate as timing_estimate
+from spyre_runtime.program.validate import ProgramError, validate_once
 
 from ..errors import Unsupported
 from ..kernel_ir import ReductionKernel
-from ._dump import Describable
-from .division import TIE, TIE_NS, candidate_counts, simulated_ns
+from .division import candidate_counts, simulated_ns
+from .layout import BufferLayout
+from .plans import Division, Plans
 from .reduction_codegen import RShare, build_reduction_program
 from .reduction_lowering import ReductionLowering, lower
 from .reduction_plan import ReductionPlan, fit, verify_reduction
+from .reduction_space import FULL, PER_ROW
+from .search import Candidate, choose, reason, search
 from .tiling import TARGETS
 
-
-@dataclass(frozen=True)
-class ReductionDivision(Describable):
-    mode: str
-    split: str                       # "outer dim <d>", "reduced dim (ring)" or "none"
-    shares: tuple[RShare, ...]
-    candidates: tuple[tuple[str, float], ...]   # (description, simulated ns)
-    reason: str
-
-    @property
-    def cores(self) -> int:
-        return len(self.shares)
+FAMILY = "reduction"
 
 
 @dataclass(frozen=True)
-class ReductionPlans:
-    lowering: ReductionLowering
+class Trial:
+    """What a candidate stands for: its lowering, plan and shares, and the whole program when
+    it was built whole to be timed (None: timed by a representative core)."""
+
+    low: ReductionLowering
     plan: ReductionPlan
-    division: ReductionDivision
-    buffers_layout: tuple  # BufferLayout-like rows for launch_args
-
-    def describe(self) -> dict:
-        return {"lowering": self.lowering.describe(), "plan": self.plan.describe(),
-                "division": self.division.describe()}
-
-    @property
-    def layout(self):
-        return self
-
-    @property
-    def buffers(self):
-        return self.buffers_layout
-
-    def summary_context(self):
-        return "reduction_summary.txt.j2", {"low": self.lowering, "plan": self.plan, "division": self.division}
+    split: str                       # "outer dim <d>", "reduced dim (ring)"
+    shares: tuple[RShare, ...]
+    program: Program | None
 
 
-def _widest(low, spaces=("F",)) -> int:
-    sizes = [ITEMSIZE[t.dtype] for t in low.tiles if t.space in spaces]
+def buffers_of(kernel: ReductionKernel) -> tuple[BufferLayout, ...]:
+    stored = set(kernel.outputs)
+    return tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
+                              tuple(b.strides), b.offset) for b in kernel.buffers)
+
+
+def plans_of(low: ReductionLowering, plan: ReductionPlan, division: Division, buffers) -> Plans:
+    return Plans(FAMILY, tuple(buffers), low.tile_kernel, (("lowering", low), ("plan", plan)), plan.placement,
+                 division)
+
+
+def _widest(low, spaces=(FULL,)) -> int:
+    sizes = [ITEMSIZE[t.dtype] for t in low.tile_kernel.tiles if t.space in spaces]
     return max(sizes or [4])
 
 
 def _granule(low) -> int:
-    sizes = [ITEMSIZE[t.dtype] for t in low.tiles if t.space == "F"] or [2]
+    sizes = [ITEMSIZE[t.dtype] for t in low.tile_kernel.tiles if t.space == FULL] or [2]
     return STICK // min(sizes)
 
 
 def ring_eligible(low: ReductionLowering) -> bool:
-    """One pass, at most one outer dim, no per-row loads; and either no F stores (a reduction's
-    partials meet over the ring) or scans only (each core's slice stays resident)."""
-    return (len(low.passes) == 1 and (not low.passes[0].stores or bool(low.after_ring))
-            and len([d for d in low.outer if d > 1]) <= 1 and not low.group_loads and low.K > 1)
+    """One pass, at most one outer dim, no per-row loads; and either no full-space stores (a
+    reduction's partials meet over the ring) or scans only (each core's slice stays resident)."""
+    passes = low.passes
+    per_row_loads = any(low.tile(t).space == PER_ROW for p in low.tile_kernel.phases for t, _ in p.loads)
+    return (len(passes) == 1 and (not passes[0].chunk.stores or low.ring_scan)
+            and len([d for d in low.outer if d > 1]) <= 1 and not per_row_loads and low.K > 1)
 
 
 def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str, list[RShare]]:
@@ -124,38 +134,21 @@ def _max_units(low, granule) -> int:
     return max(-(-r // (granule if (d == odim and low.transposed) else 1)) for d, r in enumerate(low.outer))
 
 
-def search(variants, counts, evaluate, errors) -> None:
-    """Time the candidates worth timing: each variant (tile target, buffers) at the most cores,
-    then the best variant from the most cores down until a count is clearly slower than the best
-    so far (time against cores falls, flattens, then rises). evaluate(variant, n) returns a
-    result whose [0] is its ns, or None when it does not apply; Unsupported means it does not fit."""
-    def attempt(variant, n):
-        try:
-            return evaluate(variant, n)
-        except Unsupported as e:
-            errors.append(str(e))
-            return None
-
-    top = max(counts)
-    trials = [(r, v) for v in variants if (r := attempt(v, top)) is not None]
-    if not trials:
-        return
-    first, variant = min(trials, key=lambda rv: rv[0][0])
-    best_ns = first[0]
-    for n in sorted((c for c in counts if c != top), reverse=True):
-        r = attempt(variant, n)
-        if r is None:
-            continue
-        best_ns = min(best_ns, r[0])
-        if r[0] > max(best_ns * (1 + TIE), best_ns + TIE_NS):
-            break
+def _build(kernel, low, plan, split, shares) -> Program:
+    notes = (f"{plan.mode}: {plan.passes} pass(es) over device memory, groups of {plan.group} x "
+             f"{plan.chunk}, {plan.buffers} buffers, {len(shares)} core(s), split {split}")
+    return build_reduction_program(kernel, low, plan, tuple(shares), notes=notes)
 
 
-def plan_reduction(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | None = None,
-                   estimate=simulated_ns):
-    """The fastest (by the timing model) verified reduction program: (ReductionPlans, Program)."""
+def _simulated(program: Program, replicas: int) -> float:
+    """A candidate's time by the timing model, without validating it (search.py: it is not kept)."""
+    return timing_estimate(program, HARDWARE, replicas, check=False).simulated_ns
+
+
+def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candidate, list[Candidate]]:
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     results, errors = [], []
+    timed: dict[tuple, tuple[float, Program | None]] = {}
     try:
         resident = lower(kernel, "resident")
     except Unsupported as e:  # reduced dims that do not merge: chunked plans only
@@ -168,23 +161,19 @@ def plan_reduction(kernel: ReductionKernel, *, cores: int | None = None, max_cor
     units = _max_units(base, granule)
     counts = [cores] if cores else candidate_counts(min(units, limit))
 
-    def build(low, plan, split, shares):
-        mode_note = (f"{plan.mode}: {plan.passes} pass(es) over device memory, groups of {plan.group} x "
-                     f"{plan.chunk}, {plan.buffers} buffers, {len(shares)} core(s), split {split}")
-        return build_reduction_program(kernel, low, plan, tuple(shares), notes=mode_note)
-
-    def consider(low, plan, split, shares, label, symmetric=True):
+    def consider(low, plan, split, shares, label, symmetric=True) -> Candidate:
         verify_reduction(plan, low)
-        # Only timed here (the kept program is built whole and validated by the backend). Cores
-        # on outer shares run the same program on their own rows: time the first, the largest,
-        # as len(shares) cores in step (timing.estimate's replicas). Ring cores differ.
-        if symmetric and estimate is simulated_ns and len(shares) > 1:
-            ns = simulated_ns(build(low, plan, split, shares[:1]), len(shares))
-        else:
-            ns = estimate(build(low, plan, split, shares))
-        result = (ns, len(shares), label, low, plan, split, tuple(shares))
-        results.append(result)
-        return result
+        shares = tuple(shares)
+        key = (low.mode, plan.group, plan.chunk, plan.buffers, shares)
+        if key not in timed:
+            if estimate is None and symmetric and len(shares) > 1:
+                # the cores run one program on their own rows: the first (the largest) as all of them
+                timed[key] = (_simulated(_build(kernel, low, plan, split, shares[:1]), len(shares)), None)
+            else:
+                whole = _build(kernel, low, plan, split, shares)
+                timed[key] = (_simulated(whole, 1) if estimate is None else estimate(whole), whole)
+        ns, whole = timed[key]
+        return Candidate(label, len(shares), ns, Trial(low, plan, split, shares, whole))
 
     def resident_at(variant, n):
         target, buffers = variant
@@ -199,7 +188,7 @@ def plan_reduction(kernel: ReductionKernel, *, cores: int | None = None, max_cor
 
     variants = [(t, b) for t in TARGETS for b in (3, 2)]
     if resident is not None:
-        search(variants, counts, resident_at, errors)
+        results += search(variants, counts, resident_at, errors)
     if not results:  # the rows do not fit: chunks along the reduced dim, multi-pass if needed
         chunked = chunked or lower(kernel, "chunked")
         kg = _granule(chunked)
@@ -212,13 +201,14 @@ def plan_reduction(kernel: ReductionKernel, *, cores: int | None = None, max_cor
             plan = fit(chunked, g, min(kc, -(-chunked.K // kg) * kg), buffers, kg)
             return consider(chunked, plan, split, shares, f"chunked {target // 1024}K/{buffers}b/{len(shares)}c")
 
-        search(variants, counts, chunked_at, errors)
+        results += search(variants, counts, chunked_at, errors)
     try:
         ring = lower(kernel, "ring")
     except Unsupported as e:  # scans next to reductions: their prefix does not split over cores
         ring = None
         errors.append(str(e))
-    if ring is not None and ring_eligible(ring) and units < limit and ring.outer[-1] * STICK <= 256 * 1024 and (cores or 2) > 1:
+    if (ring is not None and ring_eligible(ring) and units < limit and ring.outer[-1] * STICK <= 256 * 1024
+            and (cores or 2) > 1):
         # too few outer elements for the cores: the reduced dim over cores, partials over the ring
         kg = _granule(ring)
         outer_n = ring.outer[-1]
@@ -231,25 +221,45 @@ def plan_reduction(kernel: ReductionKernel, *, cores: int | None = None, max_cor
                 return None
             per = max(s.kn for s in shares)
             kc = max(kg, target // (outer_n * _widest(ring)) // kg * kg)
-            if ring.after_ring:  # a scan's slice stays resident: one tile of the whole slice
+            if ring.ring_scan:  # a scan's slice stays resident: one tile of the whole slice
                 kc, buffers = -(-per // kg) * kg, 1
             plan = fit(ring, outer_n, min(kc, -(-per // kg) * kg), buffers, kg)
-            if plan.group < outer_n or (ring.after_ring and plan.chunk < per):
+            if plan.group < outer_n or (ring.ring_scan and plan.chunk < per):
                 return None
-            label = "resident slices" if ring.after_ring else f"{target // 1024}K/{buffers}b"
+            label = "resident slices" if ring.ring_scan else f"{target // 1024}K/{buffers}b"
             return consider(ring, plan, "reduced dim (ring)", shares, f"ring {label}/{len(shares)}c",
                             symmetric=False)
 
         # a scan's ring plan has one shape (the slice resident, one buffer): time it once per count
-        search(variants[:1] if ring.after_ring else variants, ring_counts, ring_at, errors)
+        results += search(variants[:1] if ring.ring_scan else variants, ring_counts, ring_at, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no reduction plan fits: {'; '.join(errors[:3])}")
-    fastest = min(r[0] for r in results)
-    ok = [r for r in results if r[0] <= max(fastest * (1 + TIE), fastest + TIE_NS)]
-    ns, n, label, low, plan, split, shares = min(ok, key=lambda r: (r[1], r[0]))
-    program = build(low, plan, split, shares)
-    cands = tuple((r[2], r[0]) for r in results)
-    division = ReductionDivision(plan.mode, split, shares, cands,
-                                 f"{label}: {ns:.0f} ns, the fastest of {len(results)} candidate(s) (ties within "
-                                 f"{TIE:.0%} or {TIE_NS:.0f} ns go to fewer cores)")
-    return low, plan, division, program
+    return choose(results), results
+
+
+def _plan(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Trial, Division, Program]:
+    """The chosen candidate, its division and its whole program (not validated)."""
+    if estimate is simulated_ns:
+        estimate = None
+    chosen, results = _search(kernel, cores, max_cores, estimate)
+    t = chosen.plan
+    program = t.program if t.program is not None else _build(kernel, t.low, t.plan, t.split, t.shares)
+    division = Division(len(t.shares), t.split, tuple((r.label, r.ns) for r in results), reason(chosen, results),
+                        t.shares)
+    return t, division, program
+
+
+def plan(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | None = None,
+         estimate=None) -> tuple[Plans, Program]:
+    """The fastest (by the timing model, or by `estimate` of whole programs) verified reduction
+    plan of `kernel` and its program, validated once (Unsupported if it does not validate)."""
+    t, division, program = _plan(kernel, cores, max_cores, estimate)
+    try:
+        validate_once(program)
+    except ProgramError as e:
+        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
+    return plans_of(t.low, t.plan, division, buffers_of(kernel)), program
+
+
+__all__ = ["FAMILY", "Trial", "buffers_of", "outer_shares", "plan", "plans_of",
+           "ring_eligible", "ring_shares"]

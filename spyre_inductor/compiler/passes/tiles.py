@@ -17,7 +17,8 @@ axis only, a scalar over none. The tile's storage and the ISA broadcast it
 is read with follow from the space (``broadcast_of``).
 
 Steps read and write tiles by name; they are grouped into **phases**: the
-work once per group of rows before the stream (``init``: accumulator
+work once per core before any group (``setup``: loads of what no group
+changes), once per group of rows before the stream (``init``: accumulator
 fills), per chunk of the stream (``chunk``), and after it (``epilogue``).
 An optional **combine** merges per-core partial tiles across cores (a ring
 reduction, a scan's running prefix).
@@ -132,6 +133,7 @@ class Step:
 
 
 class PhaseKind(str, enum.Enum):
+    SETUP = "setup"        # once per core, before any group (loads of what no group changes: a weight row, a scalar)
     INIT = "init"          # once per group, before its chunks (accumulator and carry fills)
     CHUNK = "chunk"        # per chunk of the stream
     EPILOGUE = "epilogue"  # once per group, after its chunks
