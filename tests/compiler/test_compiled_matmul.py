@@ -186,18 +186,36 @@ def test_large_matmul_2048x2048x4096():
     check(out.cpu(), ref, matmul_bound(a, b, ref, torch.float32), "2048x2048x4096")
 
 
-def test_a_matmul_the_backend_declines_runs_on_the_cpu_inside_the_graph(monkeypatch):
-    """Without strict mode a MatmulKernel the planner refuses is an in-graph CPU fallback, warned
+def test_a_matmul_the_pe_plans_decline_is_planned_as_a_reduction_on_the_card(monkeypatch):
+    """What the PE family refuses is still a reduction (the dot a sum of products): strict mode
+    passes, one program, the right values."""
+    from spyre_inductor.compiler import backend
+    from spyre_inductor.compiler.errors import Unsupported
+
+    def refuse(kernel, **kwargs):
+        raise Unsupported("refused by the test")
+
+    monkeypatch.setattr(backend, "plan_matmul", refuse)
+    torch.manual_seed(9)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    (out,), _, records, _, code = compile_on_spyre(lambda x, y: torch.relu(x @ y), a, b)
+    assert_on_card(records, code)
+    ref = torch.relu(a.double() @ b.double())
+    check(out.cpu(), ref, matmul_bound(a, b, ref, torch.float32, epilogue=True), "matmul as a reduction")
+
+
+def test_a_matmul_no_family_takes_runs_on_the_cpu_inside_the_graph(monkeypatch):
+    """Without strict mode a MatmulKernel the backend refuses is an in-graph CPU fallback, warned
     about by name, and right: the dot contracts its operands (no (m, n, k) product in memory)."""
     from spyre_inductor.compiler import backend
     from spyre_inductor.compiler.errors import Unsupported
 
     monkeypatch.delenv("SPYRE_STRICT")
 
-    def refuse(kernel, **kwargs):
+    def refuse(kernel, artifact_root, **kwargs):
         raise Unsupported("refused by the test")
 
-    monkeypatch.setattr(backend, "plan_matmul", refuse)
+    monkeypatch.setattr(backend, "compile_kernel", refuse)
     torch.manual_seed(9)
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     (out,), _, records, warns, _ = compile_on_spyre(lambda x, y: torch.relu(x @ y), a, b)

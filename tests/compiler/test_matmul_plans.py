@@ -17,6 +17,7 @@ from spyre_inductor.compiler.backend import plan_kernel
 from spyre_inductor.compiler.errors import PlanError, Unsupported
 from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Kernel, Load, MatmulKernel, Op, Reduction, Store
 from spyre_inductor.compiler.passes.allocate import check_needs
+from spyre_inductor.compiler.passes.matmul import plan_matmul
 from spyre_inductor.compiler.passes.matmul_plan import tile_needs
 from spyre_inductor.compiler.passes.tiles import Relayout, Role
 from spyre_runtime.program.isa import Load as LoadInstr
@@ -116,4 +117,4 @@ def test_a_slice_beyond_the_per_core_span_is_refused_by_name(monkeypatch):
     small = dataclasses.replace(hardware.HARDWARE, core_span_bytes=64 * 1024)
     monkeypatch.setattr("spyre_inductor.compiler.passes.matmul_plan.HARDWARE", small)
     with pytest.raises(Unsupported, match="per-core addressable span"):
-        plan_kernel(matmul_kernel(64, 4096, 64, dtype="fp32"))
+        plan_matmul(matmul_kernel(64, 4096, 64, dtype="fp32"))

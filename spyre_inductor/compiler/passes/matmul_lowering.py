@@ -160,9 +160,17 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
     value_tile[dot] = acc
     prologue = _chain(kernel, product.args[0]) | _chain(kernel, product.args[1]) | {kernel.values[dot].arg}
     loads_seen: dict[tuple, str] = {}
+
+    def outside_product(i, args):
+        if any(a in prologue for a in args):
+            raise Unsupported(f"{where}: value {i} reads a matmul operand outside the product (a value over "
+                              f"(m, n, k) fused next to the matmul: a reduction, not a PE plan)")
+
     for i, v in enumerate(kernel.values):
         if i in prologue or i == dot:
             continue
+        if isinstance(v, (Op, Cast)):
+            outside_product(i, v.args if isinstance(v, Op) else (v.arg,))
         if isinstance(v, Load):
             acc_ = access(v.buffer, v.dtype, v.index)
             if acc_.k_stride:
@@ -201,6 +209,7 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
             raise Unsupported(f"{where}: value {i} ({type(v).__name__}) in a matmul epilogue")
     out_dtypes = []
     for s in kernel.stores:
+        outside_product(f"stored to {s.buffer!r}", (s.value,))
         acc_ = access(s.buffer, kernel.buffer(s.buffer).dtype, s.index)
         if acc_.k_stride:
             raise Unsupported(f"{where}: the store to {s.buffer!r} walks k")
