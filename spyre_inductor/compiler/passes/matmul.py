@@ -24,6 +24,7 @@ from .division import simulated_ns
 from .layout import BufferLayout
 from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
+from .minimum import minimum_traffic
 from .matmul_plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
 from .plans import Division, Plans
 
@@ -40,6 +41,7 @@ def _buffers(kernel) -> tuple[BufferLayout, ...]:
                               tuple(b.strides), b.offset) for b in kernel.buffers)
 
 
+SMALL_BYTES = 16 << 20  # kernels moving at most this try two ring tile shapes per shared operand
 REFETCH_WORTH_SHARING = 1.15  # a plain grid moving more than this over the minimum shares over the ring
 
 
@@ -102,12 +104,18 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     if top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
         # Every plain grid would re-read an operand: share the smaller one over the ring instead
         # (timed whole: the cores meet on the ring, so one core cannot stand for the others).
-        for v in shared_variants(shape):
-            r = evaluate(v, top)
-            if r is not None:
-                results.append(r)
-                if len(results) == 2:  # each is timed whole: two tile shapes are enough to choose from
-                    break
+        # each is timed whole, which costs as much as the kernel is big: the first two tile
+        # shapes that fit per operand shared, one for big kernels
+        per_share = 2 if minimum_traffic(kernel).total <= SMALL_BYTES else 1
+        for share in ("a", "b"):
+            found = 0
+            for v in (v for v in shared_variants(shape) if v[3] == share):
+                r = evaluate(v, top)
+                if r is not None:
+                    results.append(r)
+                    found += 1
+                    if found == per_share:
+                        break
         if results:  # next to the best plain tiling at the same count (one core stands for all)
             results += [r for r in (evaluate(v, top) for v in variants()[:3]) if r is not None]
     if not results:

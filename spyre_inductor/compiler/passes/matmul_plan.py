@@ -221,7 +221,7 @@ POOLS = ("B resident", "A resident", "streamed")
 # Shared-operand plans: the k-outer order walks every operand tile once per core, and the
 # shared one is all-gathered, so each operand is read from device memory once in all. Its
 # tiles are large (each core's slice of one is 1/32 of it, and a slice pays a ring hop).
-SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (256, 256, 512))
+SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (512, 128, 128), (256, 256, 512))
 
 
 def variants() -> list[tuple]:
