@@ -36,7 +36,7 @@ from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
 from .passes.layout import BufferLayout, plan_layout
 from .passes.matmul import plan_matmul
-from .passes.minimum import minimum_traffic
+from .passes.minimum import recorded
 from .passes.plans import Division, Plans
 from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
@@ -65,6 +65,7 @@ def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Pro
     program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
     if not check:  # a candidate, only timed; the chosen program is built again and validated
         return program
+    program = recorded(kernel, program)
     try:
         validate(program)
     except ProgramError as e:
@@ -83,20 +84,9 @@ def _candidates(kernel, fixed, estimate):
 
 def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | None = None,
                 estimate=None) -> Compiled:
-    """Every pass of the kernel's family; the program records the minimum traffic the kernel
-    needs (passes/minimum.py), so its reports rate it against that, not the bytes it chose to move."""
-    compiled = _plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
-    traffic = minimum_traffic(kernel)
-    program = dataclasses.replace(compiled.program, minimum_bytes=traffic.total,
-                                  minimum_read_bytes=traffic.read_bytes)
-    return Compiled(compiled.plans, program)
-
-
-def _plan(kernel: Kernel, *, cores: int | None = None, max_cores: int | None = None,
-          estimate=None) -> Compiled:
-    """Run every pass. `cores` forces the core count, `max_cores` caps it (default: the timing model
-    chooses among up to all cores); each tile-size target of tiling.TARGETS is planned and the fastest
-    (by the timing model; ties to the smaller tile) is kept."""
+    """Run every pass of the kernel's family; the kept program records the kernel's minimum
+    traffic (passes/minimum.py). `cores` forces the core count, `max_cores` caps it (default: the
+    timing model chooses among up to all cores)."""
     try:
         kernel.check()
     except ValueError as e:

@@ -24,7 +24,7 @@ from .division import simulated_ns
 from .layout import BufferLayout
 from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
-from .minimum import minimum_traffic
+from .minimum import minimum_traffic, recorded
 from .matmul_plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
 from .plans import Division, Plans
 
@@ -135,6 +135,7 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
              + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
     program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
                                    share=tiling.share)
+    program = recorded(kernel, program)
     try:
         validate(program)
     except ProgramError as e:

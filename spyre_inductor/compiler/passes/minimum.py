@@ -47,6 +47,16 @@ class Traffic(NamedTuple):
         return self.read_bytes + self.write_bytes
 
 
+def recorded(kernel, program):
+    """`program` carrying the kernel's minimum traffic (Program.minimum_bytes / minimum_read_bytes),
+    so its kernel reports rate it against what the kernel needs, not the bytes it chose to move.
+    Every family records it on the program it keeps, before that program is validated."""
+    import dataclasses
+
+    traffic = minimum_traffic(kernel)
+    return dataclasses.replace(program, minimum_bytes=traffic.total, minimum_read_bytes=traffic.read_bytes)
+
+
 def minimum_bytes(kernel) -> int:
     """Bytes `kernel` must move at least: each distinct input element read once, each output element
     written once. For Program(minimum_bytes=...)."""

@@ -42,6 +42,7 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
 from ..kernel_ir import ReductionKernel
+from .minimum import recorded
 from .reduction_argreduce import SliceValue
 from .reduction_lowering import ReductionLowering
 from .reduction_plan import ReductionPlan, streamed
@@ -73,8 +74,9 @@ def build_reduction_program(kernel: ReductionKernel, low: ReductionLowering, pla
         queues += qs
         cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
     used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
-    return Program(kernel.name, symbols_of(kernel), tuple(cores), tuple(q for q in queues if q.name in used),
-                   notes=notes)
+    program = Program(kernel.name, symbols_of(kernel), tuple(cores), tuple(q for q in queues if q.name in used),
+                      notes=notes)
+    return recorded(kernel, program)  # the kernel's minimum traffic (the one kept is launched)
 
 
 class _Core:
