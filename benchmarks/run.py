@@ -4,6 +4,7 @@ import warnings
 
 import allocator
 import calibration
+import compiled_matmul
 import compiled_pointwise
 import compiled_reductions
 import device_overhead
@@ -20,3 +21,4 @@ if __name__ == "__main__":
     calibration.main()
     compiled_pointwise.main()
     compiled_reductions.main()
+    compiled_matmul.main()
