@@ -14,14 +14,7 @@ import pytest
 from spyre_inductor.compiler import kernel_ir as ir
 from spyre_inductor.compiler.passes import minimum
 from spyre_inductor.compiler.passes.minimum import distinct_elements, minimum_bytes, minimum_traffic
-
-
-def contiguous(shape):
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
+from pointwise_ir import contiguous
 
 
 def buf(name, dtype, shape, strides=None, offset=0):

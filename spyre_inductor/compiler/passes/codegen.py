@@ -30,6 +30,7 @@ from spyre_runtime.program.isa import Binary, Fill, Load, Select, Store, Unary
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
+from ..errors import PlanError
 from .allocate import Placement
 from .division import CoreShare
 from .fusion import ROWS, STICKS, streamed
@@ -112,13 +113,7 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
             return u.tile(a.offset, dtype, rows, cols, a.row_stride, broadcast)
 
         for st in chunk.steps:
-            dst, args = tile(st.dst), [tile(x) for x in st.args]
-            if st.kind == "unary":
-                u.emit(Unary(st.op, dst, args[0]))
-            elif st.kind == "binary":
-                u.emit(Binary(st.op, dst, args[0], args[1]))
-            else:
-                u.emit(Select(dst, args[0], args[1], args[2]))
+            emit_elementwise(u, st, tile)
 
     with ExitStack() as stack:
         for d in tiling.loop_dims:
@@ -128,3 +123,17 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
                 stack.enter_context(sfp.loop(n))
         pipeline(ls, sfp, tiles, rem, q, load, compute, store, tiling.buffers, phased=tiling.buffers == 2)
     return {"ls": ls.instrs, "sfp": sfp.instrs}, queues
+
+
+def emit_elementwise(unit, step, tile) -> None:
+    """One unary, binary or select step on the sfp, its tiles resolved by `tile(name)` (every
+    family's elementwise steps are emitted here)."""
+    dst, args = tile(step.dst), [tile(x) for x in step.args]
+    if step.kind == "unary":
+        unit.emit(Unary(step.op, dst, args[0]))
+    elif step.kind == "binary":
+        unit.emit(Binary(step.op, dst, args[0], args[1]))
+    elif step.kind == "select":
+        unit.emit(Select(dst, args[0], args[1], args[2]))
+    else:
+        raise PlanError(f"step {step.kind} {step.op} is not an elementwise step")

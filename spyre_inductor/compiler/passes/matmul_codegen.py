@@ -34,11 +34,12 @@ from __future__ import annotations
 import itertools
 
 from spyre_runtime.program.emitter import Unit
-from spyre_runtime.program.isa import Binary, Fence, Fill, Load, MatMul, Pop, Push, Select, Store, Transpose, Unary
+from spyre_runtime.program.isa import Fence, Fill, Load, MatMul, Pop, Push, Store, Transpose
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
 from .allocate import Placement
+from .codegen import emit_elementwise
 from .matmul_lowering import MAccess, MatmulShape
 from .matmul_plan import Block, Grid, MatmulTiling, operand_tiles
 from .tiles import Role, TileKernel, broadcast_of
@@ -395,13 +396,7 @@ class _Core:
             return sfp.tile(a.offset, t.dtype, rows, cols, a.row_stride, broadcast_of(t.space, "m", "n"))
 
         for st in self.epi.steps:
-            dst, args = tile(st.dst), [tile(x) for x in st.args]
-            if st.kind == "unary":
-                sfp.emit(Unary(st.op, dst, args[0]))
-            elif st.kind == "binary":
-                sfp.emit(Binary(st.op, dst, args[0], args[1]))
-            else:
-                sfp.emit(Select(dst, args[0], args[1], args[2]))
+            emit_elementwise(sfp, st, tile)
 
 
 def ring_ready(shape, tk, tiling, placement, grid) -> bool:
