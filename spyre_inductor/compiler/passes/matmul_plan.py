@@ -34,7 +34,7 @@ from ..errors import Unsupported
 from ._dump import Describable
 from .allocate import Need, Placement, allocate
 from .matmul_lowering import MatmulShape
-from .tiles import Role, TileKernel
+from .tiles import Role, TileKernel, live_ranges
 
 PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
 
@@ -187,6 +187,9 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
     fills one while the sfp drains the other), staging and temporaries one."""
     ta, tb = operand_tiles(tk_)
     size = {"m": t.tm, "n": t.tn, "k": t.tk}
+    # the epilogue's temporaries live from the step that writes them to the last that reads them:
+    # later ones reuse the bytes of dead ones (an activation is a chain of them, each a full tile)
+    live = live_ranges(tk_.phases[1].steps)
     needs = []
     for tile in tk_.tiles:
         if tile.role is Role.CONSTANT:
@@ -205,7 +208,8 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
             copies = t.acc_copies
         else:
             copies = 1 if tile.role in (Role.STAGING, Role.TEMPORARY) else 2
-        needs.append(Need(tile.name, rows * row, row, copies))
+        needs.append(Need(tile.name, rows * row, row, copies,
+                          live.get(tile.name) if tile.role is Role.TEMPORARY else None))
     return needs
 
 
@@ -221,7 +225,7 @@ POOLS = ("B resident", "A resident", "streamed")
 # Shared-operand plans: the k-outer order walks every operand tile once per core, and the
 # shared one is all-gathered, so each operand is read from device memory once in all. Its
 # tiles are large (each core's slice of one is 1/32 of it, and a slice pays a ring hop).
-SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (512, 128, 128), (256, 256, 512))
+SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (512, 128, 128), (256, 256, 512), (128, 256, 256))
 
 
 def variants() -> list[tuple]:
