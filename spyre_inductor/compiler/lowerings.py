@@ -34,7 +34,7 @@ import threading
 import torch
 from torch._inductor import ir
 from torch._inductor import lowering as L
-from torch._inductor.virtualized import ops
+from torch._inductor.virtualized import V, ops
 
 aten = torch.ops.aten
 _lock = threading.Lock()
@@ -69,12 +69,15 @@ def _floating_on_spyre(*mats) -> bool:
     return _on_spyre(*mats) and all(isinstance(m, ir.IRNode) and m.get_dtype().is_floating_point for m in mats)
 
 
-def native_matmul(mat1, mat2, k_dim: int):
-    """sum over k of mat1[..., m, k, 1] * mat2[..., 1, k, n]: Inductor's native-matmul form.
+def native_matmul(mat1, mat2, k_dim: int, dtype: torch.dtype | None = None):
+    """sum over k of mat1[..., m, k, 1] * mat2[..., 1, k, n]: Inductor's native-matmul form, in
+    `dtype` (default the operands'; the PE accumulates in fp32 either way, this is the type the
+    sum is rounded to).
 
     The operands are realized first: a pointwise producer (an activation, a cast) would otherwise
     be inlined into the product, a prologue the matmul family does not fuse yet, and the kernel
-    would fall back to the CPU; realized, it is a kernel of its own.
+    would fall back to the CPU; realized, it is a kernel of its own. An empty k is a zero matmul
+    (a "dot" has no identity in Inductor): zeros of the result's shape.
     """
     for m in (mat1, mat2):
         if isinstance(m, ir.TensorBox):
@@ -82,8 +85,13 @@ def native_matmul(mat1, mat2, k_dim: int):
     mat1 = L.lowerings[aten.unsqueeze](mat1, -1)
     mat2 = L.lowerings[aten.unsqueeze](mat2, -3)
     a, b = L.broadcast_tensors(mat1, mat2)
+    out_dtype = dtype or a.get_dtype()
+    size = list(a.get_size())
+    if V.graph.sizevars.statically_known_equals(size[k_dim], 0):
+        del size[k_dim]
+        return L.full(size, 0, dtype=out_dtype, device=a.get_device())
     product = L.make_pointwise(ops.dot)(a, b)
-    return L.make_reduction("dot")(product, k_dim)
+    return L.make_reduction("dot", override_return_dtype=dtype)(product, k_dim)
 
 
 def _spyre_mm(inductor_mm, batched: bool):
@@ -95,17 +103,21 @@ def _spyre_mm(inductor_mm, batched: bool):
     return lowering
 
 
-def _spyre_addmm(inductor_addmm, mm):
+def _spyre_addmm(inductor_addmm, batched: bool):
     def lowering(inp, mat1, mat2, *, beta=1, alpha=1, layout=None):
         if layout is None and _floating_on_spyre(inp, mat1, mat2):
-            # beta * inp + alpha * (mat1 @ mat2): the scale and the add are the matmul's epilogue
-            product = L.lowerings[mm](mat1, mat2)
+            # beta * inp + alpha * (mat1 @ mat2), the matmul's epilogue: computed in fp32 from the
+            # unrounded sum and rounded once to the output dtype, as eager does
+            out_dtype = mat1.get_dtype()
+            product = native_matmul(mat1, mat2, 2 if batched else 1, torch.float32)
             if alpha != 1:
                 product = L.lowerings[aten.mul](product, alpha)
-            if beta == 0:
-                return product
-            scaled = inp if beta == 1 else L.lowerings[aten.mul](inp, beta)
-            return L.lowerings[aten.add](scaled, product)
+            if beta != 0:
+                scaled = L.to_dtype(inp, torch.float32)
+                if beta != 1:
+                    scaled = L.lowerings[aten.mul](scaled, beta)
+                product = L.lowerings[aten.add](scaled, product)
+            return L.to_dtype(product, out_dtype)
         return inductor_addmm(inp, mat1, mat2, beta=beta, alpha=alpha, layout=layout)
 
     return lowering
@@ -124,6 +136,6 @@ def install() -> None:
         # registering a packet here would not replace them.
         for op, batched in ((aten.mm.default, False), (aten.bmm.default, True)):
             L.register_lowering(op, type_promotion_kind=None)(_spyre_mm(L.lowerings[op], batched))
-        for op, mm in ((aten.addmm.default, aten.mm.default), (aten.baddbmm.default, aten.bmm.default)):
-            L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], mm))
+        for op, batched in ((aten.addmm.default, False), (aten.baddbmm.default, True)):
+            L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
         _installed = True

@@ -139,6 +139,28 @@ def test_addmm_with_bias_and_scales():
     check(out.cpu(), ref, 2 * matmul_bound(a, b, ref, torch.float32, epilogue=True), "addmm scaled")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_linear_with_bias_rounds_once(dtype):
+    """The bias is added to the fp32 sum and the result rounded once (eager's contract): a
+    rounding of the product before the add would miss half an ulp on many elements."""
+    torch.manual_seed(10)
+    x, w, bias = torch.randn(64, 256).to(dtype), torch.randn(128, 256).to(dtype), (torch.randn(128) * 30).to(dtype)
+    (out,), _, records, _, code = compile_on_spyre(F.linear, x, w, bias)
+    assert_on_card(records, code)
+    ref = x.double() @ w.double().t() + bias.double()
+    check(out.cpu(), ref, matmul_bound(x, w.t(), ref, dtype), f"{dtype} linear + bias")
+
+
+def test_an_empty_k_is_a_zero_matmul():
+    a, b = torch.randn(40, 0), torch.randn(0, 48)
+    (out,), _, records, _, code = compile_on_spyre(torch.mm, a, b)
+    assert_on_card(records, code, matmul=False)
+    assert torch.equal(out.cpu(), torch.zeros(40, 48))
+    inp = torch.randn(48)
+    (out,), _, records, _, code = compile_on_spyre(lambda i, x, y: torch.addmm(i, x, y, beta=2.0), inp, a, b)
+    assert torch.equal(out.cpu(), (2.0 * inp).expand(40, 48))
+
+
 def test_baddbmm_and_einsum():
     torch.manual_seed(5)
     inp, a, b = torch.randn(4, 8, 16), torch.randn(4, 8, 32), torch.randn(4, 32, 16)

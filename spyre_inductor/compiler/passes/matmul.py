@@ -110,14 +110,18 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
         for share in ("a", "b"):
             found = 0
             for v in (v for v in shared_variants(shape) if v[3] == share):
-                r = evaluate(v, top)
+                try:
+                    r = evaluate(v, top)
+                except Unsupported as e:  # e.g. too many instructions to unroll: the next shape
+                    errors.append(str(e))
+                    continue
                 if r is not None:
                     results.append(r)
                     found += 1
                     if found == per_share:
                         break
         if results:  # next to the best plain tiling at the same count (one core stands for all)
-            results += [r for r in (evaluate(v, top) for v in variants()[:3]) if r is not None]
+            results += search.search(variants()[:3], [top], evaluate, errors)
     if not results:
         results = search.search([v for v in variants() if v[3] is None], counts, evaluate, errors)
     if not results:

@@ -167,10 +167,11 @@ class _Core:
         return outputs, steps, _Pool(a_keys, t.a_slots), _Pool(b_keys, t.b_slots)
 
     def shared_fills(self) -> list:
-        """The keys of the shared operand's fills, in order (every core must have the same)."""
+        """The shared operand's fills in order, each (batch, tile, k chunk, slot): every core must
+        have the same, slots included (a slice lands at the sender's own slot address)."""
         outputs, steps, pa, pb = self.schedule()
         pool = pa if self.share == "a" else pb
-        return [(steps[i][1], steps[i][2 if self.share == "a" else 3], steps[i][4])
+        return [(steps[i][1], steps[i][2 if self.share == "a" else 3], steps[i][4], pool.slot[i])
                 for i in range(len(steps)) if pool.new[i]]
 
     # ---- emission --------------------------------------------------------------------------
@@ -406,7 +407,7 @@ def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     fills = [c.shared_fills() for c in cores]
     if any(f != fills[0] for f in fills[1:]) or not fills[0]:
         return False
-    rows = [(mt[1] if tiling.share == "a" else kt[1]) for _, mt, kt in fills[0]]
+    rows = [(mt[1] if tiling.share == "a" else kt[1]) for _, mt, kt, _ in fills[0]]
     return min(rows) >= grid.cores
 
 
