@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.program.operands import DTYPES, ITEMSIZE, STICK
+from spyre_runtime.program.program import Symbol
 
 from ..errors import Unsupported
 from ..scalars import scalar_as
@@ -124,6 +125,19 @@ class LayoutPlan(Describable):
         return self.values[position]
 
 
+def buffers_of(kernel) -> tuple[BufferLayout, ...]:
+    """The kernel's buffers as launch arguments: stored ones are outputs (an in-place update
+    too), the rest inputs; PyTorch's strided layout kept (every family's launch spec)."""
+    stored = set(kernel.outputs)
+    return tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
+                              tuple(b.strides), b.offset) for b in kernel.buffers)
+
+
+def symbols_of(kernel) -> tuple[Symbol, ...]:
+    """The program's placeholder symbols for the kernel's buffers, in buffers_of's order and roles."""
+    return tuple(Symbol(b.name, b.role, b.dtype, b.shape, b.strides) for b in buffers_of(kernel))
+
+
 def canonical_dims(ranges, accesses):
     """Drop extent-1 dims, merge neighbours walked contiguously by every access:
     (ranges, the IR dims merged into each, each access's strides on them)."""
@@ -146,13 +160,10 @@ def canonical_dims(ranges, accesses):
 def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
     kernel.check()
     where = f"kernel {kernel.name!r}"
-    stored = set(kernel.outputs)
-    buffers = []
     for b in kernel.buffers:
         if b.dtype not in TILE_DTYPES:
             raise Unsupported(f"{where}: buffer {b.name!r} has dtype {b.dtype}, which the ISA has no type for")
-        role = "output" if b.name in stored else "input"
-        buffers.append(BufferLayout(b.name, role, b.dtype, tuple(b.shape), tuple(b.strides), b.offset))
+    buffers = buffers_of(kernel)
     # Loads with the same buffer and index are one load (each input is read once).
     load_values = [(i, v) for i, v in enumerate(kernel.values) if isinstance(v, Load)]
     for i, v in load_values:

@@ -13,32 +13,19 @@ from __future__ import annotations
 import dataclasses
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.program import Program, Symbol
 from spyre_runtime.program.validate import ProgramError, validate
 
 from ..errors import Unsupported
 from ..kernel_ir import MatmulKernel
 from . import search
 from .allocate import check_needs, check_placement
-from .division import simulated_ns
-from .layout import BufferLayout
+from .division import candidate_counts, simulated_ns
+from .layout import buffers_of, symbols_of
 from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
 from .minimum import minimum_traffic, recorded
 from .matmul_plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
 from .plans import Division, Plans
-
-
-def _symbols(kernel) -> tuple[Symbol, ...]:
-    stored = set(kernel.outputs)
-    return tuple(Symbol(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
-                        tuple(b.strides)) for b in kernel.buffers)
-
-
-def _buffers(kernel) -> tuple[BufferLayout, ...]:
-    stored = set(kernel.outputs)
-    return tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
-                              tuple(b.strides), b.offset) for b in kernel.buffers)
 
 
 SMALL_BYTES = 16 << 20  # kernels moving at most this try two ring tile shapes per shared operand
@@ -52,18 +39,14 @@ def refetch(shape, grid) -> float:
     return grid_bytes(shape, grid) / max(1, grid_bytes(shape, make_grid(shape, 1, 1, 1)))
 
 
-def candidate_counts(shape, limit: int) -> list[int]:
-    return sorted({c for c in (1, 2, 4, 8, 16, 32) if c <= limit} | {limit})
-
-
 def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: int | None = None,
                 estimate=None):
     from ..backend import COMPILER_VERSION, Compiled
 
     shape, tk = analyse(kernel)
-    symbols = _symbols(kernel)
+    symbols = symbols_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
-    counts = [cores] if cores else candidate_counts(shape, limit)
+    counts = [cores] if cores else candidate_counts(limit)
     errors: list[str] = []
     seen: set = set()  # variants that clip to the same tiling of the same grid are timed once
 
@@ -147,7 +130,7 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
                         chosen.ns)
-    plans = Plans("matmul", _buffers(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),
+    plans = Plans("matmul", buffers_of(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),
                   placement, division)
     return Compiled(plans, program)
 

@@ -39,9 +39,10 @@ from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
 from spyre_runtime.program.isa import (Binary, Fill, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
-from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+from spyre_runtime.program.program import CoreProgram, Program, Queue
 
 from ..kernel_ir import ReductionKernel
+from .layout import symbols_of
 from .minimum import recorded
 from .reduction_argreduce import SliceValue
 from .reduction_lowering import ReductionLowering
@@ -57,12 +58,6 @@ class RShare:
     counts: tuple[int, ...]
     k0: int                   # first reduced element of this core
     kn: int                   # reduced elements of this core
-
-
-def symbols_of(kernel: ReductionKernel) -> tuple[Symbol, ...]:
-    stored = set(kernel.outputs)
-    return tuple(Symbol(b.name, "output" if b.name in stored else "input", b.dtype, b.shape, b.strides)
-                 for b in kernel.buffers)
 
 
 def build_reduction_program(kernel: ReductionKernel, low: ReductionLowering, plan: ReductionPlan,

@@ -46,7 +46,7 @@ from spyre_runtime.program.validate import ProgramError, validate_once
 from ..errors import Unsupported
 from ..kernel_ir import ReductionKernel
 from .division import candidate_counts, simulated_ns
-from .layout import BufferLayout
+from .layout import buffers_of
 from .plans import Division, Plans
 from .reduction_codegen import RShare, build_reduction_program
 from .reduction_lowering import ReductionLowering, lower
@@ -68,12 +68,6 @@ class Trial:
     split: str                       # "outer dim <d>", "reduced dim (ring)"
     shares: tuple[RShare, ...]
     program: Program | None
-
-
-def buffers_of(kernel: ReductionKernel) -> tuple[BufferLayout, ...]:
-    stored = set(kernel.outputs)
-    return tuple(BufferLayout(b.name, "output" if b.name in stored else "input", b.dtype, tuple(b.shape),
-                              tuple(b.strides), b.offset) for b in kernel.buffers)
 
 
 def plans_of(low: ReductionLowering, plan: ReductionPlan, division: Division, buffers) -> Plans:
