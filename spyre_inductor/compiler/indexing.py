@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import sympy
 
 from torch._inductor.utils import sympy_index_symbol
+from torch.utils._sympy.functions import Identity
 from torch._inductor.virtualized import V
 
 from .kernel_ir import Index
@@ -55,7 +56,10 @@ def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
 
 def affine_index(expr, variables: Sequence[sympy.Symbol], what: str) -> Index:
     """The IR Index of `expr` over `variables`, or NotCapturable naming `what`."""
-    expr = sympy.expand(sympy.sympify(expr))
+    expr = sympy.sympify(expr)
+    if expr.has(Identity):  # Inductor's marker that keeps a cat part's index from being simplified
+        expr = expr.replace(Identity, lambda x: x)
+    expr = sympy.expand(expr)
     if expr.atoms(sympy.Function) or expr.atoms(sympy.Mod) or expr.atoms(sympy.Pow):
         raise NotCapturable(f"non-affine index {expr} for {what}")
     unknown = expr.free_symbols - set(variables)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, ReductionKernel, Scan
+from ..kernel_ir import Cast, Constant, Index, IndexValue, Load, Op, PointwiseKernel, Reduction, ReductionKernel, Scan
 from ._dump import Describable, plain
 from .layout import TILE_DTYPES
 from .reduction_ops import IDENTITY, op_of
@@ -125,7 +125,7 @@ def empty_as_pointwise(kernel: ReductionKernel) -> PointwiseKernel:
             ident = {"welford_mean": float("nan"), "welford_m2": float("nan"), "welford_weight": 0.0}.get(
                 v.op, IDENTITY.get(op_of(v.op)))
             values.append(Constant(ident, v.dtype))
-        elif isinstance(v, Load):
+        elif isinstance(v, (Load, IndexValue)):
             values.append(replace(v, index=Index(v.index.strides[:n], v.index.offset)))
         else:
             values.append(v)
@@ -136,6 +136,10 @@ def empty_as_pointwise(kernel: ReductionKernel) -> PointwiseKernel:
 def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
     if mode not in MODES:
         raise ValueError(f"reduction mode {mode!r} is not one of {MODES}")
+    if any(isinstance(v, IndexValue) for v in kernel.values):
+        # (the pointwise family computes them on chip: passes/fusion.py; reductions do not yet)
+        raise Unsupported(f"kernel {kernel.name!r}: a reduction over values computed from the loop "
+                          f"indices (an iota or index mask fused into a reduction) is not planned yet")
     if mode == "resident":
         kernel = exact(kernel)
     outer, outer_map, K, accesses, looped, looped_strides = canonical(kernel)
