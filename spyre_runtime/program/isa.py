@@ -512,12 +512,15 @@ class Fill(Instruction):
         return (("tile", self.dst),)
 
 
-@instruction("iota", ("sfp",))
+@instruction("iota", ("ls", "sfp"))
 @dataclass(frozen=True)
 class Iota(Instruction):
     """dst[r, c] = start + r * row_step + c * col_step: an integer tile of values from the loop
     indices (arange, the index compares of masks). `start` is affine in the loop counters
-    (``start + sum(steps[k] * i_k)``), like an address; a broadcast dst holds its stored shape."""
+    (``start + sum(steps[k] * i_k)``), like an address; a broadcast dst holds its stored shape.
+    It runs on the sfp, or on the load/store unit in place of the load of a tile whose values are
+    its own element indices (the reductions' plans: it then flows to the sfp like loaded data);
+    either way one pass per stick, like a fill."""
 
     dst: Tile
     start: int

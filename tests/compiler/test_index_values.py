@@ -182,3 +182,34 @@ def test_a_masked_load_that_no_cut_keeps_in_bounds_is_refused():
     assert pieces.split(kernel) is None
     with pytest.raises(Unsupported, match=r"'a' reaches elements \[-1, 62\] of a buffer of 64"):
         pieces.check_bounds(kernel)
+
+
+# ---- index values inside reductions -----------------------------------------------------
+
+
+def _causal_softmax(scores):
+    n, m = scores.shape[-2:]
+    keep = torch.ones(n, m, dtype=torch.bool, device=scores.device).tril()
+    return torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (2, 96, 96), (8, 4000)])
+def test_causal_softmax_is_one_reduction_program(shape):
+    x = _rand(*shape)
+    out, _, records, warned, _ = compile_on_spyre(_causal_softmax, x)
+    assert not warned and len(records) == 1 and records[0].artifact is not None
+    torch.testing.assert_close(out[0].cpu(), _causal_softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def test_reductions_of_index_values_along_and_across_the_reduced_dim():
+    def fn(x):
+        n = x.shape[1]
+        weights = torch.arange(n, device=x.device, dtype=torch.float32)
+        rows = torch.arange(x.shape[0], device=x.device, dtype=torch.float32)[:, None]
+        return (x * weights).sum(1), (x + rows).sum(0), torch.arange(n, device=x.device).sum(), (x - weights).amax(1)
+
+    x = _rand(33, 70)
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    assert not warned and all(r.artifact is not None for r in records)
+    for got, want in zip(out, fn(x)):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)

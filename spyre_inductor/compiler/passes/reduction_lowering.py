@@ -136,10 +136,6 @@ def empty_as_pointwise(kernel: ReductionKernel) -> PointwiseKernel:
 def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
     if mode not in MODES:
         raise ValueError(f"reduction mode {mode!r} is not one of {MODES}")
-    if any(isinstance(v, IndexValue) for v in kernel.values):
-        # (the pointwise family computes them on chip: passes/fusion.py; reductions do not yet)
-        raise Unsupported(f"kernel {kernel.name!r}: a reduction over values computed from the loop "
-                          f"indices (an iota or index mask fused into a reduction) is not planned yet")
     if mode == "resident":
         kernel = exact(kernel)
     outer, outer_map, K, accesses, looped, looped_strides = canonical(kernel)
@@ -147,13 +143,13 @@ def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
         if b.dtype not in TILE_DTYPES:
             raise Unsupported(f"kernel {kernel.name!r}: buffer {b.name!r} has dtype {b.dtype}")
     check_walks(kernel, mode, accesses, looped, looped_strides)
-    n_loads = sum(isinstance(v, Load) for v in kernel.values)
+    n_loads = sum(isinstance(v, (Load, IndexValue)) for v in kernel.values)
     # a scan's values are full-space even when nothing full-space is stored (cumsum(x).sum())
     one_row = all(d == 1 for d in outer) and (any(rs for _, rs in accesses[n_loads:]) or kernel.has_scan)
     b = StepBuilder(kernel, mode, outer, K, looped, one_row)
     load_k = 0
     for i, v in enumerate(kernel.values):
-        if isinstance(v, Load):
+        if isinstance(v, (Load, IndexValue)):
             os_, rs = accesses[load_k]
             b.load(i, v, os_, rs, looped_strides[load_k])
             load_k += 1
