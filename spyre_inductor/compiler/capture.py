@@ -37,6 +37,7 @@ the group:
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, replace
 
 import sympy
@@ -50,6 +51,8 @@ from .indexing import (
     NotCapturable,
     affine_index,
     common_ranges,
+    dim_cuts,
+    split_sizes,
     loop_vars,
     node_vars,
     reduction_common_ranges,
@@ -168,6 +171,7 @@ class _Group:
         self.outer_vars = loop_vars(len(ranges))
         self.reduction_vars = loop_vars(len(reduction_ranges), "r")
         self.vars = self.outer_vars + self.reduction_vars  # every Index has a stride for each
+        self.var_ranges = dict(zip(self.vars, ranges + reduction_ranges))  # simplifies a repeat's i mod n
         self.removable = removable
         self.values: list = []
         self.seen: dict[tuple, int] = {}
@@ -229,7 +233,7 @@ class CaptureHandler(DefaultHandler):
         expr = sympy.sympify(expr)
         if isinstance(expr, sympy.Integer):
             return self.constant(int(expr), dtype)
-        index = affine_index(expr, self.g.vars, f"the index value {expr}")
+        index = affine_index(expr, self.g.vars, f"the index value {expr}", self.g.var_ranges)
         if dtype in (torch.int64, torch.int32):
             return self.g.add(IndexValue(index, dtype_name(dtype, "an index value")), dtype)
         # (Inductor asks for other dtypes directly at times: the index in int64, then a cast,
@@ -289,7 +293,7 @@ class CaptureHandler(DefaultHandler):
     def load(self, name: str, index) -> _V:
         g = self.g
         real = real_name(name)
-        idx = affine_index(index, g.vars, f"the load of {name}")
+        idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges)
         if real in g.stored:
             stored_idx, value = g.stored[real]
             if stored_idx != idx:
@@ -312,7 +316,7 @@ class CaptureHandler(DefaultHandler):
         if mode is not None:
             raise NotCapturable(f"store with mode {mode} to {name}")
         real = real_name(name)
-        idx = affine_index(index, g.vars, f"the store to {name}")
+        idx = affine_index(index, g.vars, f"the store to {name}", g.var_ranges)
         value = self._as_value(value)
         if any(i != idx for i in g.loaded.get(real, ())):
             raise NotCapturable(f"{name} is read and written at different indices in one kernel")
@@ -456,6 +460,76 @@ def _node_ranges(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return ranges, ()
 
 
+class _IndexRecorder(DefaultHandler):
+    """Runs a loop body only to see its index expressions (for _split_dims)."""
+
+    def __init__(self):
+        self.exprs: list = []
+
+    def _default(self, name, args, kwargs):
+        return None
+
+    def load(self, name, index):
+        self.exprs.append(index)
+
+    def store(self, name, index, value, mode=None):
+        self.exprs.append(index)
+
+    def store_reduction(self, name, index, value):
+        self.exprs.append(index)
+
+    def index_expr(self, expr, dtype):
+        self.exprs.append(expr)
+
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        return sympy.Symbol(f"indirect{len(self.exprs)}", integer=True)
+
+    def masked(self, mask, body, other):
+        body()
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        return (None, None, None) if reduction_type == "welford_reduce" else None
+
+    def scan(self, dtypes, combine_fn, values):
+        return tuple(None for _ in values)
+
+
+_SPLITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _split_dims(node, ranges, reduction_ranges):
+    """(ranges, reduction ranges) of `node` with each dim split where its variable's modular
+    indexing needs it (indexing.dim_cuts), and per dim the split sizes (for _regroup)."""
+    key = (tuple(ranges), tuple(reduction_ranges))  # a node whose loops were reordered is looked at again
+    found = _SPLITS.get(node, {}).get(key)
+    if found is None:
+        outer, reduced = loop_vars(len(ranges), "q"), loop_vars(len(reduction_ranges), "qr")
+        recorder = _IndexRecorder()
+        try:
+            with V.set_ops_handler(recorder):
+                loop_body(node)[1](outer, reduced)
+            cuts = dim_cuts(recorder.exprs, outer + reduced, tuple(ranges) + tuple(reduction_ranges))
+        except Exception:  # noqa: BLE001 - a body the recorder cannot follow is captured unsplit
+            cuts = [() for _ in (*ranges, *reduction_ranges)]
+        sizes = [split_sizes(n, c) for n, c in zip((*ranges, *reduction_ranges), cuts)]
+        found = (tuple(sizes[: len(ranges)]), tuple(sizes[len(ranges):]))
+        _SPLITS.setdefault(node, {})[key] = found
+    return found
+
+
+def _regroup(variables, sizes) -> list:
+    """The original dims' variables from the split dims' (variables in split order)."""
+    out, k = [], 0
+    for parts in sizes:
+        expr, scale = sympy.Integer(0), 1
+        for j in reversed(range(len(parts))):
+            expr += variables[k + j] * scale
+            scale *= parts[j]
+        out.append(expr)
+        k += len(parts)
+    return out
+
+
 def _plan_vars(nodes, node_ranges):
     """(outer ranges, reduction ranges, per node a function from the group's vars to
     the node's (index vars, reduction vars))."""
@@ -487,7 +561,8 @@ def _plan_vars(nodes, node_ranges):
 def capture(nodes, name: str = "spyre_kernel") -> Capture:
     """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable."""
     nodes = list(nodes)
-    node_ranges = [_node_ranges(n) for n in nodes]
+    splits = [_split_dims(n, *_node_ranges(n)) for n in nodes]
+    node_ranges = [(tuple(x for p in o for x in p), tuple(x for p in r for x in p)) for o, r in splits]
     ranges, reduction_ranges, plans = _plan_vars(nodes, node_ranges)
     scheduler = V.graph.scheduler
     op_names = {n.get_name() for n in nodes}
@@ -496,8 +571,9 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
         if scheduler is not None and scheduler.can_buffer_be_removed_through_fusion(buf, op_names)
     )
     group = _Group(ranges, removable, reduction_ranges)
-    for node, plan in zip(nodes, plans):
+    for node, plan, (outer_sizes, reduced_sizes) in zip(nodes, plans, splits):
         index_vars, reduction_vars = plan(group)
+        index_vars, reduction_vars = _regroup(index_vars, outer_sizes), _regroup(reduction_vars, reduced_sizes)
         with V.set_ops_handler(CaptureHandler(group)):
             loop_body(node)[1](index_vars, reduction_vars)
     if math.prod(ranges) * math.prod(reduction_ranges or (1,)) == 0 or not group.stores:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import sympy
 
 from torch._inductor.utils import sympy_index_symbol
-from torch.utils._sympy.functions import Identity
+from torch.utils._sympy.functions import FloorDiv, Identity, ModularIndexing
 from torch._inductor.virtualized import V
 
 from .kernel_ir import Index
@@ -54,11 +54,15 @@ def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
     return [sympy_index_symbol(f"{prefix}{d}") for d in range(count)]
 
 
-def affine_index(expr, variables: Sequence[sympy.Symbol], what: str) -> Index:
-    """The IR Index of `expr` over `variables`, or NotCapturable naming `what`."""
+def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dict | None = None) -> Index:
+    """The IR Index of `expr` over `variables`, or NotCapturable naming `what`. With the
+    variables' `ranges`, modular indexing and floor division that the ranges make affine (a
+    repeat's i mod n, once the loop is split at n: ``split_dims``) are simplified first."""
     expr = sympy.sympify(expr)
     if expr.has(Identity):  # Inductor's marker that keeps a cat part's index from being simplified
         expr = expr.replace(Identity, lambda x: x)
+    if ranges and (expr.has(ModularIndexing) or expr.has(FloorDiv)):
+        expr = V.graph.sizevars.simplify_with_ranges(expr, ranges)
     expr = sympy.expand(expr)
     if expr.atoms(sympy.Function) or expr.atoms(sympy.Mod) or expr.atoms(sympy.Pow):
         raise NotCapturable(f"non-affine index {expr} for {what}")
@@ -78,6 +82,40 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str) -> Index:
     if not isinstance(rest, sympy.Integer):
         raise NotCapturable(f"non-affine index {expr} for {what}")
     return Index(tuple(strides), int(rest))
+
+
+def dim_cuts(exprs, variables: Sequence[sympy.Symbol], sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """Per loop dim, where to split it so that the modular indexing and floor divisions of that
+    dim's variable in `exprs` become affine: ``ModularIndexing(i, d, m)`` needs cuts at d and
+    d * m, ``FloorDiv(i, d)`` at d (a repeat, a reshape of a transposed tensor). Only cuts that
+    divide the dim and form a divisibility chain are kept; an index the split cannot make
+    affine is refused later, by affine_index."""
+    wanted = [set() for _ in sizes]
+    position = {v: d for d, v in enumerate(variables)}
+    for expr in exprs:
+        expr = sympy.sympify(expr)
+        for f in expr.atoms(ModularIndexing, FloorDiv):
+            base, div = f.args[0], f.args[1]
+            if base not in position or not isinstance(div, sympy.Integer):
+                continue
+            d = position[base]
+            points = [int(div)]
+            if isinstance(f, ModularIndexing) and isinstance(f.args[2], sympy.Integer):
+                points.append(int(div) * int(f.args[2]))
+            wanted[d] |= {c for c in points if 1 < c < sizes[d] and sizes[d] % c == 0}
+    cuts = []
+    for d, found in enumerate(wanted):
+        chain = sorted(found)
+        if any(b % a for a, b in zip(chain, chain[1:])):
+            chain = []
+        cuts.append(tuple(chain))
+    return cuts
+
+
+def split_sizes(size: int, cuts: Sequence[int]) -> tuple[int, ...]:
+    """A dim of `size` split at `cuts` (a divisibility chain), outermost first."""
+    points = (1, *cuts, size)
+    return tuple(outer // inner for inner, outer in reversed(list(zip(points, points[1:]))))
 
 
 def common_ranges(all_ranges: Sequence[Sequence[int]]) -> tuple[int, ...]:

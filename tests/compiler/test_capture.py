@@ -171,3 +171,17 @@ def test_affine_index_refuses_modular_and_floor_div():
     for expr in (ModularIndexing(i, 1, 4), FloorDiv(i, 4), i * i):
         with pytest.raises(NotCapturable, match="non-affine"):
             affine_index(expr, [i], "x")
+
+
+def test_dim_cuts_split_loops_so_modular_indexing_is_affine():
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from spyre_inductor.compiler.indexing import dim_cuts, split_sizes
+
+    i, j = loop_vars(2)
+    # a (16, 192) repeat of an (8, 64) tensor: i mod 8 and j mod 64
+    exprs = [64 * ModularIndexing(i, 1, 8) + ModularIndexing(j, 1, 64)]
+    assert dim_cuts(exprs, [i, j], (16, 192)) == [(8,), (64,)]
+    assert split_sizes(16, (8,)) == (2, 8) and split_sizes(192, (64,)) == (3, 64)
+    # FloorDiv(j, 4) and j mod 4 cut at 4; cuts that do not divide the dim are not made
+    assert dim_cuts([FloorDiv(j, 4) + ModularIndexing(j, 1, 4), ModularIndexing(i, 1, 5)], [i, j], (12, 8)) == [(), (4,)]

@@ -213,3 +213,24 @@ def test_reductions_of_index_values_along_and_across_the_reduced_dim():
     assert not warned and all(r.artifact is not None for r in records)
     for got, want in zip(out, fn(x)):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
+
+
+# ---- loops split where modular indexing needs it (repeat, expand + reshape) ------------------
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: a.repeat(2, 3),
+    lambda a: a.repeat(3, 1, 2)[..., :40] + 1,
+    lambda a: torch.tile(a, (2, 1)),
+    lambda a: (a.t() + 1).reshape(-1) * 2,
+    lambda a: a.repeat_interleave(2, dim=1),
+    lambda a: a.repeat(1, 2).amax(1),
+], ids=["repeat", "repeat-3d", "tile", "reshape-of-transpose", "repeat_interleave", "max-of-repeat"])
+def test_repeat_and_reshapes_split_the_loops(fn):
+    _run(fn, _rand(8, 64))
+
+
+def test_grouped_kv_heads_expanded_and_reshaped():
+    # what a GQA model does to its KV heads before attention: expand then reshape (a copy)
+    fn = lambda k: k[:, :, None].expand(1, 2, 4, 16, 64).reshape(1, 8, 16, 64) * 1.0  # noqa: E731
+    _run(fn, _rand(1, 2, 16, 64))
