@@ -98,6 +98,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
             raise ValueError(f"{name} must be an integer in 1..{HARDWARE.cores}, got {n!r}")
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
+    if kernel.reduction_ranges:
+        pieces.check_bounds(kernel)  # (pointwise kernels are checked piece by piece)
     if isinstance(kernel, MatmulKernel) and 0 not in kernel.reduction_ranges:
         try:
             return plan_matmul(kernel, cores=cores, max_cores=max_cores)

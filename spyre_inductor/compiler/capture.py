@@ -52,6 +52,7 @@ from .indexing import (
     affine_index,
     common_ranges,
     dim_cuts,
+    piecewise_affine,
     split_sizes,
     loop_vars,
     node_vars,
@@ -292,8 +293,29 @@ class CaptureHandler(DefaultHandler):
 
     def load(self, name: str, index) -> _V:
         g = self.g
+        try:
+            idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges)
+        except NotCapturable:
+            found = piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}")
+            if found is None:
+                raise
+            return self._piecewise_load(name, *found)
+        return self._load(name, idx)
+
+    def _piecewise_load(self, name: str, d: int, runs) -> _V:
+        """where(i < end0, load at run 0, where(i < end1, ...)): a load whose index is affine on
+        runs of loop variable `d` (indexing.piecewise_affine), as index masks the planner cuts."""
+        value = self._load(name, runs[-1][2])
+        for lo, hi, idx in reversed(runs[:-1]):
+            strides = tuple(1 if k == d else 0 for k in range(len(self.g.vars)))
+            mask = self._default("lt", (self.g.add(IndexValue(Index(strides), "int64"), torch.int64),
+                                        self.constant(hi, torch.int64)), {})
+            value = self._default("where", (mask, self._load(name, idx), value), {})
+        return value
+
+    def _load(self, name: str, idx: Index) -> _V:
+        g = self.g
         real = real_name(name)
-        idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges)
         if real in g.stored:
             stored_idx, value = g.stored[real]
             if stored_idx != idx:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import sympy
 
 from torch._inductor.utils import sympy_index_symbol
-from torch.utils._sympy.functions import FloorDiv, Identity, ModularIndexing
+from torch.utils._sympy.functions import FloorDiv, Identity, Max, Min, ModularIndexing
 from torch._inductor.virtualized import V
 
 from .kernel_ir import Index
@@ -82,6 +82,62 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
     if not isinstance(rest, sympy.Integer):
         raise NotCapturable(f"non-affine index {expr} for {what}")
     return Index(tuple(strides), int(rest))
+
+
+MAX_RUNS = 8  # more affine runs than this: not worth a piece each
+
+
+def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what: str):
+    """`expr` (an index) as affine runs along one variable: (its position in `variables`,
+    [(start, end, Index)] covering its range, each Index exact on its run), or None when `expr`
+    is affine already.
+
+    Inductor writes a replicate pad as ``Min(63, Max(0, i1 - 2))``, a reflect pad with ``Abs``, a
+    shifted wrap as ``ModularIndexing(i1 + 3, 1, 64)``: affine except at a few points of one
+    variable. Evaluated at every point of that variable, the runs of constant slope are the
+    pieces; capture turns them into a where over index masks, which the planner cuts
+    (passes/pieces.py). NotCapturable when the non-affine part involves several variables or has
+    more than MAX_RUNS runs."""
+    expr = sympy.sympify(expr)
+    if expr.has(Identity):
+        expr = expr.replace(Identity, lambda x: x)
+    expr = sympy.expand(expr)
+
+    def curved_term(t) -> bool:
+        return bool(t.atoms(sympy.Function) or t.atoms(sympy.Mod) or t.has(sympy.Min, sympy.Max, Min, Max))
+
+    if not curved_term(expr):
+        return None
+    terms = sympy.Add.make_args(expr)
+    curved = [t for t in terms if curved_term(t)]
+    inner = set().union(*(t.free_symbols for t in curved))
+    if len(inner) != 1 or not inner <= set(variables):
+        raise NotCapturable(f"non-affine index {expr} for {what}")
+    (v,) = inner
+    n = int(ranges[v])
+    g = sympy.Add(*curved)
+    try:
+        values = [int(g.subs(v, k)) for k in range(n)] if n <= 4096 else None
+    except (TypeError, ValueError):
+        values = None
+    if values is None:
+        raise NotCapturable(f"non-affine index {expr} for {what}")
+    runs, start = [], 0
+    while start < n:
+        slope = values[start + 1] - values[start] if start + 1 < n else 0
+        end = start + 1
+        while end < n and values[end] - values[end - 1] == slope:
+            end += 1
+        runs.append((start, end, slope, values[start] - slope * start))
+        start = end
+        if len(runs) > MAX_RUNS:
+            raise NotCapturable(f"non-affine index {expr} for {what} (more than {MAX_RUNS} affine runs)")
+    rest = sympy.Add(*[t for t in terms if t not in curved])
+    out = []
+    for lo, hi, slope, offset in runs:
+        index = affine_index(rest + slope * v + offset, variables, what)
+        out.append((lo, hi, index))
+    return list(variables).index(v), out
 
 
 def dim_cuts(exprs, variables: Sequence[sympy.Symbol], sizes: Sequence[int]) -> list[tuple[int, ...]]:

@@ -234,3 +234,16 @@ def test_grouped_kv_heads_expanded_and_reshaped():
     # what a GQA model does to its KV heads before attention: expand then reshape (a copy)
     fn = lambda k: k[:, :, None].expand(1, 2, 4, 16, 64).reshape(1, 8, 16, 64) * 1.0  # noqa: E731
     _run(fn, _rand(1, 2, 16, 64))
+
+
+@pytest.mark.parametrize("mode", ["replicate", "reflect", "circular"])
+def test_pads_whose_index_clamps_or_reflects_are_pieces(mode):
+    # Inductor indexes these with Min/Max/Abs (or a modulo) of one loop variable: affine runs,
+    # turned into index masks and cut (no element is read twice or from outside x)
+    x = _rand(2, 8, 64)
+    _, (record,) = _run(lambda a: torch.nn.functional.pad(a, (2, 3), mode=mode), x)
+    assert len(_plan(record)["pieces"]["boxes"]) >= 3
+
+
+def test_eye_and_index_values_in_narrow_integer_types():
+    _run(lambda x: x + torch.eye(16, device=x.device), _rand(16, 16))
