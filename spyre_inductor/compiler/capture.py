@@ -46,6 +46,8 @@ from torch._inductor import ir
 from torch._inductor.dtype_propagation import DtypePropagationOpsHandler
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.virtualized import V
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from .indexing import (
     NotCapturable,
@@ -296,21 +298,26 @@ class CaptureHandler(DefaultHandler):
         try:
             idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges)
         except NotCapturable:
-            found = piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}")
-            if found is None:
+            if piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}") is None:
                 raise
-            return self._piecewise_load(name, *found)
+            return self._piecewise_load(name, index)
         return self._load(name, idx)
 
-    def _piecewise_load(self, name: str, d: int, runs) -> _V:
+    def _piecewise_load(self, name: str, index) -> _V:
         """where(i < end0, load at run 0, where(i < end1, ...)): a load whose index is affine on
-        runs of loop variable `d` (indexing.piecewise_affine), as index masks the planner cuts."""
-        value = self._load(name, runs[-1][2])
-        for lo, hi, idx in reversed(runs[:-1]):
+        runs of a loop variable (indexing.piecewise_affine; nested for bends in several), as
+        index masks the planner cuts."""
+        what = f"the load of {name}"
+        found = piecewise_affine(index, self.g.vars, self.g.var_ranges, what)
+        if found is None:
+            return self._load(name, affine_index(index, self.g.vars, what, self.g.var_ranges))
+        d, runs = found
+        value = self._piecewise_load(name, runs[-1][2])
+        for lo, hi, expr in reversed(runs[:-1]):
             strides = tuple(1 if k == d else 0 for k in range(len(self.g.vars)))
             mask = self._default("lt", (self.g.add(IndexValue(Index(strides), "int64"), torch.int64),
                                         self.constant(hi, torch.int64)), {})
-            value = self._default("where", (mask, self._load(name, idx), value), {})
+            value = self._default("where", (mask, self._piecewise_load(name, expr), value), {})
         return value
 
     def _load(self, name: str, idx: Index) -> _V:
@@ -369,7 +376,38 @@ class CaptureHandler(DefaultHandler):
         return self._default("where", (self._as_value(mask), value, fill), {})
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        direct = self._index_from_indices(x, size, wrap_neg)
+        if direct is not None:
+            return direct
         raise NotCapturable("indirect indexing (gather/scatter)")
+
+    def check_bounds(self, expr, size, lower, upper):
+        # Inductor's bound check of an indirect index; one computed from the loop indices was
+        # checked when it was made (_index_from_indices)
+        expr = sympy.sympify(expr)
+        if expr.free_symbols <= set(self.g.vars):
+            return None
+        raise NotCapturable("a bound check of an index read from memory (gather/scatter)")
+
+    def _index_from_indices(self, x, size, wrap_neg):
+        """An 'indirect' index computed from the loop indices alone (a roll's (i + s) % n, a
+        flip's n - 1 - i) as the sympy index it is, so the load stays direct (affine, or
+        piecewise affine: pieces). None when it reads data. Its range is known at compile
+        time: an index outside [0, size) is an error here, like eager's IndexError."""
+        if not isinstance(x, _V):
+            return None
+        expr = _symbolic(self.g, x.pos)
+        if expr is None:
+            return None
+        size = static_int(size, "an index bound")
+        bounds = bound_sympy(expr, {v: ValueRanges(0, n - 1) for v, n in self.g.var_ranges.items()})
+        lo, hi = int(bounds.lower), int(bounds.upper)
+        if wrap_neg and hi < 0:
+            expr, lo, hi = expr + size, lo + size, hi + size
+        if lo < 0 or hi >= size:
+            raise NotCapturable(f"an index computed from the loop indices spans [{lo}, {hi}], outside "
+                                f"[0, {size}) (negative and positive indices mixed, or out of range)")
+        return expr
 
     def _is_outer(self, value: _V) -> bool:
         """kernel_ir's outer() for one value (a Constant may be stored anywhere)."""
@@ -423,6 +461,34 @@ class CaptureHandler(DefaultHandler):
         result = dtype_name(dtypes[0], f"the cum{op} scan")
         arg = self._as_value(values[0])
         return (g.add(Scan(op, arg.pos, result), dtypes[0]),)
+
+
+_SYMBOLIC_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
+
+
+def _symbolic(g: "_Group", pos: int):
+    """Value `pos` as a sympy expression in the group's loop variables when it is integer
+    arithmetic on index values and constants only (else None)."""
+    v = g.values[pos]
+    if isinstance(v, IndexValue):
+        return sympy.Integer(v.index.offset) + sum(s * var for s, var in zip(v.index.strides, g.vars))
+    if isinstance(v, Constant):
+        return sympy.Integer(v.value) if isinstance(v.value, int) and not isinstance(v.value, bool) else None
+    if isinstance(v, Cast) and v.dtype in ("int64", "int32"):
+        return _symbolic(g, v.arg)
+    if isinstance(v, Op) and v.dtype in ("int64", "int32"):
+        args = [_symbolic(g, a) for a in v.args]
+        if any(a is None for a in args):
+            return None
+        if v.name in _SYMBOLIC_OPS:
+            return _SYMBOLIC_OPS[v.name](*args)
+        if v.name in ("fmod", "remainder", "mod", "floordiv") and isinstance(args[1], sympy.Integer) and args[1] > 0:
+            low = bound_sympy(args[0], {x: ValueRanges(0, n - 1) for x, n in g.var_ranges.items()}).lower
+            if low >= 0 or v.name == "remainder":  # C's fmod and Python's % agree on non-negatives
+                if v.name == "floordiv":
+                    return FloorDiv(args[0], args[1])
+                return ModularIndexing(args[0], 1, args[1])
+    return None
 
 
 class _Probe(DefaultHandler):

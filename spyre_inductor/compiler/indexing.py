@@ -89,15 +89,16 @@ MAX_RUNS = 8  # more affine runs than this: not worth a piece each
 
 def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what: str):
     """`expr` (an index) as affine runs along one variable: (its position in `variables`,
-    [(start, end, Index)] covering its range, each Index exact on its run), or None when `expr`
-    is affine already.
+    [(start, end, expression)] covering its range, each expression exact on its run and free of
+    that variable's bends), or None when `expr` is affine already. A bend in another variable is
+    left in the run's expression (call again on it).
 
     Inductor writes a replicate pad as ``Min(63, Max(0, i1 - 2))``, a reflect pad with ``Abs``, a
-    shifted wrap as ``ModularIndexing(i1 + 3, 1, 64)``: affine except at a few points of one
-    variable. Evaluated at every point of that variable, the runs of constant slope are the
-    pieces; capture turns them into a where over index masks, which the planner cuts
-    (passes/pieces.py). NotCapturable when the non-affine part involves several variables or has
-    more than MAX_RUNS runs."""
+    roll as ``ModularIndexing(i1 + 3, 1, 64)``: affine except at a few points of one variable.
+    Evaluated at every point of that variable, the runs of constant slope are the pieces;
+    capture turns them into a where over index masks, which the planner cuts
+    (passes/pieces.py). NotCapturable when one bend involves several variables, or has more than
+    MAX_RUNS runs."""
     expr = sympy.sympify(expr)
     if expr.has(Identity):
         expr = expr.replace(Identity, lambda x: x)
@@ -106,22 +107,25 @@ def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what
     def curved_term(t) -> bool:
         return bool(t.atoms(sympy.Function) or t.atoms(sympy.Mod) or t.has(sympy.Min, sympy.Max, Min, Max))
 
-    if not curved_term(expr):
-        return None
     terms = sympy.Add.make_args(expr)
     curved = [t for t in terms if curved_term(t)]
-    inner = set().union(*(t.free_symbols for t in curved))
+    if not curved:
+        return None
+    inner = curved[0].free_symbols
     if len(inner) != 1 or not inner <= set(variables):
         raise NotCapturable(f"non-affine index {expr} for {what}")
     (v,) = inner
+    mine = [t for t in curved if t.free_symbols == inner]
     n = int(ranges[v])
-    g = sympy.Add(*curved)
+    g = sympy.Add(*mine)
+    if n > 4096:
+        raise NotCapturable(f"non-affine index {expr} for {what} (a bend along a dim of {n})")
+    f = sympy.lambdify(v, g, modules=[{"ModularIndexing": lambda x, d, m: (x // d) % m,
+                                       "FloorDiv": lambda x, d: x // d, "Min": min, "Max": max}, "math"])
     try:
-        values = [int(g.subs(v, k)) for k in range(n)] if n <= 4096 else None
-    except (TypeError, ValueError):
-        values = None
-    if values is None:
-        raise NotCapturable(f"non-affine index {expr} for {what}")
+        values = [int(f(k)) for k in range(n)]
+    except (TypeError, ValueError, NameError):
+        raise NotCapturable(f"non-affine index {expr} for {what}") from None
     runs, start = [], 0
     while start < n:
         slope = values[start + 1] - values[start] if start + 1 < n else 0
@@ -132,12 +136,8 @@ def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what
         start = end
         if len(runs) > MAX_RUNS:
             raise NotCapturable(f"non-affine index {expr} for {what} (more than {MAX_RUNS} affine runs)")
-    rest = sympy.Add(*[t for t in terms if t not in curved])
-    out = []
-    for lo, hi, slope, offset in runs:
-        index = affine_index(rest + slope * v + offset, variables, what)
-        out.append((lo, hi, index))
-    return list(variables).index(v), out
+    rest = sympy.Add(*[t for t in terms if t not in mine])
+    return list(variables).index(v), [(lo, hi, rest + slope * v + offset) for lo, hi, slope, offset in runs]
 
 
 def dim_cuts(exprs, variables: Sequence[sympy.Symbol], sizes: Sequence[int]) -> list[tuple[int, ...]]:

@@ -247,3 +247,17 @@ def test_pads_whose_index_clamps_or_reflects_are_pieces(mode):
 
 def test_eye_and_index_values_in_narrow_integer_types():
     _run(lambda x: x + torch.eye(16, device=x.device), _rand(16, 16))
+
+
+@pytest.mark.parametrize("shifts,dims", [(3, 1), (-5, 1), ((2, -1), (0, 1)), (7, None)])
+def test_roll_is_two_copies_not_a_gather(shifts, dims):
+    # the reference decomposition indexes with (arange + s) % n: computed from the loop indices,
+    # so capture keeps it a direct (piecewise) index instead of a gather
+    x = _rand(8, 64)
+    fn = (lambda a: torch.roll(a, shifts)) if dims is None else (lambda a: torch.roll(a, shifts, dims))
+    _, records = _run(fn, x)
+    assert all("pieces" in _plan(r) for r in records)
+
+
+def test_flip():
+    _run(lambda a: (torch.flip(a, [1]), torch.flip(a, [0])), _rand(8, 64))

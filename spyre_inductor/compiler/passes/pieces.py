@@ -219,7 +219,14 @@ def check_bounds(kernel) -> None:
     kernel), or Unsupported naming it: a mask that keeps a load in bounds but cannot be cut is
     not something we run."""
     extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
-    for what, buffer, index in ([("load of", v.buffer, v.index) for v in kernel.values if isinstance(v, Load)]
+    needed = {s.value for s in kernel.stores}
+    for pos in range(len(kernel.values) - 1, -1, -1):
+        if pos in needed:
+            v = kernel.values[pos]
+            needed |= {v.arg} if hasattr(v, "arg") else set(getattr(v, "args", ()))
+    # (a load no store needs is never moved: an empty reduction's operand)
+    for what, buffer, index in ([("load of", v.buffer, v.index) for k, v in enumerate(kernel.values)
+                                 if isinstance(v, Load) and k in needed]
                                 + [("store to", s.buffer, s.index) for s in kernel.stores]):
         lo, hi = _range(IndexValue(index, "int64"), extents)
         n = _extent(kernel.buffer(buffer))
