@@ -48,15 +48,17 @@ def test_layout_merges_contiguous_dims_and_keeps_graph_layouts():
     assert {v.dtype: v.elems_per_stick for v in lay.values} == {"fp16": 64, "fp32": 32}
 
 
-def test_layout_broadcast_keeps_dims_and_transpose_goes_one_element_per_stick():
+def test_layout_broadcast_keeps_dims_and_transpose_is_staged_on_chip():
     lay = plan_layout(binary_kernel("add", (67, 71), "fp32", y_shape=(71,)))
-    assert lay.ranges == (67, 71) and lay.stick_dim == 1 and lay.row_dim == 0
+    assert lay.ranges == (67, 71) and lay.stick_dim == 1 and lay.row_dim == 0 and lay.relayout == "sticks"
     k = KernelBuilder("t", (40, 90))
-    k.buffer("x", "fp32", (40, 90), (1, 40))
+    k.buffer("x", "fp32", (90, 40))
     k.buffer("out", "fp32", (40, 90))
     k.store("out", k.op("neg", k.load("x", (1, 40))))
     lay = plan_layout(k.build())
-    assert lay.stick_dim is None and lay.row_dim == 1
+    # the store's contiguous dim is the stick dim, the load moves along its own and is transposed
+    assert (lay.relayout, lay.stick_dim, lay.row_dim) == ("transposed", 1, 0)
+    assert [a.transposed for a in lay.accesses()] == [True, False]
 
 
 def test_int64_is_computed_in_int64_and_unknown_types_are_unsupported():
