@@ -48,7 +48,7 @@ __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-4"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner
+COMPILER_VERSION = "spyre-5"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: relayouts on chip
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Compiled:
 def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Program:
     layout, tile_kernel, tiling, placement = fixed
     steps = tile_kernel.phase(PhaseKind.CHUNK).steps
-    notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), tiles {tiling.tile_rows}x"
+    notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), {layout.relayout} relayout, tiles {tiling.tile_rows}x"
              f"{tiling.tile_cols} streamed along dim {tiling.stream_dim}, {division.cores} core(s)")
     program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
     if not check:  # a candidate, only timed; the chosen program is built again and validated
