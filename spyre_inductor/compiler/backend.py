@@ -34,14 +34,14 @@ from .passes.codegen import build_program
 from .passes.division import TIE, choose_division, chosen_ns, representative
 from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
-from .passes.layout import BufferLayout, plan_layout
+from .passes.layout import TRANSPOSED_MODE, BufferLayout, plan_layout
 from .passes.matmul import plan_matmul
 from .passes.minimum import recorded
 from .passes.plans import Division, Plans
 from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
 from .passes.scratchpad import plan_scratchpad
-from .passes.tiling import BUFFER_CHOICES, TARGETS, plan_tiling
+from .passes.tiling import BUFFER_CHOICES, ROW_STICKS, TARGETS, plan_tiling
 from .passes.verify import verify
 
 __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact_key", "compile_kernel",
@@ -117,7 +117,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
 
 def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """The pointwise family: its lowering (layout, fusion: the tile kernel), its plan variants
-    (tile-size target x stream buffers, each a tile shape and a placement), then the core count."""
+    (tile-size target x stream buffers x, in the transposed relayout, rows per block: each a tile
+    shape and a placement), then the core count."""
     layout = plan_layout(kernel)
     tile_kernel = plan_fusion(kernel, layout)
     # Tile size and buffering are chosen at the most cores the kernel may use, then the core
@@ -125,8 +126,9 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     # timing every variant at every count would multiply the planning time for nothing.
     widest = cores or max_cores or HARDWARE.cores
     best, seen = None, set()
-    for target, buffers in ((t, b) for t in TARGETS for b in BUFFER_CHOICES):
-        placement, tiling = plan_scratchpad(tile_kernel, plan_tiling(layout, tile_kernel, target, buffers))
+    blocks = ROW_STICKS if layout.relayout == TRANSPOSED_MODE else ROW_STICKS[:1]
+    for target, buffers, rows in ((t, b, r) for t in TARGETS for b in BUFFER_CHOICES for r in blocks):
+        placement, tiling = plan_scratchpad(tile_kernel, plan_tiling(layout, tile_kernel, target, buffers, rows))
         if tiling in seen:
             continue  # the kernel is smaller than the target: same plan
         seen.add(tiling)

@@ -21,7 +21,9 @@ elements) or the whole row dim: whole-row tiles round their rows down to
 it, and when the stick dim does not fit a tile row the tile is a block of
 ``row_granule`` rows times a chunk of the stick dim: the stream walks the
 chunks and the row dim is a loop in blocks of ``tile_rows``
-(``row_block``), the last block of a share possibly shorter.
+(``row_block``), the last block of a share possibly shorter. A block is
+one or more sticks of rows (ROW_STICKS, a plan variant: a block as tall as
+a core's share streams once, without a second pipeline fill and drain).
 
 Each streamed tile (fusion.streamed: loaded or stored) has ``buffers``
 copies in scratchpad: the load/store unit fills one while the sfp computes
@@ -56,6 +58,7 @@ TARGET_BYTES = 32 * 1024
 TARGETS = (32 * 1024, 128 * 1024)
 BUFFERS = 3
 BUFFER_CHOICES = (3, 2)
+ROW_STICKS = (1, 2)  # rows of a block of the transposed relayout, in sticks of its transposed accesses
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,9 @@ class TilePlan(Describable):
 
 
 def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int = TARGET_BYTES,
-                buffers: int = BUFFERS) -> TilePlan:
+                buffers: int = BUFFERS, row_sticks: int = 1) -> TilePlan:
+    """The tile shape for a target of bytes per streamed tile; `row_sticks`: a block of rows
+    (transposed relayout, stick dim in chunks) is that many sticks of the transposed accesses."""
     ranges = layout.ranges
     sizes = [ITEMSIZE[t.dtype] for t in tile_kernel.tiles] or [4]
     granule = STICK // min(sizes)
@@ -120,9 +125,10 @@ def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int =
     moved = [ITEMSIZE[a.dtype] for a in layout.accesses() if a.transposed]
     # whole sticks of every transposed access, or the whole row dim when it is shorter
     row_granule = min(ranges[rd], STICK // min(moved)) if moved else 1
-    chunk = max(granule, target_bytes // widest // row_granule // granule * granule)
+    block = min(ranges[rd], row_granule * row_sticks) if moved else 1
+    chunk = max(granule, target_bytes // widest // block // granule * granule)
     if ranges[sd] > chunk:
-        return TilePlan(ranges, sd, rd, sd, row_granule, chunk, _others(ranges, sd), granule, buffers, row_granule)
+        return TilePlan(ranges, sd, rd, sd, block, chunk, _others(ranges, sd), granule, buffers, row_granule)
     cols = ranges[sd]
     if rd is None:
         return TilePlan(ranges, sd, None, sd, 1, cols, _others(ranges, sd), granule, buffers)
