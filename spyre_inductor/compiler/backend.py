@@ -38,7 +38,7 @@ from .passes.fusion import plan_fusion
 from .passes import pieces
 from .passes.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
 from .passes.matmul import plan_matmul
-from .passes.minimum import minimum_traffic, recorded
+from .passes.minimum import recorded, union_traffic
 from .passes.plans import Division, Plans
 from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
@@ -126,33 +126,53 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     if cut is None:
         pieces.check_bounds(kernel)
         return _plan_whole(kernel, cores, max_cores, estimate)
-    planned = []
-    for piece in cut:
-        pieces.check_bounds(piece.kernel)
-        planned.append((piece, _plan_whole(piece.kernel, cores, max_cores, estimate)))
-    notes = (f"{COMPILER_VERSION}: {len(cut)} pieces cut at the index masks, each planned alone, run one "
-             f"after another")
-    program = pieces.in_sequence(kernel.name, symbols_of(kernel), [c.program for _, c in planned], notes)
-    traffic = [minimum_traffic(p.kernel) for p, _ in planned]
-    program = dataclasses.replace(program, minimum_bytes=sum(t.total for t in traffic),
-                                  minimum_read_bytes=sum(t.read_bytes for t in traffic))
+    units = []  # (pieces, the kernel planned for them, its plan): a stacked group or one piece
+    for group in _shape_groups(cut):
+        for piece in group:
+            pieces.check_bounds(piece.kernel)
+        together = pieces.stacked(group)
+        if together is not None:
+            try:
+                units.append((group, together, _plan_whole(together, cores, max_cores, estimate)))
+                continue
+            except Unsupported:
+                pass  # (more tiles per tile than fit: plan them one by one)
+        units += [((p,), p.kernel, _plan_whole(p.kernel, cores, max_cores, estimate)) for p in group]
+    stacked = sum(len(g) for g, _, _ in units if len(g) > 1)
+    notes = (f"{COMPILER_VERSION}: {len(cut)} pieces cut at the index masks ({stacked} stacked into shared "
+             f"tiles), {len(units)} plan(s) run one after another")
+    program = units[0][2].program if len(units) == 1 else pieces.in_sequence(
+        kernel.name, symbols_of(kernel), [c.program for _, _, c in units], notes)
+    traffic = union_traffic([k for _, k, _ in units])
+    program = dataclasses.replace(program, minimum_bytes=traffic.total, minimum_read_bytes=traffic.read_bytes,
+                                  notes=notes)
     try:
         validate(program)
     except ProgramError as e:
         raise Unsupported(f"kernel {kernel.name!r}: the pieces' program does not validate: {e}") from e
     ns = simulated_ns(program)
-    largest = max(planned, key=lambda pc: math.prod(pc[0].counts))[1].plans
-    plan = pieces.PiecesPlan(pieces.cut_points(kernel), tuple(p.starts + p.counts for p, _ in planned),
-                             tuple(c.plans.division.cores for _, c in planned),
-                             tuple(c.plans.division.ns for _, c in planned),
-                             "the index masks are constant on each piece: each is a plain kernel")
-    division = Division(max(plan.cores), f"{len(cut)} pieces, each over its own cores",
-                        tuple((f"piece {k}", ns_k) for k, ns_k in enumerate(plan.ns)),
-                        "each piece's division chosen alone; the tile kernel shown is the largest piece's",
+    largest = max(units, key=lambda u: sum(math.prod(p.counts) for p in u[0]))[2].plans
+    plan = pieces.PiecesPlan(pieces.cut_points(kernel), tuple(p.starts + p.counts for p in cut),
+                             tuple(c.plans.division.cores for _, _, c in units),
+                             tuple(c.plans.division.ns for _, _, c in units),
+                             f"the index masks are constant on each piece: each is a plain kernel; pieces of "
+                             f"one shape are stacked into one plan when none writes what another reads "
+                             f"(their loads shared): {[len(g) for g, _, _ in units]} piece(s) per plan")
+    division = Division(max(plan.cores), f"{len(cut)} pieces in {len(units)} plan(s), each over its own cores",
+                        tuple((f"plan {k}", ns_k) for k, ns_k in enumerate(plan.ns)),
+                        "each plan's division chosen alone; the tile kernel shown is the largest plan's",
                         (), ns)
     plans = Plans("pointwise", buffers_of(kernel), largest.tile_kernel, (("pieces", plan),) + largest.stages,
                   largest.placement, division)
     return Compiled(plans, program)
+
+
+def _shape_groups(cut) -> list[tuple]:
+    """The pieces grouped by box shape, in order of their first piece."""
+    groups: dict[tuple, list] = {}
+    for p in cut:
+        groups.setdefault(p.counts, []).append(p)
+    return [tuple(g) for g in groups.values()]
 
 
 def _plan_whole(kernel: Kernel, cores, max_cores, estimate) -> Compiled:

@@ -261,3 +261,22 @@ def test_roll_is_two_copies_not_a_gather(shifts, dims):
 
 def test_flip():
     _run(lambda a: (torch.flip(a, [1]), torch.flip(a, [0])), _rand(8, 64))
+
+
+def test_rotary_reads_each_element_once():
+    # the two halves of rotate_half are pieces of one shape, stacked so their loads are shared;
+    # the cos/sin tables (broadcast over heads) get the rows along the heads, loaded once per tile
+    def rope(q, cos, sin):
+        return q * cos + torch.cat((-q[..., 64:], q[..., :64]), dim=-1) * sin
+
+    q, cos, sin = _rand(1, 8, 64, 128), _rand(64, 128, seed=1), _rand(64, 128, seed=2)
+    args = [t.to("spyre") for t in (q, cos, sin)]
+    torch._dynamo.reset()
+    compiled = torch.compile(rope)
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
+    out = compiled(*args)
+    torch.spyre.synchronize()
+    (report,) = torch.spyre.kernel_reports()
+    assert report.refetch == pytest.approx(1.0)
+    torch.testing.assert_close(out.cpu(), rope(q, cos, sin), rtol=1e-6, atol=1e-6)

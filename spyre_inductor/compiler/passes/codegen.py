@@ -87,6 +87,8 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
         if stream == tiling.stick_dim:
             return rows_now[0], n
         cols = share.counts[tiling.stick_dim] if tiling.stick_dim is not None else 1
+        if stream != tiling.row_dim:  # a stream along a third dim: each tile is a block of rows
+            return rows_now[0], cols
         return n, cols
 
     def device(u, access: Access, t) -> object:

@@ -261,7 +261,14 @@ def _choose_dims(where, ranges, loads, stores) -> _Choice:
     for d in reversed(range(len(ranges))):
         col = [a.strides[d] for a in accesses]
         if all(s in (0, 1) for s in col) and any(s == 1 for s in col):
-            return _Choice(d, row_dim_besides(d), STICKS_MODE, f"every access walks dim {d} with stride 0 or 1")
+            rd = row_dim_besides(d)
+            better = _broadcast_row_dim(ranges, accesses, d, rd)
+            if better is not None:
+                return _Choice(d, better, STICKS_MODE,
+                               f"every access walks dim {d} with stride 0 or 1; rows along dim {better}, not "
+                               f"dim {rd}: an operand broadcast over dim {better} is then loaded once per tile "
+                               f"of rows instead of once per step of a loop around the tiles")
+            return _Choice(d, rd, STICKS_MODE, f"every access walks dim {d} with stride 0 or 1")
     transposed = _transposed_pair(ranges, accesses)
     if transposed is not None:
         sd, rd, moved = transposed
@@ -277,6 +284,34 @@ def _choose_dims(where, ranges, loads, stores) -> _Choice:
     return _Choice(None, rd, ELEMENTS_MODE,
                    "no pair of dims lets every access move whole sticks (directly or transposed on chip): "
                    "one element per stick, every stick moved charged")
+
+
+def _broadcast_row_dim(ranges, accesses, sd, rd) -> int | None:
+    """A row dim that moves clearly fewer bytes than `rd`, or None. The dims other than the stick
+    and row dims are loops around the tiles, and an operand broadcast over a loop dim (stride 0:
+    a rotary table over heads, a bias over the batch) is loaded again in every step of it; along
+    the row dim it is loaded once per tile. So the rows go along the dim whose broadcasts cost
+    the most (by bytes moved, a loop-step count; ties keep the innermost dim)."""
+    if rd is None:
+        return None
+
+    def moved(r) -> int:
+        total = 0
+        for a in accesses:
+            n = ITEMSIZE[a.dtype]
+            for d, (e, s) in enumerate(zip(ranges, a.strides)):
+                if s != 0 or (d not in (sd, r)):
+                    n *= e
+            total += n
+        return total
+
+    base = moved(rd)
+    options = [(moved(d), -d, d) for d in range(len(ranges))
+               if d not in (sd, rd) and ranges[d] > 1 and all(a.strides[d] >= 0 for a in accesses)]
+    if not options:
+        return None
+    best, _, d = min(options)
+    return d if best < base * 0.9 else None
 
 
 def _transposed_pair(ranges, accesses):

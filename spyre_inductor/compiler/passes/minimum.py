@@ -77,19 +77,43 @@ def minimum_traffic(kernel) -> Traffic:
 
 
 def _bytes(kernel, accesses: dict[str, list], extents: tuple[int, ...]) -> int:
+    return _union_bytes(kernel, {name: [(i.offset, i.strides, extents) for i in indexes]
+                                 for name, indexes in accesses.items()})
+
+
+def _union_bytes(kernel, accesses: dict[str, list]) -> int:
     total = 0
-    for name, indexes in accesses.items():
+    for name, walks in accesses.items():
         buffer = kernel.buffer(name)
-        elements = distinct_elements([(i.offset, i.strides) for i in indexes], extents,
-                                     cap=_buffer_elements(buffer))
-        total += elements * TORCH_DTYPES[buffer.dtype].itemsize
+        total += _distinct(walks, _buffer_elements(buffer)) * TORCH_DTYPES[buffer.dtype].itemsize
     return total
+
+
+def union_traffic(kernels) -> Traffic:
+    """minimum_traffic of several kernels over the same buffers taken together (the pieces of one
+    kernel: an element two pieces read is read once at least, not twice)."""
+    reads: dict[str, list] = {}
+    writes: dict[str, list] = {}
+    for kernel in kernels:
+        extents = tuple(kernel.ranges) + tuple(getattr(kernel, "reduction_ranges", ()))
+        for v in kernel.values:
+            if isinstance(v, Load):
+                reads.setdefault(v.buffer, []).append((v.index.offset, v.index.strides, extents))
+        for st in kernel.stores:
+            writes.setdefault(st.buffer, []).append((st.index.offset, st.index.strides, extents))
+    first = kernels[0]
+    return Traffic(_union_bytes(first, reads), _union_bytes(first, writes))
 
 
 def distinct_elements(accesses, extents, cap: int | None = None) -> int:
     """Distinct element indices touched by `accesses` ((offset, strides) over `extents`) together."""
+    return _distinct([(offset, strides, extents) for offset, strides in accesses], cap)
+
+
+def _distinct(walks, cap: int | None = None) -> int:
+    """Distinct element indices touched by `walks` ((offset, strides, extents) each) together."""
     canon = []
-    for offset, strides in accesses:
+    for offset, strides, extents in walks:
         access = _canonical(offset, strides, extents)
         if access is not None and access not in canon:
             canon.append(access)

@@ -110,6 +110,36 @@ def split(kernel: PointwiseKernel) -> tuple[Piece, ...] | None:
     return tuple(pieces)
 
 
+def stacked(group: tuple[Piece, ...]) -> PointwiseKernel | None:
+    """Pieces of one shape as ONE kernel over that shape: every piece's values and stores side by
+    side, so a tile computes all of them and the pointwise family loads each distinct (buffer,
+    index) once per tile. A rotary embedding's two halves read x[:, :64] and x[:, 64:] each (its
+    own half, and the other one rotated): stacked, x is read once, not twice. None when stacking
+    could change the answer: a piece reads a buffer another piece writes (an in-place update
+    through a mask, as a slice assignment is)."""
+    first = group[0]
+    if len(group) < 2 or any(p.counts != first.counts for p in group):
+        return None
+    written = {st.buffer for p in group for st in p.kernel.stores}
+    read = {v.buffer for p in group for v in p.kernel.values if isinstance(v, Load)}
+    if written & read:
+        return None
+    values, stores = [], []
+    for p in group:
+        base = len(values)
+
+        def moved(v):
+            if isinstance(v, Cast):
+                return replace(v, arg=v.arg + base)
+            if isinstance(v, Op):
+                return replace(v, args=tuple(a + base for a in v.args))
+            return v
+
+        values += [moved(v) for v in p.kernel.values]
+        stores += [replace(st, value=st.value + base) for st in p.kernel.stores]
+    return PointwiseKernel(first.kernel.name, first.counts, first.kernel.buffers, tuple(values), tuple(stores))
+
+
 def box_kernel(kernel: PointwiseKernel, starts, counts) -> PointwiseKernel:
     """The kernel over one box: indices shifted to the box's origin, masks that are constant over
     the box folded, dead values dropped."""
@@ -262,4 +292,4 @@ def in_sequence(name: str, symbols, programs, notes: str = "") -> Program:
     return Program(name, tuple(symbols), cores, tuple(queues), notes=notes)
 
 
-__all__ = ["Piece", "PiecesPlan", "box_kernel", "check_bounds", "cut_points", "in_sequence", "split"]
+__all__ = ["Piece", "PiecesPlan", "box_kernel", "stacked", "check_bounds", "cut_points", "in_sequence", "split"]

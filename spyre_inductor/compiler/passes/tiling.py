@@ -87,12 +87,16 @@ class TilePlan(Describable):
 
     @property
     def tile_extent(self) -> int:
-        """Elements of the stream dim one tile covers."""
-        return self.tile_cols if self.stream_dim == self.stick_dim else self.tile_rows
+        """Elements of the stream dim one tile covers (1 when the stream walks a third dim)."""
+        if self.stream_dim == self.stick_dim:
+            return self.tile_cols
+        return self.tile_rows if self.stream_dim == self.row_dim else 1
 
     def with_extent(self, extent: int) -> "TilePlan":
         if self.stream_dim == self.stick_dim:
             return replace(self, tile_cols=extent)
+        if self.stream_dim != self.row_dim:
+            return self
         return replace(self, tile_rows=extent)
 
     def with_buffers(self, buffers: int) -> "TilePlan":
@@ -134,6 +138,14 @@ def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int =
         return TilePlan(ranges, sd, None, sd, 1, cols, _others(ranges, sd), granule, buffers)
     row_bytes = sticks(cols * widest)
     rows = min(ranges[rd], max(row_granule, target_bytes // row_bytes // row_granule * row_granule))
+    loops = [d for d in _others(ranges, sd, rd) if ranges[d] > 1]
+    if rows == ranges[rd] and loops:
+        # Every row fits one tile, so a stream along the row dim would be one tile long, with
+        # nothing to overlap, once per step of the loops around it: stream along the longest
+        # loop instead, one tile of all the rows per step (a rotary table broadcast over heads,
+        # with the rows along the heads).
+        dim = max(loops, key=lambda d: (ranges[d], d))
+        return TilePlan(ranges, sd, rd, dim, rows, cols, _others(ranges, sd, dim), granule, buffers, row_granule)
     return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule, buffers, row_granule)
 
 
