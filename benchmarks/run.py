@@ -7,6 +7,7 @@ import calibration
 import compiled_matmul
 import compiled_pointwise
 import compiled_reductions
+import data_movement
 import device_overhead
 import queue_layer
 import simulator
@@ -22,3 +23,4 @@ if __name__ == "__main__":
     compiled_pointwise.main()
     compiled_reductions.main()
     compiled_matmul.main()
+    data_movement.main()

@@ -233,6 +233,19 @@ REDUCE = {
     "argmin": Op("{a}.argmin({d}, keepdim={k})", lambda b, n: n, inputs_only=True),
     "max_indices": Op("torch.max({a}, {d}, keepdim={k})[1]", lambda b, n: n, inputs_only=True),
 }
+# Data movement along {d} (issue 16: index masks cut into pieces, piecewise indices, on-chip
+# index values): the values are moved, never changed (steps=0: no rounding on the path).
+MOVES = {
+    "roll": Op("torch.roll({a}, 3, {d})", lambda b, n: b, steps=0),
+    "flip": Op("torch.flip({a}, [{d}])", lambda b, n: b, steps=0),
+    "cat_rotate": Op("torch.cat([{a}.narrow({d}, 1, {a}.shape[{d}] - 1), {a}.narrow({d}, 0, 1)], {d})",
+                     lambda b, n: b, steps=0),
+    "pad_crop": Op("F.pad({a}.movedim({d}, -1), (2, 1), value=1)[..., 1:-2].movedim(-1, {d})",
+                   lambda b, n: max(b, 1), steps=0),
+    "first_two": Op("({a}.movedim({d}, -1) * (torch.arange({a}.shape[{d}], device={a}.device) < 2))"
+                    ".movedim(-1, {d})", lambda b, n: b, steps=0),
+}
+
 # Reductions whose result keeps the shape (no keepdim choice).
 SHAPED = {
     "softmax": Op("torch.softmax({a}, {d})", lambda b, n: 1.0),
@@ -240,6 +253,10 @@ SHAPED = {
     "cumsum": Op("torch.cumsum({a}, {d})", lambda b, n: b * n),
     # factors in [0.99, 1.01]: finite over any dim here; two ops on the path (module docstring)
     "cumprod": Op("torch.cumprod(1 + torch.tanh({a}) * 0.01, {d})", lambda b, n: 1.01 ** n, steps=2),
+    **MOVES,
+    # a replicate pad's index is clamped (Min/Max: piecewise affine); floats only in ATen
+    "replicate_crop": Op("F.pad({a}.movedim({d}, -1).reshape(1, -1, {a}.shape[{d}]), (3, 2), mode='replicate')"
+                         "[..., 2:-3].reshape({a}.movedim({d}, -1).shape).movedim(-1, {d})", lambda b, n: b, steps=0),
 }
 
 # ---- integers (int32, int64; int32 promoted to int64 by sums, prods and scans) ----------
@@ -296,6 +313,7 @@ INT_SHAPED = {
     "cumsum": Op("torch.cumsum({a}, {d})", lambda b, n: b * n),
     "cumprod": Op("torch.cumprod({a} % 3 - 1, {d})", lambda b, n: 1),
     "cumprod_sign": Op("torch.cumprod(1 - {a} % 2 * 2, {d})", lambda b, n: 1),
+    **MOVES,
 }
 
 # ---- bools (masks) ----------------------------------------------------------------------

@@ -260,7 +260,10 @@ def test_roll_is_two_copies_not_a_gather(shifts, dims):
 
 
 def test_flip():
-    _run(lambda a: (torch.flip(a, [1]), torch.flip(a, [0])), _rand(8, 64))
+    _run(lambda a: (torch.flip(a, [1]), torch.flip(a, [0]), torch.flip(a, [0, 1])), _rand(8, 64))
+    # every dim walked backwards by the load and forwards by the store: loops around one-row tiles
+    _run(lambda a: torch.flip(a, [0]), torch.randint(-2, 3, (3, 1), dtype=torch.int32))
+    _run(lambda a: torch.flip(a, [0]), _rand(300))
 
 
 def test_rotary_reads_each_element_once():

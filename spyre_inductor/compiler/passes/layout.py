@@ -204,6 +204,10 @@ def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
     raw = ([v.index.strides for _, v in load_values] + [s.index.strides for s in kernel.stores]
            + [v.index.strides for _, v in index_values])
     ranges, dim_map, strides = canonical_dims(kernel.ranges, raw)
+    if not any(all(st[d] >= 0 for st in strides) for d in range(len(ranges))):
+        # every dim is walked backwards by some access and forwards by another (a 1-D flip): tile
+        # rows move forward only, so a dim of one row is added and the others are loops
+        ranges, dim_map, strides = ranges + (1,), dim_map + ((),), [tuple(st) + (0,) for st in strides]
     loads = tuple((i, Access(v.buffer, v.dtype, strides[k], v.index.offset)) for k, (i, v) in enumerate(load_values))
     stores = tuple(Access(s.buffer, kernel.buffer(s.buffer).dtype, strides[len(load_values) + k], s.index.offset)
                    for k, s in enumerate(kernel.stores))
