@@ -28,12 +28,13 @@ from spyre_runtime.program.program import Program
 from spyre_runtime.program.validate import ProgramError, validate
 
 from .errors import PlanError, Unsupported
-from .kernel_ir import Kernel, MatmulKernel
+from .kernel_ir import IndirectKernel, Kernel, MatmulKernel
 from .passes.tiles import PhaseKind
 from .passes.codegen import build_program
 from .passes.division import TIE, choose_division, chosen_ns, representative
 from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
+from .passes.indirect_plan import plan as indirect_plan
 from .passes.layout import BufferLayout, plan_layout
 from .passes.matmul import plan_matmul
 from .passes.minimum import recorded
@@ -48,7 +49,7 @@ __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-4"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner
+COMPILER_VERSION = "spyre-5"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: gathers/scatters
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
             raise ValueError(f"{name} must be an integer in 1..{HARDWARE.cores}, got {n!r}")
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
+    if isinstance(kernel, IndirectKernel):
+        plans, program = indirect_plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
+        return Compiled(plans, program)
     if isinstance(kernel, MatmulKernel) and 0 not in kernel.reduction_ranges:
         try:
             return plan_matmul(kernel, cores=cores, max_cores=max_cores)

@@ -19,6 +19,12 @@ not vary over the sticks axis one element per row (a strided column load,
 one element per stick), and the sfp reads it as the broadcast tile its
 space says (tiles.broadcast_of). Inputs and outputs are placeholder symbols; there are no
 temporaries (nothing but the stores leaves the chip).
+
+The gather/scatter family (indirect_lowering.py) reuses this with `gathers`
+(loaded tile -> its move) and `scatters` (per store, its move or None): such a
+tile is moved by an isa Gather or Scatter whose row-index columns are tiles
+of the same stream buffer, and the gathers come after a fence, once the
+index columns loaded before them have landed.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, Fill, Load, Select, Store, Unary
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Load, Scatter, Select, Store, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK, RowIndex
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
 from ..errors import PlanError
@@ -41,18 +47,19 @@ from .tiling import TilePlan
 
 
 def build_program(name: str, layout: LayoutPlan, tile_kernel: TileKernel, tiling: TilePlan,
-                  placement: Placement, division: Division, notes: str = "") -> Program:
+                  placement: Placement, division: Division, notes: str = "", gathers=None,
+                  scatters=None) -> Program:
     symbols = tuple(Symbol(b.name, b.role, b.dtype, b.shape, b.strides) for b in layout.buffers)
     queues, cores = [], []
     for share in division.shares:
-        units, qs = _core(tile_kernel, tiling, placement, share)
+        units, qs = _core(tile_kernel, tiling, placement, share, dict(gathers or {}), scatters)
         queues += qs
         cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
     used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
     return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
 
 
-def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
+def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, gathers=None, scatters=None):
     chunk = tk.phase(PhaseKind.CHUNK)
     ls, sfp = Unit(), Unit()
     q, queues = pipeline_queues(share.core, tiling.buffers)
@@ -88,21 +95,47 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
     def row_stride(access: Access) -> int:
         return access.strides[row_axis] * ITEMSIZE[access.dtype] if row_axis is not None else 0
 
+    def row_indices(u, move, b, n_rows, isz):
+        out = []
+        for term in move.terms:
+            dtype, buffered, broadcast = sfp_view[term.tile]
+            a = spad.at(term.tile, b if buffered else None)
+            column = u.tile(a.offset, dtype, n_rows, 1, a.row_stride, "none" if broadcast == "none" else "scalar"
+                            if broadcast in ("scalar", "rows") else broadcast)
+            out.append(RowIndex(column, term.stride * isz, term.bound, term.wrap_neg))
+        return tuple(out)
+
     def load(u, t, b, size):
         rows, cols = shape(size)
+        fenced = False
         for tile, access in chunk.loads:
             a, tv, isz = spad.at(tile, b), tk.tile(tile), ITEMSIZE[access.dtype]
             n_rows = rows if tv.varies(ROWS) else 1
             n_bytes = cols * isz if tv.varies(STICKS) or stick_axis is None else isz
-            u.emit(Load(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
-                        row_stride(access) if n_rows > 1 else 0, a.row_stride))
+            move = (gathers or {}).get(tile)
+            if move is None:
+                u.emit(Load(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
+                            row_stride(access) if n_rows > 1 else 0, a.row_stride))
+                continue
+            if not fenced:  # the index columns are loads in flight: the gathers read them
+                u.emit(Fence())
+                fenced = True
+            u.emit(Gather(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
+                          row_stride(access) if n_rows > 1 else 0, a.row_stride, row_indices(u, move, b, n_rows, isz),
+                          move.op))
 
     def store(u, t, b, size):
         rows, cols = shape(size)
-        for tile, access in chunk.stores:
+        for k, (tile, access) in enumerate(chunk.stores):
             a, isz = spad.at(tile, b), ITEMSIZE[access.dtype]
-            u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
-                         row_stride(access) if rows > 1 else 0, a.row_stride))
+            move = scatters[k] if scatters else None
+            if move is None:
+                u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
+                             row_stride(access) if rows > 1 else 0, a.row_stride))
+                continue
+            u.emit(Scatter(device(u, access, t), u.sp(a.offset), rows, cols * isz,
+                           row_stride(access) if rows > 1 else 0, a.row_stride, row_indices(u, move, b, rows, isz),
+                           move.op, move.accumulate, access.dtype))
 
     def compute(u, t, b, size):
         rows, cols = shape(size)
