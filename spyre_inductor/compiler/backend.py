@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -31,13 +32,14 @@ from .errors import PlanError, Unsupported
 from .kernel_ir import IndirectKernel, Kernel, MatmulKernel
 from .passes.tiles import PhaseKind
 from .passes.codegen import build_program
-from .passes.division import TIE, choose_division, chosen_ns, representative
+from .passes.division import TIE, choose_division, chosen_ns, representative, simulated_ns
 from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
+from .passes import pieces
 from .passes.indirect_plan import plan as indirect_plan
-from .passes.layout import BufferLayout, plan_layout
+from .passes.layout import BufferLayout, buffers_of, plan_layout, symbols_of
 from .passes.matmul import plan_matmul
-from .passes.minimum import recorded
+from .passes.minimum import minimum_traffic, recorded
 from .passes.plans import Division, Plans
 from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
@@ -120,6 +122,42 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
 
 
 def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
+    """A pointwise kernel whole, or (when index masks cut it: a cat, a pad) piece by piece into one
+    program (passes/pieces.py)."""
+    cut = pieces.split(kernel)
+    if cut is None:
+        pieces.check_bounds(kernel)
+        return _plan_whole(kernel, cores, max_cores, estimate)
+    planned = []
+    for piece in cut:
+        pieces.check_bounds(piece.kernel)
+        planned.append((piece, _plan_whole(piece.kernel, cores, max_cores, estimate)))
+    notes = (f"{COMPILER_VERSION}: {len(cut)} pieces cut at the index masks, each planned alone, run one "
+             f"after another")
+    program = pieces.in_sequence(kernel.name, symbols_of(kernel), [c.program for _, c in planned], notes)
+    traffic = [minimum_traffic(p.kernel) for p, _ in planned]
+    program = dataclasses.replace(program, minimum_bytes=sum(t.total for t in traffic),
+                                  minimum_read_bytes=sum(t.read_bytes for t in traffic))
+    try:
+        validate(program)
+    except ProgramError as e:
+        raise Unsupported(f"kernel {kernel.name!r}: the pieces' program does not validate: {e}") from e
+    ns = simulated_ns(program)
+    largest = max(planned, key=lambda pc: math.prod(pc[0].counts))[1].plans
+    plan = pieces.PiecesPlan(pieces.cut_points(kernel), tuple(p.starts + p.counts for p, _ in planned),
+                             tuple(c.plans.division.cores for _, c in planned),
+                             tuple(c.plans.division.ns for _, c in planned),
+                             "the index masks are constant on each piece: each is a plain kernel")
+    division = Division(max(plan.cores), f"{len(cut)} pieces, each over its own cores",
+                        tuple((f"piece {k}", ns_k) for k, ns_k in enumerate(plan.ns)),
+                        "each piece's division chosen alone; the tile kernel shown is the largest piece's",
+                        (), ns)
+    plans = Plans("pointwise", buffers_of(kernel), largest.tile_kernel, (("pieces", plan),) + largest.stages,
+                  largest.placement, division)
+    return Compiled(plans, program)
+
+
+def _plan_whole(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """The pointwise family: its lowering (layout, fusion: the tile kernel), its plan variants
     (tile-size target x stream buffers, each a tile shape and a placement), then the core count."""
     layout = plan_layout(kernel)

@@ -73,6 +73,7 @@ from .kernel_ir import (
     Cast,
     Constant,
     Index,
+    IndexValue,
     Indirect,
     Load,
     Op,
@@ -241,7 +242,13 @@ class CaptureHandler(DefaultHandler):
         expr = sympy.sympify(expr)
         if isinstance(expr, sympy.Integer):
             return self.constant(int(expr), dtype)
-        raise NotCapturable(f"index_expr {expr} (a value computed from loop indices)")
+        index = affine_index(expr, self.g.vars, f"the index value {expr}")
+        if dtype in (torch.int64, torch.int32):
+            return self.g.add(IndexValue(index, dtype_name(dtype, "an index value")), dtype)
+        # (Inductor asks for other dtypes directly at times: the index in int64, then a cast,
+        # is what eager computes: arange's values are exact integers.)
+        value = self.g.add(IndexValue(index, "int64"), torch.int64)
+        return self.to_dtype(value, dtype)
 
     value_expr = index_expr
 
@@ -347,7 +354,16 @@ class CaptureHandler(DefaultHandler):
     # ---- what the IR does not have (yet) -----------------------------------------------
 
     def masked(self, mask, body, other):
-        raise NotCapturable("masked computation (padding, cat or out-of-bounds guards)")
+        # where(mask, body, other). The body's loads may index outside their buffers where the
+        # mask is false (a cat's other parts, a pad's border): the planner splits the iteration
+        # space at the mask's bounds (passes/pieces.py) so that no program reads there, and
+        # refuses a kernel whose masked-off loads it cannot keep in bounds.
+        value = self._as_value(body())
+        if isinstance(other, _V):
+            fill = other
+        else:
+            fill = self.constant(other, value.dtype)
+        return self._default("where", (self._as_value(mask), value, fill), {})
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         # Checked whatever `check` says: the program's gather or scatter never moves bytes
@@ -382,7 +398,7 @@ class CaptureHandler(DefaultHandler):
         for v in g.values[: value.pos + 1]:
             if isinstance(v, (Reduction, Constant)):
                 flags.append(True)
-            elif isinstance(v, Load):
+            elif isinstance(v, (Load, IndexValue)):
                 flags.append(not any(v.index.strides[n_outer:]))
             elif isinstance(v, (Cast, Indirect)):
                 flags.append(flags[v.arg])

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import sympy
 
 from torch._inductor.utils import sympy_index_symbol
+from torch.utils._sympy.functions import Identity
 from torch._inductor.virtualized import V
 
 from .kernel_ir import Index
@@ -59,7 +60,10 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, indirect=No
 
     `indirect` maps the symbols capture handed out for indirect indexing to their Indirect
     values' positions: each becomes an indirect term (position, its coefficient)."""
-    expr = sympy.expand(sympy.sympify(expr))
+    expr = sympy.sympify(expr)
+    if expr.has(Identity):  # Inductor's marker that keeps a cat part's index from being simplified
+        expr = expr.replace(Identity, lambda x: x)
+    expr = sympy.expand(expr)
     if expr.atoms(sympy.Function) or expr.atoms(sympy.Mod) or expr.atoms(sympy.Pow):
         raise NotCapturable(f"non-affine index {expr} for {what}")
     terms = []

@@ -42,6 +42,14 @@ of its argument, a product of two operands (Inductor's native-matmul form:
 ``ops.dot`` of the two loads, reduced by "dot"); a kernel that has one is a
 matmul, planned on the PE arrays.
 
+Values from indices (issue 16): an ``IndexValue`` is an integer affine in the
+iteration variables (Inductor's ``index_expr``: arange, the compares of
+masks). Inductor's ``masked(mask, body, other)`` is captured as
+``where(mask, body, other)``; the body's loads may then index outside their
+buffer where the mask is false (a cat's other parts), which the planner
+resolves by cutting the iteration space at the masks (passes/pieces.py) and
+checks (no program reads outside a buffer).
+
 Indirect indexing (issue 16): an ``Indirect`` value is the checked, wrapped
 integer index computed from value ``arg`` (an embedding's ids, a scatter's
 positions): in [0, bound) after adding ``bound`` to a negative value when
@@ -139,6 +147,16 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class IndexValue:
+    """A value computed from the loop indices (Inductor's ``index_expr``): an integer
+    ``index.offset + sum(index.strides[d] * i_d)`` in `dtype` (arange, the compares of causal and
+    padding masks, a cat's part boundaries)."""
+
+    index: "Index"
+    dtype: str
+
+
+@dataclass(frozen=True)
 class Op:
     """An elementwise operation on earlier values (positions); result dtype `dtype`."""
 
@@ -183,7 +201,7 @@ class Indirect:
     dtype: str = "int64"
 
 
-Value = Load | Constant | Op | Cast | Reduction | Scan | Indirect
+Value = Load | Constant | IndexValue | Op | Cast | Reduction | Scan | Indirect
 STORE_MODES = (None, "atomic_add")
 
 
@@ -242,7 +260,7 @@ class Kernel:
                 flags.append(True)
             elif isinstance(v, Constant):
                 flags.append(True)
-            elif isinstance(v, Load):
+            elif isinstance(v, (Load, IndexValue)):
                 flags.append(all(s == 0 for s in v.index.strides[n_outer:]))
             elif isinstance(v, (Cast, Indirect)):
                 flags.append(flags[v.arg])
@@ -297,6 +315,11 @@ class Kernel:
                 if v.buffer not in names:
                     raise ValueError(f"kernel {self.name!r}: value {i} loads unknown buffer {v.buffer!r}")
                 index_ok(f"value {i} (load of {v.buffer})", v.index)
+            elif isinstance(v, IndexValue):
+                index_ok(f"value {i} (an index value)", v.index)
+                if v.dtype not in ("int64", "int32"):
+                    raise ValueError(f"kernel {self.name!r}: value {i} is an index value of dtype {v.dtype} "
+                                     f"(int64 or int32)")
             elif isinstance(v, Op):
                 arity = 1 if v.name in UNARY_OPS else 2 if v.name in BINARY_OPS else 3 if v.name in TERNARY_OPS else None
                 if arity is None:
@@ -371,8 +394,8 @@ class Kernel:
     @classmethod
     def from_json(cls, text: str) -> "Kernel":
         d = json.loads(text)
-        kinds = {"Load": Load, "Constant": Constant, "Op": Op, "Cast": Cast, "Reduction": Reduction, "Scan": Scan,
-                 "Indirect": Indirect}
+        kinds = {"Load": Load, "Constant": Constant, "IndexValue": IndexValue, "Op": Op, "Cast": Cast,
+                 "Reduction": Reduction, "Scan": Scan, "Indirect": Indirect}
 
         def index(x):
             return Index(tuple(x["strides"]), x["offset"], tuple(tuple(t) for t in x.get("indirect", ())))
@@ -381,6 +404,8 @@ class Kernel:
             kind = kinds[v.pop("kind")]
             if kind is Load:
                 return Load(v["buffer"], index(v["index"]), v["dtype"])
+            if kind is IndexValue:
+                return IndexValue(index(v["index"]), v["dtype"])
             if kind is Op:
                 return Op(v["name"], tuple(v["args"]), v["dtype"])
             return kind(**v)

@@ -98,6 +98,11 @@ class Unit:
             steps.pop()
         return value.const, tuple(steps)
 
+    def affine(self, value) -> tuple[int, tuple[int, ...]]:
+        """(constant, per-loop steps) of an affine value for the loops enclosing the next
+        instruction: an operand that is not an address (an iota's start)."""
+        return self._steps(value)
+
     def sp(self, value) -> Addr:
         return Addr(*self._steps(value))
 

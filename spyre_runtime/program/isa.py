@@ -512,6 +512,41 @@ class Fill(Instruction):
         return (("tile", self.dst),)
 
 
+@instruction("iota", ("ls", "sfp"))
+@dataclass(frozen=True)
+class Iota(Instruction):
+    """dst[r, c] = start + r * row_step + c * col_step: an integer tile of values from the loop
+    indices (arange, the index compares of masks). `start` is affine in the loop counters
+    (``start + sum(steps[k] * i_k)``), like an address; a broadcast dst holds its stored shape.
+    It runs on the sfp, or on the load/store unit in place of the load of a tile whose values are
+    its own element indices (the reductions' plans: it then flows to the sfp like loaded data);
+    either way one pass per stick, like a fill."""
+
+    dst: Tile
+    start: int
+    steps: tuple[int, ...]
+    row_step: int
+    col_step: int
+
+    def run(self, m, core, idx):
+        rows, cols = self.dst.stored_shape
+        base = self.start + sum(s * i for s, i in zip(self.steps, idx))
+        r = torch.arange(rows, dtype=torch.int64).unsqueeze(1) * self.row_step
+        c = torch.arange(cols, dtype=torch.int64).unsqueeze(0) * self.col_step
+        m.view(core, self.dst, idx).copy_(base + r + c)
+
+    def cost(self, t, core, idx):
+        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
+
+    def touches(self):
+        return (("tile", self.dst),)
+
+    def problem(self):
+        if self.dst.dtype not in ("int32", "int64"):
+            return f"iota writes integers: its destination must be int32 or int64, not {self.dst.dtype}"
+        return None
+
+
 def _widest(*tiles: Tile) -> int:
     # The pipeline streams sticks: an fp32 operand takes two passes per 64 lanes.
     return max(ITEMSIZE[t.dtype] for t in tiles)

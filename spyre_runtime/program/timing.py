@@ -254,7 +254,7 @@ def _fixed_cost_instructions() -> frozenset:
     from . import isa
 
     # Their cost is a function of operand shapes (ring sends: of the two cores), not of addresses.
-    return frozenset({isa.MatMul, isa.Unary, isa.Binary, isa.Select, isa.Reduce, isa.Fill, isa.Copy,
+    return frozenset({isa.MatMul, isa.Unary, isa.Binary, isa.Select, isa.Reduce, isa.Fill, isa.Iota, isa.Copy,
                       isa.Send, isa.Transpose})
 
 

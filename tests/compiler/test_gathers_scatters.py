@@ -249,12 +249,9 @@ def test_the_validator_bounds_a_gather_by_its_index_bound():
         validate(program(11))
 
 
-def test_slice_and_select_scatter_wait_for_index_values(monkeypatch):
-    """slice_scatter/select_scatter reach the backend as pointwise kernels with index_expr
-    (a value computed from the loop indices), not as indirect indexing: they are refused
-    with that reason until IndexValue lands (issue 16's other half)."""
-    monkeypatch.delenv("SPYRE_STRICT")
+def test_slice_and_select_scatter_are_pointwise():
+    """slice_scatter/select_scatter reach the backend as pointwise kernels with index values and
+    masks (index_expr, masked), not as indirect indexing: plain programs, no gather."""
     x, s = torch.randn(4, 16, generator=_gen(21)), torch.randn(4, 4, generator=_gen(22))
-    out, _, records, warned, _ = compile_on_spyre(lambda x, s: torch.slice_scatter(x, s, 1, 2, 6), x, s)
-    torch.testing.assert_close(out[0].cpu(), torch.slice_scatter(x, s, 1, 2, 6))
-    assert any("index_expr" in (r.fallback_reason or "") for r in records)
+    _run(lambda x, s: torch.slice_scatter(x, s, 1, 2, 6), x, s, indirect=False)
+    _run(lambda x, s: torch.select_scatter(x, s[:, 0], 1, 2), x, s, indirect=False)

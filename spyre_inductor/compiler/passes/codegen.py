@@ -32,7 +32,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Load, Scatter, Select, Store, Unary
+from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Iota, Load, Scatter, Select, Store, Unary
 from spyre_runtime.program.operands import ITEMSIZE, STICK, RowIndex
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
@@ -146,7 +146,22 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, g
             return u.tile(a.offset, dtype, rows, cols, a.row_stride, broadcast)
 
         for st in chunk.steps:
-            emit_elementwise(u, st, tile)
+            if st.kind == "iota":
+                u.emit(iota(u, tile(st.dst), st.value, t))
+            else:
+                emit_elementwise(u, st, tile)
+
+    def iota(u, dst, counting, t):
+        # the value at the tile's origin, as device() finds an access's address (in elements)
+        value = Aff(counting.offset) + sum(
+            (counting.strides[d] * share.starts[d] for d in range(len(tiling.ranges))), 0)
+        for d, c in counters.items():
+            value = value + c * counting.strides[d]
+        value = value + t * (counting.strides[stream] * step)
+        start, steps = u.affine(value)
+        row_step = counting.strides[row_axis] if row_axis is not None else 0
+        col_step = counting.strides[tiling.stick_dim] if tiling.stick_dim is not None else 0
+        return Iota(dst, start, steps, row_step, col_step)
 
     with ExitStack() as stack:
         for d in tiling.loop_dims:

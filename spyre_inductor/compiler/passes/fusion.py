@@ -36,7 +36,7 @@ from dataclasses import replace
 from spyre_runtime.program import isa
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Load, Op, PointwiseKernel
+from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel
 from .layout import FLOATS, Access, LayoutPlan, operand_value
 from .tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel
 
@@ -78,6 +78,16 @@ def access_space(access: Access, layout: LayoutPlan) -> frozenset[str]:
     if layout.row_dim is not None and access.strides[layout.row_dim] != 0:
         axes.add(ROWS)
     if layout.stick_dim is not None and access.strides[layout.stick_dim] != 0:
+        axes.add(STICKS)
+    return frozenset(axes)
+
+
+def counting_space(strides: tuple[int, ...], layout: LayoutPlan) -> frozenset[str]:
+    """The axes an index value varies over (the dims its strides walk, as access_space)."""
+    axes = set()
+    if layout.row_dim is not None and strides[layout.row_dim] != 0:
+        axes.add(ROWS)
+    if layout.stick_dim is not None and strides[layout.stick_dim] != 0:
         axes.add(STICKS)
     return frozenset(axes)
 
@@ -133,6 +143,11 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> TileKernel:
                 consts[key] = new("k", dtype, Role.CONSTANT, frozenset())
                 const_list.append((consts[key], value))
             value_tile[i] = consts[key]
+        elif isinstance(v, IndexValue):
+            # computed on chip from the tile's position, never loaded (Step.value: the counting)
+            counting = layout.counting(i)
+            value_tile[i] = new("ix", dtype, Role.TEMPORARY, counting_space(counting.strides, layout))
+            steps.append(Step("iota", "iota", value_tile[i], (), value=counting))
         elif isinstance(v, Cast):
             src = value_tile[v.arg]
             src_dtype = tiles[src].dtype

@@ -37,7 +37,7 @@ from spyre_runtime.program.program import Symbol
 
 from ..errors import Unsupported
 from ..scalars import scalar_as
-from ..kernel_ir import Cast, Load, PointwiseKernel
+from ..kernel_ir import Cast, IndexValue, Load, PointwiseKernel
 from ._dump import Describable
 
 FLOATS = ("fp16", "bf16", "fp32")
@@ -80,6 +80,15 @@ class Access:
 
 
 @dataclass(frozen=True)
+class Counting:
+    """An index value (kernel_ir.IndexValue) in the canonical iteration space: offset + strides."""
+
+    dtype: str
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
 class BufferLayout:
     name: str
     role: str  # "input", "output" (stored; may also be read: an in-place update)
@@ -107,6 +116,7 @@ class LayoutPlan(Describable):
     loads: tuple[tuple[int, Access], ...]  # (value position, access)
     stores: tuple[Access, ...]             # parallel to kernel.stores
     values: tuple[ValueLayout, ...]
+    counts: tuple[tuple[int, Counting], ...] = ()  # (value position, index value)
 
     @property
     def numel(self) -> int:
@@ -117,6 +127,9 @@ class LayoutPlan(Describable):
 
     def load(self, value: int) -> Access:
         return dict(self.loads)[value]
+
+    def counting(self, value: int) -> Counting:
+        return dict(self.counts)[value]
 
     def accesses(self) -> tuple[Access, ...]:
         return tuple(a for _, a in self.loads) + self.stores
@@ -170,15 +183,20 @@ def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
         if v.dtype != kernel.buffer(v.buffer).dtype:
             raise Unsupported(f"{where}: value {i} loads {v.buffer!r} as {v.dtype}, the buffer is "
                               f"{kernel.buffer(v.buffer).dtype}")
-    raw = [v.index.strides for _, v in load_values] + [s.index.strides for s in kernel.stores]
+    index_values = [(i, v) for i, v in enumerate(kernel.values) if isinstance(v, IndexValue)]
+    # Index values take part in merging dims: i1 of a (8, 64) kernel is not i of a flat 512.
+    raw = ([v.index.strides for _, v in load_values] + [s.index.strides for s in kernel.stores]
+           + [v.index.strides for _, v in index_values])
     ranges, dim_map, strides = canonical_dims(kernel.ranges, raw)
     loads = tuple((i, Access(v.buffer, v.dtype, strides[k], v.index.offset)) for k, (i, v) in enumerate(load_values))
     stores = tuple(Access(s.buffer, kernel.buffer(s.buffer).dtype, strides[len(load_values) + k], s.index.offset)
                    for k, s in enumerate(kernel.stores))
+    first = len(load_values) + len(kernel.stores)
+    counts = tuple((i, Counting(v.dtype, strides[first + k], v.index.offset)) for k, (i, v) in enumerate(index_values))
     _check_stores(where, kernel, ranges, loads, stores)
     stick_dim, row_dim = _choose_dims(where, ranges, loads, stores)
     values = tuple(_value_layout(where, i, v, kernel) for i, v in enumerate(kernel.values))
-    return LayoutPlan(ranges, dim_map, stick_dim, row_dim, tuple(buffers), loads, stores, values)
+    return LayoutPlan(ranges, dim_map, stick_dim, row_dim, tuple(buffers), loads, stores, values, counts)
 
 
 def _check_stores(where, kernel, ranges, loads, stores) -> None:
@@ -224,5 +242,5 @@ def _value_layout(where, i, v, kernel) -> ValueLayout:
 
 _canonical = canonical_dims  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
 
-__all__ = ["Access", "BufferLayout", "LayoutPlan", "ValueLayout", "canonical_dims", "on_chip_dtype",
+__all__ = ["Access", "BufferLayout", "Counting", "LayoutPlan", "ValueLayout", "canonical_dims", "on_chip_dtype",
            "operand_value", "plan_layout"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Load, MatmulKernel, Op, Reduction
+from ..kernel_ir import Cast, Constant, IndexValue, Load, MatmulKernel, Op, Reduction
 from ._dump import Describable
 from .fusion import _isa_op
 from .layout import FLOATS, on_chip_dtype, operand_value
@@ -95,6 +95,8 @@ def _operand(kernel, pos: int, where: str) -> int:
 def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
     where = f"kernel {kernel.name!r}"
     kernel.check()
+    if any(isinstance(v, IndexValue) for v in kernel.values):
+        raise Unsupported(f"{where}: a matmul with values computed from the loop indices is not planned yet")
     if len(kernel.reduction_ranges) != 1:
         raise Unsupported(f"{where}: a matmul over reduced dims {kernel.reduction_ranges} (one k dim expected)")
     dots = [i for i, v in enumerate(kernel.values) if isinstance(v, Reduction)]

@@ -36,7 +36,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import (Binary, Fill, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
+from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue
@@ -193,12 +193,22 @@ class _Core:
             else:
                 u.emit(Load(u.sp(col.offset), dev, kc, isz, stride, STICK), Transpose(row, column))
 
+    def count(self, u, a: Access, element, dst, dtype, rows, cols, row_stride, row_step, col_step):
+        """An index value's tile, computed in place of its load: element indices from `element`."""
+        start, steps = u.affine(element)
+        u.emit(Iota(u.tile(dst, dtype, rows, cols, row_stride), start, steps, row_step, col_step))
+
     def gather(self, u, a: Access, element, dst, row_stride, rows, kc, col):
         self._element_rows(u, a, element, dst, row_stride, rows, kc, col, store=False)
 
     def load_f(self, u, tile, a, copy, g, kc, group, chunk):
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
+        if a.buffer is None:
+            rows = 1 if self.low.tile(tile).space == ALONG_REDUCED else g
+            self.count(u, a, self.element(a, group, chunk), al.offset, a.dtype, rows, kc, al.row_stride,
+                       self.o_stride(a), a.r_stride)
+            return
         src = self.dev(u, a, group, chunk)
         if a.gathered:
             rows = 1 if self.low.tile(tile).space == ALONG_REDUCED else g
@@ -234,6 +244,9 @@ class _Core:
     def load_o(self, u, tile, a, copy, g, group):
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
+        if a.buffer is None:
+            self.count(u, a, self.element(a, group, 0), al.offset, a.dtype, g, 1, STICK, self.o_stride(a), 0)
+            return
         src = self.dev(u, a, group, 0)
         o = self.o_stride(a)
         if o == 1 and g > 1:
@@ -286,6 +299,9 @@ class _Core:
                 isz = ITEMSIZE[a.dtype]
                 al = self.alloc(t, None)
                 n = plan.chunk if low.tile(t).space == ALONG_REDUCED else 1
+                if a.buffer is None:
+                    self.count(ls, a, self.element(a, 0, 0), al.offset, a.dtype, 1, n, al.row_stride, 0, a.r_stride)
+                    continue
                 if a.gathered:
                     self.gather(ls, a, self.element(a, 0, 0), al.offset, al.row_stride, 1, n,
                                 self.staging(t, Relayout.GATHERED, None))

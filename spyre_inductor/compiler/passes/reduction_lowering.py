@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Index, Load, Op, PointwiseKernel, Reduction, ReductionKernel, Scan
+from ..kernel_ir import Cast, Constant, Index, IndexValue, Load, Op, PointwiseKernel, Reduction, ReductionKernel, Scan
 from ._dump import Describable, plain
 from .layout import TILE_DTYPES
 from .reduction_ops import IDENTITY, op_of
@@ -125,7 +125,7 @@ def empty_as_pointwise(kernel: ReductionKernel) -> PointwiseKernel:
             ident = {"welford_mean": float("nan"), "welford_m2": float("nan"), "welford_weight": 0.0}.get(
                 v.op, IDENTITY.get(op_of(v.op)))
             values.append(Constant(ident, v.dtype))
-        elif isinstance(v, Load):
+        elif isinstance(v, (Load, IndexValue)):
             values.append(replace(v, index=Index(v.index.strides[:n], v.index.offset)))
         else:
             values.append(v)
@@ -143,13 +143,13 @@ def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
         if b.dtype not in TILE_DTYPES:
             raise Unsupported(f"kernel {kernel.name!r}: buffer {b.name!r} has dtype {b.dtype}")
     check_walks(kernel, mode, accesses, looped, looped_strides)
-    n_loads = sum(isinstance(v, Load) for v in kernel.values)
+    n_loads = sum(isinstance(v, (Load, IndexValue)) for v in kernel.values)
     # a scan's values are full-space even when nothing full-space is stored (cumsum(x).sum())
     one_row = all(d == 1 for d in outer) and (any(rs for _, rs in accesses[n_loads:]) or kernel.has_scan)
     b = StepBuilder(kernel, mode, outer, K, looped, one_row)
     load_k = 0
     for i, v in enumerate(kernel.values):
-        if isinstance(v, Load):
+        if isinstance(v, (Load, IndexValue)):
             os_, rs = accesses[load_k]
             b.load(i, v, os_, rs, looped_strides[load_k])
             load_k += 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import Unsupported
-from ..kernel_ir import Load, ReductionKernel
+from ..kernel_ir import IndexValue, Load, ReductionKernel
 from .layout import _canonical
 from .tiles import space
 
@@ -51,9 +51,11 @@ SCALAR = space()
 
 @dataclass(frozen=True)
 class Access:
-    """A load or store: element index = offset + sum(outer_strides * i_outer) + r_stride * i_r."""
+    """A load or store: element index = offset + sum(outer_strides * i_outer) + r_stride * i_r.
+    An index value (kernel_ir.IndexValue) is an access without a buffer: its tile holds the element
+    indices themselves, computed in place of a load (an iota), in any orientation (no relayout)."""
 
-    buffer: str
+    buffer: str | None
     dtype: str
     outer_strides: tuple[int, ...]
     r_stride: int
@@ -102,7 +104,7 @@ def canonical(kernel: ReductionKernel):
     """(outer ranges, outer map, K, per access (outer strides, r stride), looped extents, per
     access looped strides), accesses being the loads then the stores."""
     n = len(kernel.ranges)
-    loads = [v for v in kernel.values if isinstance(v, Load)]
+    loads = [v for v in kernel.values if isinstance(v, (Load, IndexValue))]
     raw = [v.index.strides for v in loads] + [s.index.strides for s in kernel.stores]
     outer, outer_map, o_strides = _canonical(kernel.ranges, [s[:n] for s in raw])
     red, _, r_strides = _canonical(kernel.reduction_ranges, [s[n:] for s in raw])
@@ -112,7 +114,8 @@ def canonical(kernel: ReductionKernel):
 
 def loads_and_stores(kernel: ReductionKernel) -> list[str]:
     """Names of the accesses in canonical()'s order: loads, then stores."""
-    return ([f"the load of {v.buffer!r}" for v in kernel.values if isinstance(v, Load)]
+    return ([f"the load of {v.buffer!r}" if isinstance(v, Load) else "an index value"
+             for v in kernel.values if isinstance(v, (Load, IndexValue))]
             + [f"the store to {s.buffer!r}" for s in kernel.stores])
 
 
@@ -126,6 +129,8 @@ def check_walks(kernel: ReductionKernel, mode: str, accesses, looped, looped_str
         raise Unsupported(f"{where}: a scan over reduced dims {kernel.reduction_ranges} that do not merge")
     names = loads_and_stores(kernel)
     for k, (os_, rs) in enumerate(accesses):
+        if names[k] == "an index value":
+            continue  # computed in place: any walk, even backwards (a causal mask's j - i)
         if rs < 0 or any(s < 0 for s in os_ + looped_strides[k]):
             raise Unsupported(f"{where}: {names[k]} walks its buffer backwards (a negative stride, e.g. a flip); "
                               f"reduction tiles move forward rows")

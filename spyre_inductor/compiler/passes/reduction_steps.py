@@ -27,7 +27,7 @@ import math
 from dataclasses import replace
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Load, Op, Reduction
+from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, Reduction
 from . import reduction_argreduce, reduction_welford
 from .fusion import _isa_op
 from .layout import FLOATS, TILE_DTYPES, operand_value
@@ -107,13 +107,15 @@ class StepBuilder:
 
     # ---- values --------------------------------------------------------------------------
 
-    def load(self, i, v: Load, os_, rs, ls_=()) -> None:
+    def load(self, i, v: Load | IndexValue, os_, rs, ls_=()) -> None:
         space = space_of(os_, rs, self.K, self.one_row)
         if v.dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} loads {v.dtype}")
-        tr, gathered = load_relayout(space, os_, rs, self.K)
+        counted = isinstance(v, IndexValue)  # computed in place, in the tile's own orientation
+        tr, gathered = (False, False) if counted else load_relayout(space, os_, rs, self.K)
         self.transposed |= tr
-        acc = Access(v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr, gathered, tuple(ls_))
+        acc = Access(None if counted else v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr, gathered,
+                     tuple(ls_))
         t = self.new(v.dtype, space, Role.INPUT)
         if tr:
             self.staging(t, Relayout.TRANSPOSED)
@@ -123,7 +125,7 @@ class StepBuilder:
         if space == FULL or (space == ALONG_REDUCED and self.mode != "resident"):
             self.f_loads[i] = (t, acc)
         elif space == PER_ROW:
-            if acc.o_contiguous:  # moved as a packed row, transposed into the column
+            if acc.o_contiguous and not counted:  # moved as a packed row, transposed into the column
                 self.staging(t, Relayout.ROW)
             self.group_loads.append((t, acc))
         else:

@@ -1,0 +1,215 @@
+"""Values computed from the loop indices, and masks on them, compile to spyre programs (issue 16).
+
+``arange``, causal and padding masks are index values computed on chip (an
+``iota`` and a compare); a cat, a pad, a rotary embedding's ``rotate_half``
+arrive as one kernel whose masks pick each element's source, and the planner
+cuts the iteration space where the masks change (passes/pieces.py): each
+piece is a plain copy or fill, and the pieces run one after another in ONE
+program. Everything here runs under SPYRE_STRICT=1: a CPU fallback fails.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from inductor_helpers import compile_on_spyre
+from spyre_inductor.compiler.errors import Unsupported
+from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, IndexValue, Kernel, Load, Op, Store
+from spyre_inductor.compiler.passes import pieces
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed))).to(dtype)
+
+
+def _run(fn, *args):
+    """fn compiled on spyre: (outputs, records), each output equal to eager's on the CPU (moves
+    and selects are exact; the fused arithmetic below is on fp32 values only)."""
+    out, _, records, warned, _ = compile_on_spyre(fn, *args)
+    assert not warned
+    want = fn(*args)
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    out = tuple(out[0]) if len(out) == 1 and isinstance(out[0], (tuple, list)) else out
+    for got, ref in zip(out, want, strict=True):
+        assert got.device.type == "spyre"
+        torch.testing.assert_close(got.cpu(), ref, rtol=0, atol=0)
+    assert records and all(r.artifact is not None for r in records)
+    return out, records
+
+
+def _plan(record) -> dict:
+    return json.loads((record.artifact / "plan.json").read_text())
+
+
+# ---- index values on chip ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])
+def test_arange_is_computed_on_chip(dtype):
+    fn = lambda x: x + torch.arange(3, 3 + 2 * x.shape[1], 2, dtype=dtype, device=x.device)  # noqa: E731
+    x = _rand(8, 70).to(dtype) if dtype.is_floating_point else torch.randint(-5, 5, (8, 70), dtype=dtype)
+    _, (record,) = _run(fn, x)
+    steps = [s for p in _plan(record)["tile_kernel"]["phases"] for s in p["steps"]]
+    assert any(s["kind"] == "iota" for s in steps)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("diagonal", [0, 1, -2])
+def test_tril_and_triu(dtype, diagonal):
+    x = _rand(67, 130, dtype=dtype)
+    _run(lambda a: (torch.tril(a, diagonal), torch.triu(a, diagonal)), x)
+
+
+def test_causal_mask_fill_from_indices():
+    def fn(scores):
+        n = scores.shape[-1]
+        keep = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        return scores.masked_fill(~keep, float("-inf"))
+
+    _run(fn, _rand(2, 4, 64, 64))
+
+
+def test_where_over_an_index_range():
+    fn = lambda x: torch.where(torch.arange(x.shape[1], device=x.device) < 10, x, -x)  # noqa: E731
+    _run(fn, _rand(16, 100))
+
+
+def test_full_zeros_ones_and_python_scalars_inside_graphs():
+    def fn(x):
+        return (x * torch.ones_like(x) + torch.full((x.shape[0], 1), 2.5, device=x.device) - 3,
+                torch.zeros(5, 7, device=x.device) + 1.25, torch.full_like(x, 7, dtype=torch.int32))
+
+    _run(fn, _rand(9, 33))
+
+
+# ---- masks that cut: one program writing each part ---------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cat_is_one_program_writing_each_part(dtype, dim):
+    parts = [_rand(8, 30, dtype=dtype, seed=1), _rand(8, 30, dtype=dtype, seed=2), _rand(8, 30, dtype=dtype, seed=3)]
+    if dim != 0:
+        parts[1] = _rand(8, 35, dtype=dtype, seed=4)  # not a whole number of sticks: unaligned parts
+    _, (record,) = _run(lambda a, b, c: torch.cat([a, b, c], dim), *parts)
+    plan = _plan(record)
+    assert len(plan["pieces"]["boxes"]) == 3, plan["pieces"]
+
+
+def test_stack_and_cat_of_computed_parts():
+    _run(lambda a, b: (torch.stack([a, b]), torch.cat([a * 2, b.exp()], 1)), _rand(6, 64), _rand(6, 64, seed=1))
+
+
+@pytest.mark.parametrize("pad", [(2, 3), (-2, 3), (1, -1, 2, 0), (0, 0, -1, -1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_constant_pad_nd_including_negative_pads(pad, dtype):
+    _run(lambda a: torch.nn.functional.pad(a, pad, value=-1.5), _rand(9, 60, dtype=dtype))
+
+
+def test_split_chunk_unbind_and_unaligned_slices():
+    def fn(x):
+        a, b, c = x.split([7, 50, 7], 1)
+        d, e = x.chunk(2, 0)
+        rows = x.unbind(0)
+        return a * 2, b + 1, c.neg(), d - e, rows[3] * rows[4], x[:, 3:41] + x[:, 20:58]
+
+    _run(fn, _rand(10, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rotary_embedding_rotate_half(dtype):
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def rope(q, cos, sin):
+        return q * cos + rotate_half(q) * sin
+
+    q = _rand(1, 4, 16, 128, dtype=dtype)
+    cos, sin = _rand(16, 128, dtype=dtype, seed=1), _rand(16, 128, dtype=dtype, seed=2)
+    out, _, records, warned, _ = compile_on_spyre(rope, q, cos, sin)
+    assert not warned and len(records) == 1 and records[0].artifact is not None
+    ref = rope(q.float(), cos.float(), sin.float())
+    # fp32 arithmetic on chip, rounded once: within one rounding of the fp32 answer
+    tol = {torch.float32: 1e-6, torch.float16: 2 ** -10}[dtype]
+    torch.testing.assert_close(out[0].cpu().float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+# ---- the pass alone, on hand-written IR ---------------------------------------------------
+
+
+def _cat_kernel():
+    """out[i, j] = where(j < 64, a[i, j], b[i, j - 64]) over (8, 96): Inductor's pointwise cat."""
+    bufs = (Buffer("a", "fp32", (8, 64), (64, 1)), Buffer("b", "fp32", (8, 32), (32, 1)),
+            Buffer("out", "fp32", (8, 96), (96, 1)))
+    values = (IndexValue(Index((0, 1)), "int64"), Constant(64, "int64"), Op("lt", (0, 1), "bool"),
+              Load("a", Index((64, 1)), "fp32"), Load("b", Index((32, 1), -64), "fp32"),
+              Op("where", (2, 3, 4), "fp32"))
+    return Kernel.of("cat", (8, 96), bufs, values, (Store("out", Index((96, 1)), 5),))
+
+
+def test_cut_points_are_where_the_masks_change():
+    assert pieces.cut_points(_cat_kernel()) == ((), (64,))
+
+
+def test_each_piece_is_a_plain_copy_of_one_source():
+    first, second = pieces.split(_cat_kernel())
+    assert (first.starts, first.counts, second.starts, second.counts) == ((0, 0), (8, 64), (0, 64), (8, 32))
+    for piece, buffer in ((first, "a"), (second, "b")):
+        (load,) = [v for v in piece.kernel.values if isinstance(v, Load)]
+        assert load.buffer == buffer and not any(isinstance(v, (Op, IndexValue)) for v in piece.kernel.values)
+        pieces.check_bounds(piece.kernel)
+    assert [v for v in second.kernel.values if isinstance(v, Load)][0].index.offset == 0  # b[i, j - 64] at j = 64
+
+
+def test_a_masked_load_that_no_cut_keeps_in_bounds_is_refused():
+    # where(j <= i, a[i, j - 1], 0): the mask is a triangle (no one-dim cut), and at j = 0 the load
+    # would read before a's first element: refused, never run
+    bufs = (Buffer("a", "fp32", (8, 8), (8, 1)), Buffer("out", "fp32", (8, 8), (8, 1)))
+    values = (IndexValue(Index((-1, 1)), "int64"), Constant(0, "int64"), Op("le", (0, 1), "bool"),
+              Load("a", Index((8, 1), -1), "fp32"), Constant(0.0, "fp32"), Op("where", (2, 3, 4), "fp32"))
+    kernel = Kernel.of("tri", (8, 8), bufs, values, (Store("out", Index((8, 1)), 5),))
+    assert pieces.split(kernel) is None
+    with pytest.raises(Unsupported, match=r"'a' reaches elements \[-1, 62\] of a buffer of 64"):
+        pieces.check_bounds(kernel)
+
+
+# ---- index values inside reductions -----------------------------------------------------
+
+
+def _causal_softmax(scores):
+    n, m = scores.shape[-2:]
+    keep = torch.ones(n, m, dtype=torch.bool, device=scores.device).tril()
+    return torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (2, 96, 96), (8, 4000)])
+def test_causal_softmax_is_one_reduction_program(shape):
+    x = _rand(*shape)
+    out, _, records, warned, _ = compile_on_spyre(_causal_softmax, x)
+    assert not warned and len(records) == 1 and records[0].artifact is not None
+    torch.testing.assert_close(out[0].cpu(), _causal_softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def test_reductions_of_index_values_along_and_across_the_reduced_dim():
+    def fn(x):
+        n = x.shape[1]
+        weights = torch.arange(n, device=x.device, dtype=torch.float32)
+        rows = torch.arange(x.shape[0], device=x.device, dtype=torch.float32)[:, None]
+        return (x * weights).sum(1), (x + rows).sum(0), torch.arange(n, device=x.device).sum(), (x - weights).amax(1)
+
+    x = _rand(33, 70)
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    assert not warned and all(r.artifact is not None for r in records)
+    for got, want in zip(out, fn(x)):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
