@@ -53,6 +53,7 @@ from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.virtualized import V
 
 from torch._inductor.utils import sympy_index_symbol
+from torch.utils._sympy.functions import ModularIndexing
 
 from .fallback_policy import origin_ops
 from .indexing import (
@@ -385,8 +386,12 @@ class CaptureHandler(DefaultHandler):
         # The gather/scatter checks each Indirect against its bound; a check of exactly that
         # is already done, anything else is not in the IR.
         expr = sympy.sympify(expr)
+        size = static_int(size, "bounds check size")
+        if isinstance(expr, ModularIndexing) and isinstance(expr.args[2], sympy.Integer) and \
+                0 < int(expr.args[2]) <= size:
+            return  # x mod m is in [0, m): within bounds whatever x is (roll's index)
         pos = self.g.indirect.get(expr)
-        if pos is None or static_int(size, "bounds check size") != self.g.values[pos].bound:
+        if pos is None or size != self.g.values[pos].bound:
             raise NotCapturable(f"bounds check of {expr} against {size}")
 
     def _is_outer(self, value: _V) -> bool:
