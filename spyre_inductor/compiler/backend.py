@@ -37,21 +37,21 @@ from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
 from .passes import pieces
 from .passes.indirect_plan import plan as indirect_plan
-from .passes.layout import BufferLayout, buffers_of, plan_layout, symbols_of
+from .passes.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
 from .passes.matmul import plan_matmul
 from .passes.minimum import minimum_traffic, recorded
 from .passes.plans import Division, Plans
 from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
 from .passes.scratchpad import plan_scratchpad
-from .passes.tiling import BUFFER_CHOICES, TARGETS, plan_tiling
+from .passes.tiling import BUFFER_CHOICES, ROW_STICKS, TARGETS, plan_tiling
 from .passes.verify import verify
 
 __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact_key", "compile_kernel",
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-5"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: gathers/scatters
+COMPILER_VERSION = "spyre-6"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: relayouts on chip, 6: gathers/scatters
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Compiled:
 def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Program:
     layout, tile_kernel, tiling, placement = fixed
     steps = tile_kernel.phase(PhaseKind.CHUNK).steps
-    notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), tiles {tiling.tile_rows}x"
+    notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), {layout.relayout} relayout, tiles {tiling.tile_rows}x"
              f"{tiling.tile_cols} streamed along dim {tiling.stream_dim}, {division.cores} core(s)")
     program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
     if not check:  # a candidate, only timed; the chosen program is built again and validated
@@ -99,6 +99,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
             raise ValueError(f"{name} must be an integer in 1..{HARDWARE.cores}, got {n!r}")
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
+    if kernel.reduction_ranges:
+        pieces.check_bounds(kernel)  # (pointwise kernels are checked piece by piece)
     if isinstance(kernel, IndirectKernel):
         plans, program = indirect_plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
         return Compiled(plans, program)
@@ -159,7 +161,8 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
 
 def _plan_whole(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """The pointwise family: its lowering (layout, fusion: the tile kernel), its plan variants
-    (tile-size target x stream buffers, each a tile shape and a placement), then the core count."""
+    (tile-size target x stream buffers x, in the transposed relayout, rows per block: each a tile
+    shape and a placement), then the core count."""
     layout = plan_layout(kernel)
     tile_kernel = plan_fusion(kernel, layout)
     # Tile size and buffering are chosen at the most cores the kernel may use, then the core
@@ -167,8 +170,9 @@ def _plan_whole(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     # timing every variant at every count would multiply the planning time for nothing.
     widest = cores or max_cores or HARDWARE.cores
     best, seen = None, set()
-    for target, buffers in ((t, b) for t in TARGETS for b in BUFFER_CHOICES):
-        placement, tiling = plan_scratchpad(tile_kernel, plan_tiling(layout, tile_kernel, target, buffers))
+    blocks = ROW_STICKS if layout.relayout == TRANSPOSED_MODE else ROW_STICKS[:1]
+    for target, buffers, rows in ((t, b, r) for t in TARGETS for b in BUFFER_CHOICES for r in blocks):
+        placement, tiling = plan_scratchpad(tile_kernel, plan_tiling(layout, tile_kernel, target, buffers, rows))
         if tiling in seen:
             continue  # the kernel is smaller than the target: same plan
         seen.add(tiling)

@@ -43,6 +43,7 @@ the group:
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, replace
 
 import sympy
@@ -51,15 +52,19 @@ from torch._inductor import ir
 from torch._inductor.dtype_propagation import DtypePropagationOpsHandler
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.virtualized import V
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from torch._inductor.utils import sympy_index_symbol
-from torch.utils._sympy.functions import ModularIndexing
 
 from .fallback_policy import origin_ops
 from .indexing import (
     NotCapturable,
     affine_index,
     common_ranges,
+    dim_cuts,
+    piecewise_affine,
+    split_sizes,
     loop_vars,
     node_vars,
     reduction_common_ranges,
@@ -179,6 +184,7 @@ class _Group:
         self.outer_vars = loop_vars(len(ranges))
         self.reduction_vars = loop_vars(len(reduction_ranges), "r")
         self.vars = self.outer_vars + self.reduction_vars  # every Index has a stride for each
+        self.var_ranges = dict(zip(self.vars, ranges + reduction_ranges))  # simplifies a repeat's i mod n
         self.removable = removable
         self.values: list = []
         self.seen: dict[tuple, int] = {}
@@ -243,7 +249,7 @@ class CaptureHandler(DefaultHandler):
         expr = sympy.sympify(expr)
         if isinstance(expr, sympy.Integer):
             return self.constant(int(expr), dtype)
-        index = affine_index(expr, self.g.vars, f"the index value {expr}")
+        index = affine_index(expr, self.g.vars, f"the index value {expr}", self.g.var_ranges)
         if dtype in (torch.int64, torch.int32):
             return self.g.add(IndexValue(index, dtype_name(dtype, "an index value")), dtype)
         # (Inductor asks for other dtypes directly at times: the index in int64, then a cast,
@@ -302,8 +308,34 @@ class CaptureHandler(DefaultHandler):
 
     def load(self, name: str, index) -> _V:
         g = self.g
+        try:
+            idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges, g.indirect)
+        except NotCapturable:
+            if piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}") is None:
+                raise
+            return self._piecewise_load(name, index)
+        return self._load(name, idx)
+
+    def _piecewise_load(self, name: str, index) -> _V:
+        """where(i < end0, load at run 0, where(i < end1, ...)): a load whose index is affine on
+        runs of a loop variable (indexing.piecewise_affine; nested for bends in several), as
+        index masks the planner cuts."""
+        what = f"the load of {name}"
+        found = piecewise_affine(index, self.g.vars, self.g.var_ranges, what)
+        if found is None:
+            return self._load(name, affine_index(index, self.g.vars, what, self.g.var_ranges, self.g.indirect))
+        d, runs = found
+        value = self._piecewise_load(name, runs[-1][2])
+        for lo, hi, expr in reversed(runs[:-1]):
+            strides = tuple(1 if k == d else 0 for k in range(len(self.g.vars)))
+            mask = self._default("lt", (self.g.add(IndexValue(Index(strides), "int64"), torch.int64),
+                                        self.constant(hi, torch.int64)), {})
+            value = self._default("where", (mask, self._piecewise_load(name, expr), value), {})
+        return value
+
+    def _load(self, name: str, idx: Index) -> _V:
+        g = self.g
         real = real_name(name)
-        idx = affine_index(index, g.vars, f"the load of {name}", g.indirect)
         if real in g.scattered:
             raise NotCapturable(f"{name} is read after a scatter into it in the same kernel")
         if real in g.stored:
@@ -328,7 +360,7 @@ class CaptureHandler(DefaultHandler):
         if mode not in (None, "atomic_add"):
             raise NotCapturable(f"store with mode {mode} to {name}")
         real = real_name(name)
-        idx = affine_index(index, g.vars, f"the store to {name}", g.indirect)
+        idx = affine_index(index, g.vars, f"the store to {name}", g.var_ranges, g.indirect)
         value = self._as_value(value)
         if idx.indirect or mode is not None:
             # A scatter: which elements it writes depends on data, so nothing is forwarded on chip.
@@ -367,6 +399,9 @@ class CaptureHandler(DefaultHandler):
         return self._default("where", (self._as_value(mask), value, fill), {})
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        direct = self._index_from_indices(x, size, wrap_neg)
+        if direct is not None:
+            return direct
         # Checked whatever `check` says: the program's gather or scatter never moves bytes
         # outside a buffer, so an index Inductor thinks is safe costs no more to check.
         g = self.g
@@ -383,16 +418,37 @@ class CaptureHandler(DefaultHandler):
         return sym
 
     def check_bounds(self, expr, size, lower, upper):
-        # The gather/scatter checks each Indirect against its bound; a check of exactly that
-        # is already done, anything else is not in the IR.
+        # Inductor's bound check of an indirect index: one computed from the loop indices was
+        # checked when it was made (_index_from_indices); the gather/scatter checks each Indirect
+        # against its bound, so a check of exactly that is already done; anything else is not in
+        # the IR.
         expr = sympy.sympify(expr)
-        size = static_int(size, "bounds check size")
-        if isinstance(expr, ModularIndexing) and isinstance(expr.args[2], sympy.Integer) and \
-                0 < int(expr.args[2]) <= size:
-            return  # x mod m is in [0, m): within bounds whatever x is (roll's index)
+        if expr.free_symbols <= set(self.g.vars):
+            return None
         pos = self.g.indirect.get(expr)
-        if pos is None or size != self.g.values[pos].bound:
-            raise NotCapturable(f"bounds check of {expr} against {size}")
+        if pos is None or static_int(size, "bounds check size") != self.g.values[pos].bound:
+            raise NotCapturable(f"bounds check of {expr} against {size} (gather/scatter)")
+        return None
+
+    def _index_from_indices(self, x, size, wrap_neg):
+        """An 'indirect' index computed from the loop indices alone (a roll's (i + s) % n, a
+        flip's n - 1 - i) as the sympy index it is, so the load stays direct (affine, or
+        piecewise affine: pieces). None when it reads data. Its range is known at compile
+        time: an index outside [0, size) is an error here, like eager's IndexError."""
+        if not isinstance(x, _V):
+            return None
+        expr = _symbolic(self.g, x.pos)
+        if expr is None:
+            return None
+        size = static_int(size, "an index bound")
+        bounds = bound_sympy(expr, {v: ValueRanges(0, n - 1) for v, n in self.g.var_ranges.items()})
+        lo, hi = int(bounds.lower), int(bounds.upper)
+        if wrap_neg and hi < 0:
+            expr, lo, hi = expr + size, lo + size, hi + size
+        if lo < 0 or hi >= size:
+            raise NotCapturable(f"an index computed from the loop indices spans [{lo}, {hi}], outside "
+                                f"[0, {size}) (negative and positive indices mixed, or out of range)")
+        return expr
 
     def _is_outer(self, value: _V) -> bool:
         """kernel_ir's outer() for one value (a Constant may be stored anywhere)."""
@@ -446,6 +502,34 @@ class CaptureHandler(DefaultHandler):
         result = dtype_name(dtypes[0], f"the cum{op} scan")
         arg = self._as_value(values[0])
         return (g.add(Scan(op, arg.pos, result), dtypes[0]),)
+
+
+_SYMBOLIC_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
+
+
+def _symbolic(g: "_Group", pos: int):
+    """Value `pos` as a sympy expression in the group's loop variables when it is integer
+    arithmetic on index values and constants only (else None)."""
+    v = g.values[pos]
+    if isinstance(v, IndexValue):
+        return sympy.Integer(v.index.offset) + sum(s * var for s, var in zip(v.index.strides, g.vars))
+    if isinstance(v, Constant):
+        return sympy.Integer(v.value) if isinstance(v.value, int) and not isinstance(v.value, bool) else None
+    if isinstance(v, Cast) and v.dtype in ("int64", "int32"):
+        return _symbolic(g, v.arg)
+    if isinstance(v, Op) and v.dtype in ("int64", "int32"):
+        args = [_symbolic(g, a) for a in v.args]
+        if any(a is None for a in args):
+            return None
+        if v.name in _SYMBOLIC_OPS:
+            return _SYMBOLIC_OPS[v.name](*args)
+        if v.name in ("fmod", "remainder", "mod", "floordiv") and isinstance(args[1], sympy.Integer) and args[1] > 0:
+            low = bound_sympy(args[0], {x: ValueRanges(0, n - 1) for x, n in g.var_ranges.items()}).lower
+            if low >= 0 or v.name == "remainder":  # C's fmod and Python's % agree on non-negatives
+                if v.name == "floordiv":
+                    return FloorDiv(args[0], args[1])
+                return ModularIndexing(args[0], 1, args[1])
+    return None
 
 
 class _Probe(DefaultHandler):
@@ -505,6 +589,76 @@ def _node_ranges(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return ranges, ()
 
 
+class _IndexRecorder(DefaultHandler):
+    """Runs a loop body only to see its index expressions (for _split_dims)."""
+
+    def __init__(self):
+        self.exprs: list = []
+
+    def _default(self, name, args, kwargs):
+        return None
+
+    def load(self, name, index):
+        self.exprs.append(index)
+
+    def store(self, name, index, value, mode=None):
+        self.exprs.append(index)
+
+    def store_reduction(self, name, index, value):
+        self.exprs.append(index)
+
+    def index_expr(self, expr, dtype):
+        self.exprs.append(expr)
+
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        return sympy.Symbol(f"indirect{len(self.exprs)}", integer=True)
+
+    def masked(self, mask, body, other):
+        body()
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        return (None, None, None) if reduction_type == "welford_reduce" else None
+
+    def scan(self, dtypes, combine_fn, values):
+        return tuple(None for _ in values)
+
+
+_SPLITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _split_dims(node, ranges, reduction_ranges):
+    """(ranges, reduction ranges) of `node` with each dim split where its variable's modular
+    indexing needs it (indexing.dim_cuts), and per dim the split sizes (for _regroup)."""
+    key = (tuple(ranges), tuple(reduction_ranges))  # a node whose loops were reordered is looked at again
+    found = _SPLITS.get(node, {}).get(key)
+    if found is None:
+        outer, reduced = loop_vars(len(ranges), "q"), loop_vars(len(reduction_ranges), "qr")
+        recorder = _IndexRecorder()
+        try:
+            with V.set_ops_handler(recorder):
+                loop_body(node)[1](outer, reduced)
+            cuts = dim_cuts(recorder.exprs, outer + reduced, tuple(ranges) + tuple(reduction_ranges))
+        except Exception:  # noqa: BLE001 - a body the recorder cannot follow is captured unsplit
+            cuts = [() for _ in (*ranges, *reduction_ranges)]
+        sizes = [split_sizes(n, c) for n, c in zip((*ranges, *reduction_ranges), cuts)]
+        found = (tuple(sizes[: len(ranges)]), tuple(sizes[len(ranges):]))
+        _SPLITS.setdefault(node, {})[key] = found
+    return found
+
+
+def _regroup(variables, sizes) -> list:
+    """The original dims' variables from the split dims' (variables in split order)."""
+    out, k = [], 0
+    for parts in sizes:
+        expr, scale = sympy.Integer(0), 1
+        for j in reversed(range(len(parts))):
+            expr += variables[k + j] * scale
+            scale *= parts[j]
+        out.append(expr)
+        k += len(parts)
+    return out
+
+
 def _plan_vars(nodes, node_ranges):
     """(outer ranges, reduction ranges, per node a function from the group's vars to
     the node's (index vars, reduction vars))."""
@@ -536,7 +690,8 @@ def _plan_vars(nodes, node_ranges):
 def capture(nodes, name: str = "spyre_kernel") -> Capture:
     """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable."""
     nodes = list(nodes)
-    node_ranges = [_node_ranges(n) for n in nodes]
+    splits = [_split_dims(n, *_node_ranges(n)) for n in nodes]
+    node_ranges = [(tuple(x for p in o for x in p), tuple(x for p in r for x in p)) for o, r in splits]
     ranges, reduction_ranges, plans = _plan_vars(nodes, node_ranges)
     scheduler = V.graph.scheduler
     op_names = {n.get_name() for n in nodes}
@@ -545,8 +700,9 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
         if scheduler is not None and scheduler.can_buffer_be_removed_through_fusion(buf, op_names)
     )
     group = _Group(ranges, removable, reduction_ranges)
-    for node, plan in zip(nodes, plans):
+    for node, plan, (outer_sizes, reduced_sizes) in zip(nodes, plans, splits):
         index_vars, reduction_vars = plan(group)
+        index_vars, reduction_vars = _regroup(index_vars, outer_sizes), _regroup(reduction_vars, reduced_sizes)
         group.op = origin_ops([node])
         with V.set_ops_handler(CaptureHandler(group)):
             loop_body(node)[1](index_vars, reduction_vars)

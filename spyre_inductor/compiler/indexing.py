@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import sympy
 
 from torch._inductor.utils import sympy_index_symbol
-from torch.utils._sympy.functions import Identity
+from torch.utils._sympy.functions import FloorDiv, Identity, Max, Min, ModularIndexing
 from torch._inductor.virtualized import V
 
 from .kernel_ir import Index
@@ -55,14 +55,18 @@ def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
     return [sympy_index_symbol(f"{prefix}{d}") for d in range(count)]
 
 
-def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, indirect=None) -> Index:
-    """The IR Index of `expr` over `variables`, or NotCapturable naming `what`.
-
+def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dict | None = None,
+                 indirect=None) -> Index:
+    """The IR Index of `expr` over `variables`, or NotCapturable naming `what`. With the
+    variables' `ranges`, modular indexing and floor division that the ranges make affine (a
+    repeat's i mod n, once the loop is split at n: ``split_dims``) are simplified first.
     `indirect` maps the symbols capture handed out for indirect indexing to their Indirect
     values' positions: each becomes an indirect term (position, its coefficient)."""
     expr = sympy.sympify(expr)
     if expr.has(Identity):  # Inductor's marker that keeps a cat part's index from being simplified
         expr = expr.replace(Identity, lambda x: x)
+    if ranges and (expr.has(ModularIndexing) or expr.has(FloorDiv)):
+        expr = V.graph.sizevars.simplify_with_ranges(expr, ranges)
     expr = sympy.expand(expr)
     if expr.atoms(sympy.Function) or expr.atoms(sympy.Mod) or expr.atoms(sympy.Pow):
         raise NotCapturable(f"non-affine index {expr} for {what}")
@@ -91,6 +95,96 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, indirect=No
     if not isinstance(rest, sympy.Integer):
         raise NotCapturable(f"non-affine index {expr} for {what}")
     return Index(tuple(strides), int(rest), tuple(terms))
+
+
+MAX_RUNS = 8  # more affine runs than this: not worth a piece each
+
+
+def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what: str):
+    """`expr` (an index) as affine runs along one variable: (its position in `variables`,
+    [(start, end, expression)] covering its range, each expression exact on its run and free of
+    that variable's bends), or None when `expr` is affine already. A bend in another variable is
+    left in the run's expression (call again on it).
+
+    Inductor writes a replicate pad as ``Min(63, Max(0, i1 - 2))``, a reflect pad with ``Abs``, a
+    roll as ``ModularIndexing(i1 + 3, 1, 64)``: affine except at a few points of one variable.
+    Evaluated at every point of that variable, the runs of constant slope are the pieces;
+    capture turns them into a where over index masks, which the planner cuts
+    (passes/pieces.py). NotCapturable when one bend involves several variables, or has more than
+    MAX_RUNS runs."""
+    expr = sympy.sympify(expr)
+    if expr.has(Identity):
+        expr = expr.replace(Identity, lambda x: x)
+    expr = sympy.expand(expr)
+
+    def curved_term(t) -> bool:
+        return bool(t.atoms(sympy.Function) or t.atoms(sympy.Mod) or t.has(sympy.Min, sympy.Max, Min, Max))
+
+    terms = sympy.Add.make_args(expr)
+    curved = [t for t in terms if curved_term(t)]
+    if not curved:
+        return None
+    inner = curved[0].free_symbols
+    if len(inner) != 1 or not inner <= set(variables):
+        raise NotCapturable(f"non-affine index {expr} for {what}")
+    (v,) = inner
+    mine = [t for t in curved if t.free_symbols == inner]
+    n = int(ranges[v])
+    g = sympy.Add(*mine)
+    if n > 4096:
+        raise NotCapturable(f"non-affine index {expr} for {what} (a bend along a dim of {n})")
+    f = sympy.lambdify(v, g, modules=[{"ModularIndexing": lambda x, d, m: (x // d) % m,
+                                       "FloorDiv": lambda x, d: x // d, "Min": min, "Max": max}, "math"])
+    try:
+        values = [int(f(k)) for k in range(n)]
+    except (TypeError, ValueError, NameError):
+        raise NotCapturable(f"non-affine index {expr} for {what}") from None
+    runs, start = [], 0
+    while start < n:
+        slope = values[start + 1] - values[start] if start + 1 < n else 0
+        end = start + 1
+        while end < n and values[end] - values[end - 1] == slope:
+            end += 1
+        runs.append((start, end, slope, values[start] - slope * start))
+        start = end
+        if len(runs) > MAX_RUNS:
+            raise NotCapturable(f"non-affine index {expr} for {what} (more than {MAX_RUNS} affine runs)")
+    rest = sympy.Add(*[t for t in terms if t not in mine])
+    return list(variables).index(v), [(lo, hi, rest + slope * v + offset) for lo, hi, slope, offset in runs]
+
+
+def dim_cuts(exprs, variables: Sequence[sympy.Symbol], sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """Per loop dim, where to split it so that the modular indexing and floor divisions of that
+    dim's variable in `exprs` become affine: ``ModularIndexing(i, d, m)`` needs cuts at d and
+    d * m, ``FloorDiv(i, d)`` at d (a repeat, a reshape of a transposed tensor). Only cuts that
+    divide the dim and form a divisibility chain are kept; an index the split cannot make
+    affine is refused later, by affine_index."""
+    wanted = [set() for _ in sizes]
+    position = {v: d for d, v in enumerate(variables)}
+    for expr in exprs:
+        expr = sympy.sympify(expr)
+        for f in expr.atoms(ModularIndexing, FloorDiv):
+            base, div = f.args[0], f.args[1]
+            if base not in position or not isinstance(div, sympy.Integer):
+                continue
+            d = position[base]
+            points = [int(div)]
+            if isinstance(f, ModularIndexing) and isinstance(f.args[2], sympy.Integer):
+                points.append(int(div) * int(f.args[2]))
+            wanted[d] |= {c for c in points if 1 < c < sizes[d] and sizes[d] % c == 0}
+    cuts = []
+    for d, found in enumerate(wanted):
+        chain = sorted(found)
+        if any(b % a for a, b in zip(chain, chain[1:])):
+            chain = []
+        cuts.append(tuple(chain))
+    return cuts
+
+
+def split_sizes(size: int, cuts: Sequence[int]) -> tuple[int, ...]:
+    """A dim of `size` split at `cuts` (a divisibility chain), outermost first."""
+    points = (1, *cuts, size)
+    return tuple(outer // inner for inner, outer in reversed(list(zip(points, points[1:]))))
 
 
 def common_ranges(all_ranges: Sequence[Sequence[int]]) -> tuple[int, ...]:

@@ -22,6 +22,10 @@ DTYPES = {
     # Added for reductions (issue 8): argmax/argmin results are int64 in PyTorch. Pointwise work
     # (issue 9) computes int64 in int64, so int64 values stay exact.
     "int64": torch.int64,
+    # Added for issue 16: Inductor computes some index values in them (eye's iota is uint8), and
+    # they are tensor dtypes users have.
+    "uint8": torch.uint8,
+    "int16": torch.int16,
 }
 # The arithmetic type of each dtype: the special-function pipeline computes
 # floats in fp32, int64 in int64 and the narrower integers in int32; results are rounded (to nearest even)
@@ -34,6 +38,8 @@ COMPUTE = {
     "int8": torch.int32,
     "bool": torch.bool,
     "int64": torch.int64,
+    "uint8": torch.int32,
+    "int16": torch.int32,
 }
 ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES.items()}
 STICK = 128

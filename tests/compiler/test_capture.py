@@ -171,3 +171,33 @@ def test_affine_index_refuses_modular_and_floor_div():
     for expr in (ModularIndexing(i, 1, 4), FloorDiv(i, 4), i * i):
         with pytest.raises(NotCapturable, match="non-affine"):
             affine_index(expr, [i], "x")
+
+
+def test_dim_cuts_split_loops_so_modular_indexing_is_affine():
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from spyre_inductor.compiler.indexing import dim_cuts, split_sizes
+
+    i, j = loop_vars(2)
+    # a (16, 192) repeat of an (8, 64) tensor: i mod 8 and j mod 64
+    exprs = [64 * ModularIndexing(i, 1, 8) + ModularIndexing(j, 1, 64)]
+    assert dim_cuts(exprs, [i, j], (16, 192)) == [(8,), (64,)]
+    assert split_sizes(16, (8,)) == (2, 8) and split_sizes(192, (64,)) == (3, 64)
+    # FloorDiv(j, 4) and j mod 4 cut at 4; cuts that do not divide the dim are not made
+    assert dim_cuts([FloorDiv(j, 4) + ModularIndexing(j, 1, 4), ModularIndexing(i, 1, 5)], [i, j], (12, 8)) == [(), (4,)]
+
+
+def test_piecewise_affine_finds_the_runs_of_a_clamped_index():
+    import sympy
+
+    from spyre_inductor.compiler.indexing import piecewise_affine
+
+    i, j = loop_vars(2)
+    # a replicate pad of 2 on a row of 64: j clamped to [0, 63] after the shift
+    d, runs = piecewise_affine(64 * i + sympy.Min(63, sympy.Max(0, j - 2)), [i, j], {i: 8, j: 68}, "x")
+    assert d == 1
+    assert [(lo, hi, affine_index(e, [i, j], "x")) for lo, hi, e in runs] == [
+        (0, 3, Index((64, 0), 0)), (3, 66, Index((64, 1), -2)), (66, 68, Index((64, 0), 63))]
+    assert piecewise_affine(3 * i + j, [i, j], {i: 8, j: 68}, "x") is None
+    with pytest.raises(NotCapturable, match="non-affine"):  # the bend involves both variables
+        piecewise_affine(sympy.Min(i, j), [i, j], {i: 8, j: 8}, "x")

@@ -213,3 +213,51 @@ def test_reductions_of_index_values_along_and_across_the_reduced_dim():
     assert not warned and all(r.artifact is not None for r in records)
     for got, want in zip(out, fn(x)):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
+
+
+# ---- loops split where modular indexing needs it (repeat, expand + reshape) ------------------
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: a.repeat(2, 3),
+    lambda a: a.repeat(3, 1, 2)[..., :40] + 1,
+    lambda a: torch.tile(a, (2, 1)),
+    lambda a: (a.t() + 1).reshape(-1) * 2,
+    lambda a: a.repeat_interleave(2, dim=1),
+    lambda a: a.repeat(1, 2).amax(1),
+], ids=["repeat", "repeat-3d", "tile", "reshape-of-transpose", "repeat_interleave", "max-of-repeat"])
+def test_repeat_and_reshapes_split_the_loops(fn):
+    _run(fn, _rand(8, 64))
+
+
+def test_grouped_kv_heads_expanded_and_reshaped():
+    # what a GQA model does to its KV heads before attention: expand then reshape (a copy)
+    fn = lambda k: k[:, :, None].expand(1, 2, 4, 16, 64).reshape(1, 8, 16, 64) * 1.0  # noqa: E731
+    _run(fn, _rand(1, 2, 16, 64))
+
+
+@pytest.mark.parametrize("mode", ["replicate", "reflect", "circular"])
+def test_pads_whose_index_clamps_or_reflects_are_pieces(mode):
+    # Inductor indexes these with Min/Max/Abs (or a modulo) of one loop variable: affine runs,
+    # turned into index masks and cut (no element is read twice or from outside x)
+    x = _rand(2, 8, 64)
+    _, (record,) = _run(lambda a: torch.nn.functional.pad(a, (2, 3), mode=mode), x)
+    assert len(_plan(record)["pieces"]["boxes"]) >= 3
+
+
+def test_eye_and_index_values_in_narrow_integer_types():
+    _run(lambda x: x + torch.eye(16, device=x.device), _rand(16, 16))
+
+
+@pytest.mark.parametrize("shifts,dims", [(3, 1), (-5, 1), ((2, -1), (0, 1)), (7, None)])
+def test_roll_is_two_copies_not_a_gather(shifts, dims):
+    # the reference decomposition indexes with (arange + s) % n: computed from the loop indices,
+    # so capture keeps it a direct (piecewise) index instead of a gather
+    x = _rand(8, 64)
+    fn = (lambda a: torch.roll(a, shifts)) if dims is None else (lambda a: torch.roll(a, shifts, dims))
+    _, records = _run(fn, x)
+    assert all("pieces" in _plan(r) for r in records)
+
+
+def test_flip():
+    _run(lambda a: (torch.flip(a, [1]), torch.flip(a, [0])), _rand(8, 64))

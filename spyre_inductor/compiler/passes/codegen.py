@@ -20,6 +20,15 @@ one element per stick), and the sfp reads it as the broadcast tile its
 space says (tiles.broadcast_of). Inputs and outputs are placeholder symbols; there are no
 temporaries (nothing but the stores leaves the chip).
 
+A transposed access (layout.py) moves its tile through its STAGING tile:
+a load brings ``cols`` rows of the tile's ``rows`` elements each (along
+the access's contiguous dim, whole sticks) into the staging tile and the
+load/store unit transposes it into the tile's buffer before signalling
+``full``; a store transposes the tile into the staging tile and stores
+that. When the row dim is a loop in blocks of rows (TilePlan.row_block),
+the stream runs once per block: a loop over a share's full blocks, then
+its shorter last block, if any.
+
 The gather/scatter family (indirect_lowering.py) reuses this with `gathers`
 (loaded tile -> its move) and `scatters` (per store, its move or None): such a
 tile is moved by an isa Gather or Scatter whose row-index columns are tiles
@@ -32,7 +41,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Iota, Load, Scatter, Select, Store, Unary
+from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Iota, Load, Scatter, Select, Store, Transpose, Unary
 from spyre_runtime.program.operands import ITEMSIZE, STICK, RowIndex
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
@@ -42,7 +51,7 @@ from .division import CoreShare
 from .fusion import ROWS, STICKS, streamed
 from .layout import Access, LayoutPlan
 from .plans import Division
-from .tiles import PhaseKind, TileKernel, broadcast_of
+from .tiles import PhaseKind, Role, TileKernel, broadcast_of
 from .tiling import TilePlan
 
 
@@ -69,17 +78,21 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, g
     stick_axis = STICKS if STICKS in tk.axes else None
     # per tile: its dtype, whether it has a copy per stream buffer, the ISA broadcast it is read with
     sfp_view = {t.name: (t.dtype, streamed(t), broadcast_of(t.space, ROWS, stick_axis)) for t in tk.tiles}
+    staging = {t.of: t.name for t in tk.with_role(Role.STAGING)}
     stream = tiling.stream_dim
     extent = share.counts[stream]
     step = min(tiling.tile_extent, extent)
     tiles, rem = divmod(extent, step)
-    row_axis = tiling.row_dim if stream == tiling.row_dim else None  # the tile's rows walk this dim
+    block = tiling.row_block  # > 1: the row dim is a loop in blocks of this many rows
+    # the tile's rows walk this dim (streamed, or a block of rows around a streamed stick dim)
+    row_axis = tiling.row_dim if stream == tiling.row_dim or block > 1 else None
     counters: dict[int, Aff] = {}
+    rows_now = [1]  # rows of the block being emitted (the last block of a share may be shorter)
 
     def shape(size):
         n = size or step
         if stream == tiling.stick_dim:
-            return 1, n
+            return rows_now[0], n
         cols = share.counts[tiling.stick_dim] if tiling.stick_dim is not None else 1
         return n, cols
 
@@ -105,11 +118,24 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, g
             out.append(RowIndex(column, term.stride * isz, term.bound, term.wrap_neg))
         return tuple(out)
 
+    def transposed_rows(access: Access, rows: int, cols: int):
+        """(rows, row bytes, device stride) of a transposed move: a row per element of the stick
+        dim, each the tile's rows along the row dim, which the access walks contiguously."""
+        isz = ITEMSIZE[access.dtype]
+        return cols, rows * isz, access.strides[tiling.stick_dim] * isz if cols > 1 else 0
+
     def load(u, t, b, size):
         rows, cols = shape(size)
         fenced = False
         for tile, access in chunk.loads:
             a, tv, isz = spad.at(tile, b), tk.tile(tile), ITEMSIZE[access.dtype]
+            if access.transposed:
+                st = spad.at(staging[tile])
+                n, nbytes, stride = transposed_rows(access, rows, cols)
+                u.emit(Load(u.sp(st.offset), device(u, access, t), n, nbytes, stride, st.row_stride),
+                       Transpose(u.tile(a.offset, tv.dtype, rows, cols, a.row_stride),
+                                 u.tile(st.offset, tv.dtype, cols, rows, st.row_stride)))
+                continue
             n_rows = rows if tv.varies(ROWS) else 1
             n_bytes = cols * isz if tv.varies(STICKS) or stick_axis is None else isz
             move = (gathers or {}).get(tile)
@@ -128,6 +154,13 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, g
         rows, cols = shape(size)
         for k, (tile, access) in enumerate(chunk.stores):
             a, isz = spad.at(tile, b), ITEMSIZE[access.dtype]
+            if access.transposed:
+                st = spad.at(staging[tile])
+                n, nbytes, stride = transposed_rows(access, rows, cols)
+                u.emit(Transpose(u.tile(st.offset, access.dtype, cols, rows, st.row_stride),
+                                 u.tile(a.offset, access.dtype, rows, cols, a.row_stride)),
+                       Store(device(u, access, t), u.sp(st.offset), n, nbytes, stride, st.row_stride))
+                continue
             move = scatters[k] if scatters else None
             if move is None:
                 u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
@@ -163,14 +196,39 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, g
         col_step = counting.strides[tiling.stick_dim] if tiling.stick_dim is not None else 0
         return Iota(dst, start, steps, row_step, col_step)
 
+    def stream_tiles() -> None:
+        pipeline(ls, sfp, tiles, rem, q, load, compute, store, tiling.buffers, phased=tiling.buffers == 2)
+
     with ExitStack() as stack:
         for d in tiling.loop_dims:
             n = share.counts[d]
-            if n > 1:
+            if n > 1 and not (block > 1 and d == tiling.row_dim):
                 counters[d] = stack.enter_context(ls.loop(n))
                 stack.enter_context(sfp.loop(n))
-        pipeline(ls, sfp, tiles, rem, q, load, compute, store, tiling.buffers, phased=tiling.buffers == 2)
+        if block > 1:
+            _blocks(ls, sfp, share.counts[tiling.row_dim], block, tiling.row_dim, counters, rows_now, stream_tiles)
+        else:
+            stream_tiles()
     return {"ls": ls.instrs, "sfp": sfp.instrs}, queues
+
+
+def _blocks(ls: Unit, sfp: Unit, rows: int, block: int, dim: int, counters, rows_now, stream_tiles) -> None:
+    """The stream once per block of `block` rows of `dim` (a loop over the full blocks, then the
+    shorter last one): counters[dim] is the block's first row, rows_now[0] its rows."""
+    full, last = divmod(rows, block)
+    for count, n, first in ((full, block, 0), (1 if last else 0, last, full * block)):
+        if not count:
+            continue
+        rows_now[0] = n
+        with ExitStack() as stack:
+            if count > 1:
+                i = stack.enter_context(ls.loop(count))
+                stack.enter_context(sfp.loop(count))
+                counters[dim] = i * block + first
+            else:
+                counters[dim] = Aff(first)
+            stream_tiles()
+        del counters[dim]
 
 
 def emit_elementwise(unit, step, tile) -> None:

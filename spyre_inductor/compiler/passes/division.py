@@ -5,7 +5,9 @@ into near-equal contiguous shares, one per core: the stream dim or a loop
 dim around it (never the columns of a whole-row tile: that would only make
 rows narrower). A share of the stick dim is a whole number of sticks of
 the narrowest dtype (the granule), so no two cores touch one stick of a
-contiguous operand; only the last share carries the ragged tail.
+contiguous operand, and a share of the row dim is a whole number of the
+tile's row blocks or of the sticks of the accesses moved transposed
+(TilePlan.row_unit); only the last share carries the ragged tail.
 
 How many cores: more cores add device-memory streams and sfp throughput but
 each core pays its own pipeline fill and drain, and a tiny tensor gains
@@ -49,7 +51,7 @@ def split_dim(tiling: TilePlan) -> tuple[int | None, int]:
     """(dim, granule): the loop or stream dim with the most units, loops first (they keep streams long)."""
     best, best_key = None, None
     for rank, d in enumerate(tiling.loop_dims + (tiling.stream_dim,)):
-        granule = tiling.granule if d == tiling.stick_dim else 1
+        granule = tiling.granule if d == tiling.stick_dim else tiling.row_unit if d == tiling.row_dim else 1
         units = -(-tiling.ranges[d] // granule)
         if units <= 1:
             continue

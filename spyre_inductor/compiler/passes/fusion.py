@@ -26,7 +26,14 @@ operand varies over fewer). Decisions made here:
   the store too); a temporary stored as it is becomes the OUTPUT tile;
 * constants are filled once per core into one-stick CONSTANT tiles (space:
   no axes), with the value the tile holds (layout.operand_value: 1e39 in
-  fp32 is inf).
+  fp32 is inf);
+* a transposed access (layout.py's ``transposed`` relayout: producer and
+  consumer disagree on the stick dim) gets a STAGING tile of the tile it
+  moves (Relayout.TRANSPOSED, the reductions' and matmuls' role for the
+  same thing): the load/store unit moves rows of whole sticks along the
+  access's contiguous dim between device memory and the staging tile and
+  transposes between it and the tile the sfp computes on (codegen.py);
+  views stay free (they are only strides of the accesses).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from spyre_runtime.program import isa
 from ..errors import Unsupported
 from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel
 from .layout import FLOATS, Access, LayoutPlan, operand_value
-from .tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel
+from .tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel
 
 # Inductor op name -> (ISA instruction kind, ISA op). "square" is x * x.
 UNARY = {n: n for n in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
@@ -119,10 +126,17 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> TileKernel:
     reads, aliased, converted = 0, 0, 0
 
     # Names are labels for a person (summary, errors); what a tile is for is its role and space.
-    def new(prefix: str, dtype: str, role: Role, tile_space: frozenset[str] = full) -> str:
+    def new(prefix: str, dtype: str, role: Role, tile_space: frozenset[str] = full, **staging) -> str:
         name = f"{prefix}{len(tiles)}"
-        tiles[name] = Tile(name, dtype, tile_space, role)
+        tiles[name] = Tile(name, dtype, tile_space, role, **staging)
         return name
+
+    staged: dict[str, str] = {}  # tile -> its transposed staging tile (one, whatever moves it)
+
+    def stage(tile: str, access: Access) -> None:
+        if access.transposed and tile not in staged:
+            t = tiles[tile]
+            staged[tile] = new("st", t.dtype, Role.STAGING, t.space, of=tile, relayout=Relayout.TRANSPOSED)
 
     for i, v in enumerate(kernel.values):
         if i not in need:
@@ -135,6 +149,7 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> TileKernel:
             if key not in loads:
                 loads[key] = new("in", dtype, Role.INPUT, access_space(access, layout))
                 load_list.append((loads[key], access))
+                stage(loads[key], access)
             value_tile[i] = loads[key]
         elif isinstance(v, Constant):
             value = operand_value(v.value, dtype)
@@ -175,11 +190,17 @@ def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> TileKernel:
         elif t.role is Role.TEMPORARY:
             tiles[src] = replace(t, role=Role.OUTPUT)  # the ls unit drains it
         store_list.append((src, access))
+        stage(src, access)
     notes = (f"{len(load_list)} load(s) for {reads} read(s) of the inputs (one per distinct access)",
              f"casts: {aliased} alias their operand (the value cannot change), {converted} copy (a conversion)",
              f"{rounded} of {len(store_list)} store(s) through a final copy (into the buffer's dtype, or a "
              f"broadcast or constant made whole); the others store their value's tile",
-             f"{len(const_list)} constant(s), filled once per core")
+             f"{len(const_list)} constant(s), filled once per core",
+             f"relayout {layout.relayout}: {layout.reason}")
+    moved = [f"{'load' if (tile, a) in load_list else 'store'} {tile} {'<-' if (tile, a) in load_list else '->'} "
+             f"{a.buffer} via {staged[tile]}" for tile, a in load_list + store_list if a.transposed]
+    if moved:
+        notes += (f"transposed on chip by the load/store unit (staging tiles): {'; '.join(moved)}",)
     chunk = Phase(PhaseKind.CHUNK, tuple(steps), tuple(load_list), tuple(store_list),
                   "per tile of the iteration space: load, compute, store")
     tk = TileKernel("pointwise", axes, tuple(tiles.values()), tuple(const_list), (chunk,), notes=notes)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..errors import Unsupported
 from ..kernel_ir import Cast, Constant, IndirectKernel, Indirect, Load, Op
 from .fusion import ROWS, STICKS, isa_op
-from .layout import FLOATS, Access, LayoutPlan, _choose_dims, _value_layout, buffers_of, canonical_dims, operand_value
+from .layout import ELEMENTS_MODE, FLOATS, STICKS_MODE, Access, LayoutPlan, _choose_dims, _value_layout, buffers_of, canonical_dims, operand_value
 from .tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
@@ -117,8 +117,11 @@ def lower(kernel: IndirectKernel) -> Lowered:
     access_of = {i: a for (i, _), a in zip(loads, accesses)}
     # the canonical dims each Indirect value varies over: those its index load walks
     index_dims = {p: frozenset(d for d, s in enumerate(access_of[src].strides) if s) for p, src in sources.items()}
-    stick_dim, row_dim = _choose_dims(where, ranges, list(enumerate(accesses)), store_accesses)
-    if stick_dim is not None and any(stick_dim in dims for dims in index_dims.values()):
+    choice = _choose_dims(where, ranges, list(enumerate(accesses)), store_accesses)
+    stick_dim, row_dim = choice.stick_dim, choice.row_dim
+    # (a transposed relayout is not planned with gathers: their operands move one element per stick)
+    if stick_dim is not None and (choice.relayout != STICKS_MODE
+                                  or any(stick_dim in dims for dims in index_dims.values())):
         # an index along the stick dim: each element is its own move, one element per stick
         stick_dim = None
         row_dim = max(d for d in range(len(ranges)) if all(a.strides[d] >= 0 for a in accesses + store_accesses))
@@ -128,7 +131,8 @@ def lower(kernel: IndirectKernel) -> Lowered:
             raise Unsupported(f"{where}: the store to {s.buffer!r} writes one element from several iterations")
     values = tuple(_value_layout(where, i, v, kernel) for i, v in enumerate(kernel.values))
     layout = LayoutPlan(ranges, dim_map, stick_dim, row_dim, buffers_of(kernel), tuple(zip(access_of, accesses)),
-                        tuple(store_accesses), values)
+                        tuple(store_accesses), values,
+                        relayout=STICKS_MODE if stick_dim is not None else ELEMENTS_MODE)
     return _tile_kernel(kernel, layout, sources, index_dims)
 
 

@@ -9,10 +9,21 @@ scratchpad tiles of the kernel's values, and for them it chooses
   keep their buffer's dtype (the reader widens exactly); a Cast to fp16/bf16
   keeps that dtype, because the Cast is where rounding happens;
 * the stick dim: the iteration dim that runs along a tile row, i.e. along
-  a stick. Every access must have stride 0 or 1 there (a row load moves
-  contiguous bytes). If no dim qualifies (a transposed operand) the kernel
-  is laid out one element per stick ("elements" mode): correct for any
-  strides, and charged honestly for the wasted bytes;
+  a stick, and the row dim, along a tile's columns of rows. In the
+  ``sticks`` relayout every access has stride 0 or 1 on the stick dim (a
+  row load moves contiguous bytes). When no dim qualifies because producer
+  and consumer disagree (``x.t().contiguous()``: the load walks dim 0
+  contiguously, the store dim 1), the ``transposed`` relayout takes the
+  stick dim from one side and the row dim from the other: an access with
+  stride 1 on the row dim (and not 0/1 on the stick dim) is *transposed*
+  (``Access.transposed``): it moves as rows of whole sticks along its own
+  contiguous dim into a STAGING tile, and the load/store unit transposes
+  it on chip (fusion.py, codegen.py). Of the pairs that work, the one
+  transposing the fewest bytes wins. Only an access that walks neither dim
+  of any pair contiguously (three accesses contiguous in three different
+  dims, a gather-like permute) leaves the ``elements`` relayout: one
+  element per stick, correct for any strides, and charged for every whole
+  stick it moves;
 * padding: each tile row is padded to whole sticks of 128 bytes (64 fp16 /
   bf16, 32 fp32, 128 int8 elements);
 * constants (``operand_value``): a Python number becomes the value its tile
@@ -30,7 +41,7 @@ and is already folded into that address at launch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spyre_runtime.program.operands import DTYPES, ITEMSIZE, STICK
 from spyre_runtime.program.program import Symbol
@@ -41,6 +52,8 @@ from ..kernel_ir import Cast, IndexValue, Load, PointwiseKernel
 from ._dump import Describable
 
 FLOATS = ("fp16", "bf16", "fp32")
+# The layout's relayouts (module docstring): which the plan chose is LayoutPlan.relayout.
+STICKS_MODE, TRANSPOSED_MODE, ELEMENTS_MODE = "sticks", "transposed", "elements"
 # Kernels compute int64 values in int64 tiles (issue 9): exact, never narrowed.
 TILE_DTYPES = tuple(DTYPES)
 
@@ -77,6 +90,7 @@ class Access:
     dtype: str
     strides: tuple[int, ...]
     offset: int
+    transposed: bool = False  # moved along the row dim (its contiguous one) and transposed on chip
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,8 @@ class LayoutPlan(Describable):
     loads: tuple[tuple[int, Access], ...]  # (value position, access)
     stores: tuple[Access, ...]             # parallel to kernel.stores
     values: tuple[ValueLayout, ...]
+    relayout: str = STICKS_MODE           # STICKS_MODE, TRANSPOSED_MODE or ELEMENTS_MODE
+    reason: str = ""                      # why this relayout, for a person (the plan's summary)
     counts: tuple[tuple[int, Counting], ...] = ()  # (value position, index value)
 
     @property
@@ -194,9 +210,12 @@ def plan_layout(kernel: PointwiseKernel) -> LayoutPlan:
     first = len(load_values) + len(kernel.stores)
     counts = tuple((i, Counting(v.dtype, strides[first + k], v.index.offset)) for k, (i, v) in enumerate(index_values))
     _check_stores(where, kernel, ranges, loads, stores)
-    stick_dim, row_dim = _choose_dims(where, ranges, loads, stores)
+    choice = _choose_dims(where, ranges, loads, stores)
+    loads = tuple((i, _marked(a, choice)) for i, a in loads)
+    stores = tuple(_marked(a, choice) for a in stores)
     values = tuple(_value_layout(where, i, v, kernel) for i, v in enumerate(kernel.values))
-    return LayoutPlan(ranges, dim_map, stick_dim, row_dim, tuple(buffers), loads, stores, values, counts)
+    return LayoutPlan(ranges, dim_map, choice.stick_dim, choice.row_dim, tuple(buffers), loads, stores, values,
+                      choice.relayout, choice.reason, counts)
 
 
 def _check_stores(where, kernel, ranges, loads, stores) -> None:
@@ -210,22 +229,77 @@ def _check_stores(where, kernel, ranges, loads, stores) -> None:
                 raise Unsupported(f"{where}: {st.buffer!r} is read and written at different indices")
 
 
-def _choose_dims(where, ranges, loads, stores):
+@dataclass(frozen=True)
+class _Choice:
+    stick_dim: int | None
+    row_dim: int | None
+    relayout: str
+    reason: str
+
+
+def _marked(access: Access, choice: _Choice) -> Access:
+    if choice.relayout != TRANSPOSED_MODE or not _is_transposed(access, choice.stick_dim, choice.row_dim):
+        return access
+    return replace(access, transposed=True)
+
+
+def _is_transposed(access: Access, sd: int, rd: int) -> bool:
+    # a negative stick-dim stride (a flip) would walk the staging rows backwards: no pair takes it
+    return access.strides[sd] > 1 and access.strides[rd] == 1
+
+
+def _choose_dims(where, ranges, loads, stores) -> _Choice:
     accesses = [a for _, a in loads] + list(stores)
-    stick_dim = None
+    names = [f"the load of {a.buffer!r}" for _, a in loads] + [f"the store to {a.buffer!r}" for a in stores]
+
+    def row_dim_besides(sd):
+        for d in reversed(range(len(ranges))):
+            if d != sd and all(a.strides[d] >= 0 for a in accesses):
+                return d
+        return None
+
     for d in reversed(range(len(ranges))):
         col = [a.strides[d] for a in accesses]
         if all(s in (0, 1) for s in col) and any(s == 1 for s in col):
-            stick_dim = d
-            break
-    row_dim = None
-    for d in reversed(range(len(ranges))):
-        if d != stick_dim and all(a.strides[d] >= 0 for a in accesses):
-            row_dim = d
-            break
-    if stick_dim is None and row_dim is None:
+            return _Choice(d, row_dim_besides(d), STICKS_MODE, f"every access walks dim {d} with stride 0 or 1")
+    transposed = _transposed_pair(ranges, accesses)
+    if transposed is not None:
+        sd, rd, moved = transposed
+        which = ", ".join(names[k] for k in sorted(moved))
+        direct = ", ".join(n for k, n in enumerate(names) if k not in moved) or "none"
+        return _Choice(sd, rd, TRANSPOSED_MODE,
+                       f"no dim is walked with stride 0 or 1 by every access: the stick dim is dim {sd} "
+                       f"(walked contiguously by {direct}), the row dim dim {rd}; {which} walk(s) dim {rd} "
+                       f"contiguously and move(s) as rows of whole sticks along it, transposed on chip")
+    rd = row_dim_besides(None)
+    if rd is None:
         raise Unsupported(f"{where}: no iteration dim is walked with non-negative strides by every access")
-    return stick_dim, row_dim
+    return _Choice(None, rd, ELEMENTS_MODE,
+                   "no pair of dims lets every access move whole sticks (directly or transposed on chip): "
+                   "one element per stick, every stick moved charged")
+
+
+def _transposed_pair(ranges, accesses):
+    """(stick dim, row dim, transposed accesses) of the pair transposing the fewest bytes per
+    element: every access walks the stick dim with stride 0 or 1 (moved directly) or the row
+    dim with stride 1 (moved transposed); the row dim's strides are non-negative (rows move
+    forward). None if no pair works. Ties go to the later dims, as for the sticks relayout."""
+    best = None
+    for sd in reversed(range(len(ranges))):
+        if ranges[sd] < 2:
+            continue
+        for rd in reversed(range(len(ranges))):
+            if rd == sd or ranges[rd] < 2 or any(a.strides[rd] < 0 for a in accesses):
+                continue
+            moved = frozenset(k for k, a in enumerate(accesses) if _is_transposed(a, sd, rd))
+            if any(k not in moved and a.strides[sd] not in (0, 1) for k, a in enumerate(accesses)):
+                continue
+            if not any(a.strides[sd] == 1 for a in accesses):
+                continue
+            cost = sum(ITEMSIZE[accesses[k].dtype] for k in moved)
+            if best is None or cost < best[0]:
+                best = (cost, sd, rd, moved)
+    return None if best is None else best[1:]
 
 
 def _value_layout(where, i, v, kernel) -> ValueLayout:
@@ -242,5 +316,5 @@ def _value_layout(where, i, v, kernel) -> ValueLayout:
 
 _canonical = canonical_dims  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
 
-__all__ = ["Access", "BufferLayout", "Counting", "LayoutPlan", "ValueLayout", "canonical_dims", "on_chip_dtype",
-           "operand_value", "plan_layout"]
+__all__ = ["Access", "BufferLayout", "Counting", "ELEMENTS_MODE", "LayoutPlan", "STICKS_MODE", "TRANSPOSED_MODE",
+           "ValueLayout", "canonical_dims", "on_chip_dtype", "operand_value", "plan_layout"]

@@ -214,14 +214,23 @@ def _extent(buffer) -> int:
     return 1 + sum((n - 1) * abs(s) for n, s in zip(buffer.shape, buffer.strides))
 
 
-def check_bounds(kernel: PointwiseKernel) -> None:
-    """Every load and store stays inside its buffer over the whole iteration space, or Unsupported
-    naming it: a mask that keeps a load in bounds but cannot be cut is not something we run."""
-    for what, buffer, index in ([("load of", v.buffer, v.index) for v in kernel.values if isinstance(v, Load)]
+def check_bounds(kernel) -> None:
+    """Every load and store stays inside its buffer over the whole iteration space (any family's
+    kernel), or Unsupported naming it: a mask that keeps a load in bounds but cannot be cut is
+    not something we run."""
+    extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
+    needed = {s.value for s in kernel.stores}
+    for pos in range(len(kernel.values) - 1, -1, -1):
+        if pos in needed:
+            v = kernel.values[pos]
+            needed |= {v.arg} if hasattr(v, "arg") else set(getattr(v, "args", ()))
+    # (a load no store needs is never moved: an empty reduction's operand)
+    for what, buffer, index in ([("load of", v.buffer, v.index) for k, v in enumerate(kernel.values)
+                                 if isinstance(v, Load) and k in needed]
                                 + [("store to", s.buffer, s.index) for s in kernel.stores]):
-        lo, hi = _range(IndexValue(index, "int64"), kernel.ranges)
+        lo, hi = _range(IndexValue(index, "int64"), extents)
         n = _extent(kernel.buffer(buffer))
-        if math.prod(kernel.ranges) and (lo < 0 or hi >= n):
+        if math.prod(extents) and (lo < 0 or hi >= n):
             raise Unsupported(f"kernel {kernel.name!r}: the {what} {buffer!r} reaches elements [{lo}, {hi}] of a "
                               f"buffer of {n}: its mask keeps it in bounds, but does not cut the iteration "
                               f"space along one dim (masked loads outside a buffer are not run)")

@@ -10,7 +10,11 @@ pointwise tile kernel (fusion.py) needs at a tile shape (``needs``):
   the sfp computes on another (tiling.py);
 * TEMPORARY tiles: one copy, live from the sfp step that writes them to
   the last step that reads them (tiles.live_ranges over the chunk phase's
-  steps); a later one reuses the bytes of dead ones.
+  steps); a later one reuses the bytes of dead ones;
+* STAGING tiles (a transposed access, fusion.py): the tile they serve
+  with its axes swapped, ``tile_cols`` rows of ``tile_rows`` elements;
+  one copy, live for the whole program: only the load/store unit touches
+  it, and it finishes one transpose before it moves the next tile's bytes.
 
 A tile stores one row unless it varies over the rows axis, and one
 element per row unless it varies over the sticks axis; each row is padded
@@ -38,6 +42,8 @@ def tile_geometry(t: Tile, tiling: TilePlan) -> tuple[int, int]:
     """(stored rows, row stride in bytes) of a tile of `t` at the plan's tile shape."""
     rows = tiling.tile_rows if ROWS in t.space else 1
     cols = tiling.tile_cols if STICKS in t.space else 1
+    if t.role is Role.STAGING:
+        rows, cols = cols, rows
     return rows, sticks(cols * ITEMSIZE[t.dtype])
 
 
@@ -52,6 +58,7 @@ def needs(tile_kernel: TileKernel, tiling: TilePlan) -> tuple[Need, ...]:
 
     out = [need(t) for t in tile_kernel.tiles if t.role is Role.CONSTANT]
     out += [need(t, tiling.buffers) for t in tile_kernel.tiles if streamed(t)]
+    out += [need(t) for t in tile_kernel.tiles if t.role is Role.STAGING]
     out += [need(t, span=live[t.name]) for t in tile_kernel.tiles if t.role is Role.TEMPORARY and t.name in live]
     return tuple(out)
 

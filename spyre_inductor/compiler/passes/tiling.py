@@ -14,6 +14,17 @@ computes (emit.py); every other dim is a plain loop around that stream.
   boundaries stay stick-aligned; one row per tile.
 * "elements" layout (no stick dim): one element per stick, ``tile_cols`` 1.
 
+In the ``transposed`` relayout (layout.py) a transposed access moves a tile
+as ``tile_cols`` rows of ``tile_rows`` elements each, so a tile's rows are
+a whole number of sticks of every transposed access (``row_granule``
+elements) or the whole row dim: whole-row tiles round their rows down to
+it, and when the stick dim does not fit a tile row the tile is a block of
+``row_granule`` rows times a chunk of the stick dim: the stream walks the
+chunks and the row dim is a loop in blocks of ``tile_rows``
+(``row_block``), the last block of a share possibly shorter. A block is
+one or more sticks of rows (ROW_STICKS, a plan variant: a block as tall as
+a core's share streams once, without a second pipeline fill and drain).
+
 Each streamed tile (fusion.streamed: loaded or stored) has ``buffers``
 copies in scratchpad: the load/store unit fills one while the sfp computes
 on another. With three, the store of tile t and the load of tile t + 2 are
@@ -47,6 +58,7 @@ TARGET_BYTES = 32 * 1024
 TARGETS = (32 * 1024, 128 * 1024)
 BUFFERS = 3
 BUFFER_CHOICES = (3, 2)
+ROW_STICKS = (1, 2)  # rows of a block of the transposed relayout, in sticks of its transposed accesses
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,18 @@ class TilePlan(Describable):
     loop_dims: tuple[int, ...]
     granule: int     # elements per stick of the narrowest dtype: chunk and core boundaries
     buffers: int = BUFFERS  # copies of each streamed tile: the stream's depth
+    row_granule: int = 1    # rows a tile has a multiple of (transposed accesses' elements per stick)
+
+    @property
+    def row_block(self) -> int:
+        """Rows of the row dim one step of its loop covers (1: a plain loop, or not a loop)."""
+        return self.tile_rows if self.stream_dim != self.row_dim and self.row_dim is not None else 1
+
+    @property
+    def row_unit(self) -> int:
+        """The unit a share of the row dim is a multiple of (division.py): whole blocks when it
+        is a blocked loop, whole sticks of the transposed accesses when it is streamed."""
+        return self.row_block if self.row_block > 1 else self.row_granule
 
     @property
     def tile_extent(self) -> int:
@@ -75,9 +99,11 @@ class TilePlan(Describable):
         return replace(self, buffers=buffers)
 
     def shrunk(self) -> "TilePlan | None":
-        """A smaller tile (half the rows, else half the chunk), or None at one stick."""
-        if self.tile_rows > 1:
-            return replace(self, tile_rows=self.tile_rows // 2)
+        """A smaller tile (half the rows, else half the chunk), or None at one stick. Rows stay
+        a multiple of row_granule: below it a transposed move would split sticks."""
+        if self.tile_rows > self.row_granule:
+            return replace(self, tile_rows=max(self.row_granule, self.tile_rows // 2 // self.row_granule
+                                               * self.row_granule))
         if self.stick_dim is not None and self.tile_cols > self.granule:
             sticks = -(-self.tile_cols // self.granule)
             return replace(self, tile_cols=max(1, sticks // 2) * self.granule)
@@ -85,7 +111,9 @@ class TilePlan(Describable):
 
 
 def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int = TARGET_BYTES,
-                buffers: int = BUFFERS) -> TilePlan:
+                buffers: int = BUFFERS, row_sticks: int = 1) -> TilePlan:
+    """The tile shape for a target of bytes per streamed tile; `row_sticks`: a block of rows
+    (transposed relayout, stick dim in chunks) is that many sticks of the transposed accesses."""
     ranges = layout.ranges
     sizes = [ITEMSIZE[t.dtype] for t in tile_kernel.tiles] or [4]
     granule = STICK // min(sizes)
@@ -94,15 +122,19 @@ def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int =
     if sd is None:
         rows = min(ranges[rd], max(1, target_bytes // STICK))
         return TilePlan(ranges, None, rd, rd, rows, 1, _others(ranges, rd), granule, buffers)
-    chunk = max(granule, target_bytes // widest // granule * granule)
+    moved = [ITEMSIZE[a.dtype] for a in layout.accesses() if a.transposed]
+    # whole sticks of every transposed access, or the whole row dim when it is shorter
+    row_granule = min(ranges[rd], STICK // min(moved)) if moved else 1
+    block = min(ranges[rd], row_granule * row_sticks) if moved else 1
+    chunk = max(granule, target_bytes // widest // block // granule * granule)
     if ranges[sd] > chunk:
-        return TilePlan(ranges, sd, rd, sd, 1, chunk, _others(ranges, sd), granule, buffers)
+        return TilePlan(ranges, sd, rd, sd, block, chunk, _others(ranges, sd), granule, buffers, row_granule)
     cols = ranges[sd]
     if rd is None:
         return TilePlan(ranges, sd, None, sd, 1, cols, _others(ranges, sd), granule, buffers)
     row_bytes = sticks(cols * widest)
-    rows = min(ranges[rd], max(1, target_bytes // row_bytes))
-    return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule, buffers)
+    rows = min(ranges[rd], max(row_granule, target_bytes // row_bytes // row_granule * row_granule))
+    return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule, buffers, row_granule)
 
 
 def _others(ranges, *exclude) -> tuple[int, ...]:
