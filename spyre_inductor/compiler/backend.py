@@ -29,13 +29,14 @@ from spyre_runtime.program.program import Program
 from spyre_runtime.program.validate import ProgramError, validate
 
 from .errors import PlanError, Unsupported
-from .kernel_ir import Kernel, MatmulKernel
+from .kernel_ir import IndirectKernel, Kernel, MatmulKernel
 from .passes.tiles import PhaseKind
 from .passes.codegen import build_program
 from .passes.division import TIE, choose_division, chosen_ns, representative, simulated_ns
 from .passes.emit import write_artifact
 from .passes.fusion import plan_fusion
 from .passes import pieces
+from .passes.indirect_plan import plan as indirect_plan
 from .passes.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
 from .passes.matmul import plan_matmul
 from .passes.minimum import recorded, union_traffic
@@ -50,7 +51,7 @@ __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-5"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: relayouts on chip
+COMPILER_VERSION = "spyre-6"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: relayouts on chip, 6: gathers/scatters
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
     if kernel.reduction_ranges:
         pieces.check_bounds(kernel)  # (pointwise kernels are checked piece by piece)
+    if isinstance(kernel, IndirectKernel):
+        plans, program = indirect_plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
+        return Compiled(plans, program)
     if isinstance(kernel, MatmulKernel) and 0 not in kernel.reduction_ranges:
         try:
             return plan_matmul(kernel, cores=cores, max_cores=max_cores)

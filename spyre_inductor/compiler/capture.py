@@ -31,7 +31,13 @@ the group:
 - ``ops.scan`` (cumsum, cumprod) becomes a Scan value when its combine
   function is one add or one multiply of the running value and the next
   element (found by calling it on probes); any other combine (logcumsumexp)
-  refuses the group.
+  refuses the group;
+- ``ops.indirect_indexing`` (issue 16) becomes an Indirect value (named after
+  the node's aten op, for the out-of-range error) and hands back a fresh
+  symbol, which ``affine_index`` turns into the Index's indirect term; a
+  store with mode "atomic_add" keeps its mode. A scattered store is never
+  forwarded on chip, and a group that scatters into a buffer it also reads,
+  or that mixes indirect indexing with a reduction, is refused.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ from torch._inductor.virtualized import V
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
+from torch._inductor.utils import sympy_index_symbol
+
+from .fallback_policy import origin_ops
 from .indexing import (
     NotCapturable,
     affine_index,
@@ -71,6 +80,7 @@ from .kernel_ir import (
     Constant,
     Index,
     IndexValue,
+    Indirect,
     Load,
     Op,
     Kernel,
@@ -183,6 +193,9 @@ class _Group:
         self.stored: dict[str, tuple[Index, _V]] = {}  # real name -> last store, for forwarding
         self.loaded: dict[str, set[Index]] = {}  # real name -> indices read from memory
         self.removed: set[str] = set()
+        self.indirect: dict[sympy.Symbol, int] = {}  # indirect_indexing's symbols -> Indirect positions
+        self.scattered: set[str] = set()  # real names stored at indirect indices
+        self.op = ""  # the aten op of the node being captured (Indirect.op)
 
     def add(self, value, dtype: torch.dtype) -> _V:
         # One value per distinct computation: Inductor inlines a producer into
@@ -296,7 +309,7 @@ class CaptureHandler(DefaultHandler):
     def load(self, name: str, index) -> _V:
         g = self.g
         try:
-            idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges)
+            idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges, g.indirect)
         except NotCapturable:
             if piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}") is None:
                 raise
@@ -310,7 +323,7 @@ class CaptureHandler(DefaultHandler):
         what = f"the load of {name}"
         found = piecewise_affine(index, self.g.vars, self.g.var_ranges, what)
         if found is None:
-            return self._load(name, affine_index(index, self.g.vars, what, self.g.var_ranges))
+            return self._load(name, affine_index(index, self.g.vars, what, self.g.var_ranges, self.g.indirect))
         d, runs = found
         value = self._piecewise_load(name, runs[-1][2])
         for lo, hi, expr in reversed(runs[:-1]):
@@ -323,6 +336,8 @@ class CaptureHandler(DefaultHandler):
     def _load(self, name: str, idx: Index) -> _V:
         g = self.g
         real = real_name(name)
+        if real in g.scattered:
+            raise NotCapturable(f"{name} is read after a scatter into it in the same kernel")
         if real in g.stored:
             stored_idx, value = g.stored[real]
             if stored_idx != idx:
@@ -342,11 +357,19 @@ class CaptureHandler(DefaultHandler):
 
     def store(self, name: str, index, value, mode=None) -> None:
         g = self.g
-        if mode is not None:
+        if mode not in (None, "atomic_add"):
             raise NotCapturable(f"store with mode {mode} to {name}")
         real = real_name(name)
-        idx = affine_index(index, g.vars, f"the store to {name}", g.var_ranges)
+        idx = affine_index(index, g.vars, f"the store to {name}", g.var_ranges, g.indirect)
         value = self._as_value(value)
+        if idx.indirect or mode is not None:
+            # A scatter: which elements it writes depends on data, so nothing is forwarded on chip.
+            if g.loaded.get(real) or real in g.stored or name in g.removable:
+                raise NotCapturable(f"{name} is scattered into and also read or written otherwise in one kernel")
+            g.scattered.add(real)
+            g.use_buffer(real)
+            g.stores[real] = Store(real, idx, value.pos, mode)
+            return
         if any(i != idx for i in g.loaded.get(real, ())):
             raise NotCapturable(f"{name} is read and written at different indices in one kernel")
         if real in g.stored and g.stored[real][0] != idx:
@@ -379,15 +402,33 @@ class CaptureHandler(DefaultHandler):
         direct = self._index_from_indices(x, size, wrap_neg)
         if direct is not None:
             return direct
-        raise NotCapturable("indirect indexing (gather/scatter)")
+        # Checked whatever `check` says: the program's gather or scatter never moves bytes
+        # outside a buffer, so an index Inductor thinks is safe costs no more to check.
+        g = self.g
+        x = self._as_value(x)
+        if x.dtype.is_floating_point or x.dtype == torch.bool:
+            raise NotCapturable(f"indirect indexing with a {x.dtype} value")
+        bound = static_int(size, "indirect indexing bound")
+        value = g.add(Indirect(x.pos, bound, bool(wrap_neg), g.op), torch.int64)
+        for sym, pos in g.indirect.items():
+            if pos == value.pos:
+                return sym
+        sym = sympy_index_symbol(f"ind{len(g.indirect)}")
+        g.indirect[sym] = value.pos
+        return sym
 
     def check_bounds(self, expr, size, lower, upper):
-        # Inductor's bound check of an indirect index; one computed from the loop indices was
-        # checked when it was made (_index_from_indices)
+        # Inductor's bound check of an indirect index: one computed from the loop indices was
+        # checked when it was made (_index_from_indices); the gather/scatter checks each Indirect
+        # against its bound, so a check of exactly that is already done; anything else is not in
+        # the IR.
         expr = sympy.sympify(expr)
         if expr.free_symbols <= set(self.g.vars):
             return None
-        raise NotCapturable("a bound check of an index read from memory (gather/scatter)")
+        pos = self.g.indirect.get(expr)
+        if pos is None or static_int(size, "bounds check size") != self.g.values[pos].bound:
+            raise NotCapturable(f"bounds check of {expr} against {size} (gather/scatter)")
+        return None
 
     def _index_from_indices(self, x, size, wrap_neg):
         """An 'indirect' index computed from the loop indices alone (a roll's (i + s) % n, a
@@ -420,7 +461,7 @@ class CaptureHandler(DefaultHandler):
                 flags.append(True)
             elif isinstance(v, (Load, IndexValue)):
                 flags.append(not any(v.index.strides[n_outer:]))
-            elif isinstance(v, Cast):
+            elif isinstance(v, (Cast, Indirect)):
                 flags.append(flags[v.arg])
             elif isinstance(v, Scan):
                 flags.append(False)
@@ -662,8 +703,11 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
     for node, plan, (outer_sizes, reduced_sizes) in zip(nodes, plans, splits):
         index_vars, reduction_vars = plan(group)
         index_vars, reduction_vars = _regroup(index_vars, outer_sizes), _regroup(reduction_vars, reduced_sizes)
+        group.op = origin_ops([node])
         with V.set_ops_handler(CaptureHandler(group)):
             loop_body(node)[1](index_vars, reduction_vars)
+    if group.indirect and reduction_ranges:
+        raise NotCapturable("indirect indexing (gather/scatter) inside a reduction kernel")
     if math.prod(ranges) * math.prod(reduction_ranges or (1,)) == 0 or not group.stores:
         return Capture(None, frozenset(group.removed))
     # A kernel may not read memory it writes through another name (a cat slot
@@ -685,7 +729,7 @@ def capture(nodes, name: str = "spyre_kernel") -> Capture:
 def _live(values: list, stores: list[Store]) -> tuple[tuple, tuple[Store, ...]]:
     """Only the values some store needs, renumbered: a value kept on chip for a
     removed buffer, or a cast a later cast made redundant, is no work for the program."""
-    needed = {st.value for st in stores}
+    needed = {st.value for st in stores} | {p for st in stores for p, _ in st.index.indirect}
     # Welford arrives as a triple of one argument (kernel_ir): keep all three together.
     welford = {}
     for pos, v in enumerate(values):
@@ -696,15 +740,22 @@ def _live(values: list, stores: list[Store]) -> tuple[tuple, tuple[Store, ...]]:
             v = values[pos]
             if isinstance(v, Reduction) and v.op in _WELFORD:
                 needed |= set(welford[v.arg])  # siblings need only the same (lower) argument
-            needed |= {v.arg} if isinstance(v, (Cast, Reduction, Scan)) else set(getattr(v, "args", ()))
+            needed |= {v.arg} if isinstance(v, (Cast, Reduction, Scan, Indirect)) else set(getattr(v, "args", ()))
+            if isinstance(v, Load):
+                needed |= {p for p, _ in v.index.indirect}
     new_pos = {old: new for new, old in enumerate(sorted(needed))}
 
+    def index(ix):
+        return replace(ix, indirect=tuple((new_pos[p], s) for p, s in ix.indirect)) if ix.indirect else ix
+
     def renumber(v):
-        if isinstance(v, (Cast, Reduction, Scan)):
+        if isinstance(v, (Cast, Reduction, Scan, Indirect)):
             return replace(v, arg=new_pos[v.arg])
         if isinstance(v, Op):
             return replace(v, args=tuple(new_pos[a] for a in v.args))
+        if isinstance(v, Load) and v.index.indirect:
+            return replace(v, index=index(v.index))
         return v
 
     return (tuple(renumber(values[p]) for p in sorted(needed)),
-            tuple(replace(st, value=new_pos[st.value]) for st in stores))
+            tuple(replace(st, value=new_pos[st.value], index=index(st.index)) for st in stores))

@@ -3,9 +3,10 @@
 Inductor hands a node's loop body sympy index expressions in the iteration
 variables we pass in. The kernel IR only has affine indices
 (offset + sum stride * var), so anything else -- ModularIndexing and
-FloorDiv from reshapes, Min/Max, indirect (data-dependent) variables, or a
-symbol that is not one of our loop variables (a dynamic size) -- is refused
-here with a reason, and the node becomes a CPU fallback.
+FloorDiv from reshapes, Min/Max, or a symbol that is not one of our loop
+variables (a dynamic size) -- is refused here with a reason, and the node
+becomes a CPU fallback. Indirect (data-dependent) variables become the
+Index's indirect terms when capture says which value each stands for.
 
 Nodes fused into one kernel may come with differently simplified ranges for
 the same iteration space (Inductor merges contiguous dims per node): one add
@@ -54,10 +55,13 @@ def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
     return [sympy_index_symbol(f"{prefix}{d}") for d in range(count)]
 
 
-def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dict | None = None) -> Index:
+def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dict | None = None,
+                 indirect=None) -> Index:
     """The IR Index of `expr` over `variables`, or NotCapturable naming `what`. With the
     variables' `ranges`, modular indexing and floor division that the ranges make affine (a
-    repeat's i mod n, once the loop is split at n: ``split_dims``) are simplified first."""
+    repeat's i mod n, once the loop is split at n: ``split_dims``) are simplified first.
+    `indirect` maps the symbols capture handed out for indirect indexing to their Indirect
+    values' positions: each becomes an indirect term (position, its coefficient)."""
     expr = sympy.sympify(expr)
     if expr.has(Identity):  # Inductor's marker that keeps a cat part's index from being simplified
         expr = expr.replace(Identity, lambda x: x)
@@ -66,6 +70,15 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
     expr = sympy.expand(expr)
     if expr.atoms(sympy.Function) or expr.atoms(sympy.Mod) or expr.atoms(sympy.Pow):
         raise NotCapturable(f"non-affine index {expr} for {what}")
+    terms = []
+    for sym, pos in (indirect or {}).items():
+        c = expr.coeff(sym, 1)
+        if c == 0:
+            continue
+        if not isinstance(c, sympy.Integer) or sym in c.free_symbols:
+            raise NotCapturable(f"non-affine indirect index {expr} for {what}")
+        terms.append((pos, int(c)))
+        expr = sympy.expand(expr - c * sym)
     unknown = expr.free_symbols - set(variables)
     if unknown:
         names = ", ".join(sorted(str(s) for s in unknown))
@@ -81,7 +94,7 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
     rest = sympy.expand(rest)
     if not isinstance(rest, sympy.Integer):
         raise NotCapturable(f"non-affine index {expr} for {what}")
-    return Index(tuple(strides), int(rest))
+    return Index(tuple(strides), int(rest), tuple(terms))
 
 
 MAX_RUNS = 8  # more affine runs than this: not worth a piece each

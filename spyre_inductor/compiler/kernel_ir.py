@@ -50,6 +50,17 @@ buffer where the mask is false (a cat's other parts), which the planner
 resolves by cutting the iteration space at the masks (passes/pieces.py) and
 checks (no program reads outside a buffer).
 
+Indirect indexing (issue 16): an ``Indirect`` value is the checked, wrapped
+integer index computed from value ``arg`` (an embedding's ids, a scatter's
+positions): in [0, bound) after adding ``bound`` to a negative value when
+``wrap_neg``, else an IndexError naming ``op`` (the aten op it came from),
+the value and the bound. An ``Index`` may add ``indirect`` terms
+(Indirect value position, element stride) to its affine part: a gather when a
+Load has them, a scatter when a Store has them. A ``Store`` with mode
+"atomic_add" adds its value to what the buffer holds (index_put_ with
+accumulate, scatter_add, index_add): every contribution, duplicates
+included. A kernel with indirect terms is an ``IndirectKernel``.
+
 The kernel's type names what it is (``Kernel.of`` picks it from the
 content, ``check`` insists on it): a ``PointwiseKernel`` has no reduction
 ranges, a ``ReductionKernel`` reduces or scans over them, a
@@ -114,10 +125,12 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Index:
-    """Element index = offset + sum(strides[d] * i_d) over the kernel's ranges."""
+    """Element index = offset + sum(strides[d] * i_d) over the kernel's ranges
+    + sum(stride * value) over the `indirect` terms (Indirect value position, stride)."""
 
     strides: tuple[int, ...]
     offset: int = 0
+    indirect: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,7 +189,20 @@ class Scan:
     dtype: str
 
 
-Value = Load | Constant | IndexValue | Op | Cast | Reduction | Scan
+@dataclass(frozen=True)
+class Indirect:
+    """The index value `arg` checked against [0, bound) (negative ones wrapped first when
+    `wrap_neg`); `op` is the aten op it came from, for the out-of-range error."""
+
+    arg: int
+    bound: int
+    wrap_neg: bool
+    op: str
+    dtype: str = "int64"
+
+
+Value = Load | Constant | IndexValue | Op | Cast | Reduction | Scan | Indirect
+STORE_MODES = (None, "atomic_add")
 
 
 @dataclass(frozen=True)
@@ -184,6 +210,7 @@ class Store:
     buffer: str
     index: Index
     value: int  # position in Kernel.values
+    mode: str | None = None  # "atomic_add": buffer[index] += value (STORE_MODES)
 
 
 @dataclass(frozen=True)
@@ -199,6 +226,8 @@ class Kernel:
 
     @staticmethod
     def kind_of(values, reduction_ranges) -> type["Kernel"]:
+        if any(isinstance(v, Indirect) for v in values):
+            return IndirectKernel
         if not reduction_ranges:
             return PointwiseKernel
         if any(isinstance(v, Reduction) and v.op == "dot" for v in values):
@@ -233,7 +262,7 @@ class Kernel:
                 flags.append(True)
             elif isinstance(v, (Load, IndexValue)):
                 flags.append(all(s == 0 for s in v.index.strides[n_outer:]))
-            elif isinstance(v, Cast):
+            elif isinstance(v, (Cast, Indirect)):
                 flags.append(flags[v.arg])
             elif isinstance(v, Scan):
                 flags.append(False)  # a prefix varies along the reduced dim
@@ -276,6 +305,10 @@ class Kernel:
             if len(index.strides) != rank:
                 raise ValueError(f"kernel {self.name!r}: {where} has {len(index.strides)} strides for "
                                  f"{rank} ranges")
+            for pos, _ in index.indirect:
+                if not (0 <= pos < len(self.values) and isinstance(self.values[pos], Indirect)):
+                    raise ValueError(f"kernel {self.name!r}: {where} has an indirect term of value {pos}, "
+                                     f"which is not an Indirect index")
 
         for i, v in enumerate(self.values):
             if isinstance(v, Load):
@@ -309,6 +342,12 @@ class Kernel:
                 if len(self.reduction_ranges) != 1:
                     raise ValueError(f"kernel {self.name!r}: value {i} scans over reduction ranges "
                                      f"{self.reduction_ranges}, not one dim")
+            elif isinstance(v, Indirect):
+                if not 0 <= v.arg < i or v.bound < 0:
+                    raise ValueError(f"kernel {self.name!r}: value {i} is a bad indirect index {v!r}")
+                if self.values[v.arg].dtype not in ("int64", "int32", "int16", "int8", "uint8"):
+                    raise ValueError(f"kernel {self.name!r}: value {i} indexes with a "
+                                     f"{self.values[v.arg].dtype} value")
             elif not isinstance(v, Constant):
                 raise ValueError(f"kernel {self.name!r}: value {i} is not an IR value: {v!r}")
             if v.dtype not in TORCH_DTYPES:
@@ -319,6 +358,8 @@ class Kernel:
             if not 0 <= s.value < len(self.values):
                 raise ValueError(f"kernel {self.name!r}: store to {s.buffer!r} of missing value {s.value}")
             index_ok(f"store to {s.buffer}", s.index)
+            if s.mode not in STORE_MODES:
+                raise ValueError(f"kernel {self.name!r}: store to {s.buffer!r} has unknown mode {s.mode!r}")
         outer = self.outer()
         for s in self.stores:
             reduced = s.index.strides[len(self.ranges):]
@@ -329,8 +370,17 @@ class Kernel:
     # ---- dump / load ---------------------------------------------------------------
 
     def to_json(self) -> str:
+        def bare(d):
+            # Fields at their defaults are left out: an affine kernel dumps as it did before
+            # indirect indexing existed (same JSON, same artifact key).
+            if isinstance(d.get("index"), dict) and not d["index"].get("indirect"):
+                d["index"].pop("indirect", None)
+            if d.get("mode", 0) is None:
+                d.pop("mode")
+            return d
+
         def enc(v):
-            d = dataclasses.asdict(v)
+            d = bare(dataclasses.asdict(v))
             d["kind"] = type(v).__name__
             return d
 
@@ -338,16 +388,17 @@ class Kernel:
             "kind": type(self).__name__, "name": self.name, "ranges": list(self.ranges), "reduction_ranges": list(self.reduction_ranges),
             "buffers": [dataclasses.asdict(b) for b in self.buffers],
             "values": [enc(v) for v in self.values],
-            "stores": [dataclasses.asdict(s) for s in self.stores],
+            "stores": [bare(dataclasses.asdict(s)) for s in self.stores],
         }, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "Kernel":
         d = json.loads(text)
-        kinds = {"Load": Load, "Constant": Constant, "IndexValue": IndexValue, "Op": Op, "Cast": Cast, "Reduction": Reduction, "Scan": Scan}
+        kinds = {"Load": Load, "Constant": Constant, "IndexValue": IndexValue, "Op": Op, "Cast": Cast,
+                 "Reduction": Reduction, "Scan": Scan, "Indirect": Indirect}
 
         def index(x):
-            return Index(tuple(x["strides"]), x["offset"])
+            return Index(tuple(x["strides"]), x["offset"], tuple(tuple(t) for t in x.get("indirect", ())))
 
         def dec(v):
             kind = kinds[v.pop("kind")]
@@ -364,7 +415,7 @@ class Kernel:
             tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
                   for b in d["buffers"]),
             tuple(dec(v) for v in d["values"]),
-            tuple(Store(s["buffer"], index(s["index"]), s["value"]) for s in d["stores"]),
+            tuple(Store(s["buffer"], index(s["index"]), s["value"], s.get("mode")) for s in d["stores"]),
             tuple(d.get("reduction_ranges", ())),
         )
 
@@ -375,6 +426,10 @@ class PointwiseKernel(Kernel):
 
 class ReductionKernel(Kernel):
     """Reductions and scans over ``reduction_ranges``, with their prologues and epilogues."""
+
+
+class IndirectKernel(Kernel):
+    """Gathers and scatters: some Load or Store index has indirect terms (Indirect values)."""
 
 
 class MatmulKernel(ReductionKernel):

@@ -23,7 +23,7 @@ import torch
 from . import isa
 from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile
 from .program import Program
-from .validate import ProgramError
+from .validate import ProgramError, ProgramIndexError
 
 
 class Machine:
@@ -169,6 +169,10 @@ class _Unit:
                         ins.run(m, self.core, idx)
                     except ProgramError:
                         raise
+                    except isa.IndexOutOfRange as e:
+                        raise ProgramIndexError(
+                            f"program {m.program.name!r}: core {self.core} unit {self.unit} instruction "
+                            f"{self.pc} ({ins.opcode}): IndexError: {e}", e.op, e.value, e.bound) from e
                     except Exception as e:
                         raise ProgramError(
                             f"program {m.program.name!r}: core {self.core} unit {self.unit} instruction "

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from .operands import COMPUTE, ITEMSIZE, STICK, Addr, DevAddr, Tile, sticks
+from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, Tile, sticks
 
 UNITS = ("ls", "pe", "sfp")
 REGISTRY: dict[str, type] = {}
@@ -554,3 +554,132 @@ def _widest(*tiles: Tile) -> int:
 
 def compute_dtype(tile: Tile) -> torch.dtype:
     return COMPUTE[tile.dtype]
+
+
+# ---- gathers and scatters (issue 16) ---------------------------------------------------
+
+
+class IndexOutOfRange(IndexError):
+    """A gather or scatter met an index outside [0, bound) (after wrapping a negative one): the
+    instruction moved nothing. `op` is what the program says the op is (the aten op)."""
+
+    def __init__(self, op: str, value: int, bound: int):
+        super().__init__(f"{op}: index {value} is out of bounds for size {bound}")
+        self.op, self.value, self.bound = op, value, bound
+
+
+def _row_offsets(m, core, idx, indices, rows: int, op: str) -> torch.Tensor:
+    """Per row, the bytes the data-dependent terms add, every index checked first."""
+    total = torch.zeros(rows, dtype=torch.int64)
+    for term in indices:
+        values = m.read(core, term.tile, idx, torch.int64).reshape(-1)[:rows]
+        if term.wrap_neg:
+            values = torch.where(values < 0, values + term.bound, values)
+        bad = (values < 0) | (values >= term.bound)
+        if bool(bad.any()):
+            first = int(torch.nonzero(bad)[0])
+            raw = int(m.read(core, term.tile, idx, torch.int64).reshape(-1)[first])
+            raise IndexOutOfRange(op, raw, term.bound)
+        total += values * term.stride
+    return total
+
+
+def _index_problem(indices, rows: int) -> str | None:
+    for term in indices:
+        t = term.tile
+        if t.dtype not in ("int32", "int64"):
+            return f"a row index tile must be int32 or int64, not {t.dtype}"
+        if t.cols != 1 or t.rows != rows or t.broadcast not in ("none", "cols", "scalar"):
+            return f"a row index is a [{rows}, 1] column, got [{t.rows}, {t.cols}] (broadcast {t.broadcast})"
+        if term.bound < 1:
+            return f"a row index needs a bound of at least 1, got {term.bound}"
+    return None
+
+
+@instruction("gather", ("ls",))
+@dataclass(frozen=True)
+class Gather(Instruction):
+    """Device memory -> scratchpad, `rows` rows of `row_bytes` valid bytes; row r comes from
+    src.at(idx) + r * src_stride + the `indices` terms (RowIndex: a checked integer from a
+    scratchpad column times its stride). Each row is its own DMA of whole sticks (padded and
+    masked as Load's); an index out of range raises IndexOutOfRange naming `op` and moves nothing."""
+
+    dst: Addr
+    src: DevAddr
+    rows: int
+    row_bytes: int
+    src_stride: int
+    dst_stride: int
+    indices: tuple = ()
+    op: str = "gather"
+
+    def run(self, m, core, idx):
+        extra = _row_offsets(m, core, idx, self.indices, self.rows, self.op).tolist()
+        base, dst = self.src.at(idx), self.dst.at(idx)
+        pad = -self.row_bytes % STICK
+        for r, add in enumerate(extra):
+            row = m.device_rows(self.src.symbol, base + r * self.src_stride + add, 1, self.row_bytes, 0)
+            m.scratch_rows(core, dst + r * self.dst_stride, 1, self.row_bytes, 0).copy_(row)
+            if pad:
+                m.scratch_rows(core, dst + r * self.dst_stride + self.row_bytes, 1, pad, 0).zero_()
+
+    def cost(self, t, core, idx):
+        return t.indirect_dma(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride,
+                              self.indices, self.dst.at(idx), self.dst_stride, write=False)
+
+    def touches(self):
+        return (("sp_rows", self.dst, self.rows, sticks(self.row_bytes), self.dst_stride),
+                ("dev_indirect", self.src, self.rows, self.row_bytes, self.src_stride, self.indices),
+                *(("tile", term.tile) for term in self.indices))
+
+    def problem(self):
+        return _index_problem(self.indices, self.rows)
+
+
+@instruction("scatter", ("ls",))
+@dataclass(frozen=True)
+class Scatter(Instruction):
+    """Scratchpad -> device memory, the mirror of Gather: row r of `src` lands at
+    dst.at(idx) + r * dst_stride + the `indices` terms, rows in order (a later row to the same
+    place wins). With `accumulate` each row is added to what is there, as `dtype` values
+    (floats summed in fp32 and rounded once per row, as the CPU's index_put_ accumulates):
+    every contribution counts, duplicates included; the device row is read and written back."""
+
+    dst: DevAddr
+    src: Addr
+    rows: int
+    row_bytes: int
+    dst_stride: int
+    src_stride: int
+    indices: tuple = ()
+    op: str = "scatter"
+    accumulate: bool = False
+    dtype: str = "fp32"
+
+    def run(self, m, core, idx):
+        extra = _row_offsets(m, core, idx, self.indices, self.rows, self.op).tolist()
+        base, src = self.dst.at(idx), self.src.at(idx)
+        dtype = DTYPES[self.dtype]
+        for r, add in enumerate(extra):
+            out = m.device_rows(self.dst.symbol, base + r * self.dst_stride + add, 1, self.row_bytes, 0)
+            row = m.scratch_rows(core, src + r * self.src_stride, 1, self.row_bytes, 0)
+            if self.accumulate:
+                total = out.view(dtype).to(COMPUTE[self.dtype]) + row.view(dtype).to(COMPUTE[self.dtype])
+                out.view(dtype).copy_(total)
+            else:
+                out.copy_(row)
+
+    def cost(self, t, core, idx):
+        return t.indirect_dma(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride,
+                              self.indices, self.src.at(idx), self.src_stride, write=True,
+                              read_back=self.accumulate)
+
+    def touches(self):
+        return (("sp_rows", self.src, self.rows, sticks(self.row_bytes), self.src_stride),
+                ("dev_indirect", self.dst, self.rows, self.row_bytes, self.dst_stride, self.indices),
+                *(("tile", term.tile) for term in self.indices))
+
+    def problem(self):
+        if self.accumulate and (self.dtype not in ITEMSIZE or self.row_bytes % ITEMSIZE[self.dtype]):
+            return f"an accumulating scatter of {self.row_bytes}-byte rows of {self.dtype}"
+        return _index_problem(self.indices, self.rows)

@@ -125,3 +125,21 @@ class Tile:
         rows, cols = self.stored_shape
         lo, hi = self.addr.extent(counts)
         return lo, hi + (rows - 1) * self.row_stride + cols * ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class RowIndex:
+    """One data-dependent term of a gather's or scatter's row addresses (issue 16): row r
+    moves at ``stride * index[r]`` bytes further, index[r] read from the integer column
+    `tile` (rows x 1) in scratchpad, wrapped by +bound when negative and `wrap_neg`, and
+    checked to be in [0, bound) before any byte moves."""
+
+    tile: Tile
+    stride: int  # bytes per unit of the index
+    bound: int
+    wrap_neg: bool = True
+
+    def reach(self) -> tuple[int, int]:
+        """Lowest and highest byte offset this term can add (the bound's, never the data's)."""
+        span = self.stride * (max(self.bound, 1) - 1)
+        return min(0, span), max(0, span)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import isa
-from .operands import ITEMSIZE, Addr, DevAddr, Tile, sticks
+from .operands import ITEMSIZE, Addr, DevAddr, RowIndex, Tile, sticks
 
 FORMAT_VERSION = 1
 MAGIC = "spyre-program"
@@ -259,7 +259,7 @@ def _check_minimum(name, total, reads) -> None:
                          f"large (reads and writes together), got {total!r}")
 
 
-_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue)}
+_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex)}
 
 
 def _encode(obj):

@@ -376,6 +376,27 @@ class Timing:
         sp = (min(sp_addr, sp_last), max(sp_addr, sp_last) + sticks(row_bytes))
         return Transfer(nbytes, write, symbol, dev, sp)
 
+    def indirect_dma(self, symbol: str, offset: int, rows: int, row_bytes: int, stride: int, indices,
+                     sp_addr: int, sp_stride: int, write: bool, read_back: bool = False) -> Transfer:
+        """A gather or scatter (issue 16): every row is its own DMA of the whole sticks it may
+        touch. Where a row starts depends on the data, so the charge may not: each row costs the
+        most sticks any start its address terms allow (their common stick alignment), and the
+        transfer spans every byte the indices' bounds let it reach. `read_back`: an accumulating
+        scatter reads each row before writing it."""
+        align = math.gcd(offset % STICK, stride % STICK, STICK, *(term.stride % STICK for term in indices))
+        per_row = -(-(row_bytes + (STICK - align if align < STICK else 0)) // STICK) if row_bytes else 0
+        nbytes = rows * per_row * STICK
+        if write:
+            self.report.bytes_written += nbytes
+        if not write or read_back:
+            self.report.bytes_read += nbytes
+        self.report.bursts += rows * -(-per_row // self.hw.burst_sticks) * (2 if read_back else 1)
+        lo = offset + sum(term.reach()[0] for term in indices)
+        hi = offset + (rows - 1) * stride + sum(term.reach()[1] for term in indices) + row_bytes
+        sp_last = sp_addr + (rows - 1) * sp_stride if rows else sp_addr
+        sp = (min(sp_addr, sp_last), max(sp_addr, sp_last) + sticks(row_bytes))
+        return Transfer(nbytes * (2 if read_back else 1), write, symbol, (lo, hi), sp)
+
     def pe(self, m: int, n: int, k: int) -> float:
         """Matrix tile on the PE array: passes of 8 rows at the sustained MAC rate times the fill efficiency."""
         self.report.macs += m * n * k

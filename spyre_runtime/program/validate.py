@@ -1,7 +1,8 @@
 """The validator: every program is checked before it runs.
 
 Rejects, naming core, unit and instruction index: scratchpad access outside
-the core's usable scratchpad; device access outside a buffer; data movement
+the core's usable scratchpad; device access outside a buffer (a gather's or
+scatter's: anywhere its indices' bounds let it reach); data movement
 that is not whole, stick-aligned sticks on the scratchpad side; sends to a
 core that is not a ring neighbour; instructions on the wrong unit;
 unbalanced loops; queues that are unknown, used by the wrong unit, or whose
@@ -20,6 +21,15 @@ DRY_RUN_LIMIT = 2_000_000  # control steps; beyond this the runtime's own deadlo
 
 class ProgramError(ValueError):
     """A program the device must not run."""
+
+
+class ProgramIndexError(ProgramError, IndexError):
+    """A program stopped at an index out of range (isa.IndexOutOfRange): `op`, `value` and
+    `bound` say which; an IndexError, as the CPU raises for the same op."""
+
+    def __init__(self, message: str, op: str, value: int, bound: int):
+        super().__init__(message)
+        self.op, self.value, self.bound = op, value, bound
 
 
 def _where(program: Program, core: int, unit: str, index: int, ins) -> str:
@@ -171,6 +181,25 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
         if lo < 0 or end > sym.nbytes:
             raise ProgramError(
                 f"{where}: touches bytes [{lo}, {end}) of {dev.symbol!r}, which has {sym.nbytes} bytes")
+    elif kind == "dev_indirect":
+        # A gather's or scatter's rows land where their indices say; the instruction checks each
+        # index against its bound, so the bounds (never the data) bound its device footprint.
+        _, dev, rows, nbytes, stride, indices = access
+        try:
+            sym = program.symbol(dev.symbol)
+        except KeyError:
+            raise ProgramError(f"{where}: unknown device buffer {dev.symbol!r}") from None
+        if stride < 0 or rows < 0 or nbytes < 0:
+            raise ProgramError(f"{where}: {rows} rows of {nbytes} bytes at stride {stride} of {dev.symbol!r}: "
+                               f"device rows are walked forwards (no negative strides or counts)")
+        lo, hi = dev.extent(counts)
+        lo += sum(term.reach()[0] for term in indices)
+        end = hi + (rows - 1) * stride + sum(term.reach()[1] for term in indices) + nbytes
+        if lo < 0 or end > sym.nbytes:
+            bounds = ", ".join(f"{term.bound} x {term.stride} B" for term in indices)
+            raise ProgramError(
+                f"{where}: may touch bytes [{lo}, {end}) of {dev.symbol!r} (indices up to {bounds}), "
+                f"which has {sym.nbytes} bytes")
     elif kind == "whole_sticks":
         if access[1] % STICK:
             raise ProgramError(f"{where}: moves {access[1]} bytes, not a whole number of {STICK}-byte sticks")

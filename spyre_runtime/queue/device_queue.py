@@ -34,7 +34,12 @@ tickets are only ever completed, counted and woken by their own queue.
 
 A failing operation makes its stream's error sticky: later operations of that
 stream are skipped and the next query/synchronize raises, naming it, until
-clear_error(). Other streams keep working.
+clear_error(). Other streams keep working. An index out of range (a gather
+or scatter's IndexError, issue 16) is a StreamIndexError: an IndexError too,
+naming op, value and bound, and reported once (by the first query,
+synchronize or wait that raises it), after which the stream runs again, as
+the CPU's IndexError leaves nothing behind; the operations enqueued behind
+the failed one before the report are still skipped.
 """
 
 from __future__ import annotations
@@ -68,6 +73,23 @@ def in_host_operation() -> bool:
 
 class StreamError(RuntimeError):
     """An operation failed on a stream; raised by the stream's query/synchronize until cleared."""
+
+
+class StreamIndexError(StreamError, IndexError):
+    """A program stopped at an index out of range; `op`, `value`, `bound` say which."""
+
+    def __init__(self, message: str, op: str, value: int, bound: int):
+        super().__init__(message)
+        self.op, self.value, self.bound = op, value, bound
+
+
+def _index_error(error: BaseException):
+    """The out-of-range IndexError behind `error` (itself or a cause), or None."""
+    while error is not None:
+        if isinstance(error, IndexError) and hasattr(error, "bound"):
+            return error
+        error = error.__cause__
+    return None
 
 
 class WaitTimeout(TimeoutError):
@@ -442,10 +464,11 @@ class DeviceQueue:
             _drop(stream.writers, t)
         raise_to_caller = isinstance(t.op, HostCallback) and t.op.raise_to_caller
         if error is not None and not raise_to_caller and stream.error is None:
-            stream.error = StreamError(
-                f"spyre:{self.device} stream {stream.id}: operation #{t.seq} ({t.name}) failed: "
-                f"{type(error).__name__}: {error}"
-            )
+            message = (f"spyre:{self.device} stream {stream.id}: operation #{t.seq} ({t.name}) failed: "
+                       f"{type(error).__name__}: {error}")
+            bad = _index_error(error)
+            stream.error = (StreamIndexError(message, bad.op, bad.value, bad.bound) if bad is not None
+                            else StreamError(message))
             stream.error.__cause__ = error
             stream.error_seq = t.seq
         ready = []
@@ -584,10 +607,17 @@ class DeviceQueue:
             raise error
         return probe.result
 
+    def _reported(self, stream, error) -> None:
+        """`error` reached a caller: an index error is then over (the module docstring)."""
+        if isinstance(error, StreamIndexError) and stream.error is error:
+            stream.error = None
+
     def _outcome(self, t: Ticket, keep: bool = True):
         if t.error is not None:
             raise t.error
         if t.skipped:
+            with self.lock:
+                self._reported(t.stream, t.pending_error)
             raise t.pending_error
         result = t.result
         if not keep:
@@ -610,7 +640,9 @@ class DeviceQueue:
         with self.lock:
             stream = self._stream(stream_id)
             if stream.error is not None:
-                raise stream.error
+                error = stream.error
+                self._reported(stream, error)
+                raise error
             return stream.last is None or stream.last.done
 
     def synchronize_stream(self, stream_id: int) -> None:
@@ -624,7 +656,9 @@ class DeviceQueue:
             if target is not None:
                 self.sim_floor = max(self.sim_floor, target.sim_end)
             if stream.error is not None:
-                raise stream.error
+                error = stream.error
+                self._reported(stream, error)
+                raise error
 
     def synchronize(self) -> None:
         if in_host_operation():
@@ -637,7 +671,9 @@ class DeviceQueue:
             self.sim_floor = max([self.sim_floor] + [p.sim_free for p in self.pipelines.values()])
             for stream in self.streams.values():
                 if stream.error is not None:
-                    raise stream.error
+                    error = stream.error
+                    self._reported(stream, error)
+                    raise error
 
     def clear_error(self, stream_id: int | None = None) -> None:
         with self.lock:

@@ -28,6 +28,12 @@ load/store unit transposes it into the tile's buffer before signalling
 that. When the row dim is a loop in blocks of rows (TilePlan.row_block),
 the stream runs once per block: a loop over a share's full blocks, then
 its shorter last block, if any.
+
+The gather/scatter family (indirect_lowering.py) reuses this with `gathers`
+(loaded tile -> its move) and `scatters` (per store, its move or None): such a
+tile is moved by an isa Gather or Scatter whose row-index columns are tiles
+of the same stream buffer, and the gathers come after a fence, once the
+index columns loaded before them have landed.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, Fill, Iota, Load, Select, Store, Transpose, Unary
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Iota, Load, Scatter, Select, Store, Transpose, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK, RowIndex
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
 from ..errors import PlanError
@@ -50,18 +56,19 @@ from .tiling import TilePlan
 
 
 def build_program(name: str, layout: LayoutPlan, tile_kernel: TileKernel, tiling: TilePlan,
-                  placement: Placement, division: Division, notes: str = "") -> Program:
+                  placement: Placement, division: Division, notes: str = "", gathers=None,
+                  scatters=None) -> Program:
     symbols = tuple(Symbol(b.name, b.role, b.dtype, b.shape, b.strides) for b in layout.buffers)
     queues, cores = [], []
     for share in division.shares:
-        units, qs = _core(tile_kernel, tiling, placement, share)
+        units, qs = _core(tile_kernel, tiling, placement, share, dict(gathers or {}), scatters)
         queues += qs
         cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
     used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
     return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
 
 
-def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
+def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, gathers=None, scatters=None):
     chunk = tk.phase(PhaseKind.CHUNK)
     ls, sfp = Unit(), Unit()
     q, queues = pipeline_queues(share.core, tiling.buffers)
@@ -103,6 +110,16 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
     def row_stride(access: Access) -> int:
         return access.strides[row_axis] * ITEMSIZE[access.dtype] if row_axis is not None else 0
 
+    def row_indices(u, move, b, n_rows, isz):
+        out = []
+        for term in move.terms:
+            dtype, buffered, broadcast = sfp_view[term.tile]
+            a = spad.at(term.tile, b if buffered else None)
+            column = u.tile(a.offset, dtype, n_rows, 1, a.row_stride, "none" if broadcast == "none" else "scalar"
+                            if broadcast in ("scalar", "rows") else broadcast)
+            out.append(RowIndex(column, term.stride * isz, term.bound, term.wrap_neg))
+        return tuple(out)
+
     def transposed_rows(access: Access, rows: int, cols: int):
         """(rows, row bytes, device stride) of a transposed move: a row per element of the stick
         dim, each the tile's rows along the row dim, which the access walks contiguously."""
@@ -111,6 +128,7 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
 
     def load(u, t, b, size):
         rows, cols = shape(size)
+        fenced = False
         for tile, access in chunk.loads:
             a, tv, isz = spad.at(tile, b), tk.tile(tile), ITEMSIZE[access.dtype]
             if access.transposed:
@@ -122,12 +140,21 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
                 continue
             n_rows = rows if tv.varies(ROWS) else 1
             n_bytes = cols * isz if tv.varies(STICKS) or stick_axis is None else isz
-            u.emit(Load(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
-                        row_stride(access) if n_rows > 1 else 0, a.row_stride))
+            move = (gathers or {}).get(tile)
+            if move is None:
+                u.emit(Load(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
+                            row_stride(access) if n_rows > 1 else 0, a.row_stride))
+                continue
+            if not fenced:  # the index columns are loads in flight: the gathers read them
+                u.emit(Fence())
+                fenced = True
+            u.emit(Gather(u.sp(a.offset), device(u, access, t), n_rows, n_bytes,
+                          row_stride(access) if n_rows > 1 else 0, a.row_stride, row_indices(u, move, b, n_rows, isz),
+                          move.op))
 
     def store(u, t, b, size):
         rows, cols = shape(size)
-        for tile, access in chunk.stores:
+        for k, (tile, access) in enumerate(chunk.stores):
             a, isz = spad.at(tile, b), ITEMSIZE[access.dtype]
             if access.transposed:
                 st = spad.at(staging[tile])
@@ -136,8 +163,14 @@ def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare):
                                  u.tile(a.offset, access.dtype, rows, cols, a.row_stride)),
                        Store(device(u, access, t), u.sp(st.offset), n, nbytes, stride, st.row_stride))
                 continue
-            u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
-                         row_stride(access) if rows > 1 else 0, a.row_stride))
+            move = scatters[k] if scatters else None
+            if move is None:
+                u.emit(Store(device(u, access, t), u.sp(a.offset), rows, cols * isz,
+                             row_stride(access) if rows > 1 else 0, a.row_stride))
+                continue
+            u.emit(Scatter(device(u, access, t), u.sp(a.offset), rows, cols * isz,
+                           row_stride(access) if rows > 1 else 0, a.row_stride, row_indices(u, move, b, rows, isz),
+                           move.op, move.accumulate, access.dtype))
 
     def compute(u, t, b, size):
         rows, cols = shape(size)

@@ -21,8 +21,12 @@ accesses touch, up to a budget of intervals; past the budget the sum over
 its accesses, capped at the buffer's own element count, is used (an upper
 bound, so the rating errs towards the generous).
 
-Loads are the IR's affine ``Load`` values; a buffer both loaded and stored
-counts in both parts. The result is a plain int (bytes); nothing here
+Loads are the IR's ``Load`` values; a buffer both loaded and stored
+counts in both parts. A gather or scatter (an index with indirect terms,
+issue 16) counts one element per iteration its affine part or its index
+tells apart (the rows it must move: duplicates cannot be known before the
+data), capped at the buffer's elements; an accumulating scatter also reads
+what it adds to. The result is a plain int (bytes); nothing here
 depends on a plan, so it is the same for every candidate of a kernel.
 """
 
@@ -32,7 +36,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..kernel_ir import TORCH_DTYPES, Load
+import math
+
+from ..kernel_ir import TORCH_DTYPES, Cast, Indirect, Load, Op
 
 # Intervals (contiguous runs of one access) enumerated to count a union exactly.
 UNION_BUDGET = 1 << 21
@@ -68,12 +74,48 @@ def minimum_traffic(kernel) -> Traffic:
     extents = tuple(kernel.ranges) + tuple(getattr(kernel, "reduction_ranges", ()))
     reads: dict[str, list] = {}
     writes: dict[str, list] = {}
+    moved = [0, 0]  # gathered and scattered bytes (read, write)
     for v in kernel.values:
         if isinstance(v, Load):
-            reads.setdefault(v.buffer, []).append(v.index)
+            if v.index.indirect:
+                moved[0] += _indirect_bytes(kernel, v.buffer, v.index, extents)
+            else:
+                reads.setdefault(v.buffer, []).append(v.index)
     for s in kernel.stores:
-        writes.setdefault(s.buffer, []).append(s.index)
-    return Traffic(_bytes(kernel, reads, extents), _bytes(kernel, writes, extents))
+        if s.index.indirect:
+            n = _indirect_bytes(kernel, s.buffer, s.index, extents)
+            moved[1] += n
+            if getattr(s, "mode", None) == "atomic_add":
+                moved[0] += n
+        else:
+            writes.setdefault(s.buffer, []).append(s.index)
+            if getattr(s, "mode", None) == "atomic_add":
+                reads.setdefault(s.buffer, []).append(s.index)
+    return Traffic(_bytes(kernel, reads, extents) + moved[0], _bytes(kernel, writes, extents) + moved[1])
+
+
+def _varying(kernel, pos: int) -> set[int]:
+    """The iteration dims value `pos` may vary over."""
+    v = kernel.values[pos]
+    if isinstance(v, Load):
+        dims = {d for d, s in enumerate(v.index.strides) if s}
+        for p, _ in v.index.indirect:
+            dims |= _varying(kernel, p)
+        return dims
+    if isinstance(v, (Cast, Indirect)):
+        return _varying(kernel, v.arg)
+    if isinstance(v, Op):
+        return set().union(*(_varying(kernel, a) for a in v.args))
+    return set()
+
+
+def _indirect_bytes(kernel, name: str, index, extents) -> int:
+    dims = {d for d, s in enumerate(index.strides) if s}
+    for p, _ in index.indirect:
+        dims |= _varying(kernel, p)
+    buffer = kernel.buffer(name)
+    points = math.prod(extents[d] for d in dims)
+    return min(points, _buffer_elements(buffer)) * TORCH_DTYPES[buffer.dtype].itemsize
 
 
 def _bytes(kernel, accesses: dict[str, list], extents: tuple[int, ...]) -> int:
