@@ -100,7 +100,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
     if kernel.reduction_ranges:
-        pieces.check_bounds(kernel)  # (pointwise kernels are checked piece by piece)
+        # (pointwise kernels are checked piece by piece)
+        pieces.check_bounds(kernel, "a reduction's masks are not cut into pieces (only pointwise kernels are)")
     if isinstance(kernel, IndirectKernel):
         plans, program = indirect_plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
         return Compiled(plans, program)
@@ -127,6 +128,8 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """A pointwise kernel whole, or (when index masks cut it: a cat, a pad) piece by piece into one
     program (passes/pieces.py)."""
     cut = pieces.split(kernel)
+    if cut is not None:
+        pieces.check_independent(kernel)
     if cut is None:
         pieces.check_bounds(kernel)
         return _plan_whole(kernel, cores, max_cores, estimate)

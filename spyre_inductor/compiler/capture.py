@@ -311,26 +311,31 @@ class CaptureHandler(DefaultHandler):
         try:
             idx = affine_index(index, g.vars, f"the load of {name}", g.var_ranges, g.indirect)
         except NotCapturable:
-            if piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}") is None:
+            found = piecewise_affine(index, g.vars, g.var_ranges, f"the load of {name}")
+            if found is None:
                 raise
-            return self._piecewise_load(name, index)
+            return self._piecewise_load(name, found)
         return self._load(name, idx)
 
-    def _piecewise_load(self, name: str, index) -> _V:
+    def _piecewise_load(self, name: str, found) -> _V:
         """where(i < end0, load at run 0, where(i < end1, ...)): a load whose index is affine on
-        runs of a loop variable (indexing.piecewise_affine; nested for bends in several), as
-        index masks the planner cuts."""
-        what = f"the load of {name}"
-        found = piecewise_affine(index, self.g.vars, self.g.var_ranges, what)
-        if found is None:
-            return self._load(name, affine_index(index, self.g.vars, what, self.g.var_ranges, self.g.indirect))
+        runs of a loop variable (`found`: indexing.piecewise_affine; nested for bends in several),
+        as index masks the planner cuts."""
+        g, what = self.g, f"the load of {name}"
         d, runs = found
-        value = self._piecewise_load(name, runs[-1][2])
+
+        def part(expr) -> _V:
+            inner = piecewise_affine(expr, g.vars, g.var_ranges, what)
+            if inner is None:
+                return self._load(name, affine_index(expr, g.vars, what, g.var_ranges, g.indirect))
+            return self._piecewise_load(name, inner)
+
+        value = part(runs[-1][2])
         for lo, hi, expr in reversed(runs[:-1]):
-            strides = tuple(1 if k == d else 0 for k in range(len(self.g.vars)))
-            mask = self._default("lt", (self.g.add(IndexValue(Index(strides), "int64"), torch.int64),
+            strides = tuple(1 if k == d else 0 for k in range(len(g.vars)))
+            mask = self._default("lt", (g.add(IndexValue(Index(strides), "int64"), torch.int64),
                                         self.constant(hi, torch.int64)), {})
-            value = self._default("where", (mask, self._piecewise_load(name, expr), value), {})
+            value = self._default("where", (mask, part(expr), value), {})
         return value
 
     def _load(self, name: str, idx: Index) -> _V:
@@ -629,20 +634,22 @@ _SPLITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _split_dims(node, ranges, reduction_ranges):
     """(ranges, reduction ranges) of `node` with each dim split where its variable's modular
     indexing needs it (indexing.dim_cuts), and per dim the split sizes (for _regroup)."""
+    body = loop_body(node)[1]
     key = (tuple(ranges), tuple(reduction_ranges))  # a node whose loops were reordered is looked at again
-    found = _SPLITS.get(node, {}).get(key)
+    seen = _SPLITS.get(node, {}).get(key)
+    found = seen[1] if seen is not None and seen[0] is body else None
     if found is None:
         outer, reduced = loop_vars(len(ranges), "q"), loop_vars(len(reduction_ranges), "qr")
         recorder = _IndexRecorder()
         try:
             with V.set_ops_handler(recorder):
-                loop_body(node)[1](outer, reduced)
+                body(outer, reduced)
             cuts = dim_cuts(recorder.exprs, outer + reduced, tuple(ranges) + tuple(reduction_ranges))
         except Exception:  # noqa: BLE001 - a body the recorder cannot follow is captured unsplit
             cuts = [() for _ in (*ranges, *reduction_ranges)]
         sizes = [split_sizes(n, c) for n, c in zip((*ranges, *reduction_ranges), cuts)]
         found = (tuple(sizes[: len(ranges)]), tuple(sizes[len(ranges):]))
-        _SPLITS.setdefault(node, {})[key] = found
+        _SPLITS.setdefault(node, {})[key] = (body, found)
     return found
 
 

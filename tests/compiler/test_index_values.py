@@ -283,3 +283,85 @@ def test_rotary_reads_each_element_once():
     (report,) = torch.spyre.kernel_reports()
     assert report.refetch == pytest.approx(1.0)
     torch.testing.assert_close(out.cpu(), rope(q, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+# ---- review regressions and the pass's structure ------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["&", "|", "^"])
+def test_bitwise_ops_on_a_piece_constant_are_arithmetic(op):
+    # a pad border is a constant in its piece; 6 & 3 is 2, not True (it folded as logic)
+    fn = eval(f"lambda a: torch.nn.functional.pad(a, (2, 2), value=6) {op} 3")  # noqa: S307
+    _run(fn, torch.arange(32, dtype=torch.int32).reshape(4, 8))
+    fn = eval(f"lambda a: torch.nn.functional.pad(a, (1, 1), value=12) {op} 10")  # noqa: S307
+    _run(fn, torch.arange(16, dtype=torch.uint8).reshape(2, 8))
+
+
+def test_pieces_minimum_is_the_union_of_what_they_read():
+    # a replicate pad reads its border elements in several pieces: each counts once
+    x = _rand(2, 8, 64)
+    fn = lambda a: torch.nn.functional.pad(a, (2, 3), mode="replicate")  # noqa: E731
+    args = [x.to("spyre")]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
+    compiled(*args)
+    torch.spyre.synchronize()
+    (report,) = torch.spyre.kernel_reports()
+    assert report.minimum_read_bytes == x.numel() * 4
+    assert report.minimum_bytes == x.numel() * 4 + 2 * 8 * 69 * 4
+
+
+def test_pieces_run_in_sequence_with_renamed_queues_and_a_handoff():
+    from spyre_inductor.compiler.backend import plan_kernel
+    from spyre_runtime.program.isa import Fence, Pop, Push
+
+    kernel = _cat_kernel()
+    program = plan_kernel(kernel, cores=2).program
+    names = [q.name for q in program.queues]
+    assert len(names) == len(set(names)) and all(n.startswith(("p0.", "p1.")) for n in names)
+    for cp in program.cores:
+        ls, sfp = cp.unit("ls"), cp.unit("sfp")
+        handoff = [i for i, ins in enumerate(ls) if isinstance(ins, Push) and ins.queue.startswith("p1.next")]
+        assert len(handoff) == 1 and isinstance(ls[handoff[0] - 1], Fence)
+        # the sfp takes the token before any of piece 1's work
+        first_p1 = next(i for i, ins in enumerate(sfp) if isinstance(ins, (Push, Pop)) and ins.queue.startswith("p1."))
+        assert isinstance(sfp[first_p1], Pop) and sfp[first_p1].queue.startswith("p1.next")
+
+
+def test_a_masked_load_inside_a_reduction_is_refused_by_name():
+    bufs = (Buffer("a", "fp32", (8, 8), (8, 1)), Buffer("out", "fp32", (8,), (1,)))
+    # sum over j of where(j >= 1, a[i, j - 1], 0): a pad fused into a reduction
+    values = (IndexValue(Index((0, 1)), "int64"), Constant(1, "int64"), Op("ge", (0, 1), "bool"),
+              Load("a", Index((8, 1), -1), "fp32"), Constant(0.0, "fp32"), Op("where", (2, 3, 4), "fp32"),
+              )
+    from spyre_inductor.compiler.backend import plan_kernel
+    from spyre_inductor.compiler.kernel_ir import Reduction
+
+    kernel = Kernel.of("padsum", (8,), bufs, values + (Reduction("sum", 5, "fp32"),),
+                       (Store("out", Index((1, 0)), 6),), (8,))
+    with pytest.raises(Unsupported, match="a reduction's masks are not cut into pieces"):
+        plan_kernel(kernel)
+
+
+@pytest.mark.parametrize("shape", [(2, 70000), (1, 300000)])
+def test_causal_style_masks_in_chunked_and_ring_reductions(shape):
+    # too long for resident rows: chunked (2 rows) and ring (1 row over the cores) plans
+    def fn(x):
+        keep = torch.arange(x.shape[-1], device=x.device) <= torch.arange(x.shape[0], device=x.device)[:, None] * 5000 + 7
+        return torch.softmax(x.masked_fill(~keep, float("-inf")), -1)
+
+    x = _rand(*shape)
+    out, _, records, warned, _ = compile_on_spyre(fn, x)
+    assert not warned and all(r.artifact is not None for r in records)
+    plan = _plan(records[-1])
+    assert "resident" not in json.dumps(plan["tile_kernel"]["notes"])
+    torch.testing.assert_close(out[0].cpu(), fn(x), rtol=1e-5, atol=1e-7)
+
+
+def test_an_index_from_the_loop_indices_wraps_negative_values():
+    # x[:, arange(n) - n]: every index negative, wrapped as eager does: the identity, no gather
+    fn = lambda a: a[:, torch.arange(a.shape[1], device=a.device) - a.shape[1]] * 2  # noqa: E731
+    _, records = _run(fn, _rand(4, 64))
+    assert all(r.kernel.__class__.__name__ != "IndirectKernel" for r in records)

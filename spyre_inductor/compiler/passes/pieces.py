@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from spyre_runtime.program.isa import Fence, Pop, Push
 from spyre_runtime.program.program import CoreProgram, Program, Queue
 
-from ..errors import Unsupported
+from ..errors import PlanError, Unsupported
 from ..kernel_ir import Cast, Constant, Index, IndexValue, Load, Op, PointwiseKernel, Store
 from ._dump import Describable
 
@@ -194,7 +194,8 @@ def _fold(values, stores, counts):
                     decided = at[0] == at[1] and (v.name not in ("eq", "ne") or lo == hi or not lo <= c <= hi)
                     if decided:
                         folded = Constant(bool(at[0]), v.dtype)
-            elif v.name in LOGICAL:
+            elif v.name in LOGICAL and (v.name.startswith("logical") or all(out[x].dtype == "bool" for x in args)):
+                # (a bitwise and/or of integers is arithmetic, not logic: 6 & 3 is 2, left to the sfp)
                 cs = [const(x) for x in args]
                 if all(c is not None for c in cs):
                     folded = Constant(bool(LOGICAL[v.name](cs)), v.dtype)
@@ -244,10 +245,11 @@ def _extent(buffer) -> int:
     return 1 + sum((n - 1) * abs(s) for n, s in zip(buffer.shape, buffer.strides))
 
 
-def check_bounds(kernel) -> None:
+def check_bounds(kernel, why: str = "its mask keeps it in bounds, but does not cut the iteration space "
+                                     "along one dim") -> None:
     """Every load and store stays inside its buffer over the whole iteration space (any family's
-    kernel), or Unsupported naming it: a mask that keeps a load in bounds but cannot be cut is
-    not something we run."""
+    kernel), or Unsupported naming it and `why` it was not cut: a mask that keeps a load in
+    bounds but cannot be cut is not something we run."""
     extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
     needed = {s.value for s in kernel.stores}
     for pos in range(len(kernel.values) - 1, -1, -1):
@@ -262,8 +264,19 @@ def check_bounds(kernel) -> None:
         n = _extent(kernel.buffer(buffer))
         if math.prod(extents) and (lo < 0 or hi >= n):
             raise Unsupported(f"kernel {kernel.name!r}: the {what} {buffer!r} reaches elements [{lo}, {hi}] of a "
-                              f"buffer of {n}: its mask keeps it in bounds, but does not cut the iteration "
-                              f"space along one dim (masked loads outside a buffer are not run)")
+                              f"buffer of {n}: {why} (masked loads outside a buffer are not run)")
+
+
+def check_independent(kernel: PointwiseKernel) -> None:
+    """PlanError unless every buffer the kernel both reads and writes is read exactly where it is
+    written: the pieces run on each core in order but on different cores unordered, so no piece
+    may read what another writes (capture refuses such kernels; this is the planner's check)."""
+    stored = {(s.buffer, s.index) for s in kernel.stores}
+    written = {b for b, _ in stored}
+    for v in kernel.values:
+        if isinstance(v, Load) and v.buffer in written and (v.buffer, v.index) not in stored:
+            raise PlanError(f"kernel {kernel.name!r}: {v.buffer!r} is read at another index than it is written; "
+                            f"its pieces could read what another piece writes")
 
 
 def in_sequence(name: str, symbols, programs, notes: str = "") -> Program:
@@ -292,4 +305,4 @@ def in_sequence(name: str, symbols, programs, notes: str = "") -> Program:
     return Program(name, tuple(symbols), cores, tuple(queues), notes=notes)
 
 
-__all__ = ["Piece", "PiecesPlan", "box_kernel", "stacked", "check_bounds", "cut_points", "in_sequence", "split"]
+__all__ = ["Piece", "PiecesPlan", "box_kernel", "stacked", "check_bounds", "check_independent", "cut_points", "in_sequence", "split"]

@@ -128,9 +128,10 @@ def check_walks(kernel: ReductionKernel, mode: str, accesses, looped, looped_str
     if looped and kernel.has_scan:
         raise Unsupported(f"{where}: a scan over reduced dims {kernel.reduction_ranges} that do not merge")
     names = loads_and_stores(kernel)
+    counted = [isinstance(v, IndexValue) for v in kernel.values if isinstance(v, (Load, IndexValue))]
     for k, (os_, rs) in enumerate(accesses):
-        if names[k] == "an index value":
-            continue  # computed in place: any walk, even backwards (a causal mask's j - i)
+        if k < len(counted) and counted[k]:
+            continue  # an index value, computed in place: any walk, even backwards (a causal mask's j - i)
         if rs < 0 or any(s < 0 for s in os_ + looped_strides[k]):
             raise Unsupported(f"{where}: {names[k]} walks its buffer backwards (a negative stride, e.g. a flip); "
                               f"reduction tiles move forward rows")
