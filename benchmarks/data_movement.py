@@ -2,11 +2,14 @@
 
 Kernels that only move bytes: `x.t().contiguous()` and attention's head
 permute (producer and consumer disagree on the layout), a cat and a rotary
-embedding (index masks cut into pieces). One row per case (CASES). Columns:
+embedding (index masks cut into pieces), an embedding lookup (a row gather)
+and a KV-cache `index_copy_` (a row scatter into an input, in place). One
+row per case (CASES). Columns:
 
 * simulated us and roofline us: the timing model's time of the compiled
   program(s), and the kernels' minimum bytes (each input element read once,
-  each output element written once) at the card's pure-stream bandwidth;
+  each output element written once; a gather counts the rows it must read)
+  at the card's pure-stream bandwidth;
 * efficiency = roofline / simulated (target for the 4096^2 transpose:
   >= 0.85); bytes moved against the minimum, and the refetch;
 * relayout: what the plan chose (the layout stage of plan.json: ``sticks``
@@ -61,6 +64,29 @@ def cat4(a, b, c, d):
     return torch.cat([a, b, c, d])
 
 
+def embedding(table, ids):
+    return torch.nn.functional.embedding(ids, table)
+
+
+def kv_update(cache, pos, new):
+    # a decode step's KV-cache update, in place (the graph mutates its input)
+    cache.index_copy_(2, pos, new)
+    return cache
+
+
+def _lookup(vocab, dim, tokens):
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(vocab, dim, generator=g).half(), torch.randint(0, vocab, (tokens,), generator=g)
+    return make
+
+
+def _cache_and_position():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(1, 8, 1024, 128, generator=g).half(), torch.tensor([517]),
+            torch.randn(1, 8, 1, 128, generator=g).half())
+
+
 def rotary(q, cos, sin):
     half = q.shape[-1] // 2
     return q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
@@ -79,6 +105,9 @@ CASES = [
     Case("cat of four (1024,4096) fp16", cat4, _randns(*[(1024, 4096)] * 4)),
     Case("rotary (1,32,128,128) fp16", rotary, _randns((1, 32, 128, 128), (128, 128), (128, 128)), quick=True),
     Case("rotary (1,32,1024,128) fp16", rotary, _randns((1, 32, 1024, 128), (1024, 128), (1024, 128))),
+    Case("embedding 4096x1024 fp16, 64 int64 ids", embedding, _lookup(4096, 1024, 64), quick=True),
+    Case("embedding 32000x4096 fp16, 512 int64 ids", embedding, _lookup(32000, 4096, 512)),
+    Case("index_copy_ 1 position into (1,8,1024,128) fp16", kv_update, _cache_and_position, quick=True),
 ]
 
 
@@ -91,6 +120,8 @@ def relayouts(records) -> str:
             continue
         plan = json.loads((r.artifact / "plan.json").read_text())
         chosen = plan["layout"].get("relayout", "?") if "layout" in plan else plan["family"]
+        if plan["family"] == "indirect":  # rows gathered or scattered by index (passes/indirect_*.py)
+            chosen = f"indirect rows, {chosen}"
         if "pieces" in plan:  # cut at its index masks (passes/pieces.py)
             per_plan = plan["pieces"]["cores"]
             chosen = f"{len(plan['pieces']['boxes'])} pieces in {len(per_plan)} plan(s), {chosen}"
@@ -104,8 +135,8 @@ def table(cases) -> None:
     rows = []
     for case in cases:
         args = case.inputs()
-        want = case.fn(*args)
-        dev = [a.to("spyre") for a in args]
+        dev = [a.to("spyre") for a in args]  # (before the CPU call: kv_update mutates its input)
+        want = case.fn(*[a.clone() for a in args])
         _warm_up("spyre")  # its throwaway kernel is not the case's
         with record_kernels() as records:
             spyre_s, compiled = compile_seconds(case.fn, *dev)
