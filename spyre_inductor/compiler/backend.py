@@ -102,6 +102,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
     if kernel.reduction_ranges:
         # (pointwise kernels are checked piece by piece)
         pieces.check_bounds(kernel, "a reduction's masks are not cut into pieces (only pointwise kernels are)")
+    if isinstance(kernel, IndirectKernel) and not kernel.reduction_ranges:
+        return _plan_pointwise(kernel, cores, max_cores, estimate)  # (pieces first: a gather beside masks)
     if isinstance(kernel, IndirectKernel):
         plans, program = indirect_plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
         return Compiled(plans, program)
@@ -183,6 +185,14 @@ def _shape_groups(cut) -> list[tuple]:
 
 
 def _plan_whole(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
+    """One uncut kernel (or piece): a gather/scatter by its family, dense work by the pointwise one."""
+    if isinstance(kernel, IndirectKernel):
+        plans, program = indirect_plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
+        return Compiled(plans, program)
+    return _plan_dense(kernel, cores, max_cores, estimate)
+
+
+def _plan_dense(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """The pointwise family: its lowering (layout, fusion: the tile kernel), its plan variants
     (tile-size target x stream buffers x, in the transposed relayout, rows per block: each a tile
     shape and a placement), then the core count."""

@@ -128,6 +128,16 @@ def _plannable_shape(kernel: Kernel | None) -> bool:
     return not (looped and kernel.has_scan)
 
 
+def _several_dots(kernel: Kernel | None) -> bool:
+    """Two matmuls in one group (q, k and v projections of one x, fused horizontally because they
+    share it): the PE plans take one dot per program, and as a reduction the group re-reads its
+    operands once per output tile (80x the minimum bytes for a QKV projection); apart, each is a
+    PE program that reads x once more, which costs far less."""
+    if kernel is None:
+        return False
+    return sum(1 for v in kernel.values if isinstance(v, Reduction) and v.op == "dot") > 1
+
+
 class SpyreScheduling(BaseScheduling):
     def __init__(self, scheduler):
         super().__init__(scheduler)
@@ -168,7 +178,7 @@ class SpyreScheduling(BaseScheduling):
         if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
         found = self.try_capture(nodes)
-        return isinstance(found, Capture) and _plannable_shape(found.kernel)
+        return isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
 
     def can_fuse_vertical(self, node1, node2) -> bool:
         return self._can_fuse(node1, node2)

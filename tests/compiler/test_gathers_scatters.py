@@ -255,3 +255,27 @@ def test_slice_and_select_scatter_are_pointwise():
     x, s = torch.randn(4, 16, generator=_gen(21)), torch.randn(4, 4, generator=_gen(22))
     _run(lambda x, s: torch.slice_scatter(x, s, 1, 2, 6), x, s, indirect=False)
     _run(lambda x, s: torch.select_scatter(x, s[:, 0], 1, 2), x, s, indirect=False)
+
+
+def test_a_gather_and_a_scatter_beside_index_masks():
+    # a rotary embedding of k with cos/sin rows gathered at the positions, written into a KV
+    # cache at those positions: index masks (pieces), an iota-free gather and a scatter in one
+    # kernel, under SPYRE_STRICT=1 (the module's fixture)
+    def fn(k, cos, sin, pos, cache):
+        c, s = cos[pos], sin[pos]
+        rotated = k * c + torch.cat((-k[..., 32:], k[..., :32]), -1) * s
+        cache.index_copy_(2, pos, rotated)
+        return cache
+
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 4, 8, 64, generator=g)
+    cos, sin = torch.randn(128, 64, generator=g), torch.randn(128, 64, generator=g)
+    pos, cache = torch.tensor([3, 9, 10, 11, 40, 41, 42, 100]), torch.randn(1, 4, 128, 64, generator=g)
+    want = fn(k, cos, sin, pos, cache.clone())
+    out, args, records, warned, _ = compile_on_spyre(fn, k, cos, sin, pos, cache)
+    assert not warned and all(r.artifact is not None for r in records)
+    import json
+
+    plans = [json.loads((r.artifact / "plan.json").read_text()) for r in records]
+    assert any("pieces" in p and p["family"] == "indirect" for p in plans)  # the masks cut, the pieces gather
+    torch.testing.assert_close(args[4].cpu(), want, rtol=1e-6, atol=1e-6)

@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndirectKernel, Indirect, Load, Op
-from .fusion import ROWS, STICKS, isa_op
-from .layout import ELEMENTS_MODE, FLOATS, STICKS_MODE, Access, LayoutPlan, _choose_dims, _value_layout, buffers_of, canonical_dims, operand_value
+from ..kernel_ir import Cast, Constant, IndexValue, IndirectKernel, Indirect, Load, Op
+from .fusion import ROWS, STICKS, counting_space, isa_op
+from .layout import ELEMENTS_MODE, FLOATS, STICKS_MODE, Access, Counting, LayoutPlan, _choose_dims, _value_layout, buffers_of, canonical_dims, operand_value
 from .tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
@@ -88,7 +88,7 @@ def index_load(kernel: IndirectKernel, pos: int) -> int:
 def _unsupported_values(kernel: IndirectKernel) -> None:
     indirect = {i for i, v in enumerate(kernel.values) if isinstance(v, Indirect)}
     for i, v in enumerate(kernel.values):
-        if not isinstance(v, (Load, Constant, Cast, Op, Indirect)):
+        if not isinstance(v, (Load, Constant, Cast, Op, Indirect, IndexValue)):
             raise Unsupported(f"kernel {kernel.name!r} value {i}: {type(v).__name__} in a gather/scatter kernel")
         uses = set(getattr(v, "args", ())) | ({v.arg} if isinstance(v, Cast) else set())
         if uses & indirect:
@@ -109,8 +109,12 @@ def lower(kernel: IndirectKernel) -> Lowered:
         if v.dtype != kernel.buffer(v.buffer).dtype:
             raise Unsupported(f"{where}: value {i} loads {v.buffer!r} as {v.dtype}")
     sources = {p: index_load(kernel, p) for p, v in enumerate(kernel.values) if isinstance(v, Indirect)}
-    raw = [v.index.strides for _, v in loads] + [s.index.strides for s in kernel.stores]
+    counted = [(i, v) for i, v in enumerate(kernel.values) if isinstance(v, IndexValue)]
+    raw = ([v.index.strides for _, v in loads] + [s.index.strides for s in kernel.stores]
+           + [v.index.strides for _, v in counted])
     ranges, dim_map, strides = canonical_dims(kernel.ranges, raw)
+    first = len(loads) + len(kernel.stores)
+    counts = tuple((i, Counting(v.dtype, strides[first + k], v.index.offset)) for k, (i, v) in enumerate(counted))
     accesses = [Access(v.buffer, v.dtype, strides[k], v.index.offset) for k, (_, v) in enumerate(loads)]
     store_accesses = [Access(s.buffer, kernel.buffer(s.buffer).dtype, strides[len(loads) + k], s.index.offset)
                       for k, s in enumerate(kernel.stores)]
@@ -132,7 +136,7 @@ def lower(kernel: IndirectKernel) -> Lowered:
     values = tuple(_value_layout(where, i, v, kernel) for i, v in enumerate(kernel.values))
     layout = LayoutPlan(ranges, dim_map, stick_dim, row_dim, buffers_of(kernel), tuple(zip(access_of, accesses)),
                         tuple(store_accesses), values,
-                        relayout=STICKS_MODE if stick_dim is not None else ELEMENTS_MODE)
+                        relayout=STICKS_MODE if stick_dim is not None else ELEMENTS_MODE, counts=counts)
     return _tile_kernel(kernel, layout, sources, index_dims)
 
 
@@ -189,6 +193,10 @@ def _tile_kernel(kernel, layout, sources, index_dims) -> Lowered:
             load_tile(i)
         elif isinstance(v, Indirect):
             value_tile[i] = load_tile(sources[i])  # its value on chip is the index column itself
+        elif isinstance(v, IndexValue):  # computed on chip from the tile's position (fusion.py's iota)
+            counting = layout.counting(i)
+            value_tile[i] = new("ix", dtype, Role.TEMPORARY, counting_space(counting.strides, layout))
+            steps.append(Step("iota", "iota", value_tile[i], (), value=counting))
         elif isinstance(v, Constant):
             value = operand_value(v.value, dtype)
             name = new("k", dtype, Role.CONSTANT, frozenset())

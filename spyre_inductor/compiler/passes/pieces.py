@@ -29,7 +29,7 @@ from spyre_runtime.program.isa import Fence, Pop, Push
 from spyre_runtime.program.program import CoreProgram, Program, Queue
 
 from ..errors import PlanError, Unsupported
-from ..kernel_ir import Cast, Constant, Index, IndexValue, Load, Op, PointwiseKernel, Store
+from ..kernel_ir import Cast, Constant, Index, IndexValue, Indirect, Kernel, Load, Op, PointwiseKernel, Store
 from ._dump import Describable
 
 COMPARES = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
@@ -110,6 +110,30 @@ def split(kernel: PointwiseKernel) -> tuple[Piece, ...] | None:
     return tuple(pieces)
 
 
+def renumbered(v, new):
+    """Value or store `v` with every position it refers to mapped through `new` (a callable):
+    operands, a cast's or an index check's argument, a gather's or scatter's index terms."""
+    if isinstance(v, (Cast, Indirect)):
+        return replace(v, arg=new(v.arg))
+    if isinstance(v, Op):
+        return replace(v, args=tuple(new(a) for a in v.args))
+    if isinstance(v, (Load, Store)) and v.index.indirect:
+        v = replace(v, index=replace(v.index, indirect=tuple((new(p), st) for p, st in v.index.indirect)))
+    if isinstance(v, Store):
+        return replace(v, value=new(v.value))
+    return v
+
+
+def uses(v) -> set[int]:
+    """The positions value `v` reads."""
+    found = set(getattr(v, "args", ()))
+    if hasattr(v, "arg"):  # a cast, an index check, a reduction or scan
+        found.add(v.arg)
+    if isinstance(v, Load):
+        found |= {p for p, _ in v.index.indirect}
+    return found
+
+
 def stacked(group: tuple[Piece, ...]) -> PointwiseKernel | None:
     """Pieces of one shape as ONE kernel over that shape: every piece's values and stores side by
     side, so a tile computes all of them and the pointwise family loads each distinct (buffer,
@@ -127,24 +151,16 @@ def stacked(group: tuple[Piece, ...]) -> PointwiseKernel | None:
     values, stores = [], []
     for p in group:
         base = len(values)
-
-        def moved(v):
-            if isinstance(v, Cast):
-                return replace(v, arg=v.arg + base)
-            if isinstance(v, Op):
-                return replace(v, args=tuple(a + base for a in v.args))
-            return v
-
-        values += [moved(v) for v in p.kernel.values]
-        stores += [replace(st, value=st.value + base) for st in p.kernel.stores]
-    return PointwiseKernel(first.kernel.name, first.counts, first.kernel.buffers, tuple(values), tuple(stores))
+        values += [renumbered(v, lambda x, b=base: x + b) for v in p.kernel.values]
+        stores += [renumbered(st, lambda x, b=base: x + b) for st in p.kernel.stores]
+    return Kernel.of(first.kernel.name, first.counts, first.kernel.buffers, tuple(values), tuple(stores))
 
 
 def box_kernel(kernel: PointwiseKernel, starts, counts) -> PointwiseKernel:
     """The kernel over one box: indices shifted to the box's origin, masks that are constant over
     the box folded, dead values dropped."""
     def shifted(index: Index) -> Index:
-        return Index(index.strides, index.offset + sum(s * a for s, a in zip(index.strides, starts)))
+        return replace(index, offset=index.offset + sum(s * a for s, a in zip(index.strides, starts)))
 
     values = []
     for v in kernel.values:
@@ -153,7 +169,7 @@ def box_kernel(kernel: PointwiseKernel, starts, counts) -> PointwiseKernel:
         values.append(v)
     stores = tuple(replace(s, index=shifted(s.index)) for s in kernel.stores)
     values, stores = _fold(values, stores, counts)
-    return PointwiseKernel(kernel.name, tuple(counts), kernel.buffers, values, stores)
+    return Kernel.of(kernel.name, tuple(counts), kernel.buffers, values, stores)
 
 
 def _range(v, counts) -> tuple[int, int]:
@@ -211,31 +227,20 @@ def _fold(values, stores, counts):
                 where[i] = kept if out[kept].dtype == v.dtype else add(Cast(kept, v.dtype))
                 continue
             where[i] = add(folded if folded is not None else v)
-        elif isinstance(v, Cast):
-            where[i] = add(replace(v, arg=where[v.arg]))
         else:
-            where[i] = add(v)
-    stores = tuple(replace(s, value=where[s.value]) for s in stores)
+            where[i] = add(renumbered(v, where.__getitem__))
+    stores = tuple(renumbered(s, where.__getitem__) for s in stores)
     return _live(tuple(out), stores)
 
 
 def _live(values, stores):
-    needed = {s.value for s in stores}
+    needed = {s.value for s in stores} | {p for s in stores for p, _ in s.index.indirect}
     for pos in range(len(values) - 1, -1, -1):
         if pos in needed:
-            v = values[pos]
-            needed |= {v.arg} if isinstance(v, Cast) else set(getattr(v, "args", ()))
+            needed |= uses(values[pos])
     new = {old: k for k, old in enumerate(sorted(needed))}
-
-    def renumber(v):
-        if isinstance(v, Cast):
-            return replace(v, arg=new[v.arg])
-        if isinstance(v, Op):
-            return replace(v, args=tuple(new[a] for a in v.args))
-        return v
-
-    return (tuple(renumber(values[p]) for p in sorted(needed)),
-            tuple(replace(s, value=new[s.value]) for s in stores))
+    return (tuple(renumbered(values[p], new.__getitem__) for p in sorted(needed)),
+            tuple(renumbered(s, new.__getitem__) for s in stores))
 
 
 def _extent(buffer) -> int:
@@ -251,15 +256,15 @@ def check_bounds(kernel, why: str = "its mask keeps it in bounds, but does not c
     kernel), or Unsupported naming it and `why` it was not cut: a mask that keeps a load in
     bounds but cannot be cut is not something we run."""
     extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
-    needed = {s.value for s in kernel.stores}
+    needed = {s.value for s in kernel.stores} | {p for s in kernel.stores for p, _ in s.index.indirect}
     for pos in range(len(kernel.values) - 1, -1, -1):
         if pos in needed:
-            v = kernel.values[pos]
-            needed |= {v.arg} if hasattr(v, "arg") else set(getattr(v, "args", ()))
-    # (a load no store needs is never moved: an empty reduction's operand)
+            needed |= uses(kernel.values[pos])
+    # (a load no store needs is never moved: an empty reduction's operand; a gather's or scatter's
+    # rows are bounded by its checked index instead: the validator's footprint)
     for what, buffer, index in ([("load of", v.buffer, v.index) for k, v in enumerate(kernel.values)
-                                 if isinstance(v, Load) and k in needed]
-                                + [("store to", s.buffer, s.index) for s in kernel.stores]):
+                                 if isinstance(v, Load) and k in needed and not v.index.indirect]
+                                + [("store to", s.buffer, s.index) for s in kernel.stores if not s.index.indirect]):
         lo, hi = _range(IndexValue(index, "int64"), extents)
         n = _extent(kernel.buffer(buffer))
         if math.prod(extents) and (lo < 0 or hi >= n):
