@@ -171,7 +171,7 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
                         tuple((f"plan {k}", ns_k) for k, ns_k in enumerate(plan.ns)),
                         "each plan's division chosen alone; the tile kernel shown is the largest plan's",
                         (), ns)
-    plans = Plans("pointwise", buffers_of(kernel), largest.tile_kernel, (("pieces", plan),) + largest.stages,
+    plans = Plans(largest.family, buffers_of(kernel), largest.tile_kernel, (("pieces", plan),) + largest.stages,
                   largest.placement, division)
     return Compiled(plans, program)
 
