@@ -128,6 +128,22 @@ def _plannable_shape(kernel: Kernel | None) -> bool:
     return not (looped and kernel.has_scan)
 
 
+def _masks_plannable(kernel: Kernel | None) -> bool:
+    """False for a reduction (or matmul) group with a masked load outside its buffer (a pad fused
+    into a reduction as its prologue): only pointwise kernels are cut at their masks, so the
+    group would run on the CPU where its nodes apart compile (found by the graph fuzzer)."""
+    if kernel is None or not kernel.reduction_ranges:
+        return True
+    from .errors import Unsupported
+    from .passes.pieces import check_bounds
+
+    try:
+        check_bounds(kernel)
+    except Unsupported:
+        return False
+    return True
+
+
 def _several_dots(kernel: Kernel | None) -> bool:
     """Two matmuls in one group (q, k and v projections of one x, fused horizontally because they
     share it): the PE plans take one dot per program, and as a reduction the group re-reads its
@@ -178,7 +194,8 @@ class SpyreScheduling(BaseScheduling):
         if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
         found = self.try_capture(nodes)
-        return isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
+        return (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
+                and _masks_plannable(found.kernel))
 
     def can_fuse_vertical(self, node1, node2) -> bool:
         return self._can_fuse(node1, node2)

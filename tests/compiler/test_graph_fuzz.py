@@ -50,6 +50,14 @@ def test_found_by_the_fuzzer():
     graph_fuzz.check(graph_fuzz.Graph.from_source(
         torch_dtype="float16", inputs=[((4, 67), False)],
         body=["torch.softmax(v0, 0)", "v0 - v0.mean()"], outputs=[1, 2]))
+    # A replicate pad (a piecewise index: masked loads) feeding a reduction and a matmul: fused
+    # as their prologue, the masked loads could not be cut (only pointwise kernels are) and the
+    # whole group ran on the CPU; the scheduler now keeps the pad its own kernel (issue 16).
+    graph_fuzz.check(graph_fuzz.Graph.from_source(
+        torch_dtype="float32", inputs=[((64, 67), False), ((67, 67), False), ((67,), False), ((1, 67), False)],
+        body=["F.pad(v0.movedim(1, -1).reshape(1, -1, v0.shape[1]), (3, 2), mode='replicate')[..., 2:-3]"
+              ".reshape(v0.movedim(1, -1).shape).movedim(-1, 1)",
+              "torch.maximum(v4, v0).sum(0, keepdim=True)", "v4 @ v3.t()"], outputs=[5, 6]))
 
 
 G = graph_fuzz.Graph.from_source
