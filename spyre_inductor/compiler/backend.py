@@ -26,7 +26,6 @@ from pathlib import Path
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.program import Program
-from spyre_runtime.program.validate import ProgramError, validate
 
 from .errors import PlanError, Unsupported
 from .kernel_ir import IndirectKernel, Kernel, MatmulKernel
@@ -39,7 +38,8 @@ from .passes import pieces
 from .passes.indirect_plan import plan as indirect_plan
 from .passes.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
 from .passes.matmul import plan_matmul
-from .passes.minimum import recorded, union_traffic
+from .passes.keep import kept
+from .passes.minimum import union_traffic
 from .passes.plans import Division, Plans
 from .passes.reduction_division import plan as reduction_plan
 from .passes.reduction_lowering import empty_as_pointwise
@@ -68,12 +68,7 @@ def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Pro
     program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
     if not check:  # a candidate, only timed; the chosen program is built again and validated
         return program
-    program = recorded(kernel, program)
-    try:
-        validate(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
-    return program
+    return kept(kernel, program)
 
 
 def _candidates(kernel, fixed, estimate):
@@ -152,13 +147,7 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
              f"tiles), {len(units)} plan(s) run one after another")
     program = units[0][2].program if len(units) == 1 else pieces.in_sequence(
         kernel.name, symbols_of(kernel), [c.program for _, _, c in units], notes)
-    traffic = union_traffic([k for _, k, _ in units])
-    program = dataclasses.replace(program, minimum_bytes=traffic.total, minimum_read_bytes=traffic.read_bytes,
-                                  notes=notes)
-    try:
-        validate(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the pieces' program does not validate: {e}") from e
+    program = kept(kernel, dataclasses.replace(program, notes=notes), union_traffic([k for _, k, _ in units]))
     ns = simulated_ns(program)
     largest = max(units, key=lambda u: sum(math.prod(p.counts) for p in u[0]))[2].plans
     plan = pieces.PiecesPlan(pieces.cut_points(kernel), tuple(p.starts + p.counts for p in cut),

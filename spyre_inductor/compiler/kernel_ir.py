@@ -202,6 +202,26 @@ class Indirect:
 
 
 Value = Load | Constant | IndexValue | Op | Cast | Reduction | Scan | Indirect
+
+
+def operands(v) -> set[int]:
+    """The positions value `v` reads: an op's arguments; a cast's, index check's, reduction's or
+    scan's argument; a gather's index terms."""
+    found = set(getattr(v, "args", ()))
+    if hasattr(v, "arg"):
+        found.add(v.arg)
+    if isinstance(v, Load):
+        found |= {p for p, _ in v.index.indirect}
+    return found
+
+
+def needed(values, stores) -> set[int]:
+    """The positions some store needs (its value, its scatter's index terms, and what they read)."""
+    need = {s.value for s in stores} | {p for s in stores for p, _ in s.index.indirect}
+    for pos in range(len(values) - 1, -1, -1):
+        if pos in need:
+            need |= operands(values[pos])
+    return need
 STORE_MODES = (None, "atomic_add")
 
 

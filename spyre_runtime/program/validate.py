@@ -59,6 +59,18 @@ def validate_once(program: Program) -> None:
         program.__dict__["_validated"] = True
 
 
+def _device_rows(program, where, dev, rows, nbytes, stride):
+    """The symbol a device transfer of `rows` rows addresses, after its shape checks."""
+    try:
+        sym = program.symbol(dev.symbol)
+    except KeyError:
+        raise ProgramError(f"{where}: unknown device buffer {dev.symbol!r}") from None
+    if stride < 0 or rows < 0 or nbytes < 0:
+        raise ProgramError(f"{where}: {rows} rows of {nbytes} bytes at stride {stride} of {dev.symbol!r}: "
+                           f"device rows are walked forwards (no negative strides or counts)")
+    return sym
+
+
 def validate(program: Program, hardware=None) -> None:
     from ..hardware import HARDWARE
 
@@ -169,13 +181,7 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
         _in_scratchpad(where, "transfer", lo, hi + (rows - 1) * stride + nbytes, usable)
     elif kind == "dev_rows":
         _, dev, rows, nbytes, stride = access
-        try:
-            sym = program.symbol(dev.symbol)
-        except KeyError:
-            raise ProgramError(f"{where}: unknown device buffer {dev.symbol!r}") from None
-        if stride < 0 or rows < 0 or nbytes < 0:
-            raise ProgramError(f"{where}: {rows} rows of {nbytes} bytes at stride {stride} of {dev.symbol!r}: "
-                               f"device rows are walked forwards (no negative strides or counts)")
+        sym = _device_rows(program, where, dev, rows, nbytes, stride)
         lo, hi = dev.extent(counts)
         end = hi + (rows - 1) * stride + nbytes
         if lo < 0 or end > sym.nbytes:
@@ -185,13 +191,7 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
         # A gather's or scatter's rows land where their indices say; the instruction checks each
         # index against its bound, so the bounds (never the data) bound its device footprint.
         _, dev, rows, nbytes, stride, indices = access
-        try:
-            sym = program.symbol(dev.symbol)
-        except KeyError:
-            raise ProgramError(f"{where}: unknown device buffer {dev.symbol!r}") from None
-        if stride < 0 or rows < 0 or nbytes < 0:
-            raise ProgramError(f"{where}: {rows} rows of {nbytes} bytes at stride {stride} of {dev.symbol!r}: "
-                               f"device rows are walked forwards (no negative strides or counts)")
+        sym = _device_rows(program, where, dev, rows, nbytes, stride)
         lo, hi = dev.extent(counts)
         lo += sum(term.reach()[0] for term in indices)
         end = hi + (rows - 1) * stride + sum(term.reach()[1] for term in indices) + nbytes

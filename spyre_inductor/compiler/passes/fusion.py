@@ -43,7 +43,7 @@ from dataclasses import replace
 from spyre_runtime.program import isa
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel
+from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel, needed
 from .layout import FLOATS, Access, LayoutPlan, operand_value
 from .tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel
 
@@ -99,111 +99,125 @@ def counting_space(strides: tuple[int, ...], layout: LayoutPlan) -> frozenset[st
     return frozenset(axes)
 
 
-def _needed(kernel: PointwiseKernel) -> set[int]:
-    need = {s.value for s in kernel.stores}
-    for i in range(len(kernel.values) - 1, -1, -1):
-        if i in need:
-            v = kernel.values[i]
-            if isinstance(v, Op):
-                need.update(v.args)
-            elif isinstance(v, Cast):
-                need.add(v.arg)
-    return need
+class ValueTiles:
+    """The tiles and sfp steps of a pointwise-shaped kernel's computed values, shared by the
+    pointwise lowering (plan_fusion) and the gather/scatter one (indirect_lowering): the family
+    brings its loads, this makes the rest: constants (one tile per value, filled once), index
+    values (an iota from the tile's position), casts (an alias where the value cannot change),
+    ops, and each store's source tile (module docstring)."""
+
+    def __init__(self, kernel, layout: LayoutPlan, axes: tuple[str, ...]):
+        self.kernel, self.layout, self.where = kernel, layout, f"kernel {kernel.name!r}"
+        self.full = frozenset(axes)
+        self.tiles: dict[str, Tile] = {}
+        self.value_tile: dict[int, str] = {}
+        self.steps: list[Step] = []
+        self.constants: list[tuple[str, object]] = []
+        self._consts: dict[tuple, str] = {}
+        self.aliased = self.converted = self.rounded = 0
+
+    # Names are labels for a person (summary, errors); what a tile is for is its role and space.
+    def new(self, prefix: str, dtype: str, role: Role, tile_space: frozenset[str] | None = None, **staging) -> str:
+        name = f"{prefix}{len(self.tiles)}"
+        self.tiles[name] = Tile(name, dtype, self.full if tile_space is None else tile_space, role, **staging)
+        return name
+
+    def compute(self, i: int, v) -> None:
+        """The tile of value `i` (a constant, index value, cast or op), and its step if any."""
+        dtype = self.layout.value(i).dtype
+        if isinstance(v, Constant):
+            value = operand_value(v.value, dtype)
+            key = (repr(value), dtype)
+            if key not in self._consts:
+                self._consts[key] = self.new("k", dtype, Role.CONSTANT, frozenset())
+                self.constants.append((self._consts[key], value))
+            self.value_tile[i] = self._consts[key]
+        elif isinstance(v, IndexValue):
+            # computed on chip from the tile's position, never loaded (Step.value: the counting)
+            counting = self.layout.counting(i)
+            self.value_tile[i] = self.new("ix", dtype, Role.TEMPORARY, counting_space(counting.strides, self.layout))
+            self.steps.append(Step("iota", "iota", self.value_tile[i], (), value=counting))
+        elif isinstance(v, Cast):
+            src = self.value_tile[v.arg]
+            src_dtype = self.tiles[src].dtype
+            if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
+                self.value_tile[i] = src  # the value cannot change
+                self.aliased += 1
+            else:
+                self.value_tile[i] = self.new("t", dtype, Role.TEMPORARY)
+                self.steps.append(Step("unary", "copy", self.value_tile[i], (src,)))
+                self.converted += 1
+        elif isinstance(v, Op):
+            args = tuple(self.value_tile[a] for a in v.args)
+            kind, op, args = isa_op(self.where, i, v, args, [self.tiles[a].dtype for a in args])
+            self.value_tile[i] = self.new("t", dtype, Role.TEMPORARY)
+            self.steps.append(Step(kind, op, self.value_tile[i], args))
+        else:
+            raise Unsupported(f"{self.where} value {i}: {type(v).__name__} is not computed by the sfp")
+
+    def stored(self, value: int, access: Access) -> str:
+        """The OUTPUT tile a store drains: the value's own tile, or a final copy into the buffer's
+        dtype (the one rounding), or a broadcast or constant made whole."""
+        src = self.value_tile[value]
+        t = self.tiles[src]
+        if t.dtype != access.dtype or t.space != self.full or t.role is Role.CONSTANT:
+            out = self.new("o", access.dtype, Role.OUTPUT)
+            self.steps.append(Step("unary", "copy", out, (src,)))
+            self.rounded += 1
+            return out
+        if t.role is Role.TEMPORARY:
+            self.tiles[src] = replace(t, role=Role.OUTPUT)  # the ls unit drains it
+        return src
 
 
 def plan_fusion(kernel: PointwiseKernel, layout: LayoutPlan) -> TileKernel:
     """The kernel as one tile kernel: constants filled once, one chunk phase (per tile of the
     iteration space) with its loads, the sfp's steps and its stores."""
-    where = f"kernel {kernel.name!r}"
     axes = axes_of(layout)
-    full = frozenset(axes)
-    need = _needed(kernel)
-    tiles: dict[str, Tile] = {}
-    value_tile: dict[int, str] = {}
+    b = ValueTiles(kernel, layout, axes)
+    need = needed(kernel.values, kernel.stores)
     loads: dict[tuple, str] = {}
-    load_list, const_list, steps = [], [], []
-    consts: dict[tuple, str] = {}
-    reads, aliased, converted = 0, 0, 0
-
-    # Names are labels for a person (summary, errors); what a tile is for is its role and space.
-    def new(prefix: str, dtype: str, role: Role, tile_space: frozenset[str] = full, **staging) -> str:
-        name = f"{prefix}{len(tiles)}"
-        tiles[name] = Tile(name, dtype, tile_space, role, **staging)
-        return name
-
+    load_list = []
+    reads = 0
     staged: dict[str, str] = {}  # tile -> its transposed staging tile (one, whatever moves it)
 
     def stage(tile: str, access: Access) -> None:
         if access.transposed and tile not in staged:
-            t = tiles[tile]
-            staged[tile] = new("st", t.dtype, Role.STAGING, t.space, of=tile, relayout=Relayout.TRANSPOSED)
+            t = b.tiles[tile]
+            staged[tile] = b.new("st", t.dtype, Role.STAGING, t.space, of=tile, relayout=Relayout.TRANSPOSED)
 
     for i, v in enumerate(kernel.values):
         if i not in need:
             continue
-        dtype = layout.value(i).dtype
         if isinstance(v, Load):
             reads += 1
             access = layout.load(i)
             key = (access.buffer, access.strides, access.offset)
             if key not in loads:
-                loads[key] = new("in", dtype, Role.INPUT, access_space(access, layout))
+                loads[key] = b.new("in", layout.value(i).dtype, Role.INPUT, access_space(access, layout))
                 load_list.append((loads[key], access))
                 stage(loads[key], access)
-            value_tile[i] = loads[key]
-        elif isinstance(v, Constant):
-            value = operand_value(v.value, dtype)
-            key = (repr(value), dtype)
-            if key not in consts:
-                consts[key] = new("k", dtype, Role.CONSTANT, frozenset())
-                const_list.append((consts[key], value))
-            value_tile[i] = consts[key]
-        elif isinstance(v, IndexValue):
-            # computed on chip from the tile's position, never loaded (Step.value: the counting)
-            counting = layout.counting(i)
-            value_tile[i] = new("ix", dtype, Role.TEMPORARY, counting_space(counting.strides, layout))
-            steps.append(Step("iota", "iota", value_tile[i], (), value=counting))
-        elif isinstance(v, Cast):
-            src = value_tile[v.arg]
-            src_dtype = tiles[src].dtype
-            if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
-                value_tile[i] = src  # the value cannot change
-                aliased += 1
-            else:
-                value_tile[i] = new("t", dtype, Role.TEMPORARY)
-                steps.append(Step("unary", "copy", value_tile[i], (src,)))
-                converted += 1
-        elif isinstance(v, Op):
-            args = tuple(value_tile[a] for a in v.args)
-            kind, op, args = isa_op(where, i, v, args, [tiles[a].dtype for a in args])
-            value_tile[i] = new("t", dtype, Role.TEMPORARY)
-            steps.append(Step(kind, op, value_tile[i], args))
-    store_list, rounded = [], 0
+            b.value_tile[i] = loads[key]
+        else:
+            b.compute(i, v)
+    store_list = []
     for s, access in zip(kernel.stores, layout.stores):
-        src = value_tile[s.value]
-        t = tiles[src]
-        if t.dtype != access.dtype or t.space != full or t.role is Role.CONSTANT:
-            out = new("o", access.dtype, Role.OUTPUT)
-            steps.append(Step("unary", "copy", out, (src,)))
-            src = out
-            rounded += 1
-        elif t.role is Role.TEMPORARY:
-            tiles[src] = replace(t, role=Role.OUTPUT)  # the ls unit drains it
+        src = b.stored(s.value, access)
         store_list.append((src, access))
         stage(src, access)
     notes = (f"{len(load_list)} load(s) for {reads} read(s) of the inputs (one per distinct access)",
-             f"casts: {aliased} alias their operand (the value cannot change), {converted} copy (a conversion)",
-             f"{rounded} of {len(store_list)} store(s) through a final copy (into the buffer's dtype, or a "
+             f"casts: {b.aliased} alias their operand (the value cannot change), {b.converted} copy (a conversion)",
+             f"{b.rounded} of {len(store_list)} store(s) through a final copy (into the buffer's dtype, or a "
              f"broadcast or constant made whole); the others store their value's tile",
-             f"{len(const_list)} constant(s), filled once per core",
+             f"{len(b.constants)} constant(s), filled once per core",
              f"relayout {layout.relayout}: {layout.reason}")
     moved = [f"{'load' if (tile, a) in load_list else 'store'} {tile} {'<-' if (tile, a) in load_list else '->'} "
              f"{a.buffer} via {staged[tile]}" for tile, a in load_list + store_list if a.transposed]
     if moved:
         notes += (f"transposed on chip by the load/store unit (staging tiles): {'; '.join(moved)}",)
-    chunk = Phase(PhaseKind.CHUNK, tuple(steps), tuple(load_list), tuple(store_list),
+    chunk = Phase(PhaseKind.CHUNK, tuple(b.steps), tuple(load_list), tuple(store_list),
                   "per tile of the iteration space: load, compute, store")
-    tk = TileKernel("pointwise", axes, tuple(tiles.values()), tuple(const_list), (chunk,), notes=notes)
+    tk = TileKernel("pointwise", axes, tuple(b.tiles.values()), tuple(b.constants), (chunk,), notes=notes)
     tk.check()
     return tk
 
@@ -235,5 +249,5 @@ def isa_op(where, i, v: Op, args, dtypes):
 
 _isa_op = isa_op  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
 
-__all__ = ["BINARY", "INTEGER_ONLY", "ROWS", "STICKS", "UNARY", "access_space", "axes_of", "isa_op",
+__all__ = ["BINARY", "INTEGER_ONLY", "ROWS", "STICKS", "UNARY", "ValueTiles", "access_space", "axes_of", "isa_op",
            "plan_fusion", "streamed"]

@@ -29,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndexValue, IndirectKernel, Indirect, Load, Op
-from .fusion import ROWS, STICKS, counting_space, isa_op
-from .layout import ELEMENTS_MODE, FLOATS, STICKS_MODE, Access, Counting, LayoutPlan, _choose_dims, _value_layout, buffers_of, canonical_dims, operand_value
-from .tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel
+from ..kernel_ir import Cast, Constant, IndexValue, IndirectKernel, Indirect, Load, Op, needed
+from .fusion import ROWS, STICKS, ValueTiles
+from .layout import (ELEMENTS_MODE, STICKS_MODE, Access, Counting, LayoutPlan, _choose_dims, _value_layout, buffers_of,
+                     canonical_dims)
+from .tiles import Phase, PhaseKind, Role, TileKernel
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
 
@@ -153,82 +154,47 @@ def _space_of(access: Access, layout: LayoutPlan, dims=frozenset()) -> frozenset
 
 
 def _tile_kernel(kernel, layout, sources, index_dims) -> Lowered:
-    where = f"kernel {kernel.name!r}"
     axes = (ROWS, STICKS) if layout.stick_dim is not None else (ROWS,)
-    full = frozenset(axes)
-    tiles: dict[str, Tile] = {}
-    value_tile: dict[int, str] = {}
+    b = ValueTiles(kernel, layout, axes)  # constants, index values, casts, ops, stores: as pointwise
     moves: dict[str, Move] = {}  # gathers
     scatters: list[Move | None] = []
-    plain_loads, gathered_loads, consts, steps = [], [], [], []
+    plain_loads, gathered_loads = [], []
     seen: dict[tuple, str] = {}
 
-    def new(prefix, dtype, role, tile_space=full):
-        name = f"{prefix}{len(tiles)}"
-        tiles[name] = Tile(name, dtype, tile_space, role)
-        return name
-
     def load_tile(i) -> str:
-        if i in value_tile:
-            return value_tile[i]
+        if i in b.value_tile:
+            return b.value_tile[i]
         v, access = kernel.values[i], layout.load(i)
         terms = tuple(Term(load_tile(sources[p]), s, kernel.values[p].bound, kernel.values[p].wrap_neg)
                       for p, s in v.index.indirect)
         dims = frozenset(d for p, _ in v.index.indirect for d in index_dims[p])
         key = (access.buffer, access.strides, access.offset, terms)
         if key not in seen:
-            seen[key] = new("in", layout.value(i).dtype, Role.INPUT, _space_of(access, layout, dims))
+            seen[key] = b.new("in", layout.value(i).dtype, Role.INPUT, _space_of(access, layout, dims))
             (gathered_loads if terms else plain_loads).append((seen[key], access))
             if terms:
                 moves[seen[key]] = Move(terms, _op_name(kernel, v.index.indirect))
-        value_tile[i] = seen[key]
+        b.value_tile[i] = seen[key]
         return seen[key]
 
-    need = _needed(kernel)
+    need = needed(kernel.values, kernel.stores)
     for i, v in enumerate(kernel.values):
         if i not in need:
             continue
-        dtype = layout.value(i).dtype
         if isinstance(v, Load):
             load_tile(i)
         elif isinstance(v, Indirect):
-            value_tile[i] = load_tile(sources[i])  # its value on chip is the index column itself
-        elif isinstance(v, IndexValue):  # computed on chip from the tile's position (fusion.py's iota)
-            counting = layout.counting(i)
-            value_tile[i] = new("ix", dtype, Role.TEMPORARY, counting_space(counting.strides, layout))
-            steps.append(Step("iota", "iota", value_tile[i], (), value=counting))
-        elif isinstance(v, Constant):
-            value = operand_value(v.value, dtype)
-            name = new("k", dtype, Role.CONSTANT, frozenset())
-            consts.append((name, value))
-            value_tile[i] = name
-        elif isinstance(v, Cast):
-            src = value_tile[v.arg]
-            if dtype == tiles[src].dtype or (dtype == "fp32" and tiles[src].dtype in FLOATS):
-                value_tile[i] = src
-            else:
-                value_tile[i] = new("t", dtype, Role.TEMPORARY)
-                steps.append(Step("unary", "copy", value_tile[i], (src,)))
-        elif isinstance(v, Op):
-            args = tuple(value_tile[a] for a in v.args)
-            kind, op, args = isa_op(where, i, v, args, [tiles[a].dtype for a in args])
-            value_tile[i] = new("t", dtype, Role.TEMPORARY)
-            steps.append(Step(kind, op, value_tile[i], args))
+            b.value_tile[i] = load_tile(sources[i])  # its value on chip is the index column itself
+        else:
+            b.compute(i, v)
     for st in kernel.stores:  # indices of scatters are loaded too
         for p, _ in st.index.indirect:
             load_tile(sources[p])
     stores = []
     for s, access in zip(kernel.stores, layout.stores):
-        src = value_tile[s.value]
-        t = tiles[src]
-        if t.dtype != access.dtype or t.space != full or t.role is Role.CONSTANT:
-            out = new("o", access.dtype, Role.OUTPUT)
-            steps.append(Step("unary", "copy", out, (src,)))
-            src = out
-        elif t.role is Role.TEMPORARY:
-            tiles[src] = Tile(src, t.dtype, t.space, Role.OUTPUT)
+        src = b.stored(s.value, access)
         if s.index.indirect or s.mode is not None:
-            terms = tuple(Term(value_tile[sources[p]], st, kernel.values[p].bound, kernel.values[p].wrap_neg)
+            terms = tuple(Term(b.value_tile[sources[p]], st, kernel.values[p].bound, kernel.values[p].wrap_neg)
                           for p, st in s.index.indirect)
             scatters.append(Move(terms, _op_name(kernel, s.index.indirect), s.mode == "atomic_add"))
         else:
@@ -238,9 +204,9 @@ def _tile_kernel(kernel, layout, sources, index_dims) -> Lowered:
              f"scatter(s); {'row' if layout.stick_dim is not None else 'element'} moves (one DMA per "
              f"{'row' if layout.stick_dim is not None else 'element'})",
              f"{len(plain_loads)} plain load(s) first, then a fence: the gathers read their index columns")
-    chunk = Phase(PhaseKind.CHUNK, tuple(steps), tuple(plain_loads + gathered_loads), tuple(stores),
+    chunk = Phase(PhaseKind.CHUNK, tuple(b.steps), tuple(plain_loads + gathered_loads), tuple(stores),
                   "per tile: load the indices and plain operands, gather, compute, store or scatter")
-    tk = TileKernel("indirect", axes, tuple(tiles.values()), tuple(consts), (chunk,), notes=notes)
+    tk = TileKernel("indirect", axes, tuple(b.tiles.values()), tuple(b.constants), (chunk,), notes=notes)
     tk.check()
     return Lowered(layout, tk, tuple(moves.items()), tuple(scatters))
 
@@ -248,20 +214,6 @@ def _tile_kernel(kernel, layout, sources, index_dims) -> Lowered:
 def _op_name(kernel, terms) -> str:
     ops = {kernel.values[p].op for p, _ in terms}
     return ", ".join(sorted(o for o in ops if o)) or "indexing"
-
-
-def _needed(kernel) -> set[int]:
-    need = {s.value for s in kernel.stores}
-    for i in range(len(kernel.values) - 1, -1, -1):
-        if i in need:
-            v = kernel.values[i]
-            if isinstance(v, Op):
-                need.update(v.args)
-            elif isinstance(v, Cast):
-                need.add(v.arg)
-            if isinstance(v, Load):
-                need.update(p for p, _ in v.index.indirect)
-    return need
 
 
 __all__ = ["Lowered", "Move", "Term", "index_load", "lower"]

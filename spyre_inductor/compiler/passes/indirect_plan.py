@@ -25,14 +25,13 @@ from __future__ import annotations
 import dataclasses
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.validate import ProgramError, validate
 
 from ..errors import Unsupported
 from . import search
 from .codegen import build_program
 from .division import TIE, candidate_counts, choose_division, chosen_ns, divide, representative
 from .indirect_lowering import Lowered, lower
-from .minimum import recorded
+from .keep import kept
 from .plans import Division, Plans
 from .scratchpad import plan_scratchpad
 from .tiles import PhaseKind
@@ -104,12 +103,7 @@ def _program(kernel, lowered: Lowered, tiling, placement, division, check=True):
                             lowered.gathers, lowered.scatters)
     if not check:
         return program
-    program = recorded(kernel, program)
-    try:
-        validate(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
-    return program
+    return kept(kernel, program)
 
 
 def plan(kernel, cores=None, max_cores=None, estimate=None):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.validate import ProgramError, validate
 
 from ..errors import Unsupported
 from ..kernel_ir import MatmulKernel
@@ -23,7 +22,8 @@ from .division import candidate_counts, simulated_ns
 from .layout import buffers_of, symbols_of
 from .matmul_codegen import build_matmul_program, ring_ready
 from .matmul_lowering import analyse
-from .minimum import minimum_traffic, recorded
+from .keep import kept
+from .minimum import minimum_traffic
 from .matmul_plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
 from .plans import Division, Plans
 
@@ -122,11 +122,7 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
              + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
     program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
                                    share=tiling.share)
-    program = recorded(kernel, program)
-    try:
-        validate(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the planned matmul program does not validate: {e}") from e
+    program = kept(kernel, program)
     division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
                         chosen.ns)

@@ -29,7 +29,7 @@ from spyre_runtime.program.isa import Fence, Pop, Push
 from spyre_runtime.program.program import CoreProgram, Program, Queue
 
 from ..errors import PlanError, Unsupported
-from ..kernel_ir import Cast, Constant, Index, IndexValue, Indirect, Kernel, Load, Op, PointwiseKernel, Store
+from ..kernel_ir import Cast, Constant, Index, IndexValue, Indirect, Kernel, Load, Op, PointwiseKernel, Store, needed
 from ._dump import Describable
 
 COMPARES = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
@@ -122,16 +122,6 @@ def renumbered(v, new):
     if isinstance(v, Store):
         return replace(v, value=new(v.value))
     return v
-
-
-def uses(v) -> set[int]:
-    """The positions value `v` reads."""
-    found = set(getattr(v, "args", ()))
-    if hasattr(v, "arg"):  # a cast, an index check, a reduction or scan
-        found.add(v.arg)
-    if isinstance(v, Load):
-        found |= {p for p, _ in v.index.indirect}
-    return found
 
 
 def stacked(group: tuple[Piece, ...]) -> PointwiseKernel | None:
@@ -234,12 +224,9 @@ def _fold(values, stores, counts):
 
 
 def _live(values, stores):
-    needed = {s.value for s in stores} | {p for s in stores for p, _ in s.index.indirect}
-    for pos in range(len(values) - 1, -1, -1):
-        if pos in needed:
-            needed |= uses(values[pos])
-    new = {old: k for k, old in enumerate(sorted(needed))}
-    return (tuple(renumbered(values[p], new.__getitem__) for p in sorted(needed)),
+    live = sorted(needed(values, stores))
+    new = {old: k for k, old in enumerate(live)}
+    return (tuple(renumbered(values[p], new.__getitem__) for p in live),
             tuple(renumbered(s, new.__getitem__) for s in stores))
 
 
@@ -256,14 +243,11 @@ def check_bounds(kernel, why: str = "its mask keeps it in bounds, but does not c
     kernel), or Unsupported naming it and `why` it was not cut: a mask that keeps a load in
     bounds but cannot be cut is not something we run."""
     extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
-    needed = {s.value for s in kernel.stores} | {p for s in kernel.stores for p, _ in s.index.indirect}
-    for pos in range(len(kernel.values) - 1, -1, -1):
-        if pos in needed:
-            needed |= uses(kernel.values[pos])
+    live = needed(kernel.values, kernel.stores)
     # (a load no store needs is never moved: an empty reduction's operand; a gather's or scatter's
     # rows are bounded by its checked index instead: the validator's footprint)
     for what, buffer, index in ([("load of", v.buffer, v.index) for k, v in enumerate(kernel.values)
-                                 if isinstance(v, Load) and k in needed and not v.index.indirect]
+                                 if isinstance(v, Load) and k in live and not v.index.indirect]
                                 + [("store to", s.buffer, s.index) for s in kernel.stores if not s.index.indirect]):
         lo, hi = _range(IndexValue(index, "int64"), extents)
         n = _extent(kernel.buffer(buffer))

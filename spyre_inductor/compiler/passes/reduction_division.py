@@ -41,11 +41,11 @@ from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 from spyre_runtime.program.program import Program
 from spyre_runtime.program.timing import estimate as timing_estimate
-from spyre_runtime.program.validate import ProgramError, validate_once
 
 from ..errors import Unsupported
 from ..kernel_ir import ReductionKernel
 from .division import candidate_counts, simulated_ns
+from .keep import validated
 from .layout import buffers_of
 from .plans import Division, Plans
 from .reduction_codegen import RShare, build_reduction_program
@@ -248,10 +248,7 @@ def plan(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | 
     """The fastest (by the timing model, or by `estimate` of whole programs) verified reduction
     plan of `kernel` and its program, validated once (Unsupported if it does not validate)."""
     t, division, program = _plan(kernel, cores, max_cores, estimate)
-    try:
-        validate_once(program)
-    except ProgramError as e:
-        raise Unsupported(f"kernel {kernel.name!r}: the planned program does not validate: {e}") from e
+    validated(kernel, program)
     return plans_of(t.low, t.plan, division, buffers_of(kernel)), program
 
 
