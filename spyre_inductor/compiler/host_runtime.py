@@ -89,7 +89,14 @@ def store(buffer: torch.Tensor, index, value, mode=None) -> None:
     value = torch.as_tensor(value)
     index, value = torch.broadcast_tensors(index, value)
     if mode == "atomic_add":
-        buffer.index_put_((index.reshape(-1),), value.reshape(-1).to(buffer.dtype), accumulate=True)
+        if buffer.dtype in (torch.float16, torch.bfloat16):
+            # duplicates add in fp32 and round once, as eager's scatter_add / index_add (and
+            # Inductor's CPU backend) do; rounding each contribution drifts (2000 x 0.1: 230, not 200)
+            total = buffer.float()
+            total.index_put_((index.reshape(-1),), value.reshape(-1).float(), accumulate=True)
+            buffer.copy_(total)
+        else:
+            buffer.index_put_((index.reshape(-1),), value.reshape(-1).to(buffer.dtype), accumulate=True)
     elif mode is None:
         buffer[index.reshape(-1)] = value.reshape(-1).to(buffer.dtype)
     else:

@@ -36,10 +36,9 @@ A failing operation makes its stream's error sticky: later operations of that
 stream are skipped and the next query/synchronize raises, naming it, until
 clear_error(). Other streams keep working. An index out of range (a gather
 or scatter's IndexError, issue 16) is a StreamIndexError: an IndexError too,
-naming op, value and bound, and reported once (by the first query,
-synchronize or wait that raises it), after which the stream runs again, as
-the CPU's IndexError leaves nothing behind; the operations enqueued behind
-the failed one before the report are still skipped.
+naming op, value and bound, and sticky like any other stream error: the
+operations enqueued behind it are skipped, so their outputs are never read
+as if they had run (a read raises), until clear_error().
 """
 
 from __future__ import annotations
@@ -607,17 +606,10 @@ class DeviceQueue:
             raise error
         return probe.result
 
-    def _reported(self, stream, error) -> None:
-        """`error` reached a caller: an index error is then over (the module docstring)."""
-        if isinstance(error, StreamIndexError) and stream.error is error:
-            stream.error = None
-
     def _outcome(self, t: Ticket, keep: bool = True):
         if t.error is not None:
             raise t.error
         if t.skipped:
-            with self.lock:
-                self._reported(t.stream, t.pending_error)
             raise t.pending_error
         result = t.result
         if not keep:
@@ -640,9 +632,7 @@ class DeviceQueue:
         with self.lock:
             stream = self._stream(stream_id)
             if stream.error is not None:
-                error = stream.error
-                self._reported(stream, error)
-                raise error
+                raise stream.error
             return stream.last is None or stream.last.done
 
     def synchronize_stream(self, stream_id: int) -> None:
@@ -656,9 +646,7 @@ class DeviceQueue:
             if target is not None:
                 self.sim_floor = max(self.sim_floor, target.sim_end)
             if stream.error is not None:
-                error = stream.error
-                self._reported(stream, error)
-                raise error
+                raise stream.error
 
     def synchronize(self) -> None:
         if in_host_operation():
@@ -671,9 +659,7 @@ class DeviceQueue:
             self.sim_floor = max([self.sim_floor] + [p.sim_free for p in self.pipelines.values()])
             for stream in self.streams.values():
                 if stream.error is not None:
-                    error = stream.error
-                    self._reported(stream, error)
-                    raise error
+                    raise stream.error
 
     def clear_error(self, stream_id: int | None = None) -> None:
         with self.lock:
