@@ -21,6 +21,9 @@ ISA's pow computes integer powers with ATen's own semantics (wrapping on
 overflow; a negative exponent gives 0, or +-1 for a base of +-1), so on
 spyre the op stays an ordinary pointwise ``ops.pow`` that captures and fuses.
 
+Embedding lookups (issue 16) are realized on spyre: a gather is its own
+program, never inlined into a reduction (which does not gather).
+
 Each lowering here is device-conditional (TORCH_NOTES: "a device-conditional
 lowering"): on any other device it calls Inductor's own lowering, so CPU
 and GPU graphs are lowered exactly as before. They are installed once, by
@@ -123,6 +126,19 @@ def _spyre_addmm(inductor_addmm, batched: bool):
     return lowering
 
 
+def _spyre_embedding(inductor_embedding):
+    def lowering(weight, indices, *args, **kwargs):
+        out = inductor_embedding(weight, indices, *args, **kwargs)
+        if _on_spyre(weight) and isinstance(out, ir.TensorBox):
+            # A lookup's rows are a gather; left unrealized, Inductor inlines it into its consumer,
+            # and a reduction (the RMSNorm every decoder starts with) does not gather: the whole
+            # group would run on the CPU. Realized, the lookup is a program of its own.
+            out.realize()
+        return out
+
+    return lowering
+
+
 def install() -> None:
     """Register the spyre-conditional lowerings (idempotent)."""
     global _installed
@@ -138,4 +154,6 @@ def install() -> None:
             L.register_lowering(op, type_promotion_kind=None)(_spyre_mm(L.lowerings[op], batched))
         for op, batched in ((aten.addmm.default, False), (aten.baddbmm.default, True)):
             L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
+        L.register_lowering(aten.embedding.default, type_promotion_kind=None)(
+            _spyre_embedding(L.lowerings[aten.embedding.default]))
         _installed = True

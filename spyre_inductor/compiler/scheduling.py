@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import Kernel, MatmulKernel, Op, Reduction, Scan
+from .kernel_ir import IndirectKernel, Kernel, MatmulKernel, Op, Reduction, Scan
 from .version import compiler_version
 
 
@@ -130,10 +130,13 @@ def _plannable_shape(kernel: Kernel | None) -> bool:
 
 def _masks_plannable(kernel: Kernel | None) -> bool:
     """False for a reduction (or matmul) group with a masked load outside its buffer (a pad fused
-    into a reduction as its prologue): only pointwise kernels are cut at their masks, so the
-    group would run on the CPU where its nodes apart compile (found by the graph fuzzer)."""
+    into a reduction as its prologue), or with a gather or scatter: only pointwise kernels are
+    cut at their masks, only they gather, so the group would run on the CPU where its nodes apart
+    compile (found by the graph fuzzer)."""
     if kernel is None or not kernel.reduction_ranges:
         return True
+    if isinstance(kernel, IndirectKernel):
+        return False  # (a gather or scatter inside a reduction is not planned: apart, each compiles)
     from .errors import Unsupported
     from .passes.pieces import check_bounds
 

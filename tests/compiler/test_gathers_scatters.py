@@ -302,3 +302,14 @@ def test_16_bit_accumulating_scatters_are_refused_by_name(dtype, monkeypatch):
     out, _, records, warned, _ = compile_on_spyre(lambda a, i, s: a.scatter_add(0, i, s), x, idx, src)
     assert any("accumulating scatter into" in (r.fallback_reason or "") for r in records)
     torch.testing.assert_close(out[0].cpu(), x.scatter_add(0, idx, src), rtol=0, atol=0)
+
+
+def test_an_embedding_feeding_a_norm_is_a_gather_then_a_reduction():
+    # every decoder starts so; the lookup is realized (its own program) instead of being inlined
+    # into the norm's reduction, which does not gather (the whole group ran on the CPU)
+    g = _gen(7)
+    w, ids = torch.randn(100, 64, generator=g), torch.randint(0, 100, (2, 9), generator=g)
+    fn = lambda w, i: torch.nn.functional.layer_norm(torch.nn.functional.embedding(i, w), (64,))  # noqa: E731
+    out, _, records, warned, _ = compile_on_spyre(fn, w, ids)
+    assert not warned and len(records) == 2 and all(r.artifact is not None for r in records)
+    torch.testing.assert_close(out[0].cpu(), fn(w, ids), rtol=1e-5, atol=1e-5)
