@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.operands import ITEMSIZE, STICK
 
 from ..errors import Unsupported
 from . import search
@@ -50,12 +51,19 @@ def safe_dims(lowered: Lowered, tiling: TilePlan) -> tuple[int, ...] | None:
         terms = [(abs(s), r) for s, r in zip(access.strides, ranges)]
         extra = [(abs(t.stride), t.bound) for t in move.terms]
         ok = set()
+        isz = ITEMSIZE[access.dtype]
         for d, r in enumerate(ranges):
             stride = terms[d][0]
             if r <= 1 or stride == 0:
                 continue
             others = [x for k, x in enumerate(terms) if k != d] + extra
-            if sum(s * (n - 1) for s, n in others) < stride or all(s % (stride * r) == 0 for s, _ in others):
+            if not (sum(s * (n - 1) for s, n in others) < stride or all(s % (stride * r) == 0 for s, _ in others)):
+                continue
+            # disjoint elements are not enough: a row's add reads and writes back whole sticks, so
+            # two cores' shares must not share a stick either (every other walk and the share's
+            # unit are whole sticks apart)
+            unit = stride * (tiling.granule if d == tiling.stick_dim else 1) * isz
+            if unit % STICK == 0 and all(s * isz % STICK == 0 for s, n in others if n > 1 and s):
                 ok.add(d)
         safe = ok if safe is None else safe & ok
     return None if safe is None else tuple(sorted(safe))
