@@ -21,8 +21,10 @@ ISA's pow computes integer powers with ATen's own semantics (wrapping on
 overflow; a negative exponent gives 0, or +-1 for a base of +-1), so on
 spyre the op stays an ordinary pointwise ``ops.pow`` that captures and fuses.
 
-Embedding lookups (issue 16) are realized on spyre: a gather is its own
-program, never inlined into a reduction (which does not gather).
+Embedding lookups, cats and constant pads (issue 16) are realized on spyre
+(``_realized``): nodes of their own, fused into pointwise consumers by the
+scheduler, never inlined into a reduction (which neither gathers nor is cut
+at index masks).
 
 Each lowering here is device-conditional (TORCH_NOTES: "a device-conditional
 lowering"): on any other device it calls Inductor's own lowering, so CPU
@@ -126,13 +128,18 @@ def _spyre_addmm(inductor_addmm, batched: bool):
     return lowering
 
 
-def _spyre_embedding(inductor_embedding):
-    def lowering(weight, indices, *args, **kwargs):
-        out = inductor_embedding(weight, indices, *args, **kwargs)
-        if _on_spyre(weight) and isinstance(out, ir.TensorBox):
-            # A lookup's rows are a gather; left unrealized, Inductor inlines it into its consumer,
-            # and a reduction (the RMSNorm every decoder starts with) does not gather: the whole
-            # group would run on the CPU. Realized, the lookup is a program of its own.
+def _realized(inductor_lowering):
+    """The lowering, its spyre result realized: a node of its own for the scheduler to fuse.
+
+    An embedding's rows are a gather, a cat's or pad's elements come through index masks; left
+    unrealized, Inductor inlines them into each consumer, and a reduction (the RMSNorm every
+    decoder starts with, a layer_norm of a cat) neither gathers nor is cut at masks: the whole
+    group would run on the CPU. Realized, the scheduler still fuses the node into pointwise
+    consumers (a rotary embedding stays one program) and keeps it apart from reductions."""
+    def lowering(*args, **kwargs):
+        out = inductor_lowering(*args, **kwargs)
+        first = args[0][0] if args and isinstance(args[0], (list, tuple)) else args[0]
+        if _on_spyre(first) and isinstance(out, ir.TensorBox):
             out.realize()
         return out
 
@@ -154,6 +161,6 @@ def install() -> None:
             L.register_lowering(op, type_promotion_kind=None)(_spyre_mm(L.lowerings[op], batched))
         for op, batched in ((aten.addmm.default, False), (aten.baddbmm.default, True)):
             L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
-        L.register_lowering(aten.embedding.default, type_promotion_kind=None)(
-            _spyre_embedding(L.lowerings[aten.embedding.default]))
+        for op in (aten.embedding.default, aten.cat.default, aten.constant_pad_nd.default):
+            L.register_lowering(op, type_promotion_kind=None)(_realized(L.lowerings[op]))
         _installed = True

@@ -365,3 +365,15 @@ def test_an_index_from_the_loop_indices_wraps_negative_values():
     fn = lambda a: a[:, torch.arange(a.shape[1], device=a.device) - a.shape[1]] * 2  # noqa: E731
     _, records = _run(fn, _rand(4, 64))
     assert all(r.kernel.__class__.__name__ != "IndirectKernel" for r in records)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.nn.functional.layer_norm(torch.cat([a, b], -1), (a.shape[-1] + b.shape[-1],)),
+    lambda a, b: torch.nn.functional.pad(a, (1, 1)).sum(-1) + b.sum(-1),
+], ids=["layer_norm-of-cat", "sum-of-pad"])
+def test_a_cat_or_pad_feeding_a_reduction_is_its_own_program(fn):
+    # realized on spyre: a node the scheduler keeps apart from the reduction (not cut at masks)
+    a, b = _rand(8, 64), _rand(8, 32, seed=1)
+    out, _, records, warned, _ = compile_on_spyre(fn, a, b)
+    assert not warned and len(records) >= 2 and all(r.artifact is not None for r in records)
+    torch.testing.assert_close(out[0].cpu(), fn(a, b), rtol=1e-5, atol=1e-5)
