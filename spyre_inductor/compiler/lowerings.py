@@ -146,6 +146,29 @@ def _realized(inductor_lowering):
     return lowering
 
 
+def _with_loaded_indices(inductor_lowering, position: int):
+    """The lowering, with the index tensors at argument `position` (one, or a list) realized on
+    spyre when they are computed from data (a take_along_dim's wrap, ``a[i + 1]``): a gather takes
+    its row indices from memory, so an index computed on chip becomes a small program of its
+    own. An index computed from the loop indices alone (a roll's, a replicate pad's) is left to
+    inline: capture keeps it a direct index (no gather at all)."""
+    def lowering(*args, **kwargs):
+        indices = args[position] if position < len(args) else ()
+        for ix in indices if isinstance(indices, (list, tuple)) else (indices,):
+            if isinstance(ix, ir.TensorBox) and _on_spyre(ix) and _reads_data(ix):
+                ix.realize()
+        return inductor_lowering(*args, **kwargs)
+
+    return lowering
+
+
+def _reads_data(node) -> bool:
+    try:
+        return bool(node.get_read_names())
+    except (AttributeError, NotImplementedError):  # not a computed node: nothing to realize
+        return False
+
+
 def install() -> None:
     """Register the spyre-conditional lowerings (idempotent)."""
     global _installed
@@ -163,4 +186,8 @@ def install() -> None:
             L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
         for op in (aten.embedding.default, aten.cat.default, aten.constant_pad_nd.default):
             L.register_lowering(op, type_promotion_kind=None)(_realized(L.lowerings[op]))
+        for op, position in ((aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
+                             (aten.index_put.default, 1), (aten.index_put_.default, 1),
+                             (aten.scatter.src, 2), (aten.scatter_add.default, 2)):
+            L.register_lowering(op, type_promotion_kind=None)(_with_loaded_indices(L.lowerings[op], position))
         _installed = True

@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import IndirectKernel, Kernel, MatmulKernel, Op, Reduction, Scan
+from .kernel_ir import Indirect, IndirectKernel, Kernel, MatmulKernel, Op, Reduction, Scan
 from .version import compiler_version
 
 
@@ -133,6 +133,8 @@ def _masks_plannable(kernel: Kernel | None) -> bool:
     into a reduction as its prologue), or with a gather or scatter: only pointwise kernels are
     cut at their masks, only they gather, so the group would run on the CPU where its nodes apart
     compile (found by the graph fuzzer)."""
+    if isinstance(kernel, IndirectKernel) and not _indices_loaded(kernel):
+        return False  # (a gather takes its indices from memory: their computation stays apart)
     if kernel is None or not kernel.reduction_ranges:
         return True
     if isinstance(kernel, IndirectKernel):
@@ -142,6 +144,19 @@ def _masks_plannable(kernel: Kernel | None) -> bool:
 
     try:
         check_bounds(kernel)
+    except Unsupported:
+        return False
+    return True
+
+
+def _indices_loaded(kernel) -> bool:
+    from .errors import Unsupported
+    from .passes.indirect_lowering import index_load
+
+    try:
+        for pos, v in enumerate(kernel.values):
+            if isinstance(v, Indirect):
+                index_load(kernel, pos)
     except Unsupported:
         return False
     return True

@@ -88,14 +88,15 @@ def test_gather_along_the_last_dim():
     _run(lambda x, i: torch.gather(x, 1, i), x, idx)
 
 
-def test_take_along_dim_is_refused_by_name():
-    """take_along_dim's decomposition computes its index on chip (``i % n``); the gather needs
-    the index column before the sfp could compute it, so it is refused with that reason (not
-    planned yet) and runs on the CPU outside strict mode."""
+def test_take_along_dim_and_a_computed_index_gather_their_indices_from_memory():
+    """take_along_dim's decomposition computes its index (``i % n``), ``a[i + 1]`` too; a gather
+    takes its row indices from memory, so the computation is realized as a program of its own
+    (lowerings.py) and the gather loads its result: two programs, on the card."""
     x = torch.randn(8, 100, generator=_gen(4))
     idx = torch.randint(0, 100, (8, 5), generator=_gen(5))
-    with pytest.raises(Exception, match="an index computed on chip"):
-        compile_on_spyre(lambda x, i: torch.take_along_dim(x, i, dim=1), x, idx)
+    records = _run(lambda x, i: torch.take_along_dim(x, i, dim=1), x, idx)
+    rows = torch.randint(0, 7, (5,), generator=_gen(6))
+    _run(lambda x, i: x[i + 1] * 2, x, rows)
 
 
 def test_gather_along_dim_0():
