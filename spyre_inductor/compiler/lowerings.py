@@ -151,13 +151,17 @@ def _with_loaded_indices(inductor_lowering, position: int):
     spyre when they are computed from data (a take_along_dim's wrap, ``a[i + 1]``): a gather takes
     its row indices from memory, so an index computed on chip becomes a small program of its
     own. An index computed from the loop indices alone (a roll's, a replicate pad's) is left to
-    inline: capture keeps it a direct index (no gather at all)."""
+    inline: capture keeps it a direct index (no gather at all). The result is realized too, as
+    _realized's are (a gather summed, nll_loss: two programs, not one CPU fallback)."""
     def lowering(*args, **kwargs):
         indices = args[position] if position < len(args) else ()
         for ix in indices if isinstance(indices, (list, tuple)) else (indices,):
             if isinstance(ix, ir.TensorBox) and _on_spyre(ix) and _reads_data(ix):
                 ix.realize()
-        return inductor_lowering(*args, **kwargs)
+        out = inductor_lowering(*args, **kwargs)
+        if _on_spyre(args[0]) and isinstance(out, ir.TensorBox):
+            out.realize()  # a gather's result, like an embedding's (_realized): never inside a reduction
+        return out
 
     return lowering
 

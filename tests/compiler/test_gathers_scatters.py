@@ -314,3 +314,18 @@ def test_an_embedding_feeding_a_norm_is_a_gather_then_a_reduction():
     out, _, records, warned, _ = compile_on_spyre(fn, w, ids)
     assert not warned and len(records) == 2 and all(r.artifact is not None for r in records)
     torch.testing.assert_close(out[0].cpu(), fn(w, ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, t: x[t].sum(-1),
+    lambda x, t: torch.nn.functional.cross_entropy(x, t),
+    lambda x, t: torch.gather(x, 1, t[:, None]).mean(),
+], ids=["gather-summed", "cross_entropy", "gather-mean"])
+def test_a_gather_feeding_a_reduction_is_a_program_of_its_own(fn):
+    # Inductor would inline the gather into the reduction's node (which does not gather);
+    # realized on spyre it is its own program and the reduction reads its result
+    g = _gen(9)
+    x, t = torch.randn(8, 10, generator=g), torch.randint(0, 8, (8,), generator=g)
+    out, _, records, warned, _ = compile_on_spyre(fn, x, t)
+    assert not warned and len(records) >= 2 and all(r.artifact is not None for r in records)
+    torch.testing.assert_close(out[0].cpu(), fn(x, t), rtol=1e-5, atol=1e-6)
