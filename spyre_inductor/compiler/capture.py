@@ -369,12 +369,15 @@ class CaptureHandler(DefaultHandler):
         value = self._as_value(value)
         if idx.indirect or mode is not None:
             # A scatter: which elements it writes depends on data, so nothing is forwarded on chip.
-            if g.loaded.get(real) or real in g.stored or name in g.removable:
+            if g.loaded.get(real) or real in g.stored or real in g.scattered or name in g.removable:
+                # (a second scatter into it would replace the first's Store: lost writes)
                 raise NotCapturable(f"{name} is scattered into and also read or written otherwise in one kernel")
             g.scattered.add(real)
             g.use_buffer(real)
             g.stores[real] = Store(real, idx, value.pos, mode)
             return
+        if real in g.scattered:
+            raise NotCapturable(f"{name} is written after a scatter into it in the same kernel")
         if any(i != idx for i in g.loaded.get(real, ())):
             raise NotCapturable(f"{name} is read and written at different indices in one kernel")
         if real in g.stored and g.stored[real][0] != idx:
