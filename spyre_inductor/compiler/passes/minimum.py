@@ -71,27 +71,7 @@ def minimum_bytes(kernel) -> int:
 
 def minimum_traffic(kernel) -> Traffic:
     """(read bytes, write bytes) of minimum_bytes(kernel), for Program(minimum_read_bytes=...)."""
-    extents = tuple(kernel.ranges) + tuple(getattr(kernel, "reduction_ranges", ()))
-    reads: dict[str, list] = {}
-    writes: dict[str, list] = {}
-    moved = [0, 0]  # gathered and scattered bytes (read, write)
-    for v in kernel.values:
-        if isinstance(v, Load):
-            if v.index.indirect:
-                moved[0] += _indirect_bytes(kernel, v.buffer, v.index, extents)
-            else:
-                reads.setdefault(v.buffer, []).append(v.index)
-    for s in kernel.stores:
-        if s.index.indirect:
-            n = _indirect_bytes(kernel, s.buffer, s.index, extents)
-            moved[1] += n
-            if getattr(s, "mode", None) == "atomic_add":
-                moved[0] += n
-        else:
-            writes.setdefault(s.buffer, []).append(s.index)
-            if getattr(s, "mode", None) == "atomic_add":
-                reads.setdefault(s.buffer, []).append(s.index)
-    return Traffic(_bytes(kernel, reads, extents) + moved[0], _bytes(kernel, writes, extents) + moved[1])
+    return union_traffic([kernel])
 
 
 def _varying(kernel, pos: int) -> set[int]:
@@ -118,11 +98,6 @@ def _indirect_bytes(kernel, name: str, index, extents) -> int:
     return min(points, _buffer_elements(buffer)) * TORCH_DTYPES[buffer.dtype].itemsize
 
 
-def _bytes(kernel, accesses: dict[str, list], extents: tuple[int, ...]) -> int:
-    return _union_bytes(kernel, {name: [(i.offset, i.strides, extents) for i in indexes]
-                                 for name, indexes in accesses.items()})
-
-
 def _union_bytes(kernel, accesses: dict[str, list]) -> int:
     total = 0
     for name, walks in accesses.items():
@@ -133,18 +108,31 @@ def _union_bytes(kernel, accesses: dict[str, list]) -> int:
 
 def union_traffic(kernels) -> Traffic:
     """minimum_traffic of several kernels over the same buffers taken together (the pieces of one
-    kernel: an element two pieces read is read once at least, not twice)."""
+    kernel: an element two pieces read is read once at least, not twice). Gathered and
+    scattered rows count per piece, as minimum_traffic counts them (their rows depend on data)."""
     reads: dict[str, list] = {}
     writes: dict[str, list] = {}
+    moved = [0, 0]
     for kernel in kernels:
         extents = tuple(kernel.ranges) + tuple(getattr(kernel, "reduction_ranges", ()))
         for v in kernel.values:
             if isinstance(v, Load):
-                reads.setdefault(v.buffer, []).append((v.index.offset, v.index.strides, extents))
+                if v.index.indirect:
+                    moved[0] += _indirect_bytes(kernel, v.buffer, v.index, extents)
+                else:
+                    reads.setdefault(v.buffer, []).append((v.index.offset, v.index.strides, extents))
         for st in kernel.stores:
-            writes.setdefault(st.buffer, []).append((st.index.offset, st.index.strides, extents))
+            if st.index.indirect:
+                n = _indirect_bytes(kernel, st.buffer, st.index, extents)
+                moved[1] += n
+                if getattr(st, "mode", None) == "atomic_add":
+                    moved[0] += n
+            else:
+                writes.setdefault(st.buffer, []).append((st.index.offset, st.index.strides, extents))
+                if getattr(st, "mode", None) == "atomic_add":
+                    reads.setdefault(st.buffer, []).append((st.index.offset, st.index.strides, extents))
     first = kernels[0]
-    return Traffic(_union_bytes(first, reads), _union_bytes(first, writes))
+    return Traffic(_union_bytes(first, reads) + moved[0], _union_bytes(first, writes) + moved[1])
 
 
 def distinct_elements(accesses, extents, cap: int | None = None) -> int:
