@@ -377,3 +377,21 @@ def test_a_cat_or_pad_feeding_a_reduction_is_its_own_program(fn):
     out, _, records, warned, _ = compile_on_spyre(fn, a, b)
     assert not warned and len(records) >= 2 and all(r.artifact is not None for r in records)
     torch.testing.assert_close(out[0].cpu(), fn(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_an_operand_broadcast_over_rows_is_read_once_when_its_row_is_chunked():
+    # x (1, 32, 256, 128) * t (256, 128): the seq and head dims merge into one long stick dim,
+    # chunked; blocks of head rows share each chunk of t instead of reloading it per head
+    fn = lambda a, t: a * t  # noqa: E731
+    x, t = _rand(1, 32, 256, 128, dtype=torch.float16), _rand(256, 128, dtype=torch.float16, seed=1)
+    args = [x.to("spyre"), t.to("spyre")]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    compiled(*args)
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
+    out = compiled(*args)
+    torch.spyre.synchronize()
+    (report,) = torch.spyre.kernel_reports()
+    assert report.refetch == pytest.approx(1.0)
+    torch.testing.assert_close(out.cpu(), fn(x.float(), t.float()).half(), rtol=0, atol=0)

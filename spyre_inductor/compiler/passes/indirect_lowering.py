@@ -26,7 +26,7 @@ Decisions made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import Unsupported
 from ..kernel_ir import Cast, Constant, IndexValue, IndirectKernel, Indirect, Load, Op, needed
@@ -36,6 +36,7 @@ from .layout import (ELEMENTS_MODE, STICKS_MODE, Access, Counting, LayoutPlan, _
 from .tiles import Phase, PhaseKind, Role, TileKernel
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
+_VARIES = 1 << 40  # a stand-in stride for "varies through its index": never 0 or 1, never negative
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,16 @@ def lower(kernel: IndirectKernel) -> Lowered:
     access_of = {i: a for (i, _), a in zip(loads, accesses)}
     # the canonical dims each Indirect value varies over: those its index load walks
     index_dims = {p: frozenset(d for d, s in enumerate(access_of[src].strides) if s) for p, src in sources.items()}
-    choice = _choose_dims(where, ranges, list(enumerate(accesses)), store_accesses)
+    # The dims a choice of rows sees an access vary over include those its index varies over: a
+    # table row gathered per position is not broadcast over the positions (the rows would go
+    # along the heads it is broadcast over instead: layout._broadcast_row_dim)
+    def walked(access, index) -> Access:
+        dims = {d for p, _ in index.indirect for d in index_dims[p]}
+        return replace(access, strides=tuple(s if s or d not in dims else _VARIES for d, s in enumerate(access.strides)))
+
+    seen_loads = [walked(a, v.index) for (_, v), a in zip(loads, accesses)]
+    seen_stores = [walked(a, s.index) for s, a in zip(kernel.stores, store_accesses)]
+    choice = _choose_dims(where, ranges, list(enumerate(seen_loads)), seen_stores)
     stick_dim, row_dim = choice.stick_dim, choice.row_dim
     # (a transposed relayout is not planned with gathers: their operands move one element per stick)
     if stick_dim is not None and (choice.relayout != STICKS_MODE

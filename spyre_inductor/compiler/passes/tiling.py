@@ -130,6 +130,11 @@ def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int =
     # whole sticks of every transposed access, or the whole row dim when it is shorter
     row_granule = min(ranges[rd], STICK // min(moved)) if moved else 1
     block = min(ranges[rd], row_granule * row_sticks) if moved else 1
+    if not moved and rd is not None and ranges[sd] * widest > target_bytes and _broadcast_over(layout, rd):
+        # the stick dim is chunked and an operand is broadcast over the rows (a table over heads
+        # whose rows merged with its columns): blocks of rows share each chunk of it, instead of
+        # one row per tile loading the chunk again for every row
+        block = min(ranges[rd], BROADCAST_BLOCK)
     chunk = max(granule, target_bytes // widest // block // granule * granule)
     if ranges[sd] > chunk:
         return TilePlan(ranges, sd, rd, sd, block, chunk, _others(ranges, sd), granule, buffers, row_granule)
@@ -147,6 +152,14 @@ def plan_tiling(layout: LayoutPlan, tile_kernel: TileKernel, target_bytes: int =
         dim = max(loops, key=lambda d: (ranges[d], d))
         return TilePlan(ranges, sd, rd, dim, rows, cols, _others(ranges, sd, dim), granule, buffers, row_granule)
     return TilePlan(ranges, sd, rd, rd, rows, cols, _others(ranges, sd, rd), granule, buffers, row_granule)
+
+
+BROADCAST_BLOCK = 32  # rows that share one load of a row-broadcast operand's chunk
+
+
+def _broadcast_over(layout: LayoutPlan, rd: int) -> bool:
+    accesses = layout.accesses()
+    return any(a.strides[rd] == 0 for a in accesses) and any(a.strides[rd] != 0 for a in accesses)
 
 
 def _others(ranges, *exclude) -> tuple[int, ...]:
