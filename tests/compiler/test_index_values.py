@@ -51,6 +51,20 @@ def _plan(record) -> dict:
     return json.loads((record.artifact / "plan.json").read_text())
 
 
+def _one_report(fn, *cpu_args):
+    """(output, the report of its one program) of a warm compiled call of fn on spyre copies."""
+    args = [a.to("spyre") for a in cpu_args]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    compiled(*args)
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
+    out = compiled(*args)
+    torch.spyre.synchronize()
+    (report,) = torch.spyre.kernel_reports()
+    return out, report
+
+
 # ---- index values on chip ---------------------------------------------------------------
 
 
@@ -273,14 +287,7 @@ def test_rotary_reads_each_element_once():
         return q * cos + torch.cat((-q[..., 64:], q[..., :64]), dim=-1) * sin
 
     q, cos, sin = _rand(1, 8, 64, 128), _rand(64, 128, seed=1), _rand(64, 128, seed=2)
-    args = [t.to("spyre") for t in (q, cos, sin)]
-    torch._dynamo.reset()
-    compiled = torch.compile(rope)
-    torch.spyre.synchronize()
-    torch.spyre.reset_kernel_reports()
-    out = compiled(*args)
-    torch.spyre.synchronize()
-    (report,) = torch.spyre.kernel_reports()
+    out, report = _one_report(rope, q, cos, sin)
     assert report.refetch == pytest.approx(1.0)
     torch.testing.assert_close(out.cpu(), rope(q, cos, sin), rtol=1e-6, atol=1e-6)
 
@@ -301,14 +308,7 @@ def test_pieces_minimum_is_the_union_of_what_they_read():
     # a replicate pad reads its border elements in several pieces: each counts once
     x = _rand(2, 8, 64)
     fn = lambda a: torch.nn.functional.pad(a, (2, 3), mode="replicate")  # noqa: E731
-    args = [x.to("spyre")]
-    torch._dynamo.reset()
-    compiled = torch.compile(fn)
-    torch.spyre.synchronize()
-    torch.spyre.reset_kernel_reports()
-    compiled(*args)
-    torch.spyre.synchronize()
-    (report,) = torch.spyre.kernel_reports()
+    _, report = _one_report(fn, x)
     assert report.minimum_read_bytes == x.numel() * 4
     assert report.minimum_bytes == x.numel() * 4 + 2 * 8 * 69 * 4
 
@@ -384,14 +384,6 @@ def test_an_operand_broadcast_over_rows_is_read_once_when_its_row_is_chunked():
     # chunked; blocks of head rows share each chunk of t instead of reloading it per head
     fn = lambda a, t: a * t  # noqa: E731
     x, t = _rand(1, 32, 256, 128, dtype=torch.float16), _rand(256, 128, dtype=torch.float16, seed=1)
-    args = [x.to("spyre"), t.to("spyre")]
-    torch._dynamo.reset()
-    compiled = torch.compile(fn)
-    compiled(*args)
-    torch.spyre.synchronize()
-    torch.spyre.reset_kernel_reports()
-    out = compiled(*args)
-    torch.spyre.synchronize()
-    (report,) = torch.spyre.kernel_reports()
+    out, report = _one_report(fn, x, t)
     assert report.refetch == pytest.approx(1.0)
     torch.testing.assert_close(out.cpu(), fn(x.float(), t.float()).half(), rtol=0, atol=0)
