@@ -128,7 +128,10 @@ def _plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     if cut is not None:
         pieces.check_independent(kernel)
     if cut is None:
-        pieces.check_bounds(kernel)
+        if any(pieces.cut_points(kernel)):  # cuttable, but into too many pieces to unroll
+            pieces.check_bounds(kernel, f"its masks would cut it into more than {pieces.MAX_PIECES} pieces")
+        else:
+            pieces.check_bounds(kernel)
         return _plan_whole(kernel, cores, max_cores, estimate)
     units = []  # (pieces, the kernel planned for them, its plan): a stacked group or one piece
     for group in _shape_groups(cut):

@@ -450,6 +450,8 @@ class CaptureHandler(DefaultHandler):
             return None
         size = static_int(size, "an index bound")
         bounds = bound_sympy(expr, {v: ValueRanges(0, n - 1) for v, n in self.g.var_ranges.items()})
+        if not (bounds.lower.is_finite and bounds.upper.is_finite):
+            return None  # a range sympy cannot bound: left to the gather path, which checks at run time
         lo, hi = int(bounds.lower), int(bounds.upper)
         if wrap_neg and hi < 0:
             expr, lo, hi = expr + size, lo + size, hi + size

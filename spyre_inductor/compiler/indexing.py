@@ -137,7 +137,7 @@ def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what
                                        "FloorDiv": lambda x, d: x // d, "Min": min, "Max": max}, "math"])
     try:
         values = [int(f(k)) for k in range(n)]
-    except (TypeError, ValueError, NameError):
+    except (TypeError, ValueError, NameError, ZeroDivisionError, OverflowError):
         raise NotCapturable(f"non-affine index {expr} for {what}") from None
     runs, start = [], 0
     while start < n:
