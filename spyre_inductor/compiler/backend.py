@@ -28,7 +28,7 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.program import Program
 
 from .errors import PlanError, Unsupported
-from .kernel_ir import IndirectKernel, Kernel, MatmulKernel
+from .kernel_ir import AttentionKernel, IndirectKernel, Kernel, MatmulKernel
 from .passes.tiles import PhaseKind
 from .passes.codegen import build_program
 from .passes.division import TIE, choose_division, chosen_ns, representative, simulated_ns
@@ -37,6 +37,7 @@ from .passes.fusion import plan_fusion
 from .passes import pieces
 from .passes.indirect_plan import plan as indirect_plan
 from .passes.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
+from .passes.attention import plan_attention
 from .passes.matmul import plan_matmul
 from .passes.keep import kept
 from .passes.minimum import union_traffic
@@ -51,7 +52,7 @@ __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact
            "plan_kernel"]
 
 # Part of every artifact's key: bump it when the generated programs change.
-COMPILER_VERSION = "spyre-6"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: relayouts on chip, 6: gathers/scatters
+COMPILER_VERSION = "spyre-7"  # 1: pointwise, 2: phased plans, 3: reductions, 4: matmuls, one planner, 5: relayouts on chip, 6: gathers/scatters, 7: fused attention
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,17 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
     """Run every pass of the kernel's family; the kept program records the kernel's minimum
     traffic (passes/minimum.py). `cores` forces the core count, `max_cores` caps it (default: the
     timing model chooses among up to all cores)."""
-    try:
-        kernel.check()
-    except ValueError as e:
-        raise Unsupported(str(e)) from e
     for name, n in (("cores", cores), ("max_cores", max_cores)):
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= HARDWARE.cores):
             raise ValueError(f"{name} must be an integer in 1..{HARDWARE.cores}, got {n!r}")
     if cores is not None and max_cores is not None and cores > max_cores:
         raise ValueError(f"cores ({cores}) exceeds max_cores ({max_cores})")
+    if isinstance(kernel, AttentionKernel):
+        return plan_attention(kernel, cores=cores, max_cores=max_cores)
+    try:
+        kernel.check()
+    except ValueError as e:
+        raise Unsupported(str(e)) from e
     if kernel.reduction_ranges:
         # (pointwise kernels are checked piece by piece)
         pieces.check_bounds(kernel, "a reduction's masks are not cut into pieces (only pointwise kernels are)")

@@ -454,3 +454,157 @@ class IndirectKernel(Kernel):
 
 class MatmulKernel(ReductionKernel):
     """A reduction whose one reduction is a "dot": out[..., m, n] = sum_k a[..., m, k] * b[..., k, n]."""
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """Fused attention (issue 17): for every batch b, head h, query row i,
+
+        out[b, h, i, :] = softmax_j(scale * q[b, h, i, :] . k[b, h // G, j, :] + mask) @ v[b, h // G, j, :]
+
+    with G = heads / kv_heads (grouped-query attention: K and V are read per kv head, never
+    copied per query head). The mask keeps position j where j <= i + ``causal`` (when set),
+    adds ``bias`` (a float buffer) and keeps only where ``keep`` (a bool buffer) is true; each
+    of them broadcast over (b, h, i, j) by its own element strides (0: broadcast). A row that
+    has no finite score gives zeros when ``empty_rows`` is "zero" (SDPA's math path) and NaN when
+    it is "nan" (a plain softmax). QK^T and PV run on the PE arrays with fp32 accumulation; the
+    softmax probabilities are rounded to the output dtype before PV (what the explicit
+    ``softmax(...).to(q.dtype) @ v`` does).
+
+    Buffers, in order: q [B, H, L, D], k [B, KVH, S, D], v [B, KVH, S, Dv], then bias and/or keep
+    (any shape; their strides are ``bias_strides`` / ``keep_strides``), then out [B, H, L, Dv].
+    Not a ``Kernel``: its work is two matmuls around an online softmax, not one loop nest.
+    """
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    scale: float
+    causal: int | None = None
+    bias_strides: tuple[int, ...] | None = None
+    keep_strides: tuple[int, ...] | None = None
+    empty_rows: str = "zero"
+
+    # ---- the buffers by role ------------------------------------------------------------
+
+    @property
+    def q(self) -> Buffer:
+        return self.buffers[0]
+
+    @property
+    def k(self) -> Buffer:
+        return self.buffers[1]
+
+    @property
+    def v(self) -> Buffer:
+        return self.buffers[2]
+
+    @property
+    def bias(self) -> Buffer | None:
+        return self.buffers[3] if self.bias_strides is not None else None
+
+    @property
+    def keep(self) -> Buffer | None:
+        return self.buffers[3 + (self.bias_strides is not None)] if self.keep_strides is not None else None
+
+    @property
+    def out(self) -> Buffer:
+        return self.buffers[-1]
+
+    @property
+    def dims(self) -> tuple[int, int, int, int, int, int, int]:
+        """(B, H, KVH, L, S, D, Dv)."""
+        B, H, L, D = self.q.shape
+        return B, H, self.k.shape[1], L, self.k.shape[2], D, self.v.shape[3]
+
+    @property
+    def group(self) -> int:
+        _, H, KVH, *_ = self.dims
+        return H // KVH
+
+    @property
+    def ranges(self) -> tuple[int, ...]:
+        B, H, _, L, _, _, Dv = self.dims
+        return (B, H, L, Dv)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.buffers[:-1])
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.out.name,)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name!r} has no buffer {name!r}")
+
+    def check(self) -> None:
+        """Raise ValueError naming the first malformed part."""
+        where = f"attention kernel {self.name!r}"
+        extra = (self.bias_strides is not None) + (self.keep_strides is not None)
+        if len(self.buffers) != 4 + extra:
+            raise ValueError(f"{where}: {len(self.buffers)} buffers, expected q, k, v, {extra} mask(s) and out")
+        for role, b in (("q", self.q), ("k", self.k), ("v", self.v), ("out", self.out)):
+            if len(b.shape) != 4 or len(b.strides) != 4:
+                raise ValueError(f"{where}: {role} must be 4-D (batch, heads, rows, features), got {b.shape}")
+        B, H, KVH, L, S, D, Dv = self.dims
+        if self.k.shape != (B, KVH, S, D) or self.v.shape[:3] != (B, KVH, S):
+            raise ValueError(f"{where}: k {self.k.shape} and v {self.v.shape} do not match q {self.q.shape}")
+        if KVH == 0 or H % KVH:
+            raise ValueError(f"{where}: {H} query heads are not a multiple of {KVH} kv heads")
+        if self.out.shape != (B, H, L, Dv):
+            raise ValueError(f"{where}: out {self.out.shape}, expected {(B, H, L, Dv)}")
+        for role, strides, b in (("bias", self.bias_strides, self.bias), ("keep", self.keep_strides, self.keep)):
+            if strides is not None and len(strides) != 4:
+                raise ValueError(f"{where}: {role} strides {strides} (one per batch, head, row, position)")
+        if self.keep is not None and self.keep.dtype != "bool":
+            raise ValueError(f"{where}: the keep mask is {self.keep.dtype}, not bool")
+        if self.empty_rows not in ("zero", "nan"):
+            raise ValueError(f"{where}: empty_rows {self.empty_rows!r} (zero or nan)")
+        for b in self.buffers:
+            if b.dtype not in TORCH_DTYPES:
+                raise ValueError(f"{where}: buffer {b.name!r} has unknown dtype {b.dtype!r}")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "AttentionKernel", "name": self.name,
+                           "buffers": [dataclasses.asdict(b) for b in self.buffers], "scale": self.scale,
+                           "causal": self.causal, "bias_strides": self.bias_strides,
+                           "keep_strides": self.keep_strides, "empty_rows": self.empty_rows}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "AttentionKernel":
+        d = json.loads(text)
+        buffers = tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
+                        for b in d["buffers"])
+        tup = lambda s: None if s is None else tuple(s)  # noqa: E731
+        return cls(d["name"], buffers, d["scale"], d["causal"], tup(d["bias_strides"]), tup(d["keep_strides"]),
+                   d["empty_rows"])
+
+
+def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,
+                        empty_rows: str = "zero", out_dtype=None):
+    """AttentionKernel's semantics on torch tensors (any device; broadcast bias/keep to
+    [B, H, L, S]): the definition tests and the CPU fallback use."""
+    B, H, L, _ = q.shape
+    G = H // k.shape[1]
+    kf = k.float().repeat_interleave(G, dim=1)
+    vf = v.float().repeat_interleave(G, dim=1)
+    s = (q.float() @ kf.transpose(-2, -1)) * scale
+    S = k.shape[2]
+    allowed = torch.ones(L, S, dtype=torch.bool, device=q.device)
+    if causal is not None:
+        allowed = allowed.tril(causal)
+    allowed = allowed.expand(B, H, L, S)
+    if keep is not None:
+        allowed = allowed & keep.to(torch.bool)
+    if bias is not None:
+        s = s + bias.float()
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, -1)
+    if empty_rows == "zero":  # a row whose every score is -inf (masked or biased away) gives zeros
+        p = p.masked_fill((s == float("-inf")).all(-1, keepdim=True), 0.0)
+    out_dtype = out_dtype or q.dtype
+    p = p.to(out_dtype).float()
+    return (p @ vf).to(out_dtype)

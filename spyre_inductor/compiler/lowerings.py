@@ -194,4 +194,8 @@ def install() -> None:
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
                              (aten.scatter.src, 2), (aten.scatter_add.default, 2)):
             L.register_lowering(op, type_promotion_kind=None)(_with_loaded_indices(L.lowerings[op], position))
+        from .attention_node import lower_attention
+        from .attention_op import OP
+
+        L.register_lowering(OP, type_promotion_kind=None)(lower_attention)
         _installed = True

@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import Indirect, IndirectKernel, Kernel, MatmulKernel, Op, Reduction, Scan
+from .kernel_ir import AttentionKernel, Indirect, IndirectKernel, Kernel, MatmulKernel, Op, Reduction, Scan
 from .version import compiler_version
 
 
@@ -74,9 +74,15 @@ def record_kernels():
 
 def _record(nodes, kernel, artifact, reason) -> None:
     if _recorders:
-        entry = KernelRecord(tuple(n.get_name() for n in nodes), origin_ops(nodes), kernel, artifact, reason)
-        for records in _recorders:
-            records.append(entry)
+        record(tuple(n.get_name() for n in nodes), origin_ops(nodes), kernel, artifact, reason)
+
+
+def record(names: tuple[str, ...], ops: str, kernel, artifact, reason) -> None:
+    """One KernelRecord for every active recorder (a kernel that is not a scheduler node's:
+    the fused attention, attention_node.py)."""
+    entry = KernelRecord(tuple(names), ops, kernel, artifact, reason)
+    for records in _recorders:
+        records.append(entry)
 
 
 def artifact_root() -> Path:
@@ -91,6 +97,8 @@ def content_name(kernel: Kernel) -> Kernel:
     (reports and listings say what ran; the artifact key ignores the name, so
     identical kernels still share one artifact)."""
     digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:12]
+    if isinstance(kernel, AttentionKernel):
+        return replace(kernel, name=f"spyre_attn_{digest}")
     ops = []
     for v in kernel.values:
         name = (v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction)

@@ -1,0 +1,462 @@
+"""Attention fusion: a post-grad graph pass that turns softmax(q k^T * scale + mask) @ v into ONE op.
+
+Both ways attention reaches us end in the same post-grad graph shape: ``F.scaled_dot_product_attention``
+on spyre takes PyTorch's math path (its decomposition: q and k scaled by sqrt(scale), a bmm, the
+causal mask built from iotas and added, a softmax that gives zeros for rows with no finite score,
+a bmm with v), and model code writes the same thing by hand (``q @ k.transpose(-2, -1) * scale``,
+a mask added or filled in, ``softmax(scores.float()).to(q.dtype) @ v``). Left alone that is five
+programs with the score matrix written to device memory and read back three times. This pass
+finds every ``bmm(P, V)`` whose P is a softmax over the last dim of scores that come from a
+``bmm(Q, K^T)``, and replaces it with ``spyre::attention`` (attention_op.py), which Inductor lowers
+to one flash-style program (attention_node.py, passes/attention*.py).
+
+How the operands are found: from each bmm operand the pass walks up through view-like ops,
+scalings by a number and lossless casts to the tensor they come from, and pushes an index tensor
+(every element its own storage index) through the same ops. The result says exactly which
+source element each operand element is, so the pass checks (never assumes) that the operand is an
+affine view [B, H, rows, features] of its source, and for K and V finds the largest group of
+query heads that read one kv head (the expand + reshape of ``repeat_kv``, SDPA's
+``enable_gqa``): the op then reads K and V per kv head, and the copies die with the old nodes.
+
+Masks: an additive term and a ``where(keep, scores, -inf)`` fill along the score chain become the
+op's bias and keep inputs. A mask computed from constants only (``is_causal``'s iotas, a
+``tril`` of ones) is evaluated here; when it is a lower triangle it becomes the op's causal
+diagonal and no mask is read at all. A pattern the pass does not recognise is left as it is
+(its matmuls and softmax still compile, apart).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from .attention_op import OP
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
+         aten.clone.default, aten.permute.default, aten.transpose.int, aten.unsqueeze.default,
+         aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int,
+         aten.alias.default, aten.t.default}
+SCALES = {aten.mul.Tensor: False, aten.mul.Scalar: False, aten.div.Tensor: True, aten.div.Scalar: True}
+CAST = prims.convert_element_type.default
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+MAX_INDEX_ELEMENTS = 1 << 26  # an operand bigger than this is not analysed (the index map would be too big)
+MAX_CONSTANT_ELEMENTS = 1 << 24
+CONSTANT_OPS = {prims.iota.default, aten.arange.default, aten.arange.start,
+                aten.arange.start_step, aten.full.default, aten.ones.default, aten.zeros.default,
+                aten.scalar_tensor.default}
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _lossless(node) -> bool:
+    src, dst = _val(node.args[0]), node.args[1]
+    return src is not None and (src.dtype == dst or (dst == torch.float32 and src.dtype in FLOATS))
+
+
+# ---- operands: view chains and their index maps ----------------------------------------------
+
+def _chain(node):
+    """(source, the view ops from source to node, the product of the scalings on the way)."""
+    ops, scale = [], 1.0
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        t = node.target
+        if t in VIEWS:
+            ops.append(node)
+        elif t in SCALES and isinstance(node.args[0], fx.Node) and _number(node.args[1]) is not None:
+            s = _number(node.args[1])
+            scale = scale / s if SCALES[t] else scale * s
+        elif t is CAST and _lossless(node):
+            pass
+        else:
+            break
+        node = node.args[0]
+    return node, ops[::-1], scale
+
+
+def _storage_index(meta) -> torch.Tensor | None:
+    if not isinstance(meta, torch.Tensor) or any(not isinstance(s, int) for s in (*meta.shape, *meta.stride())):
+        return None
+    extent = meta.storage_offset() + sum((n - 1) * s for n, s in zip(meta.shape, meta.stride()) if n) + 1
+    if meta.numel() == 0 or extent > MAX_INDEX_ELEMENTS:
+        return None
+    return torch.arange(extent).as_strided(meta.shape, meta.stride(), meta.storage_offset())
+
+
+def _index_map(source, ops) -> torch.Tensor | None:
+    """The storage index (in `source`'s storage) of every element at the end of `ops`."""
+    meta = _val(source)
+    if meta is None or (source.op != "placeholder" and not meta.is_contiguous()):
+        return None  # (an intermediate's layout is Inductor's to choose unless it is contiguous)
+    x = _storage_index(meta)
+    if x is None:
+        return None
+    for op in ops:
+        args = op.args[1:]
+        if any(isinstance(a, (fx.Node, torch.SymInt)) for a in fx.node.map_aggregate(args, lambda a: a)
+               if not isinstance(a, (list, tuple))):
+            return None
+        x = x.clone() if op.target is aten.clone.default else op.target(x, *args)
+        if x.numel() > MAX_INDEX_ELEMENTS:
+            return None
+    return x
+
+
+def _affine(x: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
+    """(offset, strides) if x[i0, i1, ...] == offset + sum(strides[k] * i_k), else None."""
+    offset = int(x.flatten()[0])
+    strides = []
+    for d, n in enumerate(x.shape):
+        strides.append(int(x.select(d, 1).flatten()[0]) - offset if n > 1 else 0)
+    expect = torch.full((), offset, dtype=torch.int64)
+    for d, (n, s) in enumerate(zip(x.shape, strides)):
+        shape = [1] * x.dim()
+        shape[d] = n
+        expect = expect + (torch.arange(n) * s).view(shape)
+    return (offset, tuple(strides)) if torch.equal(expect.expand(x.shape), x) else None
+
+
+def _operand(node, B, H, transpose=False):
+    """The operand `node` ([B*H, rows, cols]) as (source, index map [B, H, rows, features], scale), or None."""
+    source, ops, scale = _chain(node)
+    x = _index_map(source, ops)
+    if x is None or x.dim() != 3 or x.shape[0] != B * H:
+        return None
+    x = x.reshape(B, H, *x.shape[1:])
+    return source, (x.transpose(2, 3) if transpose else x), scale
+
+
+def _largest_group(x, H) -> int:
+    """The most consecutive query heads that read the same elements (a kv head's group)."""
+    for group in sorted((g for g in range(2, H + 1) if H % g == 0), reverse=True):
+        x5 = x.reshape(x.shape[0], H // group, group, *x.shape[2:])
+        if torch.equal(x5, x5[:, :, :1].expand(x5.shape)):
+            return group
+    return 1
+
+
+def _view_at(x, H, group):
+    """(offset, strides) of the 4-D view [B, H // group, rows, features] the map is, or None."""
+    return _affine(x.reshape(x.shape[0], H // group, group, *x.shape[2:])[:, :, 0])
+
+
+# ---- masks evaluated at compile time ----------------------------------------------------------
+
+def _constant(node, memo):
+    """The value of a node computed from constants only (iotas, fills, their arithmetic), else None."""
+    if not isinstance(node, fx.Node):
+        return node
+    if node in memo:
+        return memo[node]
+    memo[node] = None
+    meta = _val(node)
+    if node.op != "call_function" or not isinstance(meta, torch.Tensor) or meta.numel() > MAX_CONSTANT_ELEMENTS:
+        return None
+    if node.target not in CONSTANT_OPS and not any(isinstance(a, fx.Node) for a in node.args):
+        return None
+    args = []
+    for a in node.args:
+        if isinstance(a, fx.Node):
+            v = _constant(a, memo)
+            if v is None:
+                return None
+            args.append(v)
+        elif isinstance(a, torch.SymInt):
+            return None
+        else:
+            args.append(a)
+    kwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in node.kwargs.items()}
+    try:
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            value = node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an op we cannot evaluate here just means "not a constant"
+        return None
+    memo[node] = value
+    return value
+
+
+def _causal_diagonal(allowed: torch.Tensor) -> int | None:
+    """d if `allowed` (broadcast to [..., L, S]) is the lower triangle j <= i + d everywhere."""
+    L, S = allowed.shape[-2:]
+    first = allowed.reshape(-1, L, S)[0]
+    counts = first.sum(-1)
+    rows = torch.nonzero(counts).flatten()
+    if len(rows) == 0:
+        return None
+    i = int(rows[0])
+    d = int(counts[i]) - 1 - i
+    tri = torch.ones(L, S, dtype=torch.bool).tril(d)
+    return d if torch.equal(allowed.to(torch.bool), tri.expand(allowed.shape)) else None
+
+
+# ---- the score chain and the softmax --------------------------------------------------------
+
+def _is_ninf(x, memo) -> bool:
+    v = _constant(x, memo) if isinstance(x, fx.Node) else x
+    if isinstance(v, torch.Tensor):
+        return v.numel() >= 1 and bool(torch.all(v == float("-inf")))
+    return _number(v) == float("-inf")
+
+
+def _is_zero(x, memo) -> bool:
+    v = _constant(x, memo) if isinstance(x, fx.Node) else x
+    if isinstance(v, torch.Tensor):
+        return v.numel() >= 1 and bool(torch.all(v == 0))
+    return _number(v) == 0.0
+
+
+def _softmax_input(p, memo):
+    """(X, empty_zero) if p is softmax(X, -1) (or SDPA's safe softmax of it), else None."""
+    empty_zero = False
+    if p.op == "call_function" and p.target is aten.where.self:
+        cond, zero, p = p.args
+        if not (_is_zero(zero, memo) and isinstance(p, fx.Node)):
+            return None
+        empty_zero = cond
+    if not (p.op == "call_function" and p.target in (aten.div.Tensor,) and len(p.args) == 2):
+        return None
+    e, total = p.args
+    if not (isinstance(total, fx.Node) and total.target is aten.sum.dim_IntList and total.args[0] is e):
+        return None
+    if not (e.op == "call_function" and e.target is aten.exp.default):
+        return None
+    sub = e.args[0]
+    if not (sub.op == "call_function" and sub.target is aten.sub.Tensor):
+        return None
+    x, top = sub.args
+    if not (isinstance(top, fx.Node) and top.target is aten.amax.default and top.args[0] is x):
+        return None
+    rank = _val(x).dim()
+    for reduction in (total, top):
+        dims = reduction.args[1]
+        keep = reduction.args[2] if len(reduction.args) > 2 else reduction.kwargs.get("keepdim", False)
+        if [d % rank for d in dims] != [rank - 1] or not keep:
+            return None
+    if empty_zero is not False:
+        # SDPA's safe softmax: where(~any(~(X == -inf), -1, keepdim), 0, softmax(X))
+        c = empty_zero
+        ok = (c.target is aten.logical_not.default and c.args[0].target is aten.any.dim
+              and c.args[0].args[0].target is aten.logical_not.default
+              and c.args[0].args[0].args[0].target is aten.eq.Scalar
+              and c.args[0].args[0].args[0].args[0] is x and _is_ninf(c.args[0].args[0].args[0].args[1], memo))
+        if not ok:
+            return None
+        empty_zero = True
+    return x, empty_zero
+
+
+def _scores(x, memo):
+    """Walk from the softmax input X down to bmm(Q, K^T): (bmm, scale, biases, keeps, 4-D shape or None)."""
+    scale, biases, keeps, shape4, added = 1.0, [], [], None, False
+    node = x
+    while True:
+        meta = _val(node)
+        if meta is not None and meta.dim() == 4 and shape4 is None:
+            shape4 = tuple(meta.shape)
+        if node.op != "call_function":
+            return None
+        t = node.target
+        if t is aten.bmm.default:
+            return node, scale, biases, keeps, shape4
+        if t in (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default):
+            node = node.args[0]
+        elif t is CAST and _lossless(node):
+            node = node.args[0]
+        elif t in SCALES and _number(node.args[1]) is not None:
+            if added or _number(node.args[1]) <= 0:
+                return None  # a scaling after a bias would scale the bias too
+            s = _number(node.args[1])
+            scale = scale / s if SCALES[t] else scale * s
+            node = node.args[0]
+        elif t is aten.add.Tensor and all(isinstance(a, fx.Node) for a in node.args):
+            a, b = node.args
+            ours = a if _reaches_bmm(a) else b
+            other = b if ours is a else a
+            biases.append(other)
+            added = True
+            node = ours
+        elif t is aten.where.self and len(node.args) == 3:
+            cond, a, b = node.args
+            if _is_ninf(b, memo) and isinstance(a, fx.Node):
+                keeps.append((cond, True))
+                node = a
+            elif _is_ninf(a, memo) and isinstance(b, fx.Node):
+                keeps.append((cond, False))
+                node = b
+            else:
+                return None
+        else:
+            return None
+
+
+def _reaches_bmm(node, depth=12) -> bool:
+    """Whether the score chain continues through `node` (the side of an add that holds q k^T)."""
+    while depth and isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target is aten.bmm.default:
+            return True
+        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        depth -= 1
+    return False
+
+
+# ---- the pass ---------------------------------------------------------------------------------
+
+class _Builder:
+    def __init__(self, graph, before, fake_mode):
+        self.graph, self.before, self.fake_mode = graph, before, fake_mode
+
+    def call(self, target, *args):
+        with self.graph.inserting_before(self.before):
+            node = self.graph.call_function(target, args)
+        vals = fx.node.map_arg(args, lambda a: _val(a))
+        with self.fake_mode:
+            node.meta["val"] = target(*vals)
+        return node
+
+
+def fuse_attention(gm: fx.GraphModule) -> int:
+    """Replace every recognised attention in `gm` with spyre::attention; returns how many."""
+    from torch._guards import detect_fake_mode
+
+    graph = gm.graph
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default:
+            continue
+        meta = _val(node)
+        if meta is None or meta.device.type != "spyre" or meta.dtype not in FLOATS:
+            continue
+        fake_mode = detect_fake_mode([meta])
+        if fake_mode is None:
+            continue
+        replacement = _match(node, _Builder(graph, node, fake_mode))
+        if replacement is not None:
+            node.replace_all_uses_with(replacement)
+            graph.erase_node(node)
+            fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return fused
+
+
+def _match(bmm2, build: _Builder):
+    memo: dict = {}
+    p, v3 = bmm2.args
+    node = p
+    while node.op == "call_function" and (node.target in (aten.view.default, aten.reshape.default,
+                                                          aten._unsafe_view.default, aten.expand.default,
+                                                          aten.clone.default) or node.target is CAST):
+        node = node.args[0]
+    found = _softmax_input(node, memo)
+    if found is None:
+        return None
+    x, empty_zero = found
+    scored = _scores(x, memo)
+    if scored is None:
+        return None
+    bmm1, scale, biases, keeps, shape4 = scored
+    q3, kt3 = bmm1.args
+    BH, L, D = _val(q3).shape
+    S, Dv = _val(v3).shape[1:]
+    B, H = (shape4[0], shape4[1]) if shape4 is not None and shape4[0] * shape4[1] == BH else (1, BH)
+    frame = 4 if shape4 is not None else 3
+    ops = [_operand(q3, B, H), _operand(kt3, B, H, transpose=True), _operand(v3, B, H)]
+    if any(o is None for o in ops):
+        return None
+    (qs, qx, qscale), (ks, kx, kscale), (vs, vx, vscale) = ops
+    if vscale != 1.0:
+        return None
+    group = math.gcd(_largest_group(kx, H), _largest_group(vx, H))
+    KVH = H // group
+    fits = [_view_at(qx, H, 1), _view_at(kx, H, group), _view_at(vx, H, group)]
+    if any(f is None for f in fits):
+        return None
+    (qoff, qstr), (koff, k_strides), (voff, v_strides) = fits
+    dtypes = {_val(s).dtype for s in (qs, ks, vs)}
+    if len(dtypes) != 1 or not dtypes <= set(FLOATS):
+        return None
+    q4 = build.call(aten.as_strided.default, qs, [B, H, L, D], list(qstr), qoff)
+    k4 = build.call(aten.as_strided.default, ks, [B, KVH, S, D], list(k_strides), koff)
+    v4 = build.call(aten.as_strided.default, vs, [B, KVH, S, Dv], list(v_strides), voff)
+
+    causal, bias, keep = None, None, None
+    keep_terms = [cond if positive else _negated(build, cond) for cond, positive in keeps]
+    bias_terms = []
+    for m in biases:
+        # an additive 0/-inf mask is a keep mask: where(c, 0, -inf) or where(c, -inf, 0)
+        if m.op == "call_function" and m.target is aten.where.self:
+            c, a, b = m.args
+            if _is_zero(a, memo) and _is_ninf(b, memo):
+                keep_terms.append(c)
+                continue
+            if _is_ninf(a, memo) and _is_zero(b, memo):
+                keep_terms.append(_negated(build, c))
+                continue
+        bias_terms.append(m)
+    # constant keep masks: a lower triangle is the causal diagonal (no mask read at all)
+    remaining = []
+    for c in keep_terms:
+        value = _constant(c, memo)
+        if value is not None and causal is None:
+            d = _causal_diagonal(torch.broadcast_to(value, value.shape))
+            if d is not None:
+                causal = d
+                continue
+            if bool(value.all()):
+                continue
+        remaining.append(c)
+    full = [B, H, L, S]
+    for c in remaining:
+        c4 = _to_frame(build, c, frame, B, H)
+        if c4 is None:
+            return None
+        keep = c4 if keep is None else build.call(aten.logical_and.default, keep, c4)
+    for m in bias_terms:
+        m4 = _to_frame(build, m, frame, B, H)
+        if m4 is None or _val(m4).dtype not in FLOATS:
+            return None
+        bias = m4 if bias is None else build.call(aten.add.Tensor, bias, m4)
+    if bias is not None:
+        bias = build.call(aten.expand.default, bias, full)
+    if keep is not None:
+        keep = build.call(aten.expand.default, keep, full)
+    out_dtype = _val(bmm2).dtype
+    out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), out_dtype)
+    return build.call(aten.view.default, out4, [BH, L, Dv])
+
+
+def _negated(build, cond):
+    """~cond, peeling a negation rather than adding one (masked_fill(~keep, -inf) keeps `keep`)."""
+    if cond.op == "call_function" and cond.target in (aten.logical_not.default, aten.bitwise_not.default):
+        return cond.args[0]
+    return build.call(aten.logical_not.default, cond)
+
+
+def _to_frame(build, m, frame, B, H):
+    """A mask term (broadcastable against the scores in their frame) as a 4-D [B|1, H|1, L|1, S|1] node."""
+    meta = _val(m)
+    if meta is None:
+        return None
+    if frame == 4:
+        while _val(m).dim() < 4:
+            m = build.call(aten.unsqueeze.default, m, 0)
+        return m
+    if B != 1:
+        return None  # (a mask on [B*H, L, S] scores with B > 1 would need its batch split)
+    while _val(m).dim() < 3:
+        m = build.call(aten.unsqueeze.default, m, 0)
+    return build.call(aten.unsqueeze.default, m, 0)
+
+
+__all__ = ["fuse_attention"]

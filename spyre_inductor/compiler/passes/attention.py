@@ -1,0 +1,136 @@
+"""The attention family end to end: lowering, tilings and core counts timed by the timing model.
+
+Candidates (search.py): every tiling that fits (attention_plan.variants) at the most cores the
+units can use, then the best tiling at fewer cores. A candidate is timed whole (every core's
+program: causal units differ in their work); the kept program is validated once and carries the
+kernel's minimum traffic (q, k, v, the masks read once, the output written once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spyre_runtime.hardware import HARDWARE
+
+from ..errors import Unsupported
+from ..kernel_ir import AttentionKernel
+from . import search
+from .attention_codegen import build_attention_program
+from .attention_plan import AttentionShape, analyse, divide, placement, variants, work_units
+from .division import candidate_counts, simulated_ns
+from .keep import kept
+from .layout import buffers_of, symbols_of
+from .minimum import Traffic
+from .plans import Division, Plans
+from .tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
+
+# At most this many tilings are timed at the most cores (the smallest-scratchpad ones are
+# dominated: short chunks pay the per-chunk row statistics on every few positions).
+MAX_TIMED = 12
+
+
+def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
+    from spyre_runtime.program.operands import ITEMSIZE
+
+    def distinct(buf, strides, dims):
+        n = 1
+        for extent, stride in zip(dims, strides):
+            if stride and extent > 1:
+                n *= extent
+        return n * ITEMSIZE[buf.dtype]
+
+    B, H, KVH, L, S, D, Dv = kernel.dims
+    S = shape.visible(L - 1)  # (positions no row sees are never needed)
+    read = (distinct(kernel.q, kernel.q.strides, (B, H, L, D)) + distinct(kernel.k, kernel.k.strides, (B, KVH, S, D))
+            + distinct(kernel.v, kernel.v.strides, (B, KVH, S, Dv)))
+    for buf, strides in ((kernel.bias, kernel.bias_strides), (kernel.keep, kernel.keep_strides)):
+        if buf is not None:
+            read += distinct(buf, strides, (B, H, L, S))
+    return Traffic(read, distinct(kernel.out, kernel.out.strides, (B, H, L, Dv)))
+
+
+def tile_kernel(shape: AttentionShape) -> TileKernel:
+    """What the program does per chunk, for a person (the family's codegen emits it)."""
+    t = lambda name, dtype, sp, role, **kw: Tile(name, dtype, space(*sp), role, **kw)  # noqa: E731
+    tiles = [t("q", shape.q.dtype, ("rows", "d"), Role.INPUT), t("kt", shape.k.dtype, ("d", "kv"), Role.INPUT),
+             t("k_rows", shape.k.dtype, ("d", "kv"), Role.STAGING, of="kt", relayout=Relayout.TRANSPOSED),
+             t("v", shape.v.dtype, ("kv", "d"), Role.INPUT), t("s", "fp32", ("rows", "kv"), Role.TEMPORARY),
+             t("p", shape.p_dtype, ("rows", "kv"), Role.TEMPORARY), t("m", "fp32", ("rows",), Role.ACCUMULATOR),
+             t("l", "fp32", ("rows",), Role.ACCUMULATOR), t("alpha", "fp32", ("rows",), Role.TEMPORARY),
+             t("acc", "fp32", ("rows", "d"), Role.ACCUMULATOR), t("o", shape.out.dtype, ("rows", "d"), Role.OUTPUT),
+             t("scale", "fp32", (), Role.CONSTANT)]
+    loads = [("q", "q"), ("k_rows", "k"), ("v", "v")]
+    steps = [Step("matmul", "matmul", "s", ("q", "kt")), Step("binary", "mul", "s", ("s", "scale"))]
+    for name in ("bias", "keep"):
+        m = getattr(shape, name)
+        if m is not None:
+            tiles.append(t(name, m.dtype, ("rows", "kv") if m.strides[2] else ("kv",), Role.INPUT))
+            loads.append((name, name))
+            steps.append(Step("binary", "add", "s", ("s", name)) if name == "bias"
+                         else Step("select", "where", "s", (name, "s", "scale")))
+    steps += [Step("reduce", "max", "alpha", ("s",)), Step("binary", "max", "m", ("m", "alpha")),
+              Step("binary", "sub", "s", ("s", "m")), Step("unary", "exp", "s", ("s",)),
+              Step("reduce", "sum", "l", ("s",), accumulate=True), Step("binary", "mul", "acc", ("acc", "alpha")),
+              Step("unary", "copy", "p", ("s",)), Step("matmul", "matmul", "acc", ("p", "v"), accumulate=True)]
+    notes = [f"out[{shape.B}, {shape.H}, {shape.L}, {shape.Dv}] = softmax({shape.scale:.6g} * q k^T"
+             + (f", causal diagonal {shape.causal}" if shape.causal is not None else "")
+             + (", + bias" if shape.bias else "") + (", keep mask" if shape.keep else "") + ") v",
+             f"{shape.G} query head(s) per kv head share every K and V chunk ({shape.KVH} kv heads)",
+             "the scores stay in the scratchpad: an online softmax per chunk of kv positions (flash attention)"]
+    return TileKernel("attention", ("rows", "kv", "d"), tuple(tiles), (("scale", shape.scale),),
+                      (Phase(PhaseKind.INIT, (Step("fill", "fill", "m", value=float("-inf")),
+                                              Step("fill", "fill", "l", value=0.0),
+                                              Step("fill", "fill", "acc", value=0.0)), (), (), "per unit"),
+                       Phase(PhaseKind.CHUNK, tuple(steps), tuple(loads), (), "one chunk of kv positions"),
+                       Phase(PhaseKind.EPILOGUE, (Step("binary", "div", "acc", ("acc", "l")),
+                                                  Step("unary", "copy", "o", ("acc",))), (), (("o", "out"),),
+                             "once per unit")), None, tuple(notes))
+
+
+def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cores: int | None = None):
+    from ..backend import COMPILER_VERSION, Compiled
+
+    shape = analyse(kernel)
+    symbols = symbols_of(kernel)
+    limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
+    tilings = variants(shape)
+    tilings.sort(key=lambda t: -(t.rows * t.kv))  # the largest tiles first: fewer per-chunk statistics
+    tilings = tilings[:MAX_TIMED]
+    errors: list[str] = []
+
+    def build(tiling, n, check=False):
+        units = work_units(shape, tiling)
+        work = divide(units, n)
+        place = placement(shape, tiling)
+        notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
+                 f"{len(work)} core(s)")
+        program = build_attention_program(kernel.name, symbols, shape, tiling, place, work, notes)
+        return program, work, place, len(units)
+
+    timed: dict = {}
+
+    def evaluate(tiling, n):
+        n = min(n, len(work_units(shape, tiling)))  # (no more cores than units)
+        if (tiling, n) not in timed:
+            program, work, _, _ = build(tiling, n)
+            timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work),
+                                                simulated_ns(program, check=False), (tiling, n))
+        return timed[tiling, n]
+
+    counts = [cores] if cores else [c for c in candidate_counts(limit)]
+    results = search.search(tilings, counts, evaluate, errors)
+    if not results:
+        raise Unsupported(f"attention kernel {kernel.name!r}: no plan ({'; '.join(errors[:3]) or 'no candidate'})")
+    chosen = search.choose(results)
+    tiling, n = chosen.plan
+    program, work, place, nunits = build(tiling, n)
+    program = kept(kernel, program, minimum(kernel, shape))
+    division = Division(len(work), f"{nunits} work units (batch, kv head, {tiling.rows} query rows per head)",
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results),
+                        tuple((w.core, len(w.units)) for w in work), chosen.ns)
+    plans = Plans("attention", buffers_of(kernel), tile_kernel(shape), (("shape", shape), ("tiling", tiling)), place,
+                  division)
+    return Compiled(plans, program)
+
+
+__all__ = ["minimum", "plan_attention", "tile_kernel"]

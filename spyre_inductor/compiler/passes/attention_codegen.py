@@ -1,0 +1,402 @@
+"""Attention code generation: one core's work units as ls, pe and sfp instruction streams.
+
+The core's chunks, all its units' in order, form one stream (t = 0, 1, ...):
+
+* ls: the loads of chunk t + 1 (the unit's Q tiles first when it starts a unit; K rows into a
+  staging slot, V, the mask tiles) go out before chunk t's K rows, which landed at the last
+  fence, are transposed on chip into K^T: the transpose runs while the next chunk is in flight.
+  A unit's output tile is stored two chunks after its last one, when the sfp has had time to
+  finish it.
+* pe: S_t = Q K_t^T into one of two score buffers, then P_{t-1} V_{t-1} into the unit's fp32
+  accumulator: the scores of the next chunk are computed while the sfp works on this one.
+* sfp: the online softmax of S_t, row by row: scale, the causal diagonal (an iota compared with
+  zero) and the masks, the new row maximum (0 where a row has no finite score yet, so no
+  -inf - -inf), alpha = exp(m_old - m_new) rescaling the running sum and the accumulator,
+  P = exp(S - m_new) rounded to the probabilities' dtype; after a unit's last chunk
+  out = acc / l (acc / 1 where l is 0 when rows with no finite score give zeros).
+
+Every buffer has a full/free queue pair primed by its consumer; the score matrix never leaves
+the scratchpad. The schedule is unrolled (addresses are plain offsets).
+"""
+
+from __future__ import annotations
+
+from spyre_runtime.program.emitter import Unit
+from spyre_runtime.program.isa import Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Store, Transpose, Unary
+from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+
+from ..errors import Unsupported
+from .allocate import Placement
+from .attention_plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit
+
+PIECE_BYTES = 32 * 1024
+MAX_INSTRUCTIONS_PER_CORE = 200_000
+NINF = float("-inf")
+
+
+def build_attention_program(name: str, symbols: tuple[Symbol, ...], shape: AttentionShape,
+                            tiling: AttentionTiling, placement: Placement, work: tuple[CoreWork, ...],
+                            notes: str = "") -> Program:
+    cores, queues = [], []
+    for w in work:
+        units, qs = _Core(shape, tiling, placement, w).emit()
+        queues += qs
+        cores.append(CoreProgram(w.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
+    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
+    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+
+
+class _Core:
+    def __init__(self, shape: AttentionShape, tiling: AttentionTiling, placement: Placement, work: CoreWork):
+        self.s, self.t, self.p = shape, tiling, placement
+        self.core = work.core
+        self.units = [u for u in work.units if u.chunks]
+        self.empty_units = [u for u in work.units if not u.chunks]
+        self.items = [(k, u, c) for k, u in enumerate(self.units) for c in range(len(u.chunks))]
+        self.queues: list[Queue] = []
+
+    def q(self, name, producer, consumer) -> str:
+        full = f"c{self.core}.{name}"
+        self.queues.append(Queue(full, (self.core, producer), (self.core, consumer), 4))
+        return full
+
+    # ---- tiles ------------------------------------------------------------------------------
+
+    def tile(self, name, copy, row, rows, cols, dtype=None, broadcast="none"):
+        a = self.p.at(name, copy)
+        dtype = dtype or self._dtype(name)
+        return _tile(a.offset + row * a.row_stride, dtype, rows, cols, a.row_stride, broadcast)
+
+    def _dtype(self, name):
+        s = self.s
+        return {"q": s.q.dtype, "k_rows": s.k.dtype, "kt": s.k.dtype, "v": s.v.dtype, "s": "fp32", "p": s.p_dtype,
+                "acc": "fp32", "o": s.out.dtype, "bias": s.bias.dtype if s.bias else None, "keep": "bool",
+                "diag_index": "int32", "diag_keep": "bool", "empty": "bool"}.get(name, "fp32")
+
+    def const(self, name, rows, cols):
+        dtype = "int32" if name == "izero" else "fp32"
+        return self.tile(name, None, 0, rows, cols, dtype, "scalar")
+
+    def column(self, name, row, rows, broadcast_cols: int | None = None):
+        dtype = "bool" if name == "empty" else "fp32"
+        if broadcast_cols is None:
+            return self.tile(name, None, row, rows, 1, dtype)
+        return self.tile(name, None, row, rows, broadcast_cols, dtype, "cols")
+
+    # ---- the schedule ------------------------------------------------------------------------
+
+    def blocks(self, u: WorkUnit, r0: int) -> list[tuple[int, int]]:
+        """(first row, rows) of the stacked tile rows of unit u from row r0 of every head: one
+        block when the heads' rows are contiguous."""
+        G, R = self.s.G, self.t.rows
+        if r0 == 0 and u.rows == R:
+            return [(0, G * R)]
+        return [(g * R + r0, u.rows - r0) for g in range(G)]
+
+    def emit(self):
+        ls, pe, sfp = Unit(), Unit(), Unit()
+        T = len(self.items)
+        if T * 40 * self.s.G > MAX_INSTRUCTIONS_PER_CORE:
+            raise Unsupported(f"attention plan with {T} chunks on core {self.core}: too many to unroll")
+        ns = self.t.slots
+        masks = [m for m in ("bias", "keep") if getattr(self.s, m) is not None]
+        slots = range(min(ns, T))
+        qslots = range(min(2, len(self.units)))
+        oslots = range(min(2, len(self.units) + len(self.empty_units)))
+        qf = {k: self.q(f"q_full{k}", "ls", "pe") for k in qslots}
+        qe = {k: self.q(f"q_free{k}", "pe", "ls") for k in qslots}
+        kf = {k: self.q(f"kv_full{k}", "ls", "pe") for k in slots}
+        ke = {k: self.q(f"kt_free{k}", "pe", "ls") for k in slots}
+        ve = {k: self.q(f"v_free{k}", "pe", "ls") for k in slots}
+        mf = {k: self.q(f"mask_full{k}", "ls", "sfp") for k in slots}
+        me = {k: self.q(f"mask_free{k}", "sfp", "ls") for k in slots}
+        sf = {k: self.q(f"s_full{k}", "pe", "sfp") for k in (0, 1)}
+        se = {k: self.q(f"s_free{k}", "sfp", "pe") for k in (0, 1)}
+        pf = {k: self.q(f"p_full{k}", "sfp", "pe") for k in (0, 1)}
+        pfree = {k: self.q(f"p_free{k}", "pe", "sfp") for k in (0, 1)}
+        ar = self.q("acc_ready", "pe", "sfp")
+        of = {k: self.q(f"o_full{k}", "sfp", "ls") for k in oslots}
+        oe = {k: self.q(f"o_free{k}", "ls", "sfp") for k in oslots}
+
+        # priming: one free token per buffer, from the buffer's consumer
+        for k in qslots:
+            pe.emit(Push(qe[k]))
+        for k in slots:
+            pe.emit(Push(ke[k]), Push(ve[k]))
+            if masks:
+                sfp.emit(Push(me[k]))
+        used_sp = range(min(2, T))
+        for k in used_sp:
+            sfp.emit(Push(se[k]))
+            pe.emit(Push(pfree[k]))
+        for k in oslots:
+            ls.emit(Push(oe[k]))
+        for name, value in (("scale", self.s.scale), ("ninf", NINF), ("zero", 0.0), ("one", 1.0), ("izero", 0)):
+            sfp.emit(Fill(self.tile(name, None, 0, 1, 1, "int32" if name == "izero" else "fp32"), value))
+
+        # units no row of which sees any position: their rows are the empty-row value
+        for e, u in enumerate(self.empty_units):
+            b = e % len(oslots)
+            sfp.emit(Pop(oe[b]))
+            fill = 0.0 if self.s.empty_rows == "zero" else float("nan")
+            for g in range(self.s.G):
+                sfp.emit(Fill(self.tile("o", b, g * self.t.rows, u.rows, self.s.Dv), fill))
+            sfp.emit(Push(of[b]))
+            ls.emit(Pop(of[b]))
+            self.store(ls, u, b)
+            ls.emit(Push(oe[b]))
+        base_o = len(self.empty_units)
+
+        # ---- ls -------------------------------------------------------------------------------
+        last_item = {}
+        for t, (k, u, c) in enumerate(self.items):
+            last_item[k] = t
+        store_after: dict[int, list[int]] = {}
+        for k in range(len(self.units)):
+            store_after.setdefault(min(last_item[k] + 2, T - 1), []).append(k)
+
+        def issue_k(t):  # the unit's Q tiles when it starts, then the chunk's K rows into staging
+            k, u, c = self.items[t]
+            if c == 0:
+                ls.emit(Pop(qe[k % 2]))
+                self.load_q(ls, u, k % 2)
+            self.load_rows(ls, "k_rows", self.s.k, self.s.D, u, u.chunks[c], t % ns)
+
+        def issue_v(t):  # V and the masks: their slots free up only once the pe is past chunk t - slots
+            k, u, c = self.items[t]
+            slot = t % ns
+            ls.emit(Pop(ve[slot]))
+            self.load_rows(ls, "v", self.s.v, self.s.Dv, u, u.chunks[c], slot)
+            if masks:
+                ls.emit(Pop(me[slot]))
+                self.load_masks(ls, u, u.chunks[c], slot)
+
+        if T:
+            issue_k(0)
+            issue_v(0)
+            ls.emit(Fence())
+        for t in range(T):
+            k, u, c = self.items[t]
+            slot = t % ns
+            if t + 1 < T:
+                issue_k(t + 1)  # in flight while chunk t's K rows are transposed
+            ls.emit(Pop(ke[slot]))
+            n = u.chunks[c].n
+            ls.emit(Transpose(self.tile("kt", slot, 0, self.s.D, n), self.tile("k_rows", slot, 0, n, self.s.D)))
+            ls.emit(Fence())
+            if c == 0:
+                ls.emit(Push(qf[k % 2]))
+            ls.emit(Push(kf[slot]))
+            if masks:
+                ls.emit(Push(mf[slot]))
+            if t + 1 < T:
+                issue_v(t + 1)  # (after chunk t is handed over: the pe frees V slots only past it)
+            for done in store_after.get(t, ()):
+                b = (base_o + done) % len(oslots)
+                ls.emit(Pop(of[b]))
+                self.store(ls, self.units[done], b)
+                ls.emit(Push(oe[b]))
+        for k in qslots:
+            ls.emit(Pop(qe[k]))
+        for k in slots:
+            ls.emit(Pop(ke[k]), Pop(ve[k]))
+            if masks:
+                ls.emit(Pop(me[k]))
+
+        # ---- pe -------------------------------------------------------------------------------
+        def qk(t):
+            k, u, c = self.items[t]
+            ch, slot, b = u.chunks[c], t % ns, t % 2
+            if c == 0:
+                pe.emit(Pop(qf[k % 2]))
+            pe.emit(Pop(kf[slot]), Pop(se[b]))
+            for row, rows in self.blocks(u, ch.r0):
+                pe.emit(MatMul(self.tile("s", b, row, rows, ch.n), self.tile("q", k % 2, row, rows, self.s.D),
+                               self.tile("kt", slot, 0, self.s.D, ch.n), accumulate=False))
+            pe.emit(Push(ke[slot]))
+            if c == len(u.chunks) - 1:
+                pe.emit(Push(qe[k % 2]))
+            pe.emit(Push(sf[b]))
+
+        def pv(t):
+            k, u, c = self.items[t]
+            ch, slot, b = u.chunks[c], t % ns, t % 2
+            pe.emit(Pop(pf[b]))
+            for row, rows in self.blocks(u, ch.r0):
+                pe.emit(MatMul(self.tile("acc", None, row, rows, self.s.Dv), self.tile("p", b, row, rows, ch.n),
+                               self.tile("v", slot, 0, ch.n, self.s.Dv), accumulate=True))
+            pe.emit(Push(pfree[b]), Push(ve[slot]), Push(ar))
+
+        if T:
+            qk(0)
+        for t in range(T):
+            if t + 1 < T:
+                qk(t + 1)
+            pv(t)
+        for k in used_sp:
+            pe.emit(Pop(se[k]))
+
+        # ---- sfp ------------------------------------------------------------------------------
+        for t, (k, u, c) in enumerate(self.items):
+            if c == 0:
+                self.init(sfp, u)
+            self.softmax_step(sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, bool(masks))
+            if c == len(u.chunks) - 1:
+                sfp.emit(Pop(ar))
+                b = (base_o + k) % len(oslots)
+                sfp.emit(Pop(oe[b]))
+                self.finish(sfp, u, b)
+                sfp.emit(Push(of[b]))
+        for k in used_sp:
+            sfp.emit(Pop(pfree[k]))
+        for k in oslots:
+            sfp.emit(Pop(oe[k]))
+        return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
+
+    # ---- ls: moves ----------------------------------------------------------------------------
+
+    def _rows(self, ls, sp, symbol, dev, rows, row_bytes, dev_stride, sp_stride):
+        per = max(1, PIECE_BYTES // max(sp_stride, 1))
+        for r0 in range(0, rows, per):
+            n = min(per, rows - r0)
+            ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
+                         dev_stride if n > 1 else 0, sp_stride))
+
+    def load_q(self, ls, u: WorkUnit, slot):
+        q, isz = self.s.q, ITEMSIZE[self.s.q.dtype]
+        a = self.p.at("q", slot)
+        for g in range(self.s.G):
+            h = u.kvh * self.s.G + g
+            self._rows(ls, a.offset + g * self.t.rows * a.row_stride, q.buffer, q.at(u.b, h, u.i0, 0) * isz,
+                       u.rows, self.s.D * isz, q.strides[2] * isz, a.row_stride)
+
+    def load_rows(self, ls, name, acc, cols, u: WorkUnit, ch: Chunk, slot):
+        isz = ITEMSIZE[acc.dtype]
+        a = self.p.at(name, slot)
+        self._rows(ls, a.offset, acc.buffer, acc.at(u.b, u.kvh, ch.j0, 0) * isz, ch.n, cols * isz,
+                   acc.strides[2] * isz, a.row_stride)
+
+    def mask_rows(self, m, u: WorkUnit, ch: Chunk):
+        """Per head: (first row of its region in the mask tile, rows loaded, device element), one
+        region for all heads when the mask does not vary over heads."""
+        per_head = self.t.rows if m.strides[2] else 1
+        heads = range(self.s.G) if m.strides[1] else range(1)
+        rows = (u.rows - ch.r0) if m.strides[2] else 1
+        first = ch.r0 if m.strides[2] else 0
+        return [(g * per_head + first, rows, m.at(u.b, u.kvh * self.s.G + g, u.i0 + first, ch.j0)) for g in heads]
+
+    def load_masks(self, ls, u: WorkUnit, ch: Chunk, slot):
+        for name in ("bias", "keep"):
+            m = getattr(self.s, name)
+            if m is None:
+                continue
+            isz = ITEMSIZE[m.dtype]
+            a = self.p.at(name, slot)
+            for row, rows, elem in self.mask_rows(m, u, ch):
+                self._rows(ls, a.offset + row * a.row_stride, m.buffer, elem * isz, rows, ch.n * isz,
+                           m.strides[2] * isz, a.row_stride)
+
+    def store(self, ls, u: WorkUnit, b):
+        o, isz = self.s.out, ITEMSIZE[self.s.out.dtype]
+        a = self.p.at("o", b)
+        for g in range(self.s.G):
+            h = u.kvh * self.s.G + g
+            per = max(1, PIECE_BYTES // a.row_stride)
+            for r0 in range(0, u.rows, per):
+                n = min(per, u.rows - r0)
+                ls.emit(Store(ls.dev(o.buffer, o.at(u.b, h, u.i0 + r0, 0) * isz),
+                              ls.sp(a.offset + (g * self.t.rows + r0) * a.row_stride), n, self.s.Dv * isz,
+                              o.strides[2] * isz if n > 1 else 0, a.row_stride))
+
+    # ---- sfp: the online softmax ---------------------------------------------------------------
+
+    def init(self, sfp, u: WorkUnit):
+        for row, rows in self.blocks(u, 0):
+            sfp.emit(Fill(self.column("m", row, rows), NINF), Fill(self.column("l", row, rows), 0.0),
+                     Fill(self.tile("acc", None, row, rows, self.s.Dv), 0.0))
+
+    def softmax_step(self, sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, masks: bool):
+        s, G, R = self.s, self.s.G, self.t.rows
+        ch, b, slot = u.chunks[c], t % 2, t % self.t.slots
+        n = ch.n
+        sfp.emit(Pop(sf[b]))
+        if masks:
+            sfp.emit(Pop(mf[slot]))
+        blocks = self.blocks(u, ch.r0)
+        for row, rows in blocks:
+            S = self.tile("s", b, row, rows, n)
+            sfp.emit(Binary("mul", S, S, self.const("scale", rows, n)))
+        heads = [(g * R + ch.r0, u.rows - ch.r0) for g in range(G)]
+        if ch.masked:
+            rows = u.rows - ch.r0
+            idx = self.tile("diag_index", None, 0, rows, n)
+            keep = self.tile("diag_keep", None, 0, rows, n)
+            # keep j <= i + causal: (i + causal) - j >= 0 over the rows from r0 and the chunk's positions
+            sfp.emit(Iota(idx, u.i0 + ch.r0 + s.causal - ch.j0, (), 1, -1),
+                     Binary("ge", keep, idx, self.const("izero", rows, n)))
+            for row, rows_h in heads:
+                S = self.tile("s", b, row, rows_h, n)
+                sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+        for name in ("bias", "keep"):
+            m = getattr(s, name)
+            if m is None:
+                continue
+            regions = self.mask_rows(m, u, ch)
+            for g, (row, rows_h) in enumerate(heads):
+                mrow, mrows, _ = regions[g if len(regions) > 1 else 0]
+                tile = self.tile(name, slot, mrow, rows_h, n, broadcast="none" if mrows > 1 or rows_h == 1 else "rows")
+                S = self.tile("s", b, row, rows_h, n)
+                if name == "bias":
+                    sfp.emit(Binary("add", S, S, tile))
+                else:
+                    sfp.emit(Select(S, tile, S, self.const("ninf", rows_h, n)))
+        for row, rows in blocks:
+            S = self.tile("s", b, row, rows, n)
+            m, l = self.column("m", row, rows), self.column("l", row, rows)
+            t1, t2, t3 = (self.column(x, row, rows) for x in ("t1", "t2", "t3"))
+            empty = self.column("empty", row, rows)
+            sfp.emit(Reduce("max", t1, S),
+                     Binary("max", t1, m, t1),
+                     Binary("eq", empty, t1, self.const("ninf", rows, 1)),
+                     Select(t2, empty, self.const("zero", rows, 1), t1),   # the max, 0 where none is finite
+                     Binary("sub", t3, m, t2),
+                     Unary("exp", t3, t3),                                  # alpha
+                     Unary("copy", m, t1),
+                     Binary("sub", S, S, self.column("t2", row, rows, n)),
+                     Unary("exp", S, S),
+                     Reduce("sum", t1, S),
+                     Binary("mul", l, l, t3),
+                     Binary("add", l, l, t1))
+        if c > 0:
+            sfp.emit(Pop(ar))  # the accumulator holds the previous chunk's PV
+            for row, rows in blocks:
+                acc = self.tile("acc", None, row, rows, s.Dv)
+                sfp.emit(Binary("mul", acc, acc, self.column("t3", row, rows, s.Dv)))
+        sfp.emit(Pop(pfree[b]))
+        for row, rows in blocks:
+            sfp.emit(Unary("copy", self.tile("p", b, row, rows, n), self.tile("s", b, row, rows, n)))
+        sfp.emit(Push(se[b]))
+        if masks:
+            sfp.emit(Push(me[slot]))
+        sfp.emit(Push(pf[b]))
+
+    def finish(self, sfp, u: WorkUnit, b):
+        s = self.s
+        for row, rows in self.blocks(u, 0):
+            acc, l = self.tile("acc", None, row, rows, s.Dv), self.column("l", row, rows)
+            if s.empty_rows == "zero":  # rows with no finite score: acc is 0, divide by 1
+                empty = self.column("empty", row, rows)
+                sfp.emit(Binary("eq", empty, l, self.const("zero", rows, 1)),
+                         Select(l, empty, self.const("one", rows, 1), l))
+            sfp.emit(Binary("div", acc, acc, self.column("l", row, rows, s.Dv)),
+                     Unary("copy", self.tile("o", b, row, rows, s.Dv), acc))
+
+
+def _tile(offset, dtype, rows, cols, row_stride, broadcast="none"):
+    from spyre_runtime.program.operands import Addr, Tile
+
+    return Tile(Addr(offset), dtype, rows, cols, row_stride, broadcast)
+
+
+__all__ = ["build_attention_program"]

@@ -1,0 +1,243 @@
+"""The attention family's plan: the problem's shape, its tilings, its work units and their cores.
+
+A **work unit** is one (batch, kv head, block of query rows): the G query heads that read one
+kv head, stacked into one Q tile of G x rows rows, so every K and V chunk a core loads serves
+all of them (grouped-query attention never copies K or V per head). A unit walks the kv
+positions in **chunks** of ``kv`` positions; under a causal mask it visits only the chunks some
+of its rows can see, and in each only the rows that see any of it (rows ``r0`` and below are
+skipped: their scores would all be -inf), with the mask computed on chip on the diagonal chunks.
+
+The **tiling** is (rows per head per unit, kv positions per chunk, K/V slots); the scratchpad
+need of a tiling is fixed (every core allocates the largest unit's tiles), and a tiling that
+does not fit the scratchpad is not a candidate. Units are spread over cores longest first
+(each to the core with the least work so far), the work of a unit being its score elements:
+causal units differ, and the last cores must not wait on the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+
+from ..errors import Unsupported
+from ..kernel_ir import AttentionKernel
+from ._dump import Describable
+from .allocate import Need, Placement, allocate
+
+FLOAT_INPUTS = ("fp16", "bf16", "fp32")
+ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)   # query rows per head per unit
+KV = (64, 128, 256, 512, 1024)                   # kv positions per chunk
+SLOTS = (2, 3)                                   # K/V chunk buffers in flight
+COLUMN_TILES = ("m", "l", "t1", "t2", "t3")      # fp32 per-row statistics, one stick per row
+
+
+@dataclass(frozen=True)
+class Access(Describable):
+    """element = offset + sum(strides[k] * index_k) over (batch, head, row, column)."""
+
+    buffer: str
+    dtype: str
+    strides: tuple[int, int, int, int]
+    offset: int
+
+    def at(self, b: int, h: int, i: int, j: int) -> int:
+        s = self.strides
+        return self.offset + s[0] * b + s[1] * h + s[2] * i + s[3] * j
+
+
+@dataclass(frozen=True)
+class AttentionShape(Describable):
+    B: int
+    H: int
+    KVH: int
+    L: int
+    S: int
+    D: int
+    Dv: int
+    q: Access
+    k: Access
+    v: Access
+    out: Access
+    bias: Access | None
+    keep: Access | None
+    scale: float
+    causal: int | None
+    empty_rows: str
+    p_dtype: str           # the probabilities' dtype for PV (the output's: softmax(...).to(v.dtype) @ v)
+
+    @property
+    def G(self) -> int:
+        return self.H // self.KVH
+
+    def visible(self, i_last: int) -> int:
+        """How many kv positions row i_last sees (S without a causal mask)."""
+        if self.causal is None:
+            return self.S
+        return max(0, min(self.S, i_last + self.causal + 1))
+
+
+def analyse(kernel: AttentionKernel) -> AttentionShape:
+    where = f"attention kernel {kernel.name!r}"
+    try:
+        kernel.check()
+    except ValueError as e:
+        raise Unsupported(str(e)) from e
+    B, H, KVH, L, S, D, Dv = kernel.dims
+    for role, buf in (("q", kernel.q), ("k", kernel.k), ("v", kernel.v), ("out", kernel.out)):
+        if buf.dtype not in FLOAT_INPUTS:
+            raise Unsupported(f"{where}: {role} is {buf.dtype} (the PE arrays multiply fp16, bf16 or fp32)")
+        if buf.strides[3] != 1 and buf.shape[3] > 1:
+            raise Unsupported(f"{where}: {role}'s feature dim is not contiguous (stride {buf.strides[3]})")
+    if min(B, H, L, S, D, Dv) == 0:
+        raise Unsupported(f"{where}: an empty dim in {kernel.dims}")
+
+    def access(buf, strides=None) -> Access:
+        return Access(buf.name, buf.dtype, tuple(strides or buf.strides), buf.offset)
+
+    masks = {}
+    for role, buf, strides in (("bias", kernel.bias, kernel.bias_strides), ("keep", kernel.keep, kernel.keep_strides)):
+        if buf is None:
+            masks[role] = None
+            continue
+        if strides[3] != 1 and S > 1:
+            raise Unsupported(f"{where}: the {role} mask is not contiguous along the kv positions "
+                              f"(strides {strides})")
+        if role == "bias" and buf.dtype not in FLOAT_INPUTS:
+            raise Unsupported(f"{where}: a {buf.dtype} bias")
+        masks[role] = access(buf, strides)
+    return AttentionShape(B, H, KVH, L, S, D, Dv, access(kernel.q), access(kernel.k), access(kernel.v),
+                          access(kernel.out), masks["bias"], masks["keep"], kernel.scale, kernel.causal,
+                          kernel.empty_rows, kernel.out.dtype)
+
+
+@dataclass(frozen=True)
+class AttentionTiling(Describable):
+    rows: int       # query rows per head in one unit
+    kv: int         # kv positions per chunk
+    slots: int      # K/V chunk buffers
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    j0: int         # first kv position
+    n: int          # positions
+    r0: int         # the first row of the unit (per head) that sees any of them
+    masked: bool    # some of the rows [r0, rows) see only part of it (the causal diagonal)
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    b: int
+    kvh: int
+    i0: int
+    rows: int
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def work(self) -> int:
+        return sum((self.rows - c.r0) * c.n for c in self.chunks) + self.rows
+
+
+def work_units(shape: AttentionShape, tiling: AttentionTiling) -> list[WorkUnit]:
+    out = []
+    for b in range(shape.B):
+        for kvh in range(shape.KVH):
+            for i0 in range(0, shape.L, tiling.rows):
+                rows = min(tiling.rows, shape.L - i0)
+                out.append(WorkUnit(b, kvh, i0, rows, _chunks(shape, tiling, i0, rows)))
+    return out
+
+
+def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
+    chunks = []
+    for j0 in range(0, shape.visible(i0 + rows - 1), tiling.kv):
+        n = min(tiling.kv, shape.S - j0)
+        if shape.causal is None:
+            chunks.append(Chunk(j0, n, 0, False))
+            continue
+        r0 = max(0, j0 - shape.causal - i0)   # rows before r0 see no position of this chunk
+        if r0 >= rows:
+            continue
+        masked = j0 + n - 1 > i0 + r0 + shape.causal
+        chunks.append(Chunk(j0, n, r0, masked))
+    return tuple(chunks)
+
+
+@dataclass(frozen=True)
+class CoreWork(Describable):
+    core: int
+    units: tuple[WorkUnit, ...]
+
+
+def divide(units: list[WorkUnit], cores: int) -> tuple[CoreWork, ...]:
+    """Longest first, each unit to the least loaded core; each core's units in problem order."""
+    load = [0] * cores
+    mine: list[list[int]] = [[] for _ in range(cores)]
+    for u in sorted(range(len(units)), key=lambda k: -units[k].work):
+        c = min(range(cores), key=lambda k: (load[k], k))
+        load[c] += units[u].work
+        mine[c].append(u)
+    return tuple(CoreWork(c, tuple(units[u] for u in sorted(mine[c]))) for c in range(cores) if mine[c])
+
+
+def _row(cols: int, dtype: str) -> int:
+    return sticks(cols * ITEMSIZE[dtype])
+
+
+def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
+    """Every tile of one core, whole-program (the allocation is the same for every unit)."""
+    G, R, kv, D, Dv = shape.G, t.rows, t.kv, shape.D, shape.Dv
+    qd, kd, vd, od, pd = shape.q.dtype, shape.k.dtype, shape.v.dtype, shape.out.dtype, shape.p_dtype
+
+    def need(name, rows, cols, dtype, copies=1):
+        rs = _row(cols, dtype)
+        return Need(name, rows * rs, rs, copies)
+
+    out = [need("q", G * R, D, qd, 2), need("k_rows", kv, D, kd, t.slots), need("kt", D, kv, kd, t.slots),
+           need("v", kv, Dv, vd, t.slots), need("s", G * R, kv, "fp32", 2), need("p", G * R, kv, pd, 2),
+           need("acc", G * R, Dv, "fp32"), need("o", G * R, Dv, od, 2)]
+    for name, m in (("bias", shape.bias), ("keep", shape.keep)):
+        if m is not None:
+            rows = (R if m.strides[2] else 1) * (G if m.strides[1] else 1)
+            out.append(need(name, rows, kv, m.dtype, t.slots))
+    if shape.causal is not None:
+        out += [need("diag_index", R, kv, "int32"), need("diag_keep", R, kv, "bool")]
+    out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
+    out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "zero", "one", "izero")]
+    return out
+
+
+def placement(shape: AttentionShape, t: AttentionTiling) -> Placement | None:
+    p = allocate(needs(shape, t), HARDWARE.scratchpad_usable_bytes)
+    return p if p.fits else None
+
+
+def variants(shape: AttentionShape) -> list[AttentionTiling]:
+    """Every (rows, kv, slots) that fits, rows no more than L (rounded up to 8), kv no more than S."""
+    rows_cap = -(-shape.L // 8) * 8 if shape.L > 1 else 1
+    kv_cap = max(64, -(-shape.S // 64) * 64)
+    out = []
+    for rows in ROWS:
+        if rows > max(rows_cap, 1) and rows != ROWS[0]:
+            continue
+        if shape.L > 1 and rows == 1:
+            continue
+        for kv in KV:
+            if kv > kv_cap:
+                continue
+            for slots in SLOTS:
+                t = AttentionTiling(min(rows, shape.L), kv, slots,
+                                    f"{min(rows, shape.L)} rows x {kv} kv positions, {slots} K/V slots")
+                if placement(shape, t) is not None:
+                    out.append(t)
+    if not out:
+        raise Unsupported(f"attention with head dims {shape.D}/{shape.Dv} and {shape.G} heads per kv head: no "
+                          f"tiling fits the {HARDWARE.scratchpad_usable_bytes} usable scratchpad bytes")
+    return out
+
+
+__all__ = ["Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
+           "needs", "placement", "variants", "work_units"]
