@@ -311,13 +311,18 @@ def _reaches_bmm(node, depth=12) -> bool:
 
 # ---- the pass ---------------------------------------------------------------------------------
 
+DEAD = object()  # _match's result when the replacement took over the users of a cast after the bmm
+
+
 class _Builder:
     def __init__(self, graph, before, fake_mode):
         self.graph, self.before, self.fake_mode = graph, before, fake_mode
+        self.made: list[fx.Node] = []
 
     def call(self, target, *args):
         with self.graph.inserting_before(self.before):
             node = self.graph.call_function(target, args)
+        self.made.append(node)
         vals = fx.node.map_arg(args, lambda a: _val(a))
         with self.fake_mode:
             node.meta["val"] = target(*vals)
@@ -339,11 +344,16 @@ def fuse_attention(gm: fx.GraphModule) -> int:
         fake_mode = detect_fake_mode([meta])
         if fake_mode is None:
             continue
-        replacement = _match(node, _Builder(graph, node, fake_mode))
-        if replacement is not None:
+        build = _Builder(graph, node, fake_mode)
+        replacement = _match(node, build)
+        if replacement is None:
+            for made in reversed(build.made):  # (a match that failed half way leaves nothing behind)
+                graph.erase_node(made)
+            continue
+        if replacement is not DEAD:
             node.replace_all_uses_with(replacement)
             graph.erase_node(node)
-            fused += 1
+        fused += 1
     if fused:
         graph.eliminate_dead_code()
         gm.recompile()
@@ -431,9 +441,35 @@ def _match(bmm2, build: _Builder):
         bias = build.call(aten.expand.default, bias, full)
     if keep is not None:
         keep = build.call(aten.expand.default, keep, full)
-    out_dtype = _val(bmm2).dtype
-    out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), out_dtype)
+    p_dtype = _val(bmm2).dtype  # the probabilities' dtype in PV (the bmm's)
+    cast = _cast_after(bmm2)      # a narrowing of the result is the op's own rounding, not a kernel
+    out_dtype = cast.args[1] if cast is not None else p_dtype
+    out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
+                      out_dtype)
+    if cast is not None:
+        with build.graph.inserting_before(cast):
+            view = build.graph.call_function(aten.view.default, (out4, list(_val(cast).shape)))
+        with build.fake_mode:
+            view.meta["val"] = aten.view.default(_val(out4), list(_val(cast).shape))
+        cast.replace_all_uses_with(view)
+        return DEAD  # (the bmm and the chain to the cast are dead now)
     return build.call(aten.view.default, out4, [BH, L, Dv])
+
+
+def _cast_after(bmm2):
+    """The convert_element_type to fp16/bf16 that the bmm's result reaches through views alone."""
+    node = bmm2
+    while len(node.users) == 1:
+        (user,) = node.users
+        if user.op != "call_function":
+            return None
+        if user.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            node = user
+            continue
+        if user.target is CAST and user.args[1] in (torch.float16, torch.bfloat16):
+            return user
+        return None
+    return None
 
 
 def _negated(build, cond):

@@ -59,7 +59,7 @@ def _buffer(name, node) -> Buffer | None:
     return Buffer(name, DTYPE_NAMES[layout.dtype], size, stride, offset[0])
 
 
-def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, out_dtype):
+def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype):
     from .scheduling import compile_kernel, content_name, record
 
     named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep)]
@@ -83,7 +83,8 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, out_dtype):
         buffers.append(Buffer("out", DTYPE_NAMES[out_dtype], (B, H, L_, Dv), out_stride, 0))
         strides = {b.name: b.strides for b in buffers}
         kernel = content_name(AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"),
-                                                 strides.get("keep"), "zero" if empty_zero else "nan"))
+                                                 strides.get("keep"), "zero" if empty_zero else "nan",
+                                                 None if p_dtype == out_dtype else DTYPE_NAMES[p_dtype]))
         artifact, reason = compile_kernel(kernel)
         if artifact is not None:
             node = SpyreAttention(out_layout, realized, kernel, artifact)
@@ -92,7 +93,7 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, out_dtype):
     record((), OPS, None, None, reason)
     announce(OPS, reason)
     return L.fallback_handler(OP, add_to_fallback_set=False)(q, k, v, bias, keep, scale, causal, empty_zero,
-                                                              out_dtype)
+                                                              p_dtype, out_dtype)
 
 
 __all__ = ["SpyreAttention", "lower_attention"]

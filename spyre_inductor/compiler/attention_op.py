@@ -17,13 +17,14 @@ from .kernel_ir import attention_reference
 @torch.library.custom_op("spyre::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
               keep: torch.Tensor | None, scale: float, causal: int | None, empty_zero: bool,
-              out_dtype: torch.dtype) -> torch.Tensor:
+              p_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
     return attention_reference(q, k, v, bias, keep, scale=scale, causal=causal,
-                               empty_rows="zero" if empty_zero else "nan", out_dtype=out_dtype).contiguous()
+                               empty_rows="zero" if empty_zero else "nan", p_dtype=p_dtype,
+                               out_dtype=out_dtype).contiguous()
 
 
 @attention.register_fake
-def _(q, k, v, bias, keep, scale, causal, empty_zero, out_dtype):
+def _(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[-1]), dtype=out_dtype)
 

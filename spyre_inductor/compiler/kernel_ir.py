@@ -483,6 +483,7 @@ class AttentionKernel:
     bias_strides: tuple[int, ...] | None = None
     keep_strides: tuple[int, ...] | None = None
     empty_rows: str = "zero"
+    p_dtype: str | None = None   # the probabilities' dtype in PV (None: the output's)
 
     # ---- the buffers by role ------------------------------------------------------------
 
@@ -561,6 +562,8 @@ class AttentionKernel:
                 raise ValueError(f"{where}: {role} strides {strides} (one per batch, head, row, position)")
         if self.keep is not None and self.keep.dtype != "bool":
             raise ValueError(f"{where}: the keep mask is {self.keep.dtype}, not bool")
+        if self.p_dtype is not None and self.p_dtype not in ("fp16", "bf16", "fp32"):
+            raise ValueError(f"{where}: probabilities in {self.p_dtype}")
         if self.empty_rows not in ("zero", "nan"):
             raise ValueError(f"{where}: empty_rows {self.empty_rows!r} (zero or nan)")
         for b in self.buffers:
@@ -571,7 +574,8 @@ class AttentionKernel:
         return json.dumps({"kind": "AttentionKernel", "name": self.name,
                            "buffers": [dataclasses.asdict(b) for b in self.buffers], "scale": self.scale,
                            "causal": self.causal, "bias_strides": self.bias_strides,
-                           "keep_strides": self.keep_strides, "empty_rows": self.empty_rows}, indent=1)
+                           "keep_strides": self.keep_strides, "empty_rows": self.empty_rows,
+                           **({"p_dtype": self.p_dtype} if self.p_dtype else {})}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "AttentionKernel":
@@ -580,11 +584,11 @@ class AttentionKernel:
                         for b in d["buffers"])
         tup = lambda s: None if s is None else tuple(s)  # noqa: E731
         return cls(d["name"], buffers, d["scale"], d["causal"], tup(d["bias_strides"]), tup(d["keep_strides"]),
-                   d["empty_rows"])
+                   d["empty_rows"], d.get("p_dtype"))
 
 
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,
-                        empty_rows: str = "zero", out_dtype=None):
+                        empty_rows: str = "zero", p_dtype=None, out_dtype=None):
     """AttentionKernel's semantics on torch tensors (any device; broadcast bias/keep to
     [B, H, L, S]): the definition tests and the CPU fallback use."""
     B, H, L, _ = q.shape
@@ -606,5 +610,5 @@ def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: 
     if empty_rows == "zero":  # a row whose every score is -inf (masked or biased away) gives zeros
         p = p.masked_fill((s == float("-inf")).all(-1, keepdim=True), 0.0)
     out_dtype = out_dtype or q.dtype
-    p = p.to(out_dtype).float()
+    p = p.to(p_dtype or out_dtype).float()
     return (p @ vf).to(out_dtype)

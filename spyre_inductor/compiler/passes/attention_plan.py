@@ -109,7 +109,7 @@ def analyse(kernel: AttentionKernel) -> AttentionShape:
         masks[role] = access(buf, strides)
     return AttentionShape(B, H, KVH, L, S, D, Dv, access(kernel.q), access(kernel.k), access(kernel.v),
                           access(kernel.out), masks["bias"], masks["keep"], kernel.scale, kernel.causal,
-                          kernel.empty_rows, kernel.out.dtype)
+                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype)
 
 
 @dataclass(frozen=True)
