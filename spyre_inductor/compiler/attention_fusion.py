@@ -201,7 +201,15 @@ def _causal_diagonal(allowed: torch.Tensor) -> int | None:
 
 # ---- the score chain and the softmax --------------------------------------------------------
 
+def _fill_value(x):
+    """A fill's value, without evaluating the (maybe score-sized) fill."""
+    if isinstance(x, fx.Node) and x.op == "call_function" and x.target in (aten.full.default, aten.scalar_tensor.default):
+        return x.args[1] if x.target is aten.full.default else x.args[0]
+    return x
+
+
 def _is_ninf(x, memo) -> bool:
+    x = _fill_value(x)
     v = _constant(x, memo) if isinstance(x, fx.Node) else x
     if isinstance(v, torch.Tensor):
         return v.numel() >= 1 and bool(torch.all(v == float("-inf")))
@@ -209,6 +217,7 @@ def _is_ninf(x, memo) -> bool:
 
 
 def _is_zero(x, memo) -> bool:
+    x = _fill_value(x)
     v = _constant(x, memo) if isinstance(x, fx.Node) else x
     if isinstance(v, torch.Tensor):
         return v.numel() >= 1 and bool(torch.all(v == 0))
@@ -311,7 +320,7 @@ def _reaches_bmm(node, depth=12) -> bool:
 
 # ---- the pass ---------------------------------------------------------------------------------
 
-DEAD = object()  # _match's result when the replacement took over the users of a cast after the bmm
+DEAD = object()  # _match's result when the replacement took over the users of a node after the bmm
 
 
 class _Builder:
@@ -442,34 +451,51 @@ def _match(bmm2, build: _Builder):
     if keep is not None:
         keep = build.call(aten.expand.default, keep, full)
     p_dtype = _val(bmm2).dtype  # the probabilities' dtype in PV (the bmm's)
-    cast = _cast_after(bmm2)      # a narrowing of the result is the op's own rounding, not a kernel
-    out_dtype = cast.args[1] if cast is not None else p_dtype
+    cast, last, heads_last = _tail(bmm2, (B, H, L, Dv))
+    out_dtype = cast if cast is not None else p_dtype
     out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
-                      out_dtype)
-    if cast is not None:
-        with build.graph.inserting_before(cast):
-            view = build.graph.call_function(aten.view.default, (out4, list(_val(cast).shape)))
-        with build.fake_mode:
-            view.meta["val"] = aten.view.default(_val(out4), list(_val(cast).shape))
-        cast.replace_all_uses_with(view)
-        return DEAD  # (the bmm and the chain to the cast are dead now)
-    return build.call(aten.view.default, out4, [BH, L, Dv])
+                      out_dtype, heads_last)
+    if last is None:
+        return build.call(aten.view.default, out4, [BH, L, Dv])
+    # the tail after the bmm (a narrowing cast: the op's own rounding; a transpose of the heads
+    # back next to the features and its copy: the op's output layout) is the op's now
+    with build.graph.inserting_before(last):
+        if heads_last:
+            tail = build.graph.call_function(aten.permute.default, (out4, [0, 2, 1, 3]))
+            with build.fake_mode:
+                tail.meta["val"] = aten.permute.default(_val(out4), [0, 2, 1, 3])
+        else:
+            tail = build.graph.call_function(aten.view.default, (out4, list(_val(last).shape)))
+            with build.fake_mode:
+                tail.meta["val"] = aten.view.default(_val(out4), list(_val(last).shape))
+    last.replace_all_uses_with(tail)
+    return DEAD  # (the bmm and the chain to `last` are dead now)
 
 
-def _cast_after(bmm2):
-    """The convert_element_type to fp16/bf16 that the bmm's result reaches through views alone."""
-    node = bmm2
+def _tail(bmm2, shape4):
+    """What follows the bmm through single-user views: (a narrowing cast's dtype or None, the last
+    node the op takes over or None, whether that ends with permute(0, 2, 1, 3) and its contiguous
+    copy: the heads moved back next to the features, which the op then writes in place)."""
+    node, cast, last, heads_last = bmm2, None, None, False
     while len(node.users) == 1:
         (user,) = node.users
         if user.op != "call_function":
-            return None
-        if user.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            break
+        t = user.target
+        if t in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
             node = user
-            continue
-        if user.target is CAST and user.args[1] in (torch.float16, torch.bfloat16):
-            return user
-        return None
-    return None
+        elif t is CAST and cast is None and user.args[1] in (torch.float16, torch.bfloat16):
+            cast, last, node = user.args[1], user, user
+        elif (t is aten.permute.default and list(user.args[1]) == [0, 2, 1, 3] and tuple(_val(node).shape) == shape4
+              and len(user.users) == 1):
+            (copy,) = user.users
+            if copy.op != "call_function" or copy.target is not aten.clone.default:
+                break
+            last, heads_last, node = copy, True, copy
+            break
+        else:
+            break
+    return cast, last, heads_last
 
 
 def _negated(build, cond):

@@ -59,7 +59,7 @@ def _buffer(name, node) -> Buffer | None:
     return Buffer(name, DTYPE_NAMES[layout.dtype], size, stride, offset[0])
 
 
-def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype):
+def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype, heads_last):
     from .scheduling import compile_kernel, content_name, record
 
     named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep)]
@@ -73,9 +73,11 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out
     device = q.get_device()
     B, H, L_, _ = (int(s) for s in q.get_size())
     Dv = int(v.get_size()[3])
-    out_layout = ir.FixedLayout(device, out_dtype, [B, H, L_, Dv], ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+    blhd = [int(s) for s in ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])]
+    out_stride = (blhd[0], blhd[2], blhd[1], 1) if heads_last else tuple(
+        int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+    out_layout = ir.FixedLayout(device, out_dtype, [B, H, L_, Dv], list(out_stride))
     buffers = [_buffer(n, x) for (n, _), x in zip(named, realized)]
-    out_stride = tuple(int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
     reason = None
     if any(b is None for b in buffers):
         reason = "symbolic sizes (issue 18)"
@@ -93,7 +95,7 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out
     record((), OPS, None, None, reason)
     announce(OPS, reason)
     return L.fallback_handler(OP, add_to_fallback_set=False)(q, k, v, bias, keep, scale, causal, empty_zero,
-                                                              p_dtype, out_dtype)
+                                                              p_dtype, out_dtype, heads_last)
 
 
 __all__ = ["SpyreAttention", "lower_attention"]

@@ -1,6 +1,7 @@
 """``spyre::attention``: the one op a fused attention becomes in the graph (attention_fusion.py).
 
-Its semantics are kernel_ir.attention_reference: softmax(scale * q k^T + mask) v with
+Its semantics are kernel_ir.attention_reference (``heads_last`` only chooses the output's
+layout): softmax(scale * q k^T + mask) v with
 grouped kv heads, a causal diagonal, an additive bias and a boolean keep mask. Inductor
 lowers it to one flash-style spyre program (lowerings.py -> attention_node.py); the
 default implementation here (composite: any device) is what runs when that program cannot
@@ -17,16 +18,24 @@ from .kernel_ir import attention_reference
 @torch.library.custom_op("spyre::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
               keep: torch.Tensor | None, scale: float, causal: int | None, empty_zero: bool,
-              p_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
-    return attention_reference(q, k, v, bias, keep, scale=scale, causal=causal,
-                               empty_rows="zero" if empty_zero else "nan", p_dtype=p_dtype,
-                               out_dtype=out_dtype).contiguous()
+              p_dtype: torch.dtype, out_dtype: torch.dtype, heads_last: bool) -> torch.Tensor:
+    out = attention_reference(q, k, v, bias, keep, scale=scale, causal=causal,
+                              empty_rows="zero" if empty_zero else "nan", p_dtype=p_dtype, out_dtype=out_dtype)
+    return _empty(q, v, out_dtype, heads_last).copy_(out)
 
 
 @attention.register_fake
-def _(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype):
+def _(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype, heads_last):
+    return _empty(q, v, out_dtype, heads_last)
+
+
+def _empty(q, v, dtype, heads_last: bool) -> torch.Tensor:
+    """[B, H, L, Dv], contiguous or (heads_last) with the heads next to the features: the memory of
+    a contiguous [B, L, H, Dv], what ``out.transpose(1, 2).reshape(B, L, H * Dv)`` reads as a view."""
     B, H, L, _ = q.shape
-    return q.new_empty((B, H, L, v.shape[-1]), dtype=out_dtype)
+    if heads_last:
+        return q.new_empty((B, L, H, v.shape[-1]), dtype=dtype).transpose(1, 2)
+    return q.new_empty((B, H, L, v.shape[-1]), dtype=dtype)
 
 
 OP = torch.ops.spyre.attention.default

@@ -1,9 +1,10 @@
 """The attention family end to end: lowering, tilings and core counts timed by the timing model.
 
 Candidates (search.py): every tiling that fits (attention_plan.variants) at the most cores the
-units can use, then the best tiling at fewer cores. A candidate is timed whole (every core's
-program: causal units differ in their work); the kept program is validated once and carries the
-kernel's minimum traffic (q, k, v, the masks read once, the output written once).
+units can use, then the best tiling at fewer cores. A candidate is timed by its busiest core
+standing for all of them in step (causal units differ in their work: the busiest core is the
+one the others wait for); the kept program is validated once and carries the kernel's minimum
+traffic (q, k, v, the masks read once, the output written once).
 """
 
 from __future__ import annotations
@@ -98,13 +99,15 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     tilings = tilings[:MAX_TIMED]
     errors: list[str] = []
 
-    def build(tiling, n, check=False):
+    def build(tiling, n, representative=False):
+        """The program of `tiling` on `n` cores, or (representative) only its busiest core's."""
         units = work_units(shape, tiling)
         work = divide(units, n)
         place = placement(shape, tiling)
         notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
                  f"{len(work)} core(s)")
-        program = build_attention_program(kernel.name, symbols, shape, tiling, place, work, notes)
+        cores = (max(work, key=lambda w: sum(u.work for u in w.units)),) if representative else work
+        program = build_attention_program(kernel.name, symbols, shape, tiling, place, cores, notes)
         return program, work, place, len(units)
 
     timed: dict = {}
@@ -112,9 +115,10 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     def evaluate(tiling, n):
         n = min(n, len(work_units(shape, tiling)))  # (no more cores than units)
         if (tiling, n) not in timed:
-            program, work, _, _ = build(tiling, n)
+            # timed by its busiest core standing for all of them in step (timing.estimate's replicas)
+            program, work, _, _ = build(tiling, n, representative=True)
             timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work),
-                                                simulated_ns(program, check=False), (tiling, n))
+                                                simulated_ns(program, len(work), check=False), (tiling, n))
         return timed[tiling, n]
 
     counts = [cores] if cores else [c for c in candidate_counts(limit)]
