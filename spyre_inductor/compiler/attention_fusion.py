@@ -450,7 +450,13 @@ def _match(bmm2, build: _Builder):
         bias = build.call(aten.expand.default, bias, full)
     if keep is not None:
         keep = build.call(aten.expand.default, keep, full)
-    p_dtype = _val(bmm2).dtype  # the probabilities' dtype in PV (the bmm's)
+    # The probabilities' dtype in PV: the bmm's, except that SDPA's math path on 16-bit inputs
+    # computes in fp32 only to cast back at the end; a fused kernel rounds them to the inputs'
+    # dtype, as PyTorch's flash backends do (half the scratchpad and bytes on chip per chunk).
+    p_dtype = _val(bmm2).dtype
+    (source_dtype,) = dtypes
+    if p_dtype == torch.float32 and source_dtype != torch.float32:
+        p_dtype = source_dtype
     cast, last, heads_last = _tail(bmm2, (B, H, L, Dv))
     out_dtype = cast if cast is not None else p_dtype
     out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,

@@ -11,7 +11,7 @@ The core's chunks, all its units' in order, form one stream (t = 0, 1, ...):
   accumulator: the scores of the next chunk are computed while the sfp works on this one.
 * sfp: the online softmax of S_t, row by row: scale, the causal diagonal (an iota compared with
   zero) and the masks, the new row maximum (0 where a row has no finite score yet, so no
-  -inf - -inf), alpha = exp(m_old - m_new) rescaling the running sum and the accumulator,
+  -inf - -inf; only a data mask can make a row's max -inf), alpha = exp(m_old - m_new) rescaling the running sum and the accumulator,
   P = exp(S - m_new) rounded to the probabilities' dtype; after a unit's last chunk
   out = acc / l (acc / 1 where l is 0 when rows with no finite score give zeros).
 
@@ -351,19 +351,26 @@ class _Core:
                     sfp.emit(Binary("add", S, S, tile))
                 else:
                     sfp.emit(Select(S, tile, S, self.const("ninf", rows_h, n)))
+        # the running max alternates between two columns (no copy per chunk): rows a chunk skips
+        # (causal, before r0) are never read again, since r0 only grows along a unit's chunks
+        m_in, m_out = ("m", "t2") if c % 2 == 0 else ("t2", "m")
+        # a row whose scores are all -inf has a -inf max: only a data mask can do that (a causal
+        # row from r0 on sees a position of every chunk it visits), so only then is it made 0
+        safe = s.bias is not None or s.keep is not None
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
-            m, l = self.column("m", row, rows), self.column("l", row, rows)
-            t1, t2, t3 = (self.column(x, row, rows) for x in ("t1", "t2", "t3"))
-            empty = self.column("empty", row, rows)
-            sfp.emit(Reduce("max", t1, S),
-                     Binary("max", t1, m, t1),
-                     Binary("eq", empty, t1, self.const("ninf", rows, 1)),
-                     Select(t2, empty, self.const("zero", rows, 1), t1),   # the max, 0 where none is finite
-                     Binary("sub", t3, m, t2),
-                     Unary("exp", t3, t3),                                  # alpha
-                     Unary("copy", m, t1),
-                     Binary("sub", S, S, self.column("t2", row, rows, n)),
+            old, new, l = (self.column(x, row, rows) for x in (m_in, m_out, "l"))
+            t1, t3 = self.column("t1", row, rows), self.column("t3", row, rows)
+            sfp.emit(Reduce("max", t1, S), Binary("max", new, old, t1))
+            shift = m_out
+            if safe:
+                empty = self.column("empty", row, rows)
+                sfp.emit(Binary("eq", empty, new, self.const("ninf", rows, 1)),
+                         Select(t1, empty, self.const("zero", rows, 1), new))
+                shift = "t1"
+            sfp.emit(Binary("sub", t3, old, self.column(shift, row, rows)),
+                     Unary("exp", t3, t3),                                  # alpha = exp(m_old - m_new)
+                     Binary("sub", S, S, self.column(shift, row, rows, n)),
                      Unary("exp", S, S),
                      Reduce("sum", t1, S),
                      Binary("mul", l, l, t3),
