@@ -25,9 +25,10 @@ from .minimum import Traffic
 from .plans import Division, Plans
 from .tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
 
-# At most this many tilings are timed at the most cores (the smallest-scratchpad ones are
-# dominated: short chunks pay the per-chunk row statistics on every few positions).
-MAX_TIMED = 12
+# Tilings are timed only when they move at most PRUNE times the bytes of the tiling that moves
+# fewest (fewer query rows per unit re-read K and V once more per extra block), at most MAX_TIMED.
+PRUNE = 1.3
+MAX_TIMED = 6
 
 
 def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
@@ -48,6 +49,23 @@ def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
         if buf is not None:
             read += distinct(buf, strides, (B, H, L, S))
     return Traffic(read, distinct(kernel.out, kernel.out.strides, (B, H, L, Dv)))
+
+
+def traffic(shape: AttentionShape, tiling) -> int:
+    """The bytes a tiling moves (Q and the output once, K, V and the masks once per unit that sees them)."""
+    from spyre_runtime.program.operands import ITEMSIZE
+
+    q, k, v, o = (ITEMSIZE[a.dtype] for a in (shape.q, shape.k, shape.v, shape.out))
+    total = 0
+    for u in work_units(shape, tiling):
+        total += shape.G * u.rows * (shape.D * q + shape.Dv * o)
+        for c in u.chunks:
+            total += c.n * (shape.D * k + shape.Dv * v)
+            for m in (shape.bias, shape.keep):
+                if m is not None:
+                    total += (u.rows - c.r0 if m.strides[2] else 1) * (shape.G if m.strides[1] else 1) * c.n * \
+                             ITEMSIZE[m.dtype]
+    return total
 
 
 def tile_kernel(shape: AttentionShape) -> TileKernel:
@@ -95,13 +113,16 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     symbols = symbols_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     tilings = variants(shape)
-    tilings.sort(key=lambda t: -(t.rows * t.kv))  # the largest tiles first: fewer per-chunk statistics
+    moved = {t: traffic(shape, t) for t in tilings}
+    least = min(moved.values())
+    # the least traffic first, then the largest tiles (fewer per-chunk statistics)
+    tilings = sorted((t for t in tilings if moved[t] <= PRUNE * least), key=lambda t: (moved[t], -(t.rows * t.kv)))
     tilings = tilings[:MAX_TIMED]
     errors: list[str] = []
 
     def build(tiling, n, representative=False):
         """The program of `tiling` on `n` cores, or (representative) only its busiest core's."""
-        units = work_units(shape, tiling)
+        units = work_units(shape, tiling, n)
         work = divide(units, n)
         place = placement(shape, tiling)
         notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "

@@ -16,6 +16,7 @@ causal units differ, and the last cores must not wait on the first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
@@ -141,14 +142,26 @@ class WorkUnit:
         return sum((self.rows - c.r0) * c.n for c in self.chunks) + self.rows
 
 
-def work_units(shape: AttentionShape, tiling: AttentionTiling) -> list[WorkUnit]:
-    out = []
+def work_units(shape: AttentionShape, tiling: AttentionTiling, cores: int | None = None) -> list[WorkUnit]:
+    """The units of `tiling`: (batch, kv head, blocks of at most `tiling.rows` query rows). For
+    `cores`, when the units do not divide evenly among them (48 heads on 32 cores), the last
+    ones are split into smaller row blocks so that every core gets the same rows (each core one
+    head and one half): their K and V are read once more, which costs less than half the cores
+    idling through a second round."""
+    blocks = []
     for b in range(shape.B):
         for kvh in range(shape.KVH):
-            for i0 in range(0, shape.L, tiling.rows):
-                rows = min(tiling.rows, shape.L - i0)
-                out.append(WorkUnit(b, kvh, i0, rows, _chunks(shape, tiling, i0, rows)))
-    return out
+            blocks += [(b, kvh, i0, min(tiling.rows, shape.L - i0)) for i0 in range(0, shape.L, tiling.rows)]
+    if cores and len(blocks) > cores and len(blocks) % cores:
+        whole, rest = divmod(len(blocks), cores)
+        parts = cores // math.gcd(rest, cores)
+        if whole <= 3 and blocks[-1][3] >= 8 * parts:
+            split = []
+            for b, kvh, i0, rows in blocks[len(blocks) - rest:]:
+                step = -(-(-(-rows // parts)) // 8) * 8   # ceil(rows / parts), rounded up to 8 rows
+                split += [(b, kvh, r, min(step, i0 + rows - r)) for r in range(i0, i0 + rows, step)]
+            blocks = blocks[:len(blocks) - rest] + split
+    return [WorkUnit(b, kvh, i0, rows, _chunks(shape, tiling, i0, rows)) for b, kvh, i0, rows in blocks]
 
 
 def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
