@@ -95,9 +95,11 @@ def _storage_index(meta) -> torch.Tensor | None:
 
 def _index_map(source, ops) -> torch.Tensor | None:
     """The storage index (in `source`'s storage) of every element at the end of `ops`."""
+    # (Inductor gives the input of an as_strided exactly its fake tensor's strides, so the
+    # source's meta layout is the one the op will read)
     meta = _val(source)
-    if meta is None or (source.op != "placeholder" and not meta.is_contiguous()):
-        return None  # (an intermediate's layout is Inductor's to choose unless it is contiguous)
+    if meta is None:
+        return None
     x = _storage_index(meta)
     if x is None:
         return None
