@@ -210,6 +210,18 @@ def _fill_value(x):
     return x
 
 
+def _fill_of(x, memo) -> float | None:
+    """The one value a scalar or a fill holds, else None."""
+    x = _fill_value(x)
+    v = _constant(x, memo) if isinstance(x, fx.Node) else x
+    if isinstance(v, torch.Tensor):
+        if v.numel() == 0 or not v.is_floating_point():
+            return None
+        first = v.flatten()[0]
+        return float(first) if bool(torch.all(v == first)) else None
+    return _number(v)
+
+
 def _is_ninf(x, memo) -> bool:
     x = _fill_value(x)
     v = _constant(x, memo) if isinstance(x, fx.Node) else x
@@ -267,8 +279,11 @@ def _softmax_input(p, memo):
 
 
 def _scores(x, memo):
-    """Walk from the softmax input X down to bmm(Q, K^T): (bmm, scale, biases, keeps, 4-D shape or None)."""
-    scale, biases, keeps, shape4, added = 1.0, [], [], None, False
+    """Walk from the softmax input X down to bmm(Q, K^T): (bmm, scale, biases, keeps, 4-D shape or None).
+
+    The walk meets the ops outermost first: a scaling met before (outside) a bias or a finite
+    fill scales them too, which the op does not do, so that is not matched."""
+    scale, biases, keeps, shape4, scaled = 1.0, [], [], None, False
     node = x
     while True:
         meta = _val(node)
@@ -284,8 +299,9 @@ def _scores(x, memo):
         elif t is CAST and _lossless(node):
             node = node.args[0]
         elif t in SCALES and _number(node.args[1]) is not None:
-            if added or _number(node.args[1]) <= 0:
-                return None  # a scaling after a bias would scale the bias too
+            if _number(node.args[1]) <= 0:
+                return None  # (a negative scale would turn the max into the min)
+            scaled = True
             s = _number(node.args[1])
             scale = scale / s if SCALES[t] else scale * s
             node = node.args[0]
@@ -293,18 +309,23 @@ def _scores(x, memo):
             a, b = node.args
             ours = a if _reaches_bmm(a) else b
             other = b if ours is a else a
+            if scaled:
+                return None
             biases.append(other)
-            added = True
             node = ours
         elif t is aten.where.self and len(node.args) == 3:
+            # where(keep, scores, fill) / where(drop, fill, scores): fill -inf, or a finite fill
+            # (model code's torch.finfo(dtype).min), which the kernel writes as it is
             cond, a, b = node.args
-            if _is_ninf(b, memo) and isinstance(a, fx.Node):
-                keeps.append((cond, True))
+            if _fill_of(b, memo) is not None and _reaches_bmm(a):
+                keeps.append((cond, True, _fill_of(b, memo)))
                 node = a
-            elif _is_ninf(a, memo) and isinstance(b, fx.Node):
-                keeps.append((cond, False))
+            elif _fill_of(a, memo) is not None and _reaches_bmm(b):
+                keeps.append((cond, False, _fill_of(a, memo)))
                 node = b
             else:
+                return None
+            if keeps[-1][2] != float("-inf") and scaled:
                 return None
         else:
             return None
@@ -412,7 +433,11 @@ def _match(bmm2, build: _Builder):
     v4 = build.call(aten.as_strided.default, vs, [B, KVH, S, Dv], list(v_strides), voff)
 
     causal, bias, keep = None, None, None
-    keep_terms = [cond if positive else _negated(build, cond) for cond, positive in keeps]
+    fills = {fill for _, _, fill in keeps}
+    if len(fills) > 1:
+        return None  # (two fills: which wins depends on their order)
+    masked_score = fills.pop() if fills else float("-inf")
+    keep_terms = [cond if positive else _negated(build, cond) for cond, positive, _ in keeps]
     bias_terms = []
     for m in biases:
         # an additive 0/-inf mask is a keep mask: where(c, 0, -inf) or where(c, -inf, 0)
@@ -428,7 +453,7 @@ def _match(bmm2, build: _Builder):
     # constant keep masks: a lower triangle is the causal diagonal (no mask read at all)
     remaining = []
     for c in keep_terms:
-        value = _constant(c, memo)
+        value = _constant(c, memo) if masked_score == float("-inf") else None
         if value is not None and causal is None:
             d = _causal_diagonal(torch.broadcast_to(value, value.shape))
             if d is not None:
@@ -461,8 +486,10 @@ def _match(bmm2, build: _Builder):
         p_dtype = source_dtype
     cast, last, heads_last = _tail(bmm2, (B, H, L, Dv))
     out_dtype = cast if cast is not None else p_dtype
+    if masked_score != float("-inf") and bias_terms:
+        return None  # (a bias added after a finite fill would shift the fill too)
     out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
-                      out_dtype, heads_last)
+                      out_dtype, heads_last, masked_score)
     if last is None:
         return build.call(aten.view.default, out4, [BH, L, Dv])
     # the tail after the bmm (a narrowing cast: the op's own rounding; a transpose of the heads

@@ -59,7 +59,8 @@ def _buffer(name, node) -> Buffer | None:
     return Buffer(name, DTYPE_NAMES[layout.dtype], size, stride, offset[0])
 
 
-def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype, heads_last):
+def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
+                    masked_score):
     from .scheduling import compile_kernel, content_name, record
 
     named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep)]
@@ -86,7 +87,8 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out
         strides = {b.name: b.strides for b in buffers}
         kernel = content_name(AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"),
                                                  strides.get("keep"), "zero" if empty_zero else "nan",
-                                                 None if p_dtype == out_dtype else DTYPE_NAMES[p_dtype]))
+                                                 None if p_dtype == out_dtype else DTYPE_NAMES[p_dtype],
+                                                 float(masked_score)))
         artifact, reason = compile_kernel(kernel)
         if artifact is not None:
             node = SpyreAttention(out_layout, realized, kernel, artifact)
@@ -95,7 +97,7 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out
     record((), OPS, None, None, reason)
     announce(OPS, reason)
     return L.fallback_handler(OP, add_to_fallback_set=False)(q, k, v, bias, keep, scale, causal, empty_zero,
-                                                              p_dtype, out_dtype, heads_last)
+                                                              p_dtype, out_dtype, heads_last, masked_score)
 
 
 __all__ = ["SpyreAttention", "lower_attention"]

@@ -464,7 +464,8 @@ class AttentionKernel:
 
     with G = heads / kv_heads (grouped-query attention: K and V are read per kv head, never
     copied per query head). The mask keeps position j where j <= i + ``causal`` (when set),
-    adds ``bias`` (a float buffer) and keeps only where ``keep`` (a bool buffer) is true; each
+    adds ``bias`` (a float buffer) and keeps only where ``keep`` (a bool buffer) is true (a
+    position it drops scores ``masked_score``: -inf, or the finite fill model code writes); each
     of them broadcast over (b, h, i, j) by its own element strides (0: broadcast). A row that
     has no finite score gives zeros when ``empty_rows`` is "zero" (SDPA's math path) and NaN when
     it is "nan" (a plain softmax). QK^T and PV run on the PE arrays with fp32 accumulation; the
@@ -484,6 +485,7 @@ class AttentionKernel:
     keep_strides: tuple[int, ...] | None = None
     empty_rows: str = "zero"
     p_dtype: str | None = None   # the probabilities' dtype in PV (None: the output's)
+    masked_score: float = float("-inf")  # the score of a position the keep mask drops (model code's finfo.min)
 
     # ---- the buffers by role ------------------------------------------------------------
 
@@ -564,6 +566,8 @@ class AttentionKernel:
             raise ValueError(f"{where}: the keep mask is {self.keep.dtype}, not bool")
         if self.p_dtype is not None and self.p_dtype not in ("fp16", "bf16", "fp32"):
             raise ValueError(f"{where}: probabilities in {self.p_dtype}")
+        if self.masked_score != float("-inf") and self.causal is not None:
+            raise ValueError(f"{where}: a causal diagonal drops positions to -inf, not {self.masked_score}")
         if self.empty_rows not in ("zero", "nan"):
             raise ValueError(f"{where}: empty_rows {self.empty_rows!r} (zero or nan)")
         for b in self.buffers:
@@ -575,7 +579,9 @@ class AttentionKernel:
                            "buffers": [dataclasses.asdict(b) for b in self.buffers], "scale": self.scale,
                            "causal": self.causal, "bias_strides": self.bias_strides,
                            "keep_strides": self.keep_strides, "empty_rows": self.empty_rows,
-                           **({"p_dtype": self.p_dtype} if self.p_dtype else {})}, indent=1)
+                           **({"p_dtype": self.p_dtype} if self.p_dtype else {}),
+                           **({"masked_score": self.masked_score} if self.masked_score != float("-inf") else {})},
+                          indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "AttentionKernel":
@@ -584,11 +590,11 @@ class AttentionKernel:
                         for b in d["buffers"])
         tup = lambda s: None if s is None else tuple(s)  # noqa: E731
         return cls(d["name"], buffers, d["scale"], d["causal"], tup(d["bias_strides"]), tup(d["keep_strides"]),
-                   d["empty_rows"], d.get("p_dtype"))
+                   d["empty_rows"], d.get("p_dtype"), d.get("masked_score", float("-inf")))
 
 
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,
-                        empty_rows: str = "zero", p_dtype=None, out_dtype=None):
+                        empty_rows: str = "zero", p_dtype=None, out_dtype=None, masked_score=float("-inf")):
     """AttentionKernel's semantics on torch tensors (any device; broadcast bias/keep to
     [B, H, L, S]): the definition tests and the CPU fallback use."""
     B, H, L, _ = q.shape
@@ -601,11 +607,11 @@ def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: 
     if causal is not None:
         allowed = allowed.tril(causal)
     allowed = allowed.expand(B, H, L, S)
-    if keep is not None:
-        allowed = allowed & keep.to(torch.bool)
+    s = s.masked_fill(~allowed, float("-inf"))
     if bias is not None:
         s = s + bias.float()
-    s = s.masked_fill(~allowed, float("-inf"))
+    if keep is not None:
+        s = s.masked_fill(~keep.to(torch.bool), masked_score)
     p = torch.softmax(s, -1)
     if empty_rows == "zero":  # a row whose every score is -inf (masked or biased away) gives zeros
         p = p.masked_fill((s == float("-inf")).all(-1, keepdim=True), 0.0)

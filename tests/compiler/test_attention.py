@@ -240,3 +240,28 @@ def test_an_attention_no_tiling_fits_falls_back_visibly(monkeypatch):
     monkeypatch.setenv("SPYRE_STRICT", "1")
     with pytest.raises(Exception, match="scaled_dot_product_attention"):
         compile_on_spyre(f, *args)
+
+
+def test_a_finite_fill_is_written_as_it_is(strict):
+    # GPT-2's eager code: torch.where(causal, scores, torch.finfo(dtype).min); a row whose every
+    # position is dropped then averages all of them, as eager does (no -inf: no NaN, no zeros)
+    def f(q, k, v, keep):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)
+        return torch.softmax(scores, dim=-1) @ v
+
+    keep = torch.ones(48, 48, dtype=torch.bool).tril()
+    keep[5] = False
+    (program,) = _check(f, [_randn(2, 4, 48, 64, seed=s) for s in range(3)] + [keep], FP32)
+    assert program.kernel.masked_score == torch.finfo(torch.float32).min and program.kernel.causal is None
+
+
+def test_a_scaling_outside_the_bias_is_not_taken_for_the_scores_scale():
+    # (q k^T + bias) * 0.5 scales the bias too: not what the fused op computes, so it is not fused
+    def f(q, k, v, bias):
+        return torch.softmax((q @ k.transpose(-2, -1) + bias) * 0.5, dim=-1) @ v
+
+    args = [_randn(1, 2, 32, 64, seed=s) for s in range(3)] + [_randn(32, 32, seed=3)]
+    out, _, records, _, _ = compile_on_spyre(f, *args)
+    assert not any(r.kernel is not None and r.kernel.name.startswith("spyre_attn") for r in records)
+    torch.testing.assert_close(out[0].cpu(), f(*args), **FP32)

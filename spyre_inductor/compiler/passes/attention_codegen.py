@@ -132,7 +132,8 @@ class _Core:
             pe.emit(Push(pfree[k]))
         for k in oslots:
             ls.emit(Push(oe[k]))
-        for name, value in (("scale", self.s.scale), ("ninf", NINF), ("zero", 0.0), ("one", 1.0), ("izero", 0)):
+        for name, value in (("scale", self.s.scale), ("ninf", NINF), ("fill", self.s.masked_score), ("zero", 0.0),
+                            ("one", 1.0), ("izero", 0)):
             sfp.emit(Fill(self.tile(name, None, 0, 1, 1, "int32" if name == "izero" else "fp32"), value))
 
         # units no row of which sees any position: their rows are the empty-row value
@@ -350,13 +351,13 @@ class _Core:
                 if name == "bias":
                     sfp.emit(Binary("add", S, S, tile))
                 else:
-                    sfp.emit(Select(S, tile, S, self.const("ninf", rows_h, n)))
+                    sfp.emit(Select(S, tile, S, self.const("fill", rows_h, n)))
         # the running max alternates between two columns (no copy per chunk): rows a chunk skips
         # (causal, before r0) are never read again, since r0 only grows along a unit's chunks
         m_in, m_out = ("m", "t2") if c % 2 == 0 else ("t2", "m")
         # a row whose scores are all -inf has a -inf max: only a data mask can do that (a causal
         # row from r0 on sees a position of every chunk it visits), so only then is it made 0
-        safe = s.bias is not None or s.keep is not None
+        safe = s.bias is not None or (s.keep is not None and s.masked_score == NINF)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             old, new, l = (self.column(x, row, rows) for x in (m_in, m_out, "l"))

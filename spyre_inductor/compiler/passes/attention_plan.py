@@ -67,6 +67,7 @@ class AttentionShape(Describable):
     causal: int | None
     empty_rows: str
     p_dtype: str           # the probabilities' dtype for PV (the output's: softmax(...).to(v.dtype) @ v)
+    masked_score: float    # what the keep mask makes a dropped position's score
 
     @property
     def G(self) -> int:
@@ -110,7 +111,7 @@ def analyse(kernel: AttentionKernel) -> AttentionShape:
         masks[role] = access(buf, strides)
     return AttentionShape(B, H, KVH, L, S, D, Dv, access(kernel.q), access(kernel.k), access(kernel.v),
                           access(kernel.out), masks["bias"], masks["keep"], kernel.scale, kernel.causal,
-                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype)
+                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype, kernel.masked_score)
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
     if shape.causal is not None:
         out += [need("diag_index", R, kv, "int32"), need("diag_keep", R, kv, "bool")]
     out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
-    out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "zero", "one", "izero")]
+    out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
     return out
 
 
