@@ -311,17 +311,18 @@ def _scores(x, memo):
             other = b if ours is a else a
             if scaled:
                 return None
-            biases.append(other)
+            biases.append((other, _val(node).dim()))
             node = ours
         elif t is aten.where.self and len(node.args) == 3:
             # where(keep, scores, fill) / where(drop, fill, scores): fill -inf, or a finite fill
             # (model code's torch.finfo(dtype).min), which the kernel writes as it is
             cond, a, b = node.args
+            rank = _val(node).dim()
             if _fill_of(b, memo) is not None and _reaches_bmm(a):
-                keeps.append((cond, True, _fill_of(b, memo)))
+                keeps.append((cond, True, _fill_of(b, memo), rank))
                 node = a
             elif _fill_of(a, memo) is not None and _reaches_bmm(b):
-                keeps.append((cond, False, _fill_of(a, memo)))
+                keeps.append((cond, False, _fill_of(a, memo), rank))
                 node = b
             else:
                 return None
@@ -411,8 +412,13 @@ def _match(bmm2, build: _Builder):
     q3, kt3 = bmm1.args
     BH, L, D = _val(q3).shape
     S, Dv = _val(v3).shape[1:]
-    B, H = (shape4[0], shape4[1]) if shape4 is not None and shape4[0] * shape4[1] == BH else (1, BH)
-    frame = 4 if shape4 is not None else 3
+    # the softmax must be over the kv positions of each query row, on scores of the bmm's shape
+    if (_val(kt3).shape[2] != S or tuple(_val(bmm1).shape) != (BH, L, S) or _val(x).shape[-1] != S
+            or _val(x).numel() != BH * L * S or tuple(_val(p).shape) != (BH, L, S)):
+        return None
+    if shape4 is not None and (shape4[0] * shape4[1] != BH or shape4[2:] != (L, S)):
+        return None
+    B, H = (shape4[0], shape4[1]) if shape4 is not None else (1, BH)
     ops = [_operand(q3, B, H), _operand(kt3, B, H, transpose=True), _operand(v3, B, H)]
     if any(o is None for o in ops):
         return None
@@ -433,26 +439,27 @@ def _match(bmm2, build: _Builder):
     v4 = build.call(aten.as_strided.default, vs, [B, KVH, S, Dv], list(v_strides), voff)
 
     causal, bias, keep = None, None, None
-    fills = {fill for _, _, fill in keeps}
+    fills = {fill for _, _, fill, _ in keeps}
     if len(fills) > 1:
         return None  # (two fills: which wins depends on their order)
     masked_score = fills.pop() if fills else float("-inf")
-    keep_terms = [cond if positive else _negated(build, cond) for cond, positive, _ in keeps]
+    keep_terms = [(cond if positive else _negated(build, cond), rank) for cond, positive, _, rank in keeps]
     bias_terms = []
-    for m in biases:
-        # an additive 0/-inf mask is a keep mask: where(c, 0, -inf) or where(c, -inf, 0)
-        if m.op == "call_function" and m.target is aten.where.self:
+    for m, rank in biases:
+        # an additive 0/-inf mask is a keep mask (where(c, 0, -inf) or where(c, -inf, 0)), when the
+        # keep masks drop positions to -inf too
+        if m.op == "call_function" and m.target is aten.where.self and masked_score == float("-inf"):
             c, a, b = m.args
             if _is_zero(a, memo) and _is_ninf(b, memo):
-                keep_terms.append(c)
+                keep_terms.append((c, rank))
                 continue
             if _is_ninf(a, memo) and _is_zero(b, memo):
-                keep_terms.append(_negated(build, c))
+                keep_terms.append((_negated(build, c), rank))
                 continue
-        bias_terms.append(m)
+        bias_terms.append((m, rank))
     # constant keep masks: a lower triangle is the causal diagonal (no mask read at all)
     remaining = []
-    for c in keep_terms:
+    for c, rank in keep_terms:
         value = _constant(c, memo) if masked_score == float("-inf") else None
         if value is not None and causal is None:
             d = _causal_diagonal(torch.broadcast_to(value, value.shape))
@@ -461,15 +468,15 @@ def _match(bmm2, build: _Builder):
                 continue
             if bool(value.all()):
                 continue
-        remaining.append(c)
+        remaining.append((c, rank))
     full = [B, H, L, S]
-    for c in remaining:
-        c4 = _to_frame(build, c, frame, B, H)
+    for c, rank in remaining:
+        c4 = _to_frame(build, c, rank, B, H)
         if c4 is None:
             return None
         keep = c4 if keep is None else build.call(aten.logical_and.default, keep, c4)
-    for m in bias_terms:
-        m4 = _to_frame(build, m, frame, B, H)
+    for m, rank in bias_terms:
+        m4 = _to_frame(build, m, rank, B, H)
         if m4 is None or _val(m4).dtype not in FLOATS:
             return None
         bias = m4 if bias is None else build.call(aten.add.Tensor, bias, m4)
@@ -478,14 +485,15 @@ def _match(bmm2, build: _Builder):
     if keep is not None:
         keep = build.call(aten.expand.default, keep, full)
     # The probabilities' dtype in PV: the bmm's, except that SDPA's math path on 16-bit inputs
-    # computes in fp32 only to cast back at the end; a fused kernel rounds them to the inputs'
-    # dtype, as PyTorch's flash backends do (half the scratchpad and bytes on chip per chunk).
+    # computes in fp32 only to cast the result back to them at the end: a fused kernel then
+    # rounds them to the inputs' dtype, as PyTorch's flash backends do (half the scratchpad and
+    # bytes on chip per chunk). Without that cast back (inputs upcast by the user) they stay fp32.
     p_dtype = _val(bmm2).dtype
     (source_dtype,) = dtypes
-    if p_dtype == torch.float32 and source_dtype != torch.float32:
-        p_dtype = source_dtype
     cast, last, heads_last = _tail(bmm2, (B, H, L, Dv))
-    out_dtype = cast if cast is not None else p_dtype
+    if p_dtype == torch.float32 and cast == source_dtype:
+        p_dtype = source_dtype
+    out_dtype = cast if cast is not None else _val(bmm2).dtype
     if masked_score != float("-inf") and bias_terms:
         return None  # (a bias added after a finite fill would shift the fill too)
     out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
@@ -519,7 +527,8 @@ def _tail(bmm2, shape4):
         t = user.target
         if t in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
             node = user
-        elif t is CAST and cast is None and user.args[1] in (torch.float16, torch.bfloat16):
+        elif (t is CAST and cast is None and user.args[1] in (torch.float16, torch.bfloat16)
+              and _val(bmm2).dtype == torch.float32):  # (bf16 -> fp16 rounds twice in eager: not ours)
             cast, last, node = user.args[1], user, user
         elif (t is aten.permute.default and list(user.args[1]) == [0, 2, 1, 3] and tuple(_val(node).shape) == shape4
               and len(user.users) == 1):
@@ -540,20 +549,21 @@ def _negated(build, cond):
     return build.call(aten.logical_not.default, cond)
 
 
-def _to_frame(build, m, frame, B, H):
-    """A mask term (broadcastable against the scores in their frame) as a 4-D [B|1, H|1, L|1, S|1] node."""
-    meta = _val(m)
-    if meta is None:
+def _to_frame(build, m, rank, B, H):
+    """A mask term applied to the scores at `rank` (4: [B, H, L, S], 3: [B*H, L, S]) as a 4-D
+    [B|1, H|1, L|1, S|1] node, or None."""
+    if _val(m) is None or _val(m).dim() > rank:
         return None
-    if frame == 4:
-        while _val(m).dim() < 4:
-            m = build.call(aten.unsqueeze.default, m, 0)
-        return m
-    if B != 1:
-        return None  # (a mask on [B*H, L, S] scores with B > 1 would need its batch split)
-    while _val(m).dim() < 3:
+    while _val(m).dim() < rank:
         m = build.call(aten.unsqueeze.default, m, 0)
-    return build.call(aten.unsqueeze.default, m, 0)
+    if rank == 4:
+        return m
+    first = _val(m).shape[0]
+    if first == 1:
+        return build.call(aten.unsqueeze.default, m, 0)
+    if first == B * H:
+        return build.call(aten.reshape.default, m, [B, H, *_val(m).shape[1:]])
+    return None
 
 
 __all__ = ["fuse_attention"]

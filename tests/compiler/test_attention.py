@@ -265,3 +265,49 @@ def test_a_scaling_outside_the_bias_is_not_taken_for_the_scores_scale():
     out, _, records, _, _ = compile_on_spyre(f, *args)
     assert not any(r.kernel is not None and r.kernel.name.startswith("spyre_attn") for r in records)
     torch.testing.assert_close(out[0].cpu(), f(*args), **FP32)
+
+
+def test_views_with_a_storage_offset_are_read_where_they_start(strict):
+    # a window of a KV cache and a fused qkv projection split in three: every operand is a view
+    # with an offset (the address a launch resolves already includes it)
+    def window(q, kc, vc):
+        return F.scaled_dot_product_attention(q, kc[:, :, 4:260], vc[:, :, 4:260], is_causal=True)
+
+    _check(window, [_randn(1, 2, 8, 64), _randn(1, 2, 300, 64, seed=1), _randn(1, 2, 300, 64, seed=2)], FP32)
+
+    def fused_qkv(x, w):
+        q, k, v = (x @ w).view(2, 24, 3, 3, 32).permute(2, 0, 3, 1, 4).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 24, 96)
+
+    _check(fused_qkv, [_randn(2, 24, 96), _randn(96, 288, seed=1) * 0.1], FP32, expect_programs=2)
+
+
+def test_upcast_inputs_keep_an_fp32_result(strict):
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+
+    out, _, records, _, _ = compile_on_spyre(f, *[_randn(1, 2, 16, 64, dtype=torch.float16, seed=s) for s in range(3)])
+    assert out[0].dtype == torch.float32
+    (program,) = [r for r in records if r.kernel is not None and r.kernel.name.startswith("spyre_attn")]
+    assert program.kernel.p_dtype is None and program.kernel.out.dtype == "fp32"
+
+
+def test_a_mask_added_to_flattened_heads_is_split_back(strict):
+    B, H, L, S = 2, 3, 16, 40
+
+    def f(q, k, v, m3):
+        s = (q @ k.transpose(-2, -1) * 0.125).reshape(B * H, L, S) + m3
+        return torch.softmax(s, -1) @ v.reshape(B * H, S, 64)
+
+    _check(f, [_randn(B, H, L, 64), _randn(B, H, S, 64, seed=1), _randn(B, H, S, 64, seed=2),
+               _randn(B * H, L, S, seed=3)], FP32)
+
+
+def test_a_softmax_over_flattened_scores_is_left_alone():
+    def f(q, k, v):
+        return torch.softmax((q @ k.transpose(-2, -1)).flatten(-2), -1).view(1, 2, 16, 64) @ v
+
+    args = [_randn(1, 2, 16, 64), _randn(1, 2, 64, 64, seed=1), _randn(1, 2, 64, 64, seed=2)]
+    out, _, records, _, _ = compile_on_spyre(f, *args)
+    assert not any(r.kernel is not None and r.kernel.name.startswith("spyre_attn") for r in records)
+    torch.testing.assert_close(out[0].cpu(), f(*args), **FP32)

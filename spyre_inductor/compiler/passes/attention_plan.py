@@ -96,7 +96,8 @@ def analyse(kernel: AttentionKernel) -> AttentionShape:
         raise Unsupported(f"{where}: an empty dim in {kernel.dims}")
 
     def access(buf, strides=None) -> Access:
-        return Access(buf.name, buf.dtype, tuple(strides or buf.strides), buf.offset)
+        # offset 0: a buffer's storage offset is already in the address its symbol resolves to
+        return Access(buf.name, buf.dtype, tuple(strides or buf.strides), 0)
 
     masks = {}
     for role, buf, strides in (("bias", kernel.bias, kernel.bias_strides), ("keep", kernel.keep, kernel.keep_strides)):
