@@ -1,0 +1,155 @@
+"""A reduction over a dim that is not the innermost, and the pointwise epilogue that reads its
+result, are ONE spyre program (issue 17): ``torch.softmax(x, 0)``, ``x - x.mean(0)``,
+``x / x.sum(0)``, a layer norm over dim 0, and the same over the middle dim of a 3-D tensor.
+
+Why they were two programs: Inductor gives the epilogue its memory order (rows, columns) and the
+reduction walks (columns, rows); its scheduler refuses a fusion before asking the backend when
+two nodes share no access at the same index ("no shared data"), and it only reorders loops to
+agree on GPUs. ``spyre_inductor/compiler/loop_order.py`` gives the epilogue the reduction's order
+in a pre-fusion scheduler pass, kept only when our backend then fuses the two.
+
+Tolerances (as tests/compiler/test_compiled_reductions.py):
+* fp32: rtol 1e-5, atol 1e-5 against eager fp32 on the CPU (the program sums in another order).
+* fp16: against the same function computed in fp32 from the same fp16 inputs and rounded to fp16
+  once (Inductor's contract: fp32 inside a kernel), rtol 2e-3 (two fp16 ulps) and atol 2e-3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inductor_helpers import compile_on_spyre
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
+def _data(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def softmax0(x):
+    return torch.softmax(x, 0)
+
+
+def center0(x):
+    return x - x.mean(0)
+
+
+def share0(x):
+    return x / x.sum(0)
+
+
+def norm0(x):
+    """A layer norm over dim 0 (var and mean: Inductor's welford reduction)."""
+    return (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-5)
+
+
+def softmax1(x):
+    """The middle dim of a 3-D tensor: two outer dims, one of them outside the reduced one."""
+    return torch.softmax(x, 1)
+
+
+FNS = {"softmax0": softmax0, "center0": center0, "share0": share0, "norm0": norm0}
+
+
+def _input(name, shape, dtype):
+    x = _data(shape, dtype)
+    # x / x.sum(0) of random signs divides by sums near zero: the quotient's rounding is the test's
+    # noise, not the kernel's; positive entries keep it well conditioned.
+    return x.abs() + 0.5 if name == "share0" else x
+
+
+def _check(fn, x, dtype):
+    out, _, records, warned, code = compile_on_spyre(fn, x)
+    ref = fn(x.float()).to(dtype)
+    torch.testing.assert_close(out[0].cpu(), ref, **TOL[dtype])
+    return records, warned, code
+
+
+def _one_program(records, warned, code):
+    assert len(records) == 1 and records[0].artifact is not None, [(r.nodes, r.fallback_reason) for r in records]
+    assert records[0].kernel.reduction_ranges and not warned
+    assert code.count("launch_jobplan(") == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(FNS))
+def test_dim0_reduction_and_epilogue_are_one_program(name, dtype):
+    # 200 rows, 96 columns: neither is a power of two, and fp32 columns are three sticks
+    records, warned, code = _check(FNS[name], _input(name, (200, 96), dtype), dtype)
+    _one_program(records, warned, code)
+    # the epilogue walks the reduction's loops: columns outside, the reduced rows inside
+    assert records[0].kernel.ranges == (96,) and records[0].kernel.reduction_ranges == (200,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_middle_dim_softmax_is_one_program(dtype):
+    records, warned, code = _check(softmax1, _data((3, 40, 64), dtype), dtype)
+    _one_program(records, warned, code)
+
+
+def test_the_last_dim_softmax_is_untouched():
+    """Its loops already agree: one program over (rows, columns), as before the pass."""
+    records, warned, code = _check(lambda x: torch.softmax(x, -1), _data((32, 100)), torch.float32)
+    _one_program(records, warned, code)
+    assert records[0].kernel.ranges == (32,) and records[0].kernel.reduction_ranges == (100,)
+
+
+def test_strict_mode_compiles_every_kernel(monkeypatch):
+    """SPYRE_STRICT=1: a kernel that would run on the CPU is a compile error; none does."""
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    for name in FNS:
+        records, warned, code = _check(FNS[name], _input(name, (64, 128), torch.float16), torch.float16)
+        _one_program(records, warned, code)
+
+
+def test_a_new_order_the_backend_would_not_fuse_is_undone(monkeypatch):
+    """The pass keeps an epilogue's new loop order only if our backend then fuses it: refused, the
+    epilogue is its own program again, over its memory order (rows, columns)."""
+    from spyre_inductor.compiler.scheduling import SpyreScheduling
+
+    monkeypatch.setattr(SpyreScheduling, "can_fuse_vertical", lambda self, a, b: False)
+    x = _data((64, 128))
+    out, _, records, warned, _ = compile_on_spyre(center0, x)
+    torch.testing.assert_close(out[0].cpu(), center0(x), **TOL[torch.float32])
+    assert len(records) == 2 and all(r.artifact is not None for r in records) and not warned
+    epilogue = [r.kernel for r in records if not r.kernel.reduction_ranges]
+    assert len(epilogue) == 1 and epilogue[0].ranges == (64, 128)
+
+
+def test_install_chains_a_pass_already_set_and_is_idempotent():
+    from torch._inductor import config as inductor_config
+
+    from spyre_inductor.compiler import loop_order
+
+    seen = []
+
+    def theirs(nodes):
+        seen.append(len(nodes))
+        return nodes
+
+    before = inductor_config._pre_fusion_custom_pass
+    try:
+        inductor_config._pre_fusion_custom_pass = theirs
+        loop_order.install()
+        loop_order.install()
+        ours = inductor_config._pre_fusion_custom_pass
+        assert isinstance(ours, loop_order.AlignLoopOrders) and ours.previous is theirs
+        assert ours([]) == [] and seen == [0]
+        assert "then-after" in ours.uuid()
+    finally:
+        inductor_config._pre_fusion_custom_pass = before
+
+
+def test_cpu_graphs_are_untouched():
+    """The pass is global Inductor config: it must leave other devices' nodes alone."""
+    from spyre_inductor.compiler import registration
+
+    registration.register()
+    torch._dynamo.reset()
+    x = _data((64, 128))
+    with torch._inductor.config.patch(force_disable_caches=True):
+        out = torch.compile(softmax0)(x)
+    torch.testing.assert_close(out, softmax0(x), **TOL[torch.float32])
