@@ -269,8 +269,18 @@ def fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan"), later
     """A stored value's final copy (the rounding) folded into the step that computes it, when
     that step's result is a temporary nobody else reads, in `steps` or in the `later` steps that
     run after them: the sfp writes fp32 results straight into the output tile, rounding once,
-    and saves a pass over the tile."""
-    steps, later = list(steps), list(later)
+    and saves a pass over the tile. Until nothing folds: a cast before the store (fp32 -> fp16,
+    then the store's copy) folds first into one copy, which then folds into the step before it
+    (a softmax's division writes the fp16 output; the dtype rule below keeps every rounding)."""
+    steps = list(steps)
+    while True:
+        folded = _fold_once(steps, tiles, kinds, list(later))
+        if len(folded) == len(steps):
+            return folded
+        steps = folded
+
+
+def _fold_once(steps, tiles, kinds, later) -> list:
     out = []
     for k, st in enumerate(steps):
         src = tiles.get(st.args[0]) if st.args else None
