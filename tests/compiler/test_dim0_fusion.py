@@ -153,3 +153,110 @@ def test_cpu_graphs_are_untouched():
     with torch._inductor.config.patch(force_disable_caches=True):
         out = torch.compile(softmax0)(x)
     torch.testing.assert_close(out, softmax0(x), **TOL[torch.float32])
+
+
+# ---- the plan: column tiles ---------------------------------------------------------------------
+#
+# A reduction whose reduced dim is not the contiguous one can keep device memory's orientation in
+# scratchpad: full tiles [K, G] (K rows of G consecutive columns), moved with plain loads and stores,
+# the reductions folding the tile rows pairwise on the special-function pipeline. The row-tile
+# plan moves the same bytes transposed, through the load/store unit's on-chip transpose (40 GB/s),
+# which cannot overlap that unit's transfers. The planner times both.
+
+
+def _plan(kernel, **kw):
+    from spyre_inductor.compiler.backend import plan_kernel
+    from spyre_runtime.program.timing import estimate
+
+    c = plan_kernel(kernel, **kw)
+    return c, estimate(c.program)
+
+
+def _opcodes(program) -> set[str]:
+    return {i.opcode for cp in program.cores for _, instrs in cp.units for i in instrs}
+
+
+def test_column_tiles_keep_memory_order_and_fold_in_scratch():
+    from reduction_ir import softmax_kernel
+
+    from spyre_inductor.compiler.passes.reduction_lowering import lower
+    from spyre_inductor.compiler.passes.reduction_space import COLUMN_AXES
+    from spyre_inductor.compiler.passes.tiles import Role
+
+    low = lower(softmax_kernel((512, 1024), "fp16", dim=0), "resident", columns=True)
+    tk = low.tile_kernel
+    assert tk.axes == COLUMN_AXES and not tk.with_role(Role.STAGING) and not low.transposed
+    reduces = [s for p in tk.phases for s in p.steps if s.kind == "reduce"]
+    assert [s.op for s in reduces] == ["max", "sum"]
+    # max folds in the input's fp16 (exact), the sum in fp32; each scratch is the steps' own
+    assert [(tk.tile(s.args[1]).role, tk.tile(s.args[1]).dtype) for s in reduces] == [
+        (Role.SCRATCH, "fp16"), (Role.SCRATCH, "fp32")]
+    # the division writes the fp16 output itself (the cast and the store's copy folded into it)
+    [chunk] = tk.phases
+    last = chunk.steps[-1]
+    assert (last.kind, last.op) == ("binary", "div") and tk.tile(last.dst).role is Role.OUTPUT
+
+
+def test_column_tiles_refuse_what_runs_along_tile_rows_only():
+    from reduction_ir import row_reduce
+
+    from spyre_inductor.compiler.errors import Unsupported
+    from spyre_inductor.compiler.passes.reduction_lowering import lower
+
+    with pytest.raises(Unsupported, match="argmax"):
+        lower(row_reduce("argmax", (67, 71), 0), "resident", columns=True)
+    with pytest.raises(Unsupported, match="column tiles"):  # a last-dim reduction: rows lie as row tiles want
+        lower(row_reduce("sum", (67, 71), 1), "resident", columns=True)
+    with pytest.raises(Unsupported, match="resident and chunked"):
+        lower(row_reduce("sum", (67, 71), 0), "ring", columns=True)
+
+
+def _affine0(x, w, b):
+    """A per-reduced-element weight ([K, 1] columns) and a per-column bias (packed rows)."""
+    return (x - x.mean(0)) * w[:, None] + b
+
+
+def _masked_sum0(x):
+    """An index value over the reduced dim (an iota in the column tile's orientation)."""
+    return torch.where(torch.arange(x.shape[0], device=x.device)[:, None] < 100, x, 0.0).sum(0)
+
+
+COLUMN_CASES = {
+    # 199 rows: an odd number of rows folds its middle row apart; 96 fp32 columns: 3 groups of a stick
+    "affine0": (_affine0, lambda dtype: (_data((199, 96), dtype), _data(199, dtype, 1), _data(96, dtype, 2))),
+    "stats0": (lambda x: (x.mean(0), x.var(0), x.amax(0), x.amin(0, keepdim=True)),
+               lambda dtype: (_data((199, 96), dtype),)),
+    "softmax1_3d": (softmax1, lambda dtype: (_data((4, 300, 96), dtype),)),
+    "share0_3d": (lambda x: x / x.abs().sum(0), lambda dtype: (_data((30, 7, 96), dtype),)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(COLUMN_CASES))
+def test_column_tile_programs_match_cpu(name, dtype):
+    import json
+
+    fn, make = COLUMN_CASES[name]
+    args = make(dtype)
+    out, _, records, warned, code = compile_on_spyre(fn, *args)
+    ref = fn(*(a.float() for a in args))
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for got, want in zip(out, ref, strict=True):
+        torch.testing.assert_close(got.cpu(), want.to(dtype), **TOL[dtype])
+    _one_program(records, warned, code)
+    plan = json.loads((records[0].artifact / "plan.json").read_text())
+    assert plan["lowering"]["columns"], plan["lowering"]
+
+
+@pytest.mark.parametrize("name", ["softmax0", "norm0"])
+def test_columns_too_tall_for_the_scratchpad_are_chunked(name):
+    """40,000 rows of 64 fp32 columns (10 MB): chunks of rows stream through the pipeline, the
+    folds accumulating into each group's per-column results (Chan's combine for the variance),
+    and the epilogue needs another pass."""
+    import json
+
+    x = _data((40_000, 64)) + (3.0 if name == "norm0" else 0.0)
+    records, warned, code = _check(FNS[name], x, torch.float32)
+    _one_program(records, warned, code)
+    low = json.loads((records[0].artifact / "plan.json").read_text())["lowering"]
+    assert low["mode"] == "chunked" and low["columns"]
