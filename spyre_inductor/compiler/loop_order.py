@@ -23,15 +23,17 @@ numbers of loop variables differ. ``is_gpu`` is a fixed list; there is no
 hook for a device to opt in.
 
 What we do instead: a scheduler pass that runs right before fusion
-(``torch._inductor.config._pre_fusion_custom_pass``, Inductor's registration
-point for passes over scheduler nodes). For each spyre pointwise node that
-reads the output of a spyre reduction with which it shares no data, it
-matches the two nodes' unnormalized accesses of a buffer both read (the
-softmax's input) with Inductor's own ``MemoryDep.decide_loop_order_to_match``
-and applies the order with ``SchedulerNode.apply_new_loop_order`` -- the
-same two calls loop ordering after fusion makes on GPUs -- then extracts the
-dependencies again, normalized as the scheduler extracted them for every
-other spyre node. The node now walks (columns, rows): it shares the input
+(``torch._inductor.config._pre_fusion_custom_pass``: Inductor's config hook
+for passes over scheduler nodes; its name has a leading underscore and
+Inductor calls scheduler IR passes a prototype, so a torch upgrade may move
+it, and tests/compiler/test_dim0_fusion.py would say so). For each spyre
+pointwise node that reads the output of a spyre reduction with which it
+shares no data, it matches the two nodes' unnormalized accesses of a buffer
+both read (the softmax's input) with Inductor's own
+``MemoryDep.decide_loop_order_to_match`` and applies the order with
+``SchedulerNode.apply_new_loop_order`` -- the same two calls loop ordering
+after fusion makes on GPUs -- then extracts the dependencies again,
+normalized as the scheduler extracted them for every other spyre node. The node now walks (columns, rows): it shares the input
 access with the reduction and reads the reduction's output at the index it
 was written, so both of the scheduler's checks pass and our
 ``can_fuse_vertical`` (a capture into one kernel) decides.
@@ -42,11 +44,12 @@ old loops back. Nodes of other devices are never touched.
 
 The hook is global Inductor config, so ``install()`` chains a pass that
 was already set (ours runs after it) and is idempotent; the uuid names both.
+A pass set after ours replaces it: dim-0 epilogues are then two programs
+again (correct, slower).
 """
 
 from __future__ import annotations
 
-import torch
 from torch._inductor import config as inductor_config
 from torch._inductor import dependencies
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
