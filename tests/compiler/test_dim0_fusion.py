@@ -143,6 +143,7 @@ def test_install_chains_a_pass_already_set_and_is_idempotent():
         inductor_config._pre_fusion_custom_pass = before
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
 def test_cpu_graphs_are_untouched():
     """The pass is global Inductor config: it must leave other devices' nodes alone."""
     from spyre_inductor.compiler import registration
