@@ -90,10 +90,12 @@ def register() -> None:
 
         from .device_interface import SpyreInterface
         from .device_op_overrides import SpyreDeviceOpOverrides
+        from .loop_order import install as install_loop_order
         from .lowerings import install as install_lowerings
 
         _register_backend()
         install_lowerings()
+        install_loop_order()  # a pre-fusion scheduler pass (loop_order.py: dim-0 reductions fuse)
         register_device_op_overrides(DEVICE, SpyreDeviceOpOverrides())
         register_interface_for_device(DEVICE, SpyreInterface)
         for index in range(torch.spyre.device_count()):

@@ -180,6 +180,10 @@ def _several_dots(kernel: Kernel | None) -> bool:
     return sum(1 for v in kernel.values if isinstance(v, Reduction) and v.op == "dot") > 1
 
 
+def _sizes_key(node) -> tuple:
+    return tuple(tuple(s) for s in node.get_ranges()) if isinstance(node, SchedulerNode) else ()
+
+
 class SpyreScheduling(BaseScheduling):
     def __init__(self, scheduler):
         super().__init__(scheduler)
@@ -201,7 +205,9 @@ class SpyreScheduling(BaseScheduling):
     # ---- fusion --------------------------------------------------------------------
 
     def try_capture(self, nodes) -> Capture | NotCapturable:
-        key = tuple(n.get_name() for n in nodes)
+        # By node and loop sizes: the scheduler (and loop_order.py) may reorder a node's loops
+        # while it asks, and a group captures over the loops its nodes have.
+        key = tuple((n.get_name(), _sizes_key(n)) for n in nodes)
         found = self._captures.get(key)
         if found is None:
             try:

@@ -28,6 +28,17 @@ when the output is contiguous along o, so the store moves packed sticks.
 CHUNK_CONSTANT tiles are filled once per core for the full chunk (copy 0)
 and the remainder (copy 1); a step reading one reads the copy of the chunk
 it runs on.
+
+Column tiles (``low.columns``, reduction_space.py): the tile rows are the
+reduced dim, so a [Kc, G] full tile, a packed [1, G] per-row tile and a
+[Kc, 1] along-reduced column are each moved with one Load or Store as they
+lie in device memory, and a reduce step folds the rows (``fold_rows``):
+rows [0, h) with rows [n - h, n) into the scratch tile, h = n // 2, until
+one row is left, the last fold writing (or combining into) the destination.
+A full tile moves as MOVE_PIECES blocks of rows, each its own transfer, so
+one core keeps several in flight (timing.py: the bus share grows with the
+transfers in flight, up to what one core was measured to move; one transfer
+per core reaches 11% of the bus).
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
-from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
+from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues, split_evenly
 from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
@@ -47,8 +58,12 @@ from .minimum import recorded
 from .reduction_argreduce import SliceValue
 from .reduction_lowering import ReductionLowering
 from .reduction_plan import ReductionPlan, streamed
+from .reduction_ops import COMBINE
 from .reduction_space import ALONG_REDUCED, FULL, OUTER, PER_ROW, REDUCED, SCALAR, Access
 from .tiles import ChunkValue, Relayout, Role, broadcast_of
+
+
+MOVE_PIECES = 4  # transfers one column-tile move is issued as (module docstring)
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,8 @@ class _Core:
                         Queue(self.qn["ofull"], (c, "sfp"), (c, "ls"), 1),
                         Queue(self.qn["ofree"], (c, "ls"), (c, "sfp"), 1),
                         Queue(self.qn["ready"], (c, "sfp"), (c, "ls"), 1)]
+        self.columns = low.columns
+        self.row_axis, self.stick_axis = low.tile_kernel.axes
         self.counters: dict[int, Aff] = {}
         self.looped: list[Aff] = []   # counters of the looped reduced dims, while inside them
         odim = len(low.outer) - 1
@@ -97,7 +114,9 @@ class _Core:
     # ---- operands -------------------------------------------------------------------
 
     def sizes(self, space, g, kc):
-        return (g if OUTER in space else 1, kc if REDUCED in space else 1)
+        """(rows, cols) of a tile of `space` over g outer and kc reduced elements."""
+        extent = {OUTER: g, REDUCED: kc}
+        return tuple(extent[a] if a in space else 1 for a in (self.row_axis, self.stick_axis))
 
     def alloc(self, name, copy, ksize=None):
         """The allocation a step or move of tile `name` uses: stream buffer `copy` of a streamed
@@ -123,7 +142,7 @@ class _Core:
         sp = self.space(name)
         bc = "none"
         if (dst_space is not None and sp != dst_space) or (sp == SCALAR and (rows, cols) != (1, 1)):
-            bc = broadcast_of(sp, OUTER, REDUCED)
+            bc = broadcast_of(sp, self.row_axis, self.stick_axis)
         return u.tile(a.offset, self.low.tile(name).dtype, rows, cols, a.row_stride, bc)
 
     def fill_value(self, value, kc):
@@ -139,6 +158,9 @@ class _Core:
             dsp = self.space(st.dst)
             rows, cols = self.sizes(dsp, g, kc)
             dst = self.tile(u, st.dst, copy, rows, cols)
+            if st.kind == "reduce" and self.columns:
+                self.fold_rows(u, st, dst, copy, g, kc)
+                continue
             if st.kind == "reduce":  # src [g, kc] (an along-reduced source is broadcast over the rows)
                 src = self.tile(u, st.args[0], copy, g, kc, FULL)
                 u.emit(Reduce(st.op, dst, src, accumulate=st.accumulate))
@@ -157,6 +179,32 @@ class _Core:
                 u.emit(Select(dst, *args))
             else:  # fill
                 u.emit(Fill(dst, self.fill_value(st.value, kc)))
+
+    def fold_rows(self, u, st, dst, copy, g, kc):
+        """A reduce step over column tiles: the source's kc rows folded pairwise (module docstring)."""
+        op = COMBINE[st.op]
+        src = self.tile(u, st.args[0], copy, kc, g, FULL)
+        s = self.alloc(st.args[1], copy)
+        sdt = self.low.tile(st.args[1]).dtype
+
+        def rows(t, r0, n):
+            return replace(t, addr=replace(t.addr, base=t.addr.base + r0 * t.row_stride), rows=n)
+
+        scratch = u.tile(s.offset, sdt, 1, g, s.row_stride)
+        cur, n = src, kc
+        while n > 2:
+            h = n // 2
+            u.emit(Binary(op, rows(scratch, 0, h), rows(cur, 0, h), rows(cur, n - h, h)))
+            if n % 2 and cur is src:  # the middle row is not folded at this level: it moves as it is
+                u.emit(Unary("copy", rows(scratch, h, 1), rows(cur, h, 1)))
+            cur, n = scratch, n - h
+        if st.accumulate:
+            for r in range(n):
+                u.emit(Binary(op, dst, dst, rows(cur, r, 1)))
+        elif n == 2:
+            u.emit(Binary(op, dst, rows(cur, 0, 1), rows(cur, 1, 1)))
+        else:
+            u.emit(Unary("copy", dst, rows(cur, 0, 1)))
 
     # ---- device addresses ----------------------------------------------------------------
 
@@ -204,6 +252,14 @@ class _Core:
     def load_f(self, u, tile, a, copy, g, kc, group, chunk):
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
+        if self.columns:  # [kc, g] (an along-reduced [kc, 1]) as it lies: rows r_stride apart
+            cols = 1 if self.low.tile(tile).space == ALONG_REDUCED else g
+            if a.buffer is None:
+                self.count(u, a, self.element(a, group, chunk), al.offset, a.dtype, kc, cols, al.row_stride,
+                           a.r_stride, self.o_stride(a))
+                return
+            self.column_moves(u, Load, a, al, self.element(a, group, chunk), kc, cols * isz)
+            return
         if a.buffer is None:
             rows = 1 if self.low.tile(tile).space == ALONG_REDUCED else g
             self.count(u, a, self.element(a, group, chunk), al.offset, a.dtype, rows, kc, al.row_stride,
@@ -225,10 +281,25 @@ class _Core:
             u.emit(Load(u.sp(al.offset), src, g, kc * isz, a.outer_strides[self.odim] * isz if g > 1 else 0,
                         al.row_stride))
 
+    def column_moves(self, u, kind, a: Access, al, element, kc, row_bytes):
+        """A column tile's kc rows (row_bytes each, r_stride elements apart in device memory) moved
+        in MOVE_PIECES blocks of rows, each one Load or Store (module docstring)."""
+        isz = ITEMSIZE[a.dtype]
+        pieces = min(MOVE_PIECES, kc)
+        for r0, n in split_evenly(kc, pieces):
+            sp = u.sp(al.offset + r0 * al.row_stride)
+            dev = u.dev(a.buffer, (element + r0 * a.r_stride) * isz)
+            stride = a.r_stride * isz if n > 1 else 0
+            u.emit(Load(sp, dev, n, row_bytes, stride, al.row_stride) if kind is Load
+                   else Store(dev, sp, n, row_bytes, stride, al.row_stride))
+
     def store_f(self, u, tile, a, copy, g, kc, group, chunk):
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         dst = self.dev(u, a, group, chunk)
+        if self.columns:
+            self.column_moves(u, Store, a, al, self.element(a, group, chunk), kc, g * isz)
+            return
         if a.gathered:  # scattered: the mirror image of a gathered load
             self._element_rows(u, a, self.element(a, group, chunk), al.offset, al.row_stride, g, kc,
                                self.staging(tile, Relayout.GATHERED, copy), store=True)
@@ -244,6 +315,13 @@ class _Core:
     def load_o(self, u, tile, a, copy, g, group):
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
+        if self.columns:  # one packed row (the lowering checked that o is contiguous)
+            if a.buffer is None:
+                self.count(u, a, self.element(a, group, 0), al.offset, a.dtype, 1, g, al.row_stride, 0,
+                           self.o_stride(a))
+                return
+            u.emit(Load(u.sp(al.offset), self.dev(u, a, group, 0), 1, g * isz, 0, al.row_stride))
+            return
         if a.buffer is None:
             self.count(u, a, self.element(a, group, 0), al.offset, a.dtype, g, 1, STICK, self.o_stride(a), 0)
             return
@@ -260,6 +338,9 @@ class _Core:
         isz = ITEMSIZE[a.dtype]
         al = self.alloc(tile, copy)
         dst = self.dev(u, a, group, 0)
+        if self.columns:
+            u.emit(Store(dst, u.sp(al.offset), 1, g * isz, 0, al.row_stride))
+            return
         o = self.o_stride(a)
         if o == 1 and g > 1:
             row = self.staging(tile, Relayout.ROW, copy)
@@ -299,6 +380,15 @@ class _Core:
                 isz = ITEMSIZE[a.dtype]
                 al = self.alloc(t, None)
                 n = plan.chunk if low.tile(t).space == ALONG_REDUCED else 1
+                if self.columns:  # an along-reduced [n, 1] column, or a scalar
+                    if a.buffer is None:
+                        self.count(ls, a, self.element(a, 0, 0), al.offset, a.dtype, n, 1, al.row_stride,
+                                   a.r_stride, 0)
+                    else:
+                        ls.emit(Load(ls.sp(al.offset), self.dev(ls, a, 0, 0) if n > 1 else
+                                     ls.dev(a.buffer, a.offset * isz), n, isz, a.r_stride * isz if n > 1 else 0,
+                                     al.row_stride))
+                    continue
                 if a.buffer is None:
                     self.count(ls, a, self.element(a, 0, 0), al.offset, a.dtype, 1, n, al.row_stride, 0, a.r_stride)
                     continue

@@ -12,7 +12,9 @@ fewer cores winning ties):
   the loads are transposed, so no two cores move one stick); per core the
   rows are "resident" if a group of them fits with every tile, else
   "chunked" along the reduced dim (multi-pass when a reduction needs
-  another's result);
+  another's result); when the reduced dim is not the contiguous one, both
+  in row tiles (moved transposed) and in column tiles (moved as they lie,
+  reduced by folding tile rows; reduction_space.py);
 * ring split, when the outer elements are too few to occupy the cores
   (fewer units than cores) and the kernel is one level of reductions with
   no full-size epilogue: the reduced dim is divided over cores and the
@@ -98,7 +100,7 @@ def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str,
     outer, odim = low.outer, len(low.outer) - 1
     best = None
     for d in range(len(outer)):
-        g = granule if (d == odim and low.transposed) else 1
+        g = granule if (d == odim and low.outer_sticks) else 1
         units = -(-outer[d] // g)
         key = (min(units, HARDWARE.cores), d == odim)
         if best is None or key > best[0]:
@@ -125,7 +127,7 @@ def ring_shares(low: ReductionLowering, cores: int, granule: int) -> list[RShare
 
 def _max_units(low, granule) -> int:
     odim = len(low.outer) - 1
-    return max(-(-r // (granule if (d == odim and low.transposed) else 1)) for d, r in enumerate(low.outer))
+    return max(-(-r // (granule if (d == odim and low.outer_sticks) else 1)) for d, r in enumerate(low.outer))
 
 
 def _build(kernel, low, plan, split, shares) -> Program:
@@ -139,26 +141,33 @@ def _simulated(program: Program, replicas: int) -> float:
     return timing_estimate(program, HARDWARE, replicas, check=False).simulated_ns
 
 
+def _lowerings(kernel, mode, errors) -> list[ReductionLowering]:
+    """The kernel's lowerings in `mode`: row tiles, then column tiles where they apply."""
+    out = []
+    for columns in (False, True):
+        try:
+            out.append(lower(kernel, mode, columns=columns))
+        except Unsupported as e:
+            errors.append(str(e))
+    return out
+
+
 def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candidate, list[Candidate]]:
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     results, errors = [], []
     timed: dict[tuple, tuple[float, Program | None]] = {}
-    try:
-        resident = lower(kernel, "resident")
-    except Unsupported as e:  # reduced dims that do not merge: chunked plans only
-        resident = None
-        errors.append(str(e))
-    chunked = None if resident is not None else lower(kernel, "chunked")
-    base = resident or chunked
+    # reduced dims that do not merge: chunked plans only (the resident lowering refuses them)
+    residents = _lowerings(kernel, "resident", errors)
+    base = residents[0] if residents else lower(kernel, "chunked")
     granule = _granule(base)
     odim = len(base.outer) - 1
-    units = _max_units(base, granule)
+    units = max(_max_units(low, granule) for low in residents or [base])
     counts = [cores] if cores else candidate_counts(min(units, limit))
 
     def consider(low, plan, split, shares, label, symmetric=True) -> Candidate:
         verify_reduction(plan, low)
         shares = tuple(shares)
-        key = (low.mode, plan.group, plan.chunk, plan.buffers, shares)
+        key = (low.mode, low.columns, plan.group, plan.chunk, plan.buffers, shares)
         if key not in timed:
             if estimate is None and symmetric and len(shares) > 1:
                 # the cores run one program on their own rows: the first (the largest) as all of them
@@ -169,33 +178,47 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
         ns, whole = timed[key]
         return Candidate(label, len(shares), ns, Trial(low, plan, split, shares, whole))
 
+    def tiles(low) -> str:
+        return " columns" if low.columns else ""
+
     def resident_at(variant, n):
-        target, buffers = variant
-        row = sticks(resident.K * _widest(resident))
-        G = max(1, target // row)
-        if resident.transposed:
-            G = max(granule, G // granule * granule)
+        resident, target, buffers = variant
+        if resident.columns:  # a group's full tile: K rows of G outer elements
+            G = max(granule, target // (resident.K * _widest(resident)) // granule * granule)
+        else:
+            row = sticks(resident.K * _widest(resident))
+            G = max(1, target // row)
+            if resident.transposed:
+                G = max(granule, G // granule * granule)
         split, shares = outer_shares(resident, n, granule)
         g = min(G, max(s.counts[odim] for s in shares))
-        plan = fit(resident, g, resident.K, buffers, granule if resident.transposed else 1)
-        return consider(resident, plan, split, shares, f"resident {target // 1024}K/{buffers}b/{len(shares)}c")
+        plan = fit(resident, g, resident.K, buffers, granule if resident.outer_sticks else 1)
+        return consider(resident, plan, split, shares,
+                        f"resident{tiles(resident)} {target // 1024}K/{buffers}b/{len(shares)}c")
 
-    variants = [(t, b) for t in TARGETS for b in (3, 2)]
-    if resident is not None:
-        results += search(variants, counts, resident_at, errors)
+    if residents:
+        results += search([(r, t, b) for r in residents for t in TARGETS for b in (3, 2)], counts, resident_at,
+                          errors)
     if not results:  # the rows do not fit: chunks along the reduced dim, multi-pass if needed
-        chunked = chunked or lower(kernel, "chunked")
-        kg = _granule(chunked)
+        chunkeds = _lowerings(kernel, "chunked", errors)
 
         def chunked_at(variant, n):
-            target, buffers = variant
+            chunked, target, buffers = variant
+            kg = _granule(chunked)
             split, shares = outer_shares(chunked, n, granule)
-            g = min(granule if chunked.transposed else 4, max(s.counts[odim] for s in shares))
-            kc = max(kg, target // (g * _widest(chunked)) // kg * kg)
-            plan = fit(chunked, g, min(kc, -(-chunked.K // kg) * kg), buffers, kg)
-            return consider(chunked, plan, split, shares, f"chunked {target // 1024}K/{buffers}b/{len(shares)}c")
+            if chunked.columns:  # [Kc, g]: Kc rows of a stick of outer elements
+                g = min(granule, max(s.counts[odim] for s in shares))
+                kc = max(1, target // sticks(g * _widest(chunked)))
+                plan = fit(chunked, g, min(kc, chunked.K), buffers, granule)
+            else:
+                g = min(granule if chunked.transposed else 4, max(s.counts[odim] for s in shares))
+                kc = max(kg, target // (g * _widest(chunked)) // kg * kg)
+                plan = fit(chunked, g, min(kc, -(-chunked.K // kg) * kg), buffers, kg)
+            return consider(chunked, plan, split, shares,
+                            f"chunked{tiles(chunked)} {target // 1024}K/{buffers}b/{len(shares)}c")
 
-        results += search(variants, counts, chunked_at, errors)
+        results += search([(c, t, b) for c in chunkeds for t in TARGETS for b in (3, 2)], counts, chunked_at,
+                          errors)
     try:
         ring = lower(kernel, "ring")
     except Unsupported as e:  # scans next to reductions: their prefix does not split over cores
@@ -224,6 +247,7 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
             return consider(ring, plan, "reduced dim (ring)", shares, f"ring {label}/{len(shares)}c",
                             symmetric=False)
 
+        variants = [(t, b) for t in TARGETS for b in (3, 2)]
         # a scan's ring plan has one shape (the slice resident, one buffer): time it once per count
         results += search(variants[:1] if ring.ring_scan else variants, ring_counts, ring_at, errors)
     if not results:

@@ -33,6 +33,13 @@ Three modes (the planner picks; see reduction_division.py):
 
 A SETUP phase, when there is one, loads once per core what no group
 changes (a layer norm's weight row when rows are resident, a scalar).
+
+``columns`` (resident and chunked): column tiles (reduction_space.py), for a
+kernel whose reduced dim is not the contiguous one: the tile kernel's axes
+are ``COLUMN_AXES`` (rows along the reduced dim), nothing is transposed on
+chip, and each reduction folds its tile's rows (reduction_steps.py). The
+planner times both orientations; a kernel the column tiles cannot move
+raises Unsupported for that orientation only.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from ._dump import Describable, plain
 from .layout import TILE_DTYPES
 from .reduction_ops import IDENTITY, op_of
 from .reduction_scan import ring_phases, scan
-from .reduction_space import AXES, canonical, check_walks, loads_and_stores
+from .reduction_space import AXES, COLUMN_AXES, canonical, check_walks, loads_and_stores
 from .reduction_steps import StepBuilder, fold_copies
 from .reduction_welford import exact
 from .tiles import Combine, Phase, PhaseKind, Role, Tile, TileKernel
@@ -72,9 +79,17 @@ class ReductionLowering(Describable):
     looped: tuple[int, ...]         # extents of the looped reduced dims (chunked)
     transposed: bool                # some full-space access moves transposed
     tile_kernel: TileKernel
+    columns: bool = False           # column tiles: rows along the reduced dim (module docstring)
 
     def describe(self) -> dict:  # the tile kernel is described by the Plans it belongs to
-        return {k: plain(getattr(self, k)) for k in ("mode", "outer", "outer_map", "K", "looped", "transposed")}
+        return {k: plain(getattr(self, k))
+                for k in ("mode", "outer", "outer_map", "K", "looped", "transposed", "columns")}
+
+    @property
+    def outer_sticks(self) -> bool:
+        """The innermost outer dim runs along the tiles' sticks (transposed moves, or column
+        tiles): groups are whole sticks of it, so no two cores move one stick."""
+        return self.transposed or self.columns
 
     def tile(self, name: str) -> Tile:
         return self.tile_kernel.tile(name)
@@ -133,9 +148,12 @@ def empty_as_pointwise(kernel: ReductionKernel) -> PointwiseKernel:
     return PointwiseKernel(kernel.name, kernel.ranges, kernel.buffers, tuple(values), stores)
 
 
-def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
+def lower(kernel: ReductionKernel, mode: str, columns: bool = False) -> ReductionLowering:
     if mode not in MODES:
         raise ValueError(f"reduction mode {mode!r} is not one of {MODES}")
+    if columns and (mode == "ring" or kernel.has_scan):
+        raise Unsupported(f"kernel {kernel.name!r}: column tiles are for resident and chunked reductions "
+                          f"without scans")
     if mode == "resident":
         kernel = exact(kernel)
     outer, outer_map, K, accesses, looped, looped_strides = canonical(kernel)
@@ -146,7 +164,10 @@ def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
     n_loads = sum(isinstance(v, (Load, IndexValue)) for v in kernel.values)
     # a scan's values are full-space even when nothing full-space is stored (cumsum(x).sum())
     one_row = all(d == 1 for d in outer) and (any(rs for _, rs in accesses[n_loads:]) or kernel.has_scan)
-    b = StepBuilder(kernel, mode, outer, K, looped, one_row)
+    if columns and one_row:
+        raise Unsupported(f"kernel {kernel.name!r}: column tiles: a full reduction has no outer dim to lay "
+                          f"along sticks")
+    b = StepBuilder(kernel, mode, outer, K, looped, one_row, columns)
     load_k = 0
     for i, v in enumerate(kernel.values):
         if isinstance(v, (Load, IndexValue)):
@@ -166,6 +187,9 @@ def lower(kernel: ReductionKernel, mode: str) -> ReductionLowering:
     for k, s in enumerate(kernel.stores):
         os_, rs = accesses[n_loads + k]
         b.store(s, os_, rs, looped_strides[n_loads + k])
+    if columns and not b.would_transpose:
+        raise Unsupported(f"kernel {kernel.name!r}: column tiles: the reduced dim is the contiguous one (row "
+                          f"tiles move it as it lies)")
     return _assemble(b, outer_map)
 
 
@@ -192,9 +216,12 @@ def _assemble(b: StepBuilder, outer_map) -> ReductionLowering:
         notes.append(f"looped over reduced dims {list(b.looped)} around each pass's chunks")
     if b.transposed:
         notes.append("transposed moves: the reduced dim is not the contiguous one")
-    tk = TileKernel("reduction", AXES, tiles, tuple(b.constants), setup + tuple(phases), combine, tuple(notes))
+    if b.columns:
+        notes.append("column tiles: rows along the reduced dim, moved as they lie; reductions fold the rows")
+    tk = TileKernel("reduction", COLUMN_AXES if b.columns else AXES, tiles, tuple(b.constants),
+                    setup + tuple(phases), combine, tuple(notes))
     tk.check()
-    return ReductionLowering(b.mode, b.outer, outer_map, b.K, b.looped, b.transposed, tk)
+    return ReductionLowering(b.mode, b.outer, outer_map, b.K, b.looped, b.transposed, tk, b.columns)
 
 
 def _used(tiles, constants, phases, combine) -> tuple[Tile, ...]:

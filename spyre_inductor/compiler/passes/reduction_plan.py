@@ -10,7 +10,11 @@ per-row value's packed [1, G] row (the column of results is transposed on
 chip, so the store moves whole packed sticks, not one stick per element).
 A RING_LANDING tile is the size of the accumulator it lands; a
 CHUNK_CONSTANT tile has two copies, one for the full chunk's extent and
-one for the remainder's.
+one for the remainder's. Column tiles (reduction_space.py) turn the
+shapes round: full [Kc, G] (Kc rows of G outer elements padded to whole
+sticks), per-row one packed row [1, G], along-reduced a [Kc, 1] column (one
+stick per row); a SCRATCH tile, where a reduction folds a full tile's rows,
+is [ceil(Kc / 2), G], pinned for the whole program like the accumulators.
 
 Live ranges (allocate.py): tiles moved in a chunk phase (full-space loads
 and outputs, chunked along-reduced loads, and in the resident mode the
@@ -67,9 +71,20 @@ def streamed(low: ReductionLowering, name: str) -> bool:
     return name in low.moved_per_chunk
 
 
-def tile_bytes(t: Tile, G: int, Kc: int) -> tuple[int, int]:
+def tile_bytes(t: Tile, G: int, Kc: int, columns: bool = False) -> tuple[int, int]:
     """(bytes, row stride) of tile `t` at group G and chunk Kc (module docstring)."""
     isz = ITEMSIZE[t.dtype]
+    if columns:
+        row = sticks(G * isz)
+        if t.role is Role.SCRATCH:
+            return max(1, -(-Kc // 2)) * row, row
+        if t.space == FULL:
+            return Kc * row, row
+        if t.space == PER_ROW:
+            return row, row
+        if t.space == ALONG_REDUCED:
+            return Kc * STICK, STICK
+        return STICK, STICK
     if t.role is Role.STAGING:
         if t.relayout is Relayout.TRANSPOSED:
             return Kc * sticks(G * isz), sticks(G * isz)
@@ -112,7 +127,7 @@ def needs(low: ReductionLowering, G: int, Kc: int, buffers: int) -> list[Need]:
     live = work_live(low)
 
     def need(t: Tile) -> Need:
-        nbytes, row = tile_bytes(t, G, Kc)
+        nbytes, row = tile_bytes(t, G, Kc, low.columns)
         if _temporary(t):
             return Need(t.name, nbytes, row, live=live.get(t.name, (0, 0)))
         if t.role is Role.CHUNK_CONSTANT:

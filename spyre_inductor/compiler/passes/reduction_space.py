@@ -30,6 +30,18 @@ elements are loaded one per stick into a [Kc, 1] column and transposed
 into the row (a store the other way round: scattered). That moves a whole
 stick per element (charged as such) but stays on the card. The on-chip
 tiles these relayouts pass through are STAGING tiles of the lowering.
+
+Column tiles (a lowering with ``columns``, axes ``COLUMN_AXES``): when the
+reduced dim is not the contiguous one but the innermost outer dim is (a
+softmax over dim 0), the tiles may instead keep device memory's orientation:
+a full tile is [Kc, G], Kc rows of G consecutive outer elements, loaded and
+stored as they lie (no transposes, which run on the load/store unit at the
+on-chip transpose rate); a per-row value is one packed row [1, G] (its loads
+and stores move packed sticks as they are), an along-reduced one a [Kc, 1]
+column (one element per stick). A reduction then runs over the tile's rows:
+the sfp folds the rows pairwise (half of them with the other half, then
+half of what is left...) in a SCRATCH tile, the same sticks through the sfp
+as a row reduction of the transposed tile.
 """
 
 from __future__ import annotations
@@ -42,7 +54,8 @@ from .layout import _canonical
 from .tiles import space
 
 OUTER, REDUCED = "outer", "reduced"
-AXES = (OUTER, REDUCED)
+AXES = (OUTER, REDUCED)          # tile rows along the outer dim, sticks along the reduced one
+COLUMN_AXES = (REDUCED, OUTER)   # column tiles: rows along the reduced dim, sticks along the outer one
 FULL = space(OUTER, REDUCED)
 PER_ROW = space(OUTER)
 ALONG_REDUCED = space(REDUCED)
@@ -139,5 +152,5 @@ def check_walks(kernel: ReductionKernel, mode: str, accesses, looped, looped_str
             raise Unsupported(f"{where}: {names[k]} varies over a looped reduced dim but not over the chunked one")
 
 
-__all__ = ["ALONG_REDUCED", "AXES", "Access", "FULL", "OUTER", "PER_ROW", "REDUCED", "SCALAR", "canonical",
-           "check_walks", "join", "load_relayout", "loads_and_stores", "space_of", "store_relayout"]
+__all__ = ["ALONG_REDUCED", "AXES", "Access", "COLUMN_AXES", "FULL", "OUTER", "PER_ROW", "REDUCED", "SCALAR",
+           "canonical", "check_walks", "join", "load_relayout", "loads_and_stores", "space_of", "store_relayout"]

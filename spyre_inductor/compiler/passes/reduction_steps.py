@@ -19,6 +19,14 @@ Tiles a relayout passes through (reduction_space's transposed, gathered and
 packed-row moves) are STAGING tiles of the tile they serve, and constants
 that depend on a chunk's extent are CHUNK_CONSTANT tiles: the plan sizes
 and places them by their role, never by their name.
+
+With ``columns`` (reduction_space: column tiles) nothing is relayouted: an
+access that does not walk the tiles' stick axis (the innermost outer dim)
+contiguously refuses the orientation (Unsupported), and so do index
+reductions and scans, which run along tile rows only. A reduction step then
+reads (source, scratch): the SCRATCH tile its rows fold in, one per dtype
+(the source's for max/min/any/all, which are exact in it, the accumulator's
+for sums and products), shared by every reduction, one step at a time.
 """
 
 from __future__ import annotations
@@ -38,8 +46,11 @@ from .tiles import ChunkValue, Relayout, Role, Step, Tile
 
 
 class StepBuilder:
-    def __init__(self, kernel, mode, outer, K, looped=(), one_row=False):
+    def __init__(self, kernel, mode, outer, K, looped=(), one_row=False, columns=False):
         self.kernel, self.mode, self.outer, self.K = kernel, mode, outer, K
+        self.columns = columns  # column tiles (module docstring)
+        self.would_transpose = False  # row tiles would move some full-space access transposed
+        self.scratch: dict[str, str] = {}  # dtype -> the SCRATCH tile column reductions fold in
         self.looped = looped
         self.one_row = one_row  # see reduction_space.space_of
         self.where = f"kernel {kernel.name!r}"
@@ -97,6 +108,25 @@ class StepBuilder:
         space = {Relayout.TRANSPOSED: FULL, Relayout.GATHERED: ALONG_REDUCED, Relayout.ROW: PER_ROW}[relayout]
         return self.new(t.dtype, space, Role.STAGING, of=of, relayout=relayout)
 
+    def reduce_args(self, op: str, dst_dtype: str, src: str) -> tuple[str, ...]:
+        """A reduce step's args: the source, and with column tiles the scratch its rows fold in."""
+        if not self.columns:
+            return (src,)
+        dtype = self.tiles[src].dtype if op in ("max", "min", "any", "all") else dst_dtype
+        if dtype not in self.scratch:
+            self.scratch[dtype] = self.new(dtype, FULL, Role.SCRATCH)
+        return (src, self.scratch[dtype])
+
+    def column_walk(self, what: str, space, os_, rs) -> None:
+        """Column tiles move every access as it lies in memory: refuse one they cannot."""
+        if space == FULL and rs != 1 and self.K > 1:
+            self.would_transpose = True
+        if space in (FULL, PER_ROW) and not (os_ and os_[-1] == 1):
+            raise Unsupported(f"{self.where}: column tiles: {what} does not walk the innermost outer dim "
+                              f"contiguously")
+        if space == FULL and rs == 1 and self.K > 1:
+            raise Unsupported(f"{self.where}: column tiles: {what} walks the reduced dim contiguously")
+
     def emit(self, i, step: Step, space) -> None:
         """A step computing value i (or a helper of it)."""
         if REDUCED in space:
@@ -112,7 +142,9 @@ class StepBuilder:
         if v.dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} loads {v.dtype}")
         counted = isinstance(v, IndexValue)  # computed in place, in the tile's own orientation
-        tr, gathered = (False, False) if counted else load_relayout(space, os_, rs, self.K)
+        if self.columns and not counted:
+            self.column_walk(f"the load of {v.buffer!r}", space, os_, rs)
+        tr, gathered = (False, False) if counted or self.columns else load_relayout(space, os_, rs, self.K)
         self.transposed |= tr
         acc = Access(None if counted else v.buffer, v.dtype, tuple(os_), rs, v.index.offset, tr, gathered,
                      tuple(ls_))
@@ -125,7 +157,7 @@ class StepBuilder:
         if space == FULL or (space == ALONG_REDUCED and self.mode != "resident"):
             self.f_loads[i] = (t, acc)
         elif space == PER_ROW:
-            if acc.o_contiguous and not counted:  # moved as a packed row, transposed into the column
+            if acc.o_contiguous and not counted and not self.columns:  # a packed row, transposed into the column
                 self.staging(t, Relayout.ROW)
             self.group_loads.append((t, acc))
         else:
@@ -174,6 +206,9 @@ class StepBuilder:
             reduction_welford.accumulate(self, i, v, arg, level)
             return
         if op in INDEX_OPS:
+            if self.columns:
+                raise Unsupported(f"{self.where}: column tiles: value {i} is an {v.op} (its index runs along "
+                                  f"tile rows)")
             reduction_argreduce.accumulate(self, i, v, arg, level)
             return
         if op in ("max", "min") and self.tiles[arg].dtype == "bool" and v.dtype == "bool":
@@ -191,9 +226,10 @@ class StepBuilder:
         t = self.new(dtype, PER_ROW, Role.ACCUMULATOR)
         self.vtile[i] = t
         self.red.append((level, i))
-        self.resident_steps.append(Step("reduce", op, t, (arg,)))
+        args = self.reduce_args(op, dtype, arg)
+        self.resident_steps.append(Step("reduce", op, t, args))
         self.red_init[i] = [Step("fill", "fill", t, value=identity(op, dtype))]
-        self.red_chunk[i] = [Step("reduce", op, t, (arg,), accumulate=True)]
+        self.red_chunk[i] = [Step("reduce", op, t, args, accumulate=True)]
         self.accs.append(t)
         if self.mode == "ring":
             self.red_combine.append(Step("binary", COMBINE[op], t, (self.landing(t), t)))
@@ -242,7 +278,9 @@ class StepBuilder:
         if REDUCED in space:
             if space == ALONG_REDUCED:
                 raise Unsupported(f"{self.where}: store to {s.buffer!r} of a value that does not vary over the outer dims")
-            tr, scattered = store_relayout(os_, rs, self.K)
+            if self.columns:
+                self.column_walk(f"the store to {s.buffer!r}", FULL, os_, rs)
+            tr, scattered = (False, False) if self.columns else store_relayout(os_, rs, self.K)
             self.transposed |= tr
             out = self.new(buf.dtype, FULL, Role.OUTPUT)
             if tr:
@@ -258,7 +296,10 @@ class StepBuilder:
                                               scattered, tuple(ls_)), ("store", s.buffer)))
         else:
             out = self.new(buf.dtype, PER_ROW, Role.OUTPUT)
-            self.staging(out, Relayout.ROW)  # the column of results leaves as a packed row when it can
+            if self.columns:  # already a packed row
+                self.column_walk(f"the store to {s.buffer!r}", PER_ROW, os_, 0)
+            else:
+                self.staging(out, Relayout.ROW)  # the column of results leaves as a packed row when it can
             step = Step("unary", "copy", out, (src,))
             self.o_steps.append((self.depth[s.value], step))
             self.resident_steps.append(step)
@@ -269,8 +310,18 @@ def fold_copies(steps, tiles, kinds=("unary", "binary", "select", "scan"), later
     """A stored value's final copy (the rounding) folded into the step that computes it, when
     that step's result is a temporary nobody else reads, in `steps` or in the `later` steps that
     run after them: the sfp writes fp32 results straight into the output tile, rounding once,
-    and saves a pass over the tile."""
-    steps, later = list(steps), list(later)
+    and saves a pass over the tile. Until nothing folds: a cast before the store (fp32 -> fp16,
+    then the store's copy) folds first into one copy, which then folds into the step before it
+    (a softmax's division writes the fp16 output; the dtype rule below keeps every rounding)."""
+    steps = list(steps)
+    while True:
+        folded = _fold_once(steps, tiles, kinds, list(later))
+        if len(folded) == len(steps):
+            return folded
+        steps = folded
+
+
+def _fold_once(steps, tiles, kinds, later) -> list:
     out = []
     for k, st in enumerate(steps):
         src = tiles.get(st.args[0]) if st.args else None

@@ -70,10 +70,10 @@ def accumulate(b, i, v: Reduction, arg: str, level: int) -> None:
         d = b.new("fp32", FULL, Role.TEMPORARY)
         b.red.append((level, i))
         b.red_init[i] = [Step("fill", "fill", t, value=0.0) for t in (M, M2, W)]
-        chunk = [Step("reduce", "sum", s, (arg,)),
+        chunk = [Step("reduce", "sum", s, b.reduce_args("sum", "fp32", arg)),
                  Step("binary", "mul", mc, (s, b.chunk_constant(ChunkValue.INVERSE_EXTENT))),
                  Step("binary", "sub", d, (arg, mc)), Step("binary", "mul", d, (d, d)),
-                 Step("reduce", "sum", m2c, (d,))]
+                 Step("reduce", "sum", m2c, b.reduce_args("sum", "fp32", d))]
         n_tile = b.new("fp32", PER_ROW, Role.TEMPORARY)
         chunk += [Step("fill", "fill", n_tile, value=ChunkValue.EXTENT)]
         chunk += chan(b, M, M2, W, mc, m2c, n_tile)

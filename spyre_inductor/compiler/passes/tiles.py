@@ -42,6 +42,7 @@ class Role(str, enum.Enum):
     TEMPORARY = "temporary"        # a work value inside one phase
     CONSTANT = "constant"          # filled once per core
     CHUNK_CONSTANT = "chunk constant"  # a constant that depends on the chunk's extent (ChunkValue)
+    SCRATCH = "scratch"            # work space steps use inside themselves (a reduction over tile rows folds there)
 
     def __str__(self) -> str:
         return self.value
