@@ -99,74 +99,61 @@ def compiled_mlp_strict() -> None:
     print(f"  MLP forward: {total:.1f} us simulated")
 
 
-class AttentionStep(nn.Module):
-    """Token embedding, q/k/v projections, rotary embeddings, a KV cache updated in place at the
-    new positions (index_copy_), causal scores, softmax and the weighted values: what a decoder
-    layer moves and picks, written the explicit way (fused SDPA is the next issue)."""
-
-    def __init__(self, vocab: int, d: int, heads: int, max_len: int):
-        super().__init__()
-        self.heads, self.hd = heads, d // heads
-        self.embed = nn.Embedding(vocab, d)
-        self.q, self.k, self.v = (nn.Linear(d, d, bias=False) for _ in range(3))
-        inv = 1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd)
-        angles = torch.outer(torch.arange(max_len).float(), inv)
-        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1))
-        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1))
-
-    def rotary(self, x, pos):
-        half = self.hd // 2
-        cos, sin = self.cos[pos], self.sin[pos]
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
-
-    def forward(self, ids, pos, k_cache, v_cache):
-        b, s = ids.shape
-        x = self.embed(ids)
-        q, k, v = (f(x).view(b, s, self.heads, self.hd).transpose(1, 2) for f in (self.q, self.k, self.v))
-        q, k = self.rotary(q, pos), self.rotary(k, pos)
-        k_cache.index_copy_(2, pos, k)
-        v_cache.index_copy_(2, pos, v)
-        scores = q @ k_cache.transpose(-2, -1) / self.hd ** 0.5
-        causal = torch.arange(k_cache.shape[2], device=ids.device) <= pos[:, None]
-        p = torch.softmax(scores.float().masked_fill(~causal, float("-inf")), -1).to(q.dtype)
-        return (p @ v_cache).transpose(1, 2).reshape(b, s, -1)
+def _kernel_table(reports, indent="    ") -> float:
+    """Per-kernel lines (simulated time and share) of one call; returns its total us."""
+    total = sum(r.simulated_us for r in reports)
+    for r in reports:
+        print(f"{indent}{r.simulated_us:8.1f} us {100 * r.simulated_us / total:5.1f}%  {r.cores_used:2d} cores  "
+              f"eff {r.efficiency:.2f}  {r.name}")
+    return total
 
 
-def compiled_attention_strict() -> None:
+def compiled_llama_strict() -> None:
     from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.testing.models import build, llama_config
 
-    section("torch.compile under SPYRE_STRICT=1: an attention step's data movement (embedding, rotary, "
-            "KV cache index_copy_, causal mask from indices), 64 new tokens into a cache of 256, fp16")
-    torch.manual_seed(0)
-    model = AttentionStep(vocab=1000, d=512, heads=8, max_len=256).half().eval()
-    ids, pos = torch.randint(0, 1000, (1, 64)), torch.arange(32, 96)
-    caches = [torch.randn(1, 8, 256, 64).half() * 0.1 for _ in range(2)]
-    with torch.no_grad():
-        ref = AttentionStep(1000, 512, 8, 256).eval()
-        ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-        ref_caches = [c.float() for c in caches]
-        expected = ref(ids, pos, *ref_caches)
-        spyre_caches = [c.to("spyre") for c in caches]
-        os.environ["SPYRE_STRICT"] = "1"
-        try:
-            compiled = torch.compile(model.to("spyre"))
-            with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
-                compiled(ids.to("spyre"), pos.to("spyre"), *[c.clone() for c in spyre_caches])
-            torch.spyre.synchronize()
-            torch.spyre.reset_kernel_reports()
-            got = compiled(ids.to("spyre"), pos.to("spyre"), *spyre_caches).cpu()
-            torch.spyre.synchronize()
-        finally:
-            del os.environ["SPYRE_STRICT"]
-    err = (got.float() - expected).abs().max().item()
-    cache_err = max((c.cpu().float() - r).abs().max().item() for c, r in zip(spyre_caches, ref_caches))
-    print(f"  {len(records)} program(s), no CPU fallback; max |spyre - cpu fp32| = {err:.3g} (output), "
-          f"{cache_err:.3g} (the caches, updated in place)")
-    total = 0.0
-    for r in torch.spyre.kernel_reports():
-        total += r.simulated_us
-        print(f"  {r.describe()}")
-    print(f"  attention step: {total:.1f} us simulated")
+    cfg = llama_config(attention="sdpa")
+    section(f"torch.compile under SPYRE_STRICT=1: a Llama-style decoder ({cfg.n_layers} layers, d {cfg.d}, "
+            f"{cfg.n_heads} heads over {cfg.n_kv_heads} KV heads, RMSNorm, rotary, fused SDPA, SwiGLU, LM head "
+            f"over {cfg.vocab} tokens), fp16: a prefill of 128 tokens, then greedy decode steps into a KV cache "
+            f"of 256 updated in place, every op in spyre programs")
+    model, ref = build(cfg, dtype=torch.float16), build(cfg, dtype=torch.float32)   # the same weights
+    ids = torch.randint(0, cfg.vocab, (1, 128), generator=torch.Generator().manual_seed(0))
+    caches = model.new_caches(1, 256, device="spyre")
+    ref_caches = ref.new_caches(1, 256)
+    steps, tokens, ref_tokens, errors = 4, [], [], []
+    os.environ["SPYRE_STRICT"] = "1"  # a CPU fallback anywhere in the graph would raise
+    try:
+        compiled = torch.compile(model.to("spyre"), dynamic=False)  # prefill and decode: one graph each
+        with torch.no_grad(), record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            x, pos = ids, torch.arange(128)
+            for step in range(steps + 1):
+                torch.spyre.synchronize()
+                torch.spyre.reset_kernel_reports()
+                logits = compiled(x.to("spyre"), pos.to("spyre"), *caches).cpu()
+                torch.spyre.synchronize()
+                reports = torch.spyre.kernel_reports()
+                want = ref(x, pos, *ref_caches)
+                errors.append((logits.float() - want).abs().max().item())
+                tokens.append(int(logits[0, -1].float().argmax()))
+                ref_tokens.append(int(want[0, -1].argmax()))
+                if step == 0:
+                    prefill = reports
+                elif step == 1:
+                    decode = reports
+                x, pos = torch.tensor([[tokens[-1]]]), torch.tensor([128 + step])
+    finally:
+        del os.environ["SPYRE_STRICT"]
+    compiled_programs = len([r for r in records if r.artifact is not None])
+    print(f"  {compiled_programs} programs compiled, no CPU fallback; greedy tokens {tokens} "
+          f"({'the same as' if tokens == ref_tokens else 'NOT the same as'} the fp32 CPU model's {ref_tokens})")
+    print(f"  max |logits spyre fp16 - cpu fp32| per call: {', '.join(f'{e:.3g}' for e in errors)}")
+    print(f"  prefill (128 tokens): {len(prefill)} programs per call, {len(prefill) // cfg.n_layers} or so per layer")
+    total = _kernel_table(prefill)
+    print(f"    prefill: {total:.1f} us simulated")
+    print(f"  decode step (1 token against the cache of 256): {len(decode)} programs")
+    total = _kernel_table(decode)
+    print(f"    decode step: {total:.1f} us simulated")
 
 
 def compiled_small_model() -> None:
@@ -223,8 +210,8 @@ def main() -> None:
     print(f"  {props.cores} cores, {props.scratchpad_bytes // 1024} KiB scratchpad per core, "
           f"{props.stick_bytes}-byte sticks, {props.total_memory / 2**30:.0f} GiB device memory")
 
+    compiled_llama_strict()
     compiled_mlp_strict()
-    compiled_attention_strict()
     compiled_model_piece()
     compiled_small_model()
 
