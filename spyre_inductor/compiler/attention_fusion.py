@@ -469,6 +469,15 @@ def _match(bmm2, build: _Builder):
             if bool(value.all()):
                 continue
         remaining.append((c, rank))
+    # arange(S) <= pos[:, None] (a KV cache's causal mask): the rows' positions, compared on chip
+    positions = None
+    if causal is None:
+        for k_, (c, rank) in enumerate(remaining):
+            found = _position_mask(c, L, S, memo)
+            if found is not None:
+                positions, causal = build.call(aten.reshape.default, found[0], [L]), found[1]
+                del remaining[k_]
+                break
     full = [B, H, L, S]
     for c, rank in remaining:
         c4 = _to_frame(build, c, rank, B, H)
@@ -496,7 +505,7 @@ def _match(bmm2, build: _Builder):
     out_dtype = cast if cast is not None else _val(bmm2).dtype
     if masked_score != float("-inf") and bias_terms:
         return None  # (a bias added after a finite fill would shift the fill too)
-    out4 = build.call(OP, q4, k4, v4, bias, keep, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
+    out4 = build.call(OP, q4, k4, v4, bias, keep, positions, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
                       out_dtype, heads_last, masked_score)
     if last is None:
         return build.call(aten.view.default, out4, [BH, L, Dv])
@@ -540,6 +549,32 @@ def _tail(bmm2, shape4):
         else:
             break
     return cast, last, heads_last
+
+
+COMPARES = {aten.le.Tensor: (0, False), aten.lt.Tensor: (-1, False), aten.ge.Tensor: (0, True),
+            aten.gt.Tensor: (-1, True)}  # (offset, whether the positions come first)
+
+
+def _position_mask(c, L, S, memo):
+    """(the positions node, d) if keep mask c is j <= positions[i] + d: ``arange(S) <= pos[:, None]``
+    and its mirror images, the positions an integer per query row that does not vary over batch
+    or heads."""
+    if c.op != "call_function" or c.target not in COMPARES:
+        return None
+    d, flipped = COMPARES[c.target]
+    index, pos = (c.args[1], c.args[0]) if flipped else c.args
+    value = _constant(index, memo)
+    if value is None or not isinstance(pos, fx.Node) or _val(pos) is None:
+        return None
+    if value.dim() == 0 or value.shape[-1] != S or not torch.equal(
+            value.reshape(-1, S), torch.arange(S, dtype=value.dtype).expand(value.reshape(-1, S).shape)):
+        return None
+    meta = _val(pos)
+    if meta.dtype not in (torch.int64, torch.int32) or meta.dim() < 2 or meta.shape[-1] != 1:
+        return None
+    if any(n != 1 for n in meta.shape[:-2]) or meta.shape[-2] != L:
+        return None
+    return pos, d
 
 
 def _negated(build, cond):

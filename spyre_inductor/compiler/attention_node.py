@@ -59,11 +59,11 @@ def _buffer(name, node) -> Buffer | None:
     return Buffer(name, DTYPE_NAMES[layout.dtype], size, stride, offset[0])
 
 
-def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
+def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
                     masked_score):
     from .scheduling import compile_kernel, content_name, record
 
-    named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep)]
+    named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep), ("positions", positions)]
     named = [(n, x) for n, x in named if x is not None]
     realized = []
     for _, x in named:
@@ -88,7 +88,8 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out
         kernel = content_name(AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"),
                                                  strides.get("keep"), "zero" if empty_zero else "nan",
                                                  None if p_dtype == out_dtype else DTYPE_NAMES[p_dtype],
-                                                 float(masked_score)))
+                                                 float(masked_score),
+                                                 strides["positions"][0] if positions is not None else None))
         artifact, reason = compile_kernel(kernel)
         if artifact is not None:
             node = SpyreAttention(out_layout, realized, kernel, artifact)
@@ -96,7 +97,7 @@ def lower_attention(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out
             return ir.TensorBox.create(node)
     record((), OPS, None, None, reason)
     announce(OPS, reason)
-    return L.fallback_handler(OP, add_to_fallback_set=False)(q, k, v, bias, keep, scale, causal, empty_zero,
+    return L.fallback_handler(OP, add_to_fallback_set=False)(q, k, v, bias, keep, positions, scale, causal, empty_zero,
                                                               p_dtype, out_dtype, heads_last, masked_score)
 
 

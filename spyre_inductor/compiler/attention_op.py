@@ -17,17 +17,17 @@ from .kernel_ir import attention_reference
 
 @torch.library.custom_op("spyre::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-              keep: torch.Tensor | None, scale: float, causal: int | None, empty_zero: bool,
-              p_dtype: torch.dtype, out_dtype: torch.dtype, heads_last: bool,
+              keep: torch.Tensor | None, positions: torch.Tensor | None, scale: float, causal: int | None,
+              empty_zero: bool, p_dtype: torch.dtype, out_dtype: torch.dtype, heads_last: bool,
               masked_score: float) -> torch.Tensor:
     out = attention_reference(q, k, v, bias, keep, scale=scale, causal=causal,
                               empty_rows="zero" if empty_zero else "nan", p_dtype=p_dtype, out_dtype=out_dtype,
-                              masked_score=masked_score)
+                              masked_score=masked_score, positions=positions)
     return _empty(q, v, out_dtype, heads_last).copy_(out)
 
 
 @attention.register_fake
-def _(q, k, v, bias, keep, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, masked_score):
+def _(q, k, v, bias, keep, positions, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, masked_score):
     return _empty(q, v, out_dtype, heads_last)
 
 

@@ -465,7 +465,9 @@ class AttentionKernel:
     with G = heads / kv_heads (grouped-query attention: K and V are read per kv head, never
     copied per query head). The mask keeps position j where j <= i + ``causal`` (when set),
     adds ``bias`` (a float buffer) and keeps only where ``keep`` (a bool buffer) is true (a
-    position it drops scores ``masked_score``: -inf, or the finite fill model code writes); each
+    position it drops scores ``masked_score``: -inf, or the finite fill model code writes);
+    with a ``positions`` buffer (an integer per query row, ``positions_stride`` elements apart:
+    a KV cache's ``arange(S) <= pos[:, None]``) the diagonal is j <= positions[i] + causal; each
     of them broadcast over (b, h, i, j) by its own element strides (0: broadcast). A row that
     has no finite score gives zeros when ``empty_rows`` is "zero" (SDPA's math path) and NaN when
     it is "nan" (a plain softmax). QK^T and PV run on the PE arrays with fp32 accumulation; the
@@ -473,7 +475,8 @@ class AttentionKernel:
     ``softmax(...).to(q.dtype) @ v`` does).
 
     Buffers, in order: q [B, H, L, D], k [B, KVH, S, D], v [B, KVH, S, Dv], then bias and/or keep
-    (any shape; their strides are ``bias_strides`` / ``keep_strides``), then out [B, H, L, Dv].
+    (any shape; their strides are ``bias_strides`` / ``keep_strides``) and positions, then out
+    [B, H, L, Dv].
     Not a ``Kernel``: its work is two matmuls around an online softmax, not one loop nest.
     """
 
@@ -486,6 +489,7 @@ class AttentionKernel:
     empty_rows: str = "zero"
     p_dtype: str | None = None   # the probabilities' dtype in PV (None: the output's)
     masked_score: float = float("-inf")  # the score of a position the keep mask drops (model code's finfo.min)
+    positions_stride: int | None = None  # rows' positions from a buffer: keep j <= positions[i] + causal
 
     # ---- the buffers by role ------------------------------------------------------------
 
@@ -508,6 +512,10 @@ class AttentionKernel:
     @property
     def keep(self) -> Buffer | None:
         return self.buffers[3 + (self.bias_strides is not None)] if self.keep_strides is not None else None
+
+    @property
+    def positions(self) -> Buffer | None:
+        return self.buffers[-2] if self.positions_stride is not None else None
 
     @property
     def out(self) -> Buffer:
@@ -546,9 +554,13 @@ class AttentionKernel:
     def check(self) -> None:
         """Raise ValueError naming the first malformed part."""
         where = f"attention kernel {self.name!r}"
-        extra = (self.bias_strides is not None) + (self.keep_strides is not None)
+        extra = (self.bias_strides is not None) + (self.keep_strides is not None) + (self.positions_stride is not None)
         if len(self.buffers) != 4 + extra:
             raise ValueError(f"{where}: {len(self.buffers)} buffers, expected q, k, v, {extra} mask(s) and out")
+        if self.positions is not None and self.positions.dtype not in ("int64", "int32"):
+            raise ValueError(f"{where}: positions of dtype {self.positions.dtype} (int64 or int32)")
+        if self.positions is not None and self.causal is None:
+            raise ValueError(f"{where}: positions without a diagonal (causal) offset")
         for role, b in (("q", self.q), ("k", self.k), ("v", self.v), ("out", self.out)):
             if len(b.shape) != 4 or len(b.strides) != 4:
                 raise ValueError(f"{where}: {role} must be 4-D (batch, heads, rows, features), got {b.shape}")
@@ -566,7 +578,7 @@ class AttentionKernel:
             raise ValueError(f"{where}: the keep mask is {self.keep.dtype}, not bool")
         if self.p_dtype is not None and self.p_dtype not in ("fp16", "bf16", "fp32"):
             raise ValueError(f"{where}: probabilities in {self.p_dtype}")
-        if self.masked_score != float("-inf") and self.causal is not None:
+        if self.masked_score != float("-inf") and self.causal is not None and self.positions is None:
             raise ValueError(f"{where}: a causal diagonal drops positions to -inf, not {self.masked_score}")
         if self.empty_rows not in ("zero", "nan"):
             raise ValueError(f"{where}: empty_rows {self.empty_rows!r} (zero or nan)")
@@ -580,7 +592,8 @@ class AttentionKernel:
                            "causal": self.causal, "bias_strides": self.bias_strides,
                            "keep_strides": self.keep_strides, "empty_rows": self.empty_rows,
                            **({"p_dtype": self.p_dtype} if self.p_dtype else {}),
-                           **({"masked_score": self.masked_score} if self.masked_score != float("-inf") else {})},
+                           **({"masked_score": self.masked_score} if self.masked_score != float("-inf") else {}),
+                           **({"positions_stride": self.positions_stride} if self.positions_stride is not None else {})},
                           indent=1)
 
     @classmethod
@@ -590,11 +603,12 @@ class AttentionKernel:
                         for b in d["buffers"])
         tup = lambda s: None if s is None else tuple(s)  # noqa: E731
         return cls(d["name"], buffers, d["scale"], d["causal"], tup(d["bias_strides"]), tup(d["keep_strides"]),
-                   d["empty_rows"], d.get("p_dtype"), d.get("masked_score", float("-inf")))
+                   d["empty_rows"], d.get("p_dtype"), d.get("masked_score", float("-inf")), d.get("positions_stride"))
 
 
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,
-                        empty_rows: str = "zero", p_dtype=None, out_dtype=None, masked_score=float("-inf")):
+                        empty_rows: str = "zero", p_dtype=None, out_dtype=None, masked_score=float("-inf"),
+                        positions=None):
     """AttentionKernel's semantics on torch tensors (any device; broadcast bias/keep to
     [B, H, L, S]): the definition tests and the CPU fallback use."""
     B, H, L, _ = q.shape
@@ -604,7 +618,9 @@ def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: 
     s = (q.float() @ kf.transpose(-2, -1)) * scale
     S = k.shape[2]
     allowed = torch.ones(L, S, dtype=torch.bool, device=q.device)
-    if causal is not None:
+    if positions is not None:
+        allowed = torch.arange(S, device=q.device)[None, :] <= positions.reshape(L, 1) + causal
+    elif causal is not None:
         allowed = allowed.tril(causal)
     allowed = allowed.expand(B, H, L, S)
     s = s.masked_fill(~allowed, float("-inf"))

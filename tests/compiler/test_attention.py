@@ -311,3 +311,15 @@ def test_a_softmax_over_flattened_scores_is_left_alone():
     out, _, records, _, _ = compile_on_spyre(f, *args)
     assert not any(r.kernel is not None and r.kernel.name.startswith("spyre_attn") for r in records)
     torch.testing.assert_close(out[0].cpu(), f(*args), **FP32)
+
+
+def test_a_kv_cache_mask_from_positions_is_computed_on_chip(strict):
+    # what a decoder writes for prefill into a cache and for decode: arange(S) <= pos[:, None]
+    def f(q, k, v, pos):
+        keep = torch.arange(k.shape[2], device=q.device) <= pos[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+
+    for L, pos in ((1, torch.tensor([70])), (24, torch.arange(40, 64)), (3, torch.tensor([-1, 5, 300]))):
+        (program,) = _check(f, [_randn(1, 4, L, 64), _randn(1, 2, 128, 64, seed=1), _randn(1, 2, 128, 64, seed=2), pos],
+                            FP32)
+        assert program.kernel.positions is not None and program.kernel.keep is None   # no mask program, no mask read

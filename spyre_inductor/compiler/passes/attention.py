@@ -48,6 +48,8 @@ def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
     for buf, strides in ((kernel.bias, kernel.bias_strides), (kernel.keep, kernel.keep_strides)):
         if buf is not None:
             read += distinct(buf, strides, (B, H, L, S))
+    if kernel.positions is not None:
+        read += distinct(kernel.positions, (kernel.positions_stride,), (L,))
     return Traffic(read, distinct(kernel.out, kernel.out.strides, (B, H, L, Dv)))
 
 
@@ -61,6 +63,8 @@ def traffic(shape: AttentionShape, tiling) -> int:
         total += shape.G * u.rows * (shape.D * q + shape.Dv * o)
         for c in u.chunks:
             total += c.n * (shape.D * k + shape.Dv * v)
+            if shape.positions is not None:
+                total += u.rows * ITEMSIZE[shape.positions.dtype]
             for m in (shape.bias, shape.keep):
                 if m is not None:
                     total += (u.rows - c.r0 if m.strides[2] else 1) * (shape.G if m.strides[1] else 1) * c.n * \
@@ -92,7 +96,8 @@ def tile_kernel(shape: AttentionShape) -> TileKernel:
               Step("reduce", "sum", "l", ("s",), accumulate=True), Step("binary", "mul", "acc", ("acc", "alpha")),
               Step("unary", "copy", "p", ("s",)), Step("matmul", "matmul", "acc", ("p", "v"), accumulate=True)]
     notes = [f"out[{shape.B}, {shape.H}, {shape.L}, {shape.Dv}] = softmax({shape.scale:.6g} * q k^T"
-             + (f", causal diagonal {shape.causal}" if shape.causal is not None else "")
+             + (f", keep j <= positions[i] + {shape.causal}" if shape.positions is not None
+                else f", causal diagonal {shape.causal}" if shape.causal is not None else "")
              + (", + bias" if shape.bias else "") + (", keep mask" if shape.keep else "") + ") v",
              f"{shape.G} query head(s) per kv head share every K and V chunk ({shape.KVH} kv heads)",
              "the scores stay in the scratchpad: an online softmax per chunk of kv positions (flash attention)"]

@@ -72,7 +72,8 @@ class _Core:
         s = self.s
         return {"q": s.q.dtype, "k_rows": s.k.dtype, "kt": s.k.dtype, "v": s.v.dtype, "s": "fp32", "p": s.p_dtype,
                 "acc": "fp32", "o": s.out.dtype, "bias": s.bias.dtype if s.bias else None, "keep": "bool",
-                "diag_index": "int32", "diag_keep": "bool", "empty": "bool"}.get(name, "fp32")
+                "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
+                "positions": s.positions.dtype if s.positions else None}.get(name, "fp32")
 
     def const(self, name, rows, cols):
         dtype = "int32" if name == "izero" else "fp32"
@@ -100,7 +101,7 @@ class _Core:
         if T * 40 * self.s.G > MAX_INSTRUCTIONS_PER_CORE:
             raise Unsupported(f"attention plan with {T} chunks on core {self.core}: too many to unroll")
         ns = self.t.slots
-        masks = [m for m in ("bias", "keep") if getattr(self.s, m) is not None]
+        masks = [m for m in ("bias", "keep", "positions") if getattr(self.s, m) is not None]
         slots = range(min(ns, T))
         qslots = range(min(2, len(self.units)))
         oslots = range(min(2, len(self.units) + len(self.empty_units)))
@@ -294,6 +295,11 @@ class _Core:
         return [(g * per_head + first, rows, m.at(u.b, u.kvh * self.s.G + g, u.i0 + first, ch.j0)) for g in heads]
 
     def load_masks(self, ls, u: WorkUnit, ch: Chunk, slot):
+        p = self.s.positions
+        if p is not None:  # the unit's rows' positions, one per stick
+            isz = ITEMSIZE[p.dtype]
+            a = self.p.at("positions", slot)
+            self._rows(ls, a.offset, p.buffer, p.at(0, 0, u.i0, 0) * isz, u.rows, isz, p.strides[2] * isz, STICK)
         for name in ("bias", "keep"):
             m = getattr(self.s, name)
             if m is None:
@@ -335,7 +341,19 @@ class _Core:
             S = self.tile("s", b, row, rows, n)
             sfp.emit(Binary("mul", S, S, self.const("scale", rows, n)))
         heads = [(g * R + ch.r0, u.rows - ch.r0) for g in range(G)]
-        if ch.masked:
+        if ch.masked and s.positions is not None:
+            rows = u.rows
+            idx = self.tile("diag_index", None, 0, rows, n)
+            keep = self.tile("diag_keep", None, 0, rows, n)
+            position = self.tile("row_position", None, 0, rows, 1)
+            # keep j <= positions[i] + causal: j - causal <= the row's position
+            sfp.emit(Unary("copy", position, self.tile("positions", slot, 0, rows, 1)),
+                     Iota(idx, ch.j0 - s.causal, (), 0, 1),
+                     Binary("le", keep, idx, self.tile("row_position", None, 0, rows, n, broadcast="cols")))
+            for row, rows_h in heads:
+                S = self.tile("s", b, row, rows_h, n)
+                sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+        elif ch.masked:
             rows = u.rows - ch.r0
             idx = self.tile("diag_index", None, 0, rows, n)
             keep = self.tile("diag_keep", None, 0, rows, n)
@@ -363,7 +381,8 @@ class _Core:
         m_in, m_out = ("m", "t2") if c % 2 == 0 else ("t2", "m")
         # a row whose scores are all -inf has a -inf max: only a data mask can do that (a causal
         # row from r0 on sees a position of every chunk it visits), so only then is it made 0
-        safe = s.bias is not None or (s.keep is not None and s.masked_score == NINF)
+        safe = (s.bias is not None or (s.keep is not None and s.masked_score == NINF)
+                or s.positions is not None)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             old, new, l = (self.column(x, row, rows) for x in (m_in, m_out, "l"))

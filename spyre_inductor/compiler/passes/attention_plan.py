@@ -68,14 +68,20 @@ class AttentionShape(Describable):
     empty_rows: str
     p_dtype: str           # the probabilities' dtype for PV (the output's: softmax(...).to(v.dtype) @ v)
     masked_score: float    # what the keep mask makes a dropped position's score
+    positions: Access | None = None  # per-row positions (strides (0, 0, stride, 0)): the diagonal is theirs
+
+    @property
+    def skips(self) -> bool:
+        """Whether units skip the chunks and rows a causal diagonal hides (not with data positions)."""
+        return self.causal is not None and self.positions is None
 
     @property
     def G(self) -> int:
         return self.H // self.KVH
 
     def visible(self, i_last: int) -> int:
-        """How many kv positions row i_last sees (S without a causal mask)."""
-        if self.causal is None:
+        """How many kv positions row i_last sees (S without a causal mask, or with data positions)."""
+        if not self.skips:
             return self.S
         return max(0, min(self.S, i_last + self.causal + 1))
 
@@ -110,9 +116,12 @@ def analyse(kernel: AttentionKernel) -> AttentionShape:
         if role == "bias" and buf.dtype not in FLOAT_INPUTS:
             raise Unsupported(f"{where}: a {buf.dtype} bias")
         masks[role] = access(buf, strides)
+    positions = None
+    if kernel.positions is not None:
+        positions = access(kernel.positions, (0, 0, kernel.positions_stride, 0))
     return AttentionShape(B, H, KVH, L, S, D, Dv, access(kernel.q), access(kernel.k), access(kernel.v),
                           access(kernel.out), masks["bias"], masks["keep"], kernel.scale, kernel.causal,
-                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype, kernel.masked_score)
+                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype, kernel.masked_score, positions)
 
 
 @dataclass(frozen=True)
@@ -170,8 +179,8 @@ def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
     chunks = []
     for j0 in range(0, shape.visible(i0 + rows - 1), tiling.kv):
         n = min(tiling.kv, shape.S - j0)
-        if shape.causal is None:
-            chunks.append(Chunk(j0, n, 0, False))
+        if not shape.skips:
+            chunks.append(Chunk(j0, n, 0, shape.positions is not None))
             continue
         r0 = max(0, j0 - shape.causal - i0)   # rows before r0 see no position of this chunk
         if r0 >= rows:
@@ -220,6 +229,8 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
             out.append(need(name, rows, kv, m.dtype, t.slots))
     if shape.causal is not None:
         out += [need("diag_index", R, kv, "int32"), need("diag_keep", R, kv, "bool")]
+    if shape.positions is not None:
+        out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
     out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
     out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
     return out
