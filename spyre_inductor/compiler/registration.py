@@ -96,6 +96,12 @@ def register() -> None:
         _register_backend()
         install_lowerings()
         install_loop_order()  # a pre-fusion scheduler pass (loop_order.py: dim-0 reductions fuse)
+        from torch._inductor import config as inductor_config
+
+        from . import choices
+
+        if inductor_config.inductor_choices_class is None:  # (a user's own heuristics stay theirs)
+            inductor_config.inductor_choices_class = choices.factory
         register_device_op_overrides(DEVICE, SpyreDeviceOpOverrides())
         register_interface_for_device(DEVICE, SpyreInterface)
         for index in range(torch.spyre.device_count()):

@@ -323,3 +323,22 @@ def test_a_kv_cache_mask_from_positions_is_computed_on_chip(strict):
         (program,) = _check(f, [_randn(1, 4, L, 64), _randn(1, 2, 128, 64, seed=1), _randn(1, 2, 128, 64, seed=2), pos],
                             FP32)
         assert program.kernel.positions is not None and program.kernel.keep is None   # no mask program, no mask read
+
+
+def test_a_decode_steps_key_and_value_writes_are_one_program(strict):
+    # two tiny scatters indexed by the same positions share an 8-byte read: on spyre a launch costs
+    # more than that, so they fuse (choices.py) into one program
+    def f(kc, vc, pos, k, v):
+        kc.index_copy_(2, pos, k)
+        vc.index_copy_(2, pos, v)
+        return kc.sum() + vc.sum()
+
+    args = [torch.zeros(1, 2, 64, 64), torch.zeros(1, 2, 64, 64), torch.tensor([5]), _randn(1, 2, 1, 64),
+            _randn(1, 2, 1, 64, seed=1)]
+    out, dev, records, _, _ = compile_on_spyre(f, *args)
+    scatters = [r for r in records if r.kernel is not None and "index_put" in r.ops]
+    assert len(scatters) == 1 and len(scatters[0].nodes) == 2
+    want = [a.clone() for a in args]
+    f(*want)
+    torch.testing.assert_close(dev[0].cpu(), want[0], rtol=0, atol=0)
+    torch.testing.assert_close(dev[1].cpu(), want[1], rtol=0, atol=0)
