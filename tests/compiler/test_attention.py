@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from inductor_helpers import compile_on_spyre
+from pointwise_ir import contiguous
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_inductor.compiler.kernel_ir import DTYPE_NAMES, AttentionKernel, Buffer, attention_reference
 from spyre_runtime.launch import launch_jobplan, prepare_kernel
@@ -31,14 +32,6 @@ FP16 = dict(rtol=2e-3, atol=2e-3)
 @pytest.fixture
 def strict(monkeypatch):
     monkeypatch.setenv("SPYRE_STRICT", "1")
-
-
-def _contiguous(shape):
-    strides, n = [], 1
-    for extent in reversed(shape):
-        strides.append(n)
-        n *= extent
-    return tuple(reversed(strides))
 
 
 def _randn(*shape, dtype=torch.float32, seed=0):
@@ -60,7 +53,7 @@ def run_kernel(tmp_path, q, k, v, *, bias=None, keep=None, causal=None, empty_ro
             strides[name] = tuple(full.stride())
             args.append((m, full.shape))
     shape = (B, H, L, v.shape[3])
-    buffers.append(Buffer("out", dtype, shape, _contiguous(shape)))
+    buffers.append(Buffer("out", dtype, shape, contiguous(shape)))
     scale = D ** -0.5 if scale is None else scale
     kernel = AttentionKernel("attention_test", tuple(buffers), scale, causal, strides.get("bias"), strides.get("keep"),
                              empty_rows, p_dtype)
