@@ -67,7 +67,8 @@ def run_kernel(tmp_path, q, k, v, *, bias=None, keep=None, causal=None, empty_ro
     want = attention_reference(q, k, v, bias, keep, scale=scale, causal=causal, empty_rows=empty_rows,
                                p_dtype=TORCH.get(p_dtype), out_dtype=q.dtype)
     report = torch.spyre.kernel_reports()[-1]
-    report.rows_per_unit = json.loads((artifact / "plan.json").read_text())["tiling"]["rows"]
+    tiling = json.loads((artifact / "plan.json").read_text())["tiling"]
+    report.rows_per_unit, report.kv_split = tiling["rows"], tiling["kv_split"]
     return out.cpu(), want, report
 
 
@@ -86,9 +87,10 @@ def test_kernel_matches_its_definition_fp32(tmp_path, B, H, KVH, L, S, D):
     q, k, v = _randn(B, H, L, D), _randn(B, KVH, S, D, seed=1), _randn(B, KVH, S, D, seed=2)
     got, want, report = run_kernel(tmp_path, q, k, v)
     torch.testing.assert_close(got, want, **FP32)
-    # q read and the output written once, K and V once per block of query rows: no score matrix
+    # the output written once, q once per part of the positions (a decode's kv split), K and V
+    # once per block of query rows: no score matrix
     blocks = -(-L // report.rows_per_unit)
-    assert report.bytes_moved == 4 * (2 * B * H * L * D + 2 * blocks * B * KVH * S * D)
+    assert report.bytes_moved == 4 * ((1 + report.kv_split) * B * H * L * D + 2 * blocks * B * KVH * S * D)
 
 
 @pytest.mark.parametrize("causal", [0, 5, -3])
@@ -117,6 +119,23 @@ def test_rows_with_no_finite_score(tmp_path, empty_rows):
     got, want, _ = run_kernel(tmp_path, q, k, v, keep=keep, empty_rows=empty_rows)
     torch.testing.assert_close(got, want, **FP32, equal_nan=True)
     assert (got[0, 0, 3] == 0).all() if empty_rows == "zero" else got[0, 0, 3].isnan().all()
+
+
+@pytest.mark.parametrize("mask", ["none", "keep", "one_position"])
+def test_decode_splits_the_positions_over_cores(tmp_path, mask):
+    # one query row per head: the positions are dealt over neighbouring cores, each core's partial
+    # softmax travels the ring to the part before and is combined there (flash decoding); a part
+    # that keeps no position at all (one_position) contributes nothing
+    q, k, v = _randn(1, 8, 1, 64), _randn(1, 2, 2000, 64, seed=1), _randn(1, 2, 2000, 64, seed=2)
+    keep = None
+    if mask == "keep":
+        keep = torch.rand(1, 1, 1, 2000, generator=torch.Generator().manual_seed(3)) > 0.5
+    elif mask == "one_position":
+        keep = torch.zeros(1, 1, 1, 2000, dtype=torch.bool)
+        keep[..., 1500] = True
+    got, want, report = run_kernel(tmp_path, q, k, v, keep=keep)
+    torch.testing.assert_close(got, want, **FP32)
+    assert report.kv_split > 1 and report.cores_used > 2
 
 
 def test_fp16_with_fp16_probabilities(tmp_path):

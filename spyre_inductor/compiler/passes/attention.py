@@ -121,8 +121,11 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     moved = {t: traffic(shape, t) for t in tilings}
     least = min(moved.values())
     # the least traffic first, then the largest tiles (fewer per-chunk statistics)
-    tilings = sorted((t for t in tilings if moved[t] <= PRUNE * least), key=lambda t: (moved[t], -(t.rows * t.kv)))
-    tilings = tilings[:MAX_TIMED]
+    kept_ = sorted((t for t in tilings if moved[t] <= PRUNE * least), key=lambda t: (moved[t], -(t.rows * t.kv)))
+    base = [t for t in kept_ if t.kv_split == 1][:MAX_TIMED]
+    # and the kv splits of those (decode: few rows on many cores)
+    tilings = base + [t for t in kept_ if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in
+                      {dataclasses.replace(b, label="") for b in base}]
     errors: list[str] = []
 
     def build(tiling, n, representative=False):
@@ -132,7 +135,11 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
         place = placement(shape, tiling)
         notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
                  f"{len(work)} core(s)")
-        cores = (max(work, key=lambda w: sum(u.work for u in w.units)),) if representative else work
+        # (split units differ: the first part of each block combines and stores, the rest send)
+        if not work:
+            return None, work, place, len(units)
+        busiest = max(work, key=lambda w: sum(u.work for u in w.units))
+        cores = (busiest,) if representative and tiling.kv_split == 1 else work
         program = build_attention_program(kernel.name, symbols, shape, tiling, place, cores, notes)
         return program, work, place, len(units)
 
@@ -143,8 +150,11 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
         if (tiling, n) not in timed:
             # timed by its busiest core standing for all of them in step (timing.estimate's replicas)
             program, work, _, _ = build(tiling, n, representative=True)
+            if not work:
+                return None  # (split units need a core each)
+            replicas = len(work) if tiling.kv_split == 1 else 1
             timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work),
-                                                simulated_ns(program, len(work), check=False), (tiling, n))
+                                                simulated_ns(program, replicas, check=False), (tiling, n))
         return timed[tiling, n]
 
     counts = [cores] if cores else [c for c in candidate_counts(limit)]

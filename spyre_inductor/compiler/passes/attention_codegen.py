@@ -22,7 +22,8 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 from __future__ import annotations
 
 from spyre_runtime.program.emitter import Unit
-from spyre_runtime.program.isa import Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Store, Transpose, Unary
+from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Send, Store,
+                                      Transpose, Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
@@ -117,6 +118,10 @@ class _Core:
         pf = {k: self.q(f"p_full{k}", "sfp", "pe") for k in (0, 1)}
         pfree = {k: self.q(f"p_free{k}", "pe", "sfp") for k in (0, 1)}
         ar = self.q("acc_ready", "pe", "sfp")
+        split = any(u.parts > 1 for u in self.units)
+        ready = self.q("partial_ready", "sfp", "ls") if split else None
+        if split and self.units[0].part > 0:  # the ring queue to the part before, this core's ls to its sfp
+            self.queues.append(Queue(self.landing_queue(self.core - 1), (self.core, "ls"), (self.core - 1, "sfp"), 1))
         of = {k: self.q(f"o_full{k}", "sfp", "ls") for k in oslots}
         oe = {k: self.q(f"o_free{k}", "ls", "sfp") for k in oslots}
 
@@ -201,9 +206,14 @@ class _Core:
             if t + 1 < T and not early:
                 issue_v(t + 1)
             for done in store_after.get(t, ()):
+                u_done = self.units[done]
+                if u_done.part > 0:  # a later part of a split block: its partial goes to the part before
+                    ls.emit(Pop(ready))
+                    self.send_partial(ls, u_done)
+                    continue
                 b = (base_o + done) % len(oslots)
                 ls.emit(Pop(of[b]))
-                self.store(ls, self.units[done], b)
+                self.store(ls, u_done, b)
                 ls.emit(Push(oe[b]))
         for k in qslots:
             ls.emit(Pop(qe[k]))
@@ -252,6 +262,12 @@ class _Core:
             self.softmax_step(sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, bool(masks))
             if c == len(u.chunks) - 1:
                 sfp.emit(Pop(ar))
+                if u.part < u.parts - 1:  # the partial of the next part lands: combine it with ours
+                    sfp.emit(Pop(self.landing_queue(self.core)))
+                    self.combine(sfp, u)
+                if u.part > 0:
+                    sfp.emit(Push(ready))
+                    continue
                 b = (base_o + k) % len(oslots)
                 sfp.emit(Pop(oe[b]))
                 self.finish(sfp, u, b)
@@ -261,6 +277,43 @@ class _Core:
         for k in oslots:
             sfp.emit(Pop(oe[k]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
+
+    # ---- a block split over cores: partials combined along the ring ---------------------------
+
+    def landing_queue(self, core: int) -> str:
+        """The queue on which core + 1's partial lands on `core` (named by the producer's core)."""
+        return f"c{core + 1}.partial_to{core}"
+
+    def final_max(self, u: WorkUnit) -> str:
+        """The column holding the unit's running max after its last chunk (they alternate)."""
+        return "t2" if len(u.chunks) % 2 else "m"
+
+    def send_partial(self, ls, u: WorkUnit):
+        """(max, sum, accumulator) into the previous core's landing tiles, then its token."""
+        for own, landing in ((self.final_max(u), "m_in"), ("l", "l_in"), ("acc", "acc_in")):
+            src, dst = self.p.at(own), self.p.at(landing)
+            ls.emit(Send(self.core - 1, ls.sp(dst.offset), ls.sp(src.offset), src.nbytes))
+        ls.emit(Push(self.landing_queue(self.core - 1)))
+
+    def combine(self, sfp, u: WorkUnit):
+        """own = own (+) landed: the softmax partials of two ranges of positions, rescaled to their
+        common max (0 where both are -inf: then both sums are 0)."""
+        mine = self.final_max(u)
+        free = "m" if mine == "t2" else "t2"
+        for row, rows in self.blocks(u, 0):
+            m, m_in, shift, new = (self.column(x, row, rows) for x in (mine, "m_in", free, "t1"))
+            l, l_in, empty = (self.column(x, row, rows) for x in ("l", "l_in", "empty"))
+            acc, acc_in = (self.tile(x, None, row, rows, self.s.Dv) for x in ("acc", "acc_in"))
+            sfp.emit(Binary("max", new, m, m_in),
+                     Binary("eq", empty, new, self.const("ninf", rows, 1)),
+                     Select(shift, empty, self.const("zero", rows, 1), new),
+                     Binary("sub", m, m, shift), Unary("exp", m, m),               # ours' weight
+                     Binary("sub", m_in, m_in, shift), Unary("exp", m_in, m_in),   # theirs
+                     Binary("mul", l, l, m), Binary("mul", l_in, l_in, m_in), Binary("add", l, l, l_in),
+                     Binary("mul", acc, acc, self.column(mine, row, rows, self.s.Dv)),
+                     Binary("mul", acc_in, acc_in, self.column("m_in", row, rows, self.s.Dv)),
+                     Binary("add", acc, acc, acc_in),
+                     Unary("copy", m, new))
 
     # ---- ls: moves ----------------------------------------------------------------------------
 

@@ -130,6 +130,7 @@ class AttentionTiling(Describable):
     kv: int         # kv positions per chunk
     slots: int      # K/V chunk buffers
     label: str = ""
+    kv_split: int = 1  # >1: each (batch, kv head, rows) is split over this many neighbouring cores along S
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,8 @@ class WorkUnit:
     i0: int
     rows: int
     chunks: tuple[Chunk, ...]
+    part: int = 0      # with a kv split: which part of the positions this unit has (0 stores the result)
+    parts: int = 1
 
     @property
     def work(self) -> int:
@@ -172,7 +175,24 @@ def work_units(shape: AttentionShape, tiling: AttentionTiling, cores: int | None
                 step = -(-(-(-rows // parts)) // 8) * 8   # ceil(rows / parts), rounded up to 8 rows
                 split += [(b, kvh, r, min(step, i0 + rows - r)) for r in range(i0, i0 + rows, step)]
             blocks = blocks[:len(blocks) - rest] + split
+    if tiling.kv_split > 1:
+        return _split_units(shape, tiling, blocks)
     return [WorkUnit(b, kvh, i0, rows, _chunks(shape, tiling, i0, rows)) for b, kvh, i0, rows in blocks]
+
+
+def _split_units(shape, tiling, blocks) -> list[WorkUnit]:
+    """Every block's chunks dealt in kv_split contiguous runs, one unit per run (flash decoding:
+    a decode step's few rows on many cores, their partial softmaxes combined over the ring)."""
+    out = []
+    for b, kvh, i0, rows in blocks:
+        chunks = _chunks(shape, tiling, i0, rows)
+        q, r = divmod(len(chunks), tiling.kv_split)   # (every part at least one chunk: variants checks)
+        start = 0
+        for part in range(tiling.kv_split):
+            n = q + (part < r)
+            out.append(WorkUnit(b, kvh, i0, rows, chunks[start:start + n], part, tiling.kv_split))
+            start += n
+    return out
 
 
 def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
@@ -197,7 +217,13 @@ class CoreWork(Describable):
 
 
 def divide(units: list[WorkUnit], cores: int) -> tuple[CoreWork, ...]:
-    """Longest first, each unit to the least loaded core; each core's units in problem order."""
+    """Longest first, each unit to the least loaded core; each core's units in problem order.
+    Split units (kv_split) go one per core, the parts of a block on neighbouring cores in order
+    (part p on the core after part p - 1's: their partials travel the ring one hop)."""
+    if units and units[0].parts > 1:
+        if len(units) > cores:
+            return ()
+        return tuple(CoreWork(c, (u,)) for c, u in enumerate(units))
     load = [0] * cores
     mine: list[list[int]] = [[] for _ in range(cores)]
     for u in sorted(range(len(units)), key=lambda k: -units[k].work):
@@ -232,6 +258,8 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
     if shape.positions is not None:
         out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
     out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
+    if t.kv_split > 1:  # a neighbour's partial lands here
+        out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", G * R * STICK, STICK), Need("l_in", G * R * STICK, STICK)]
     out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
     return out
 
@@ -259,6 +287,17 @@ def variants(shape: AttentionShape) -> list[AttentionTiling]:
                                     f"{min(rows, shape.L)} rows x {kv} kv positions, {slots} K/V slots")
                 if placement(shape, t) is not None:
                     out.append(t)
+    # few rows (decode) and many kv positions for few cores: split the positions over cores too
+    groups = shape.B * shape.KVH * -(-shape.L // max(rows_cap, 1))
+    if not shape.skips and shape.L <= 8:
+        for t in list(out):
+            for split in (2, 4, 8, 16, 32):
+                chunks = -(-shape.S // t.kv)
+                if groups * split <= HARDWARE.cores and chunks >= split and t.rows >= shape.L:
+                    st = AttentionTiling(t.rows, t.kv, t.slots, f"{t.label}, positions split over {split} cores",
+                                         split)
+                    if placement(shape, st) is not None:
+                        out.append(st)
     if not out:
         raise Unsupported(f"attention with head dims {shape.D}/{shape.Dv} and {shape.G} heads per kv head: no "
                           f"tiling fits the {HARDWARE.scratchpad_usable_bytes} usable scratchpad bytes")
