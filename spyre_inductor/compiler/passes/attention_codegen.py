@@ -186,14 +186,8 @@ class _Core:
         for t in range(T):
             k, u, c = self.items[t]
             slot = t % ns
-            # V of chunk t + 1 waits for its slot: free from the start, or with three slots once the pe
-            # is past chunk t - 1; with two, only once chunk t is handed over (the pe computes S_t
-            # before the PV that frees the slot)
-            early = t + 1 < T and (ns >= 3 or t + 1 < ns)
             if t + 1 < T:
                 issue_k(t + 1)  # in flight while chunk t's K rows are transposed
-            if early:
-                issue_v(t + 1)
             ls.emit(Pop(ke[slot]))
             n = u.chunks[c].n
             ls.emit(Transpose(self.tile("kt", slot, 0, self.s.D, n), self.tile("k_rows", slot, 0, n, self.s.D)))
@@ -203,8 +197,8 @@ class _Core:
             ls.emit(Push(kf[slot]))
             if masks:
                 ls.emit(Push(mf[slot]))
-            if t + 1 < T and not early:
-                issue_v(t + 1)
+            if t + 1 < T:
+                issue_v(t + 1)  # (after chunk t is handed over: the pe frees V slots only past it)
             for done in store_after.get(t, ()):
                 u_done = self.units[done]
                 if u_done.part > 0:  # a later part of a split block: its partial goes to the part before
