@@ -184,6 +184,25 @@ def test_matmul_of_merged_heads_reads_its_operand_contiguously():
     assert report.bytes_read <= 1.05 * report.minimum_read_bytes  # each operand read once
 
 
+def test_identical_layers_share_one_program():
+    """The same kernel in two layers (other buffers, same computation) is compiled once: artifacts
+    are compiled from the kernel with its buffers named by position, so both layers get one
+    artifact, prepared once by the wrapper and launched once per layer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()).eval()
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        want = model(x)
+        out, _, records, warned, code = compile_on_spyre(model.to(SPYRE), x)
+    assert not warned
+    torch.testing.assert_close(out[0].cpu(), want, atol=1e-5, rtol=1e-5)
+    artifacts = [r.artifact for r in records]
+    assert len(artifacts) == 2 and artifacts[0] == artifacts[1]
+    assert records[0].kernel.name == records[1].kernel.name
+    assert records[0].kernel.buffers != records[1].kernel.buffers  # the record keeps Inductor's names
+    assert code.count("prepare_kernel(") == 1 and code.count("launch_jobplan(") == 2
+
+
 # ---- whole models (slow) ------------------------------------------------------------------------------
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
