@@ -148,9 +148,13 @@ class Program:
         return sticks(end)
 
     def scratchpad_high_water(self) -> dict[int, int]:
-        from .validate import scratchpad_high_water
+        # Computed once per (immutable) program: the header, the listing and the checks all ask.
+        cached = self.__dict__.get("_high_water")
+        if cached is None:
+            from .validate import scratchpad_high_water
 
-        return scratchpad_high_water(self)
+            cached = self.__dict__["_high_water"] = scratchpad_high_water(self)
+        return dict(cached)
 
     # ---- serialized form ---------------------------------------------------------
 
@@ -297,13 +301,29 @@ def _check_minimum(name, total, reads) -> None:
 _OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex)}
 
 
+# Per dataclass: its "@" kind and field names (the encoder's hot path: a program has thousands
+# of instructions, each a few operands deep).
+_ENCODING: dict[type, tuple[str, tuple[str, ...]]] = {}
+_PLAIN = (int, float, str, bool, type(None))
+
+
 def _encode(obj):
-    if dataclasses.is_dataclass(obj):
-        kind = obj.opcode if isinstance(obj, isa.Instruction) else type(obj).__name__
-        return {"@": kind, **{f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
-    if isinstance(obj, (list, tuple)):
-        return [_encode(v) for v in obj]
-    return obj
+    cls = type(obj)
+    if cls in _PLAIN:
+        return obj
+    shape = _ENCODING.get(cls)
+    if shape is None:
+        if not dataclasses.is_dataclass(obj):
+            if isinstance(obj, (list, tuple)):
+                return [_encode(v) for v in obj]
+            return obj
+        kind = obj.opcode if isinstance(obj, isa.Instruction) else cls.__name__
+        shape = _ENCODING[cls] = (kind, tuple(f.name for f in dataclasses.fields(obj)))
+    kind, names = shape
+    out = {"@": kind}
+    for name in names:
+        out[name] = _encode(getattr(obj, name))
+    return out
 
 
 def _decode(data):
