@@ -191,6 +191,21 @@ def _several_dots(kernel: Kernel | None) -> bool:
     return sum(1 for v in kernel.values if isinstance(v, Reduction) and v.op == "dot") > 1
 
 
+def _pe_declined(kernel: Kernel | None) -> bool:
+    """True for a matmul group the PE plans decline (passes/matmul_lowering.analyse refuses it):
+    it would be planned as a reduction on the special-function pipeline, which re-reads an
+    operand per output row."""
+    if not isinstance(kernel, MatmulKernel):
+        return False
+    from .passes.matmul_lowering import analyse
+
+    try:
+        analyse(kernel)
+    except Unsupported:
+        return True
+    return False
+
+
 class SpyreScheduling(BaseScheduling):
     def __init__(self, scheduler):
         super().__init__(scheduler)
@@ -231,8 +246,21 @@ class SpyreScheduling(BaseScheduling):
         if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
         found = self.try_capture(nodes)
-        return (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
-                and _masks_plannable(found.kernel))
+        if not (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
+                and _masks_plannable(found.kernel)):
+            return False
+        if _pe_declined(found.kernel):
+            # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
+            # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
+            # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
+            # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
+            # kernel of its own.
+            for part in (node1, node2):
+                alone = self.try_capture(list(part.get_nodes()))
+                if isinstance(alone, Capture) and isinstance(alone.kernel, MatmulKernel) \
+                        and not _pe_declined(alone.kernel):
+                    return False
+        return True
 
     def can_fuse_vertical(self, node1, node2) -> bool:
         return self._can_fuse(node1, node2)

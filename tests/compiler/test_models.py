@@ -39,7 +39,7 @@ benchmarks/models.py prints the same as a table).
 
 from __future__ import annotations
 
-import os
+import json
 
 import pytest
 import torch
@@ -201,6 +201,30 @@ def test_identical_layers_share_one_program():
     assert records[0].kernel.name == records[1].kernel.name
     assert records[0].kernel.buffers != records[1].kernel.buffers  # the record keeps Inductor's names
     assert code.count("prepare_kernel(") == 1 and code.count("launch_jobplan(") == 2
+
+
+def test_an_epilogue_that_would_cost_a_matmul_its_pe_plan_stays_apart():
+    """GPT-2's first block: the residual is the embeddings' sum, never stored, so the MLP's down
+    projection had ``tok + pos + h @ W.t() + b`` as its epilogue, with ``pos`` broadcast over the
+    batch. That operand keeps the batch and sequence dims from merging into one m dim, the PE
+    plans decline two m dims, and the group ran as a reduction (1957 us, 168x its minimum bytes).
+    The scheduler no longer fuses what would cost a matmul its PE plan: the matmul is planned on
+    the PE arrays and the add runs apart."""
+    g = torch.Generator().manual_seed(0)
+    tok, pos = torch.randn(2, 128, 256, generator=g).half(), torch.randn(128, 256, generator=g).half()
+    h, w = torch.randn(2, 128, 1024, generator=g).half(), (torch.randn(256, 1024, generator=g) / 32).half()
+    bias = torch.randn(256, generator=g).half()
+
+    def residual_down(tok, pos, h, w, bias):
+        return tok + pos + torch.nn.functional.linear(h, w, bias)
+
+    out, _, records, warned, _ = compile_on_spyre(residual_down, tok, pos, h, w, bias)
+    assert not warned
+    want = residual_down(*(t.float() for t in (tok, pos, h, w, bias)))
+    assert_close_scaled(out[0].cpu(), want, torch.float16, "output")
+    families = [json.loads((r.artifact / "plan.json").read_text())["family"] for r in records]
+    matmuls = [r for r in records if isinstance(r.kernel, MatmulKernel)]
+    assert len(matmuls) == 1 and families[records.index(matmuls[0])] == "matmul"
 
 
 # ---- whole models (slow) ------------------------------------------------------------------------------
