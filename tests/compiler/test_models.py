@@ -227,6 +227,33 @@ def test_an_epilogue_that_would_cost_a_matmul_its_pe_plan_stays_apart():
     assert len(matmuls) == 1 and families[records.index(matmuls[0])] == "matmul"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_padding_mask_is_loaded_once_per_group_of_rows(dtype):
+    """BERT's softmax: scores (b, h, q, k) plus an additive mask built from a (b, k) attention mask,
+    broadcast over heads and query rows. The mask is constant down a group of rows (they lie
+    along the merged (h, q) dim) and varies only with b, which the outer loop walks: it is loaded
+    as one row per group and broadcast, not once per row (4.96x the minimum read bytes)."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 4, 128, 128, generator=g).to(dtype)
+    mask = (torch.arange(128) < torch.tensor([[128], [88]])).long()
+
+    def masked_softmax(scores, mask):
+        additive = (1.0 - mask[:, None, None, :].to(scores.dtype)) * torch.finfo(scores.dtype).min
+        return torch.softmax((scores * 0.125 + additive).float(), -1).to(scores.dtype)
+
+    out, args, records, warned, _ = compile_on_spyre(masked_softmax, scores, mask)
+    assert not warned
+    want = masked_softmax(scores.float(), mask)
+    assert_close_scaled(out[0].cpu(), want, dtype, "softmax")
+    assert torch.equal(out[0].cpu()[1, :, :, 88:], torch.zeros(4, 128, 40, dtype=dtype))  # padded keys: exactly 0
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
+    torch.compile(masked_softmax)(*args)
+    torch.spyre.synchronize()
+    (report,) = torch.spyre.kernel_reports()
+    assert report.refetch <= 1.3
+
+
 # ---- whole models (slow) ------------------------------------------------------------------------------
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
