@@ -168,7 +168,13 @@ class Program:
     def to_json(self, indent: int | None = None) -> str:
         # Compact by default: json's C encoder only serves indent=None, and a many-core
         # program indented costs a third of a second per dump (listing.txt is for reading).
-        return json.dumps(self._document(), indent=indent, sort_keys=True)
+        # The compact text is kept: the artifact writer saves it and the device image is it.
+        if indent is not None:
+            return json.dumps(self._document(), indent=indent, sort_keys=True)
+        cached = self.__dict__.get("_json")
+        if cached is None:
+            cached = self.__dict__["_json"] = json.dumps(self._document(), sort_keys=True)
+        return cached
 
     def checksum(self) -> str:
         return self._document()["header"]["checksum"]
