@@ -99,74 +99,47 @@ def compiled_mlp_strict() -> None:
     print(f"  MLP forward: {total:.1f} us simulated")
 
 
-class AttentionStep(nn.Module):
-    """Token embedding, q/k/v projections, rotary embeddings, a KV cache updated in place at the
-    new positions (index_copy_), causal scores, softmax and the weighted values: what a decoder
-    layer moves and picks, written the explicit way (fused SDPA is the next issue)."""
-
-    def __init__(self, vocab: int, d: int, heads: int, max_len: int):
-        super().__init__()
-        self.heads, self.hd = heads, d // heads
-        self.embed = nn.Embedding(vocab, d)
-        self.q, self.k, self.v = (nn.Linear(d, d, bias=False) for _ in range(3))
-        inv = 1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd)
-        angles = torch.outer(torch.arange(max_len).float(), inv)
-        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1))
-        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1))
-
-    def rotary(self, x, pos):
-        half = self.hd // 2
-        cos, sin = self.cos[pos], self.sin[pos]
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
-
-    def forward(self, ids, pos, k_cache, v_cache):
-        b, s = ids.shape
-        x = self.embed(ids)
-        q, k, v = (f(x).view(b, s, self.heads, self.hd).transpose(1, 2) for f in (self.q, self.k, self.v))
-        q, k = self.rotary(q, pos), self.rotary(k, pos)
-        k_cache.index_copy_(2, pos, k)
-        v_cache.index_copy_(2, pos, v)
-        scores = q @ k_cache.transpose(-2, -1) / self.hd ** 0.5
-        causal = torch.arange(k_cache.shape[2], device=ids.device) <= pos[:, None]
-        p = torch.softmax(scores.float().masked_fill(~causal, float("-inf")), -1).to(q.dtype)
-        return (p @ v_cache).transpose(1, 2).reshape(b, s, -1)
-
-
-def compiled_attention_strict() -> None:
+def compiled_llama_strict() -> None:
     from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.testing import models
 
-    section("torch.compile under SPYRE_STRICT=1: an attention step's data movement (embedding, rotary, "
-            "KV cache index_copy_, causal mask from indices), 64 new tokens into a cache of 256, fp16")
-    torch.manual_seed(0)
-    model = AttentionStep(vocab=1000, d=512, heads=8, max_len=256).half().eval()
-    ids, pos = torch.randint(0, 1000, (1, 64)), torch.arange(32, 96)
-    caches = [torch.randn(1, 8, 256, 64).half() * 0.1 for _ in range(2)]
+    section("torch.compile under SPYRE_STRICT=1: a whole Llama-style decoder (2 layers, d=256, GQA 8/2 heads, "
+            "fp16; spyre_inductor/testing/models.py), a prefill of 128 tokens then a decode step into a cache of "
+            "1024, the KV caches updated in place")
+    model = models.build(models.llama_config(), dtype=torch.float16)
+    reference = models.fp32_copy(model)
+    ids, _, k_caches, v_caches = models.llama_inputs(model, seq=128, cache_len=1024)
+    pos = torch.arange(128)  # the prefill writes positions 0..127 of the cache of 1024, the step position 128
+    step_ids, step_pos = torch.randint(0, 1000, (1, 1), generator=torch.Generator().manual_seed(1)), torch.tensor([128])
     with torch.no_grad():
-        ref = AttentionStep(1000, 512, 8, 256).eval()
-        ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-        ref_caches = [c.float() for c in caches]
-        expected = ref(ids, pos, *ref_caches)
-        spyre_caches = [c.to("spyre") for c in caches]
-        os.environ["SPYRE_STRICT"] = "1"
+        ref_k, ref_v = [c.float() for c in k_caches], [c.float() for c in v_caches]
+        want_prefill = reference(ids, pos, ref_k, ref_v)
+        want_step = reference(step_ids, step_pos, ref_k, ref_v)
+        k_dev, v_dev = [c.to("spyre") for c in k_caches], [c.to("spyre") for c in v_caches]
+        compiled = torch.compile(model.to("spyre"), dynamic=False)
+        os.environ["SPYRE_STRICT"] = "1"  # a CPU fallback anywhere in either graph would raise
         try:
-            compiled = torch.compile(model.to("spyre"))
             with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
-                compiled(ids.to("spyre"), pos.to("spyre"), *[c.clone() for c in spyre_caches])
-            torch.spyre.synchronize()
-            torch.spyre.reset_kernel_reports()
-            got = compiled(ids.to("spyre"), pos.to("spyre"), *spyre_caches).cpu()
-            torch.spyre.synchronize()
+                got_prefill = compiled(ids.to("spyre"), pos.to("spyre"), k_dev, v_dev).cpu()
+                torch.spyre.synchronize()
+                torch.spyre.reset_kernel_reports()
+                got_step = compiled(step_ids.to("spyre"), step_pos.to("spyre"), k_dev, v_dev).cpu()
+                torch.spyre.synchronize()
         finally:
             del os.environ["SPYRE_STRICT"]
-    err = (got.float() - expected).abs().max().item()
-    cache_err = max((c.cpu().float() - r).abs().max().item() for c, r in zip(spyre_caches, ref_caches))
-    print(f"  {len(records)} program(s), no CPU fallback; max |spyre - cpu fp32| = {err:.3g} (output), "
-          f"{cache_err:.3g} (the caches, updated in place)")
-    total = 0.0
-    for r in torch.spyre.kernel_reports():
-        total += r.simulated_us
-        print(f"  {r.describe()}")
-    print(f"  attention step: {total:.1f} us simulated")
+    step_reports = torch.spyre.kernel_reports()
+    errs = [(g.float() - w).abs().max().item() / w.abs().max().item()
+            for g, w in ((got_prefill, want_prefill), (got_step, want_step))]
+    cache_err = max((c.cpu().float() - r).abs().max().item() for c, r in zip(k_dev + v_dev, ref_k + ref_v))
+    print(f"  {len(records)} programs over the two graphs, no CPU fallback; max |spyre - cpu fp32| / scale: "
+          f"prefill {errs[0]:.2g}, decode {errs[1]:.2g} (fp16: 2^-11 = 4.9e-4 per rounding); caches {cache_err:.3g}")
+    total = sum(r.simulated_us for r in step_reports)
+    roof = sum(r.roofline_us for r in step_reports)
+    print(f"  decode step: {len(step_reports)} launches, {total:.1f} us simulated, {roof:.1f} us of rooflines; "
+          f"the costliest:")
+    for r in sorted(step_reports, key=lambda r: -r.simulated_us)[:4]:
+        print(f"    {r.describe()}")
+    print("  (benchmarks/models.py: compile time against Inductor CPU, programs per layer, every kernel)")
 
 
 def compiled_small_model() -> None:
@@ -224,7 +197,7 @@ def main() -> None:
           f"{props.stick_bytes}-byte sticks, {props.total_memory / 2**30:.0f} GiB device memory")
 
     compiled_mlp_strict()
-    compiled_attention_strict()
+    compiled_llama_strict()
     compiled_model_piece()
     compiled_small_model()
 
