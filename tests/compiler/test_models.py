@@ -22,6 +22,7 @@ s = max|reference| (the logits, the hidden states, each KV cache):
   fp16 lands at 0.8 .. 2.5 u * s on these models, spyre at 0.6 .. 1.7 u * s (fused intermediates
   stay fp32); 4 u * s covers both. A matmul accumulated in fp16 instead (sqrt(768) ~ 28 u of
   rounding noise over K = 768) would not pass.
+* bf16 (slow tier only): the same 4 u * s with bf16's u = 2^-8.
 
 The Llama caches are compared too: rows the call writes (its positions) under the same
 tolerance, every other row bit for bit (nothing else may be touched).
@@ -53,7 +54,7 @@ from spyre_inductor.testing import models
 from inductor_helpers import SPYRE, compile_on_spyre
 
 U16 = 2.0 ** -11
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 4 * U16}  # times max|reference| (module docstring)
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 4 * U16, torch.bfloat16: 4 * 2.0 ** -8}  # x max|reference| (docstring)
 
 
 @pytest.fixture(autouse=True)
@@ -299,6 +300,20 @@ def test_bert(dtype, attention):
     check_model(models.build(config), models.bert_inputs(config), dtype)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama", "gpt2", "bert"])
+def test_bf16(model):
+    """bf16 too (not a target dtype of the issue): the fp16 reasoning with u = 2^-8."""
+    if model == "llama":
+        llama(torch.bfloat16, seq=128, cache_len=128)
+    elif model == "gpt2":
+        config = models.gpt2_config()
+        check_model(models.build(config), models.gpt2_inputs(config), torch.bfloat16)
+    else:
+        config = models.bert_config()
+        check_model(models.build(config), models.bert_inputs(config), torch.bfloat16)
+
+
 def programs_per_layer(seq: int, cache_len: int, dtype=torch.float16):
     """(programs per decoder layer, the 2-layer model's kernel reports of one call)."""
     counts = {}
@@ -320,14 +335,16 @@ def programs_per_layer(seq: int, cache_len: int, dtype=torch.float16):
 @pytest.mark.parametrize("seq,cache_len", [(128, 128), (1, 1024)], ids=["prefill128", "decode1024"])
 def test_programs_per_decoder_layer(seq, cache_len):
     """How many programs a Llama decoder layer is, and what each costs on the card (printed). With
-    explicit attention a layer is 17 programs: RMSNorm, q, k, v, rotary + q cast, rotary + both
-    index_copy_, two repeat_kv copies, scores, softmax, p @ v, the heads permute, o_proj +
-    residual, RMSNorm, gate + up, and down + residual (the counts are pinned: a fusion lost fails
-    here)."""
+    explicit attention a prefill layer is 17 programs: RMSNorm (the scaled rows, in one reduction
+    program), q, q's rotary, k, v, k's rotary with both caches' index_copy_, two repeat_kv copies,
+    scores, the masked softmax, p @ v, the heads permute, o_proj + residual, RMSNorm, gate, up
+    (silu(gate) * up as its epilogue), down + residual. A decode step is 16: no heads permute (one
+    token), k's repeat read in place by the scores, v's index_copy_ a program of its own. The
+    counts are bounds: a fusion lost fails here."""
     per_layer, reports = programs_per_layer(seq, cache_len)
     total = sum(r.simulated_us for r in reports)
     print(f"\nLlama layer, {seq} token(s), cache {cache_len}: {per_layer} programs per layer; "
           f"2 layers + head: {len(reports)} programs, {total:.1f} us simulated")
     for r in sorted(reports, key=lambda r: -r.simulated_us):
         print(f"  {r.simulated_us:8.2f} us  {100 * r.simulated_us / total:5.1f}%  {r.name}")
-    assert per_layer <= 17
+    assert per_layer <= (17 if seq > 1 else 16)
