@@ -5,9 +5,10 @@ compiled under SPYRE_STRICT=1 (no CPU fallback anywhere). Tables:
 
 * compile time: the Llama-style decoder (2 layers, prefill of 128 tokens, fp16), the first call
   beyond a warm call with Inductor's caches off and dynamo reset before each compile, on spyre
-  and with Inductor's CPU backend compiling the same model in the same run (best of --repeats);
-  target: spyre at most half of Inductor CPU's. `--profile` adds where spyre's compile goes
-  (cProfile, cumulative: inflated by the profiler, read the shares);
+  and with Inductor's CPU backend compiling the same model in the same run (the best of
+  --repeats, 2 by default: the machine is shared); target: spyre at most half of Inductor CPU's.
+  `--profile` adds where spyre's compile goes (cProfile, cumulative: inflated by the profiler,
+  read the shares);
 * programs per decoder layer: programs of 2 layers minus those of 1 layer, at prefill 128 and
   decode 1 (caches of 128 and 1024); per call of the 2-layer model: programs launched, simulated
   us, the sum of the kernels' rooflines (each kernel's minimum bytes at the pure-stream bandwidth,
@@ -200,7 +201,7 @@ def whole_models() -> None:
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 1
+    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 2
     for device in ("spyre", "cpu"):
         _warm_up(device)  # (its throwaway function makes a spyre tensor eagerly: before strict mode)
     os.environ["SPYRE_STRICT"] = "1"
