@@ -9,6 +9,7 @@ import compiled_pointwise
 import compiled_reductions
 import data_movement
 import device_overhead
+import models
 import queue_layer
 import simulator
 
@@ -24,3 +25,4 @@ if __name__ == "__main__":
     compiled_reductions.main()
     compiled_matmul.main()
     data_movement.main()
+    models.main()

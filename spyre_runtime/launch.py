@@ -294,7 +294,8 @@ def _allocate(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
     """The program's device allocation, [correction area][temporaries][image], filled in stream
     order on the current stream (a pinned host copy and one H2D transfer)."""
     image = program.image()
-    host = torch.zeros(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
+    host = torch.empty(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
+    host[:program.allocation_bytes].zero_()  # (the image part is overwritten whole: not zeroed first)
     host[program.allocation_bytes:] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
     alloc = torch.empty(host.numel(), dtype=torch.uint8, device=torch.device("spyre", device))
     current().queue(device).enqueue(_C.current_stream_id(device),

@@ -54,6 +54,23 @@ def test_serialized_form_round_trips_and_has_its_header():
     assert Program.from_json(p.to_json()) == p
 
 
+def test_a_program_saved_by_this_process_loads_back_as_itself(tmp_path):
+    """The compiler saves an artifact's program and the wrapper loads it moments later: the same
+    bytes come back as the very program (validated once, encoded once), not decoded again.
+    Other bytes are decoded as ever: an altered file still fails its checksum."""
+    p = scale_program()
+    path = p.save(tmp_path / "program.json")
+    assert Program.load(path) is p
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(doc, indent=1))  # the same program, other bytes: decoded, equal
+    again = Program.load(path)
+    assert again == p and again is not p
+    doc["body"]["cores"][0]["units"]["sfp"][1]["op"] = "sub"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProgramFormatError, match="checksum mismatch"):
+        Program.load(path)
+
+
 def test_listing_shows_every_core_and_unit():
     text = scale_program().listing()
     assert "core 0" in text and "[ls]" in text and "[sfp]" in text

@@ -110,14 +110,15 @@ def _kernel_table(reports, indent="    ") -> float:
 
 def compiled_llama_strict() -> None:
     from spyre_inductor.compiler.scheduling import record_kernels
-    from spyre_inductor.testing.models import build, llama_config
+    from spyre_inductor.testing.models import build, fp32_copy, llama_config
 
     cfg = llama_config(attention="sdpa")
     section(f"torch.compile under SPYRE_STRICT=1: a Llama-style decoder ({cfg.n_layers} layers, d {cfg.d}, "
             f"{cfg.n_heads} heads over {cfg.n_kv_heads} KV heads, RMSNorm, rotary, fused SDPA, SwiGLU, LM head "
             f"over {cfg.vocab} tokens), fp16: a prefill of 128 tokens, then greedy decode steps into a KV cache "
             f"of 256 updated in place, every op in spyre programs")
-    model, ref = build(cfg, dtype=torch.float16), build(cfg, dtype=torch.float32)   # the same weights
+    model = build(cfg, dtype=torch.float16)
+    ref = fp32_copy(model)  # the same (fp16-rounded) weights, in fp32
     ids = torch.randint(0, cfg.vocab, (1, 128), generator=torch.Generator().manual_seed(0))
     caches = model.new_caches(1, 256, device="spyre")
     ref_caches = ref.new_caches(1, 256)

@@ -87,6 +87,7 @@ def native_matmul(mat1, mat2, k_dim: int, dtype: torch.dtype | None = None):
     for m in (mat1, mat2):
         if isinstance(m, ir.TensorBox):
             m.realize()
+            _freeze_reshaped_contiguous(m)
     mat1 = L.lowerings[aten.unsqueeze](mat1, -1)
     mat2 = L.lowerings[aten.unsqueeze](mat2, -3)
     a, b = L.broadcast_tensors(mat1, mat2)
@@ -97,6 +98,23 @@ def native_matmul(mat1, mat2, k_dim: int, dtype: torch.dtype | None = None):
         return L.full(size, 0, dtype=out_dtype, device=a.get_device())
     product = L.make_pointwise(ops.dot)(a, b)
     return L.make_reduction("dot", override_return_dtype=dtype)(product, k_dim)
+
+
+def _freeze_reshaped_contiguous(operand) -> None:
+    """A matmul operand that reshapes a buffer whose layout is still Inductor's to choose (the
+    clone in ``attn.transpose(1, 2).reshape(b, s, h * d) @ W.t()``) gets that buffer contiguous,
+    as the graph's clone says it is. Left flexible, Inductor picks the order of the buffer's own
+    reads (the clone a plain memcpy in the transposed order), and the reshape then reads k as
+    (h, d) with strides (s * d, 1): not one affine dim, so the matmul ran as a looped reduction
+    (o_proj of a decoder layer: 481 us, 148x the minimum bytes, instead of a PE program behind
+    a permute copy)."""
+    node, reshaped = operand.data, False
+    while isinstance(node, ir.View):  # reshapes (of reshapes): row-major over what they view
+        node, reshaped = node.data, True
+    if reshaped and isinstance(node, ir.StorageBox):
+        buffer = node.data
+        if isinstance(buffer, ir.ComputedBuffer) and isinstance(buffer.layout, ir.FlexibleLayout):
+            buffer.freeze_layout()
 
 
 def _spyre_mm(inductor_mm, batched: bool):

@@ -41,14 +41,15 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import AttentionKernel, Indirect, IndirectKernel, Kernel, MatmulKernel, Op, Reduction, Scan
+from .kernel_ir import AttentionKernel, Indirect, IndirectKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan
 from .version import compiler_version
 
 
 @dataclass(frozen=True)
 class KernelRecord:
-    """What became of one scheduled (fused) node: its kernel IR if it captured,
-    its artifact if it compiled, else why it runs on the CPU."""
+    """What became of one scheduled (fused) node: its kernel IR if it captured (with Inductor's
+    buffer names; its artifact was compiled from the same kernel with the buffers named by
+    position, positional_names), its artifact if it compiled, else why it runs on the CPU."""
 
     nodes: tuple[str, ...]
     ops: str
@@ -109,6 +110,24 @@ def content_name(kernel: Kernel) -> Kernel:
     kind = ("mm" if isinstance(kernel, MatmulKernel) else "scan" if kernel.has_scan else "red" if kernel.reduction_ranges
             else "pw")
     return replace(kernel, name=f"spyre_{kind}_{label}_{digest}")
+
+
+def positional_names(kernel: Kernel) -> Kernel:
+    """The kernel with its buffers named by their position (``b0``, ``b1``, ...), in the same order.
+
+    What a kernel computes does not depend on Inductor's buffer names (``arg3_1``, ``buf12``): the
+    wrapper binds its arguments by position. Named by position, the same kernel in every layer of
+    a model is ONE kernel: one content name, one artifact, planned, written and prepared once, and
+    launched per layer with that layer's buffers (a 2-layer decoder plans 21 kernels, not 38)."""
+    names = {b.name: f"b{i}" for i, b in enumerate(kernel.buffers)}
+    if all(old == new for old, new in names.items()):
+        return kernel
+    return replace(
+        kernel,
+        buffers=tuple(replace(b, name=names[b.name]) for b in kernel.buffers),
+        values=tuple(replace(v, buffer=names[v.buffer]) if isinstance(v, Load) else v for v in kernel.values),
+        stores=tuple(replace(st, buffer=names[st.buffer]) for st in kernel.stores),
+    )
 
 
 def compile_kernel(kernel: Kernel) -> tuple[Path | None, str | None]:
@@ -184,6 +203,21 @@ def _sizes_key(node) -> tuple:
     return tuple(tuple(s) for s in node.get_ranges()) if isinstance(node, SchedulerNode) else ()
 
 
+def _pe_declined(kernel: Kernel | None) -> bool:
+    """True for a matmul group the PE plans decline (passes/matmul_lowering.analyse refuses it):
+    it would be planned as a reduction on the special-function pipeline, which re-reads an
+    operand per output row."""
+    if not isinstance(kernel, MatmulKernel):
+        return False
+    from .passes.matmul_lowering import analyse
+
+    try:
+        analyse(kernel)
+    except Unsupported:
+        return True
+    return False
+
+
 class SpyreScheduling(BaseScheduling):
     def __init__(self, scheduler):
         super().__init__(scheduler)
@@ -226,8 +260,21 @@ class SpyreScheduling(BaseScheduling):
         if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
         found = self.try_capture(nodes)
-        return (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
-                and _masks_plannable(found.kernel))
+        if not (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
+                and _masks_plannable(found.kernel)):
+            return False
+        if _pe_declined(found.kernel):
+            # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
+            # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
+            # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
+            # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
+            # kernel of its own.
+            for part in (node1, node2):
+                alone = self.try_capture(list(part.get_nodes()))
+                if isinstance(alone, Capture) and isinstance(alone.kernel, MatmulKernel) \
+                        and not _pe_declined(alone.kernel):
+                    return False
+        return True
 
     def can_fuse_vertical(self, node1, node2) -> bool:
         return self._can_fuse(node1, node2)
@@ -246,8 +293,9 @@ class SpyreScheduling(BaseScheduling):
                 _record(nodes, None, None, None)
                 self._finish(nodes, result.removed)
                 return
-            kernel = content_name(result.kernel)
-            artifact, reason = compile_kernel(kernel)
+            program = content_name(positional_names(result.kernel))  # what the artifact is compiled from
+            kernel = replace(result.kernel, name=program.name)  # (Inductor's buffer names: the record's)
+            artifact, reason = compile_kernel(program)
             if artifact is not None:
                 _record(nodes, kernel, artifact, None)
                 self._emit_program(nodes, kernel, artifact, result.removed)
@@ -259,6 +307,7 @@ class SpyreScheduling(BaseScheduling):
 
     def _emit_program(self, nodes, kernel: Kernel, artifact: Path, removed) -> None:
         wrapper = V.graph.wrapper_code
+        args = [b.name for b in kernel.buffers]  # the artifact's b0, b1, ... (positional_names)
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
@@ -266,7 +315,7 @@ class SpyreScheduling(BaseScheduling):
         V.graph.removed_buffers |= removed  # before mark_run: never allocated
         for n in nodes:
             n.mark_run()  # allocates outputs; FusedSchedulerNode.mark_run itself crashes
-        wrapper.call_spyre_kernel(plan, [b.name for b in kernel.buffers])
+        wrapper.call_spyre_kernel(plan, args)
         self.free_buffers_in_scheduler()
 
     def _emit_cpu_fallback(self, nodes, reason: str) -> None:

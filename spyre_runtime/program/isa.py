@@ -56,10 +56,13 @@ class Instruction:
         return None
 
     def listing(self) -> str:
-        parts = []
-        for f in fields(self):
-            parts.append(f"{f.name}={_show(getattr(self, f.name))}")
-        return f"{self.opcode:<8} " + " ".join(parts)
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
+        return f"{self.opcode:<8} " + " ".join(f"{name}={_show(getattr(self, name))}" for name in names)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _show(value) -> str:

@@ -13,15 +13,17 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True)
 
 
-def _indent(instrs) -> list[str]:
+def _indent(instrs) -> str:
+    """A unit's instructions, one numbered line each, indented by loop depth (formatted here, not
+    line by line in the template: a many-core program has tens of thousands of lines)."""
     lines, depth = [], 0
-    for ins in instrs:
+    for i, ins in enumerate(instrs):
         if isinstance(ins, isa.EndLoop):
             depth -= 1
-        lines.append("  " * depth + ins.listing())
+        lines.append(f"\n    {i:4d}  " + "  " * depth + ins.listing())
         if isinstance(ins, isa.Loop):
             depth += 1
-    return lines
+    return "".join(lines)
 
 
 def render(program) -> str:

@@ -27,10 +27,12 @@ the bytes the program chose to move.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
 import numbers
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,9 +148,13 @@ class Program:
         return sticks(end)
 
     def scratchpad_high_water(self) -> dict[int, int]:
-        from .validate import scratchpad_high_water
+        # Computed once per (immutable) program: the header, the listing and the checks all ask.
+        cached = self.__dict__.get("_high_water")
+        if cached is None:
+            from .validate import scratchpad_high_water
 
-        return scratchpad_high_water(self)
+            cached = self.__dict__["_high_water"] = scratchpad_high_water(self)
+        return dict(cached)
 
     # ---- serialized form ---------------------------------------------------------
 
@@ -162,7 +168,13 @@ class Program:
     def to_json(self, indent: int | None = None) -> str:
         # Compact by default: json's C encoder only serves indent=None, and a many-core
         # program indented costs a third of a second per dump (listing.txt is for reading).
-        return json.dumps(self._document(), indent=indent, sort_keys=True)
+        # The compact text is kept: the artifact writer saves it and the device image is it.
+        if indent is not None:
+            return json.dumps(self._document(), indent=indent, sort_keys=True)
+        cached = self.__dict__.get("_json")
+        if cached is None:
+            cached = self.__dict__["_json"] = json.dumps(self._document(), sort_keys=True)
+        return cached
 
     def checksum(self) -> str:
         return self._document()["header"]["checksum"]
@@ -236,18 +248,51 @@ class Program:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(self.to_json())
+        text = self.to_json()
+        path.write_text(text)
+        _remember(text, self)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> Program:
-        return cls.from_json(Path(path).read_text())
+        """The program saved at `path`. Bytes this process saved itself (the compiler writes an
+        artifact, the wrapper prepares it moments later) come back as the very program that was
+        saved, already validated, instead of being decoded and validated again: equal bytes are
+        an equal program (the text is its whole serialized form, checksum included)."""
+        text = Path(path).read_text()
+        key = _text_key(text)
+        with _saved_lock:
+            known = _saved.get(key)
+            if known is not None:
+                _saved.move_to_end(key)
+                return known
+        return cls.from_json(text)
 
     def listing(self) -> str:
         from .listing import render
 
         return render(self)
 
+
+
+# Programs this process saved, by the digest of their text (Program.load), the most recent last.
+# Bounded: an artifact loaded after its entry was dropped is decoded from its text as any other.
+_SAVED_PROGRAMS = 512
+_saved: collections.OrderedDict[str, Program] = collections.OrderedDict()
+_saved_lock = threading.Lock()
+
+
+def _text_key(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _remember(text: str, program: Program) -> None:
+    key = _text_key(text)
+    with _saved_lock:
+        _saved[key] = program
+        _saved.move_to_end(key)
+        while len(_saved) > _SAVED_PROGRAMS:
+            _saved.popitem(last=False)
 
 
 def _check_minimum(name, total, reads) -> None:
@@ -262,13 +307,29 @@ def _check_minimum(name, total, reads) -> None:
 _OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex)}
 
 
+# Per dataclass: its "@" kind and field names (the encoder's hot path: a program has thousands
+# of instructions, each a few operands deep).
+_ENCODING: dict[type, tuple[str, tuple[str, ...]]] = {}
+_PLAIN = (int, float, str, bool, type(None))
+
+
 def _encode(obj):
-    if dataclasses.is_dataclass(obj):
-        kind = obj.opcode if isinstance(obj, isa.Instruction) else type(obj).__name__
-        return {"@": kind, **{f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
-    if isinstance(obj, (list, tuple)):
-        return [_encode(v) for v in obj]
-    return obj
+    cls = type(obj)
+    if cls in _PLAIN:
+        return obj
+    shape = _ENCODING.get(cls)
+    if shape is None:
+        if not dataclasses.is_dataclass(obj):
+            if isinstance(obj, (list, tuple)):
+                return [_encode(v) for v in obj]
+            return obj
+        kind = obj.opcode if isinstance(obj, isa.Instruction) else cls.__name__
+        shape = _ENCODING[cls] = (kind, tuple(f.name for f in dataclasses.fields(obj)))
+    kind, names = shape
+    out = {"@": kind}
+    for name in names:
+        out[name] = _encode(getattr(obj, name))
+    return out
 
 
 def _decode(data):

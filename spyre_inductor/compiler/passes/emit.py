@@ -87,7 +87,6 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
 
     files = {
         "kernel.json": kernel.to_json(),
-        "program.json": program.to_json(),
         "listing.txt": program.listing(),
         "plan.json": json.dumps(plans.describe(), indent=1),
         "symbols.json": render("symbols.json.j2", symbols=program.symbols),
@@ -100,6 +99,7 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
         # No path: `directory` is the staging directory (backend.compile_kernel), gone once renamed.
         "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args]),
     }
+    program.save(directory / "program.json")  # (remembered: prepare_kernel gets this very program back)
     for name, text in files.items():
         if name.endswith(".json"):
             json.loads(text)  # a template bug fails here, not at launch

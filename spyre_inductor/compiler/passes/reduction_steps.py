@@ -139,6 +139,12 @@ class StepBuilder:
 
     def load(self, i, v: Load | IndexValue, os_, rs, ls_=()) -> None:
         space = space_of(os_, rs, self.K, self.one_row)
+        if space == FULL and self.K > 1 and not self.one_row and os_[-1] == 0:
+            # Constant down a group's rows (they lie along the innermost outer dim), varying only over
+            # the outer dims looped around the groups: one row per group, broadcast over its rows
+            # (BERT's padding mask, (b, 1, 1, s) under (b, h, q, s) scores: loaded per row it was
+            # 4.96x the minimum read bytes).
+            space = ALONG_REDUCED
         if v.dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} loads {v.dtype}")
         counted = isinstance(v, IndexValue)  # computed in place, in the tile's own orientation
@@ -154,8 +160,8 @@ class StepBuilder:
         if gathered:
             self.staging(t, Relayout.GATHERED)
         self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = t, space, 0, ()
-        if space == FULL or (space == ALONG_REDUCED and self.mode != "resident"):
-            self.f_loads[i] = (t, acc)
+        if space == FULL or (space == ALONG_REDUCED and (self.mode != "resident" or any(os_))):
+            self.f_loads[i] = (t, acc)  # (an along-reduced load that an outer loop moves: per group)
         elif space == PER_ROW:
             if acc.o_contiguous and not counted and not self.columns:  # a packed row, transposed into the column
                 self.staging(t, Relayout.ROW)

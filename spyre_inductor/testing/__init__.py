@@ -1,0 +1,1 @@
+"""Shared test material: the reference models (models.py) that tests, the demo and benchmarks use."""
