@@ -108,6 +108,13 @@ def _kernel_table(reports, indent="    ") -> float:
     return total
 
 
+def _per_layer(reports, layers: int) -> int:
+    """Programs per decoder layer: every layer launches the same artifacts, so a layer's kernels
+    are the ones launched a multiple of `layers` times."""
+    names = [r.name for r in reports]
+    return sum(1 for n in names if names.count(n) % layers == 0) // layers
+
+
 def compiled_llama_strict() -> None:
     from spyre_inductor.compiler.scheduling import record_kernels
     from spyre_inductor.testing.models import build, fp32_copy, llama_config
@@ -146,13 +153,15 @@ def compiled_llama_strict() -> None:
     finally:
         del os.environ["SPYRE_STRICT"]
     compiled_programs = len([r for r in records if r.artifact is not None])
-    print(f"  {compiled_programs} programs compiled, no CPU fallback; greedy tokens {tokens} "
+    print(f"  {compiled_programs} kernels compiled for the two graphs, no CPU fallback; greedy tokens {tokens} "
           f"({'the same as' if tokens == ref_tokens else 'NOT the same as'} the fp32 CPU model's {ref_tokens})")
     print(f"  max |logits spyre fp16 - cpu fp32| per call: {', '.join(f'{e:.3g}' for e in errors)}")
-    print(f"  prefill (128 tokens): {len(prefill)} programs per call, {len(prefill) // cfg.n_layers} or so per layer")
+    print(f"  prefill (128 tokens): {len(prefill)} programs per call, {_per_layer(prefill, cfg.n_layers)} per decoder "
+          f"layer (the layers share their artifacts; the rest: embedding, rotary tables, final norm, LM head)")
     total = _kernel_table(prefill)
     print(f"    prefill: {total:.1f} us simulated")
-    print(f"  decode step (1 token against the cache of 256): {len(decode)} programs")
+    print(f"  decode step (1 token against the cache of 256): {len(decode)} programs, {_per_layer(decode, cfg.n_layers)} "
+          f"per decoder layer")
     total = _kernel_table(decode)
     print(f"    decode step: {total:.1f} us simulated")
 

@@ -28,8 +28,8 @@ The Llama caches are compared too: rows the call writes (its positions) under th
 tolerance, every other row bit for bit (nothing else may be touched).
 
 Attention is tested both ways the models offer: ``attention="explicit"`` (HF-style eager code)
-and ``attention="sdpa"`` (F.scaled_dot_product_attention, which Inductor decomposes into the
-same matmuls and softmax on spyre until the fused attention kernel lands).
+and ``attention="sdpa"`` (F.scaled_dot_product_attention); both become the one fused attention
+program (attention_fusion.py).
 
 The default tier runs a one-layer decode step and the compiler fixes these models needed, each
 pinned on the smallest graph that shows it; whole models, every dtype and both attention forms
@@ -155,7 +155,8 @@ def test_llama_decode_step_fp16_one_layer():
     SwiGLU, final norm and LM head, all in spyre programs."""
     records = llama(torch.float16, n_layers=1, seq=1, cache_len=128)
     kinds = [type(r.kernel).__name__ for r in records]
-    assert kinds.count("MatmulKernel") == 10  # q, k, v, scores, p @ v, o, gate, up, down, lm head
+    assert kinds.count("MatmulKernel") == 8  # q, k, v, o, gate, up, down, lm head
+    assert kinds.count("AttentionKernel") == 1  # scores, softmax and p @ v: one fused program
 
 
 def test_matmul_of_merged_heads_reads_its_operand_contiguously():

@@ -120,12 +120,17 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     tilings = variants(shape)
     moved = {t: traffic(shape, t) for t in tilings}
     least = min(moved.values())
-    # the least traffic first, then the largest tiles (fewer per-chunk statistics)
-    kept_ = sorted((t for t in tilings if moved[t] <= PRUNE * least), key=lambda t: (moved[t], -(t.rows * t.kv)))
-    base = [t for t in kept_ if t.kv_split == 1][:MAX_TIMED]
-    # and the kv splits of those (decode: few rows on many cores)
-    tilings = base + [t for t in kept_ if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in
-                      {dataclasses.replace(b, label="") for b in base}]
+    # Timed: the tilings that move the fewest bytes, and for every rows-per-unit the best of its
+    # tilings (fewer rows re-read K and V, but give more units to the cores: a small prefill
+    # needs them), and the kv splits of those (decode: few rows on many cores)
+    order = sorted((t for t in tilings if t.kv_split == 1), key=lambda t: (moved[t], -(t.rows * t.kv), -t.slots))
+    base = [t for t in order if moved[t] <= PRUNE * least][:MAX_TIMED]
+    for rows in sorted({t.rows for t in order}):
+        best = next(t for t in order if t.rows == rows)
+        if best not in base:
+            base.append(best)
+    bare = {dataclasses.replace(b, label="") for b in base}
+    tilings = base + [t for t in tilings if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in bare]
     errors: list[str] = []
 
     def build(tiling, n, representative=False):
