@@ -28,6 +28,7 @@ diagonal and no mask is read at all. A pattern the pass does not recognise is le
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.fx as fx
@@ -41,6 +42,7 @@ VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, ate
          aten.clone.default, aten.permute.default, aten.transpose.int, aten.unsqueeze.default,
          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int,
          aten.alias.default, aten.t.default}
+SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.chunk.default}
 SCALES = {aten.mul.Tensor: False, aten.mul.Scalar: False, aten.div.Tensor: True, aten.div.Scalar: True}
 CAST = prims.convert_element_type.default
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -73,6 +75,10 @@ def _chain(node):
         t = node.target
         if t in VIEWS:
             ops.append(node)
+        elif (t is operator.getitem and isinstance(node.args[0], fx.Node)
+              and node.args[0].op == "call_function" and node.args[0].target in SPLITS):
+            ops.append(node)  # one piece of a split (q, k, v of a fused projection): a view too
+            node = node.args[0]
         elif t in SCALES and isinstance(node.args[0], fx.Node) and _number(node.args[1]) is not None:
             s = _number(node.args[1])
             scale = scale / s if SCALES[t] else scale * s
@@ -98,8 +104,8 @@ def _index_map(source, ops) -> torch.Tensor | None:
     # (Inductor gives the input of an as_strided exactly its fake tensor's strides, so the
     # source's meta layout is the one the op will read)
     meta = _val(source)
-    if meta is None:
-        return None
+    if meta is None or (source.op != "placeholder" and meta._is_view()):
+        return None  # (a view Inductor may materialize: its storage is not the one the map is of)
     x = _storage_index(meta)
     if x is None:
         return None
@@ -108,7 +114,11 @@ def _index_map(source, ops) -> torch.Tensor | None:
         if any(isinstance(a, (fx.Node, torch.SymInt)) for a in fx.node.map_aggregate(args, lambda a: a)
                if not isinstance(a, (list, tuple))):
             return None
-        x = x.clone() if op.target is aten.clone.default else op.target(x, *args)
+        if op.target is operator.getitem:
+            split = op.args[0]
+            x = split.target(x, *split.args[1:], **split.kwargs)[op.args[1]]
+        else:
+            x = x.clone() if op.target is aten.clone.default else op.target(x, *args)
         if x.numel() > MAX_INDEX_ELEMENTS:
             return None
     return x

@@ -354,3 +354,16 @@ def test_a_decode_steps_key_and_value_writes_are_one_program(strict):
     f(*want)
     torch.testing.assert_close(dev[0].cpu(), want[0], rtol=0, atol=0)
     torch.testing.assert_close(dev[1].cpu(), want[1], rtol=0, atol=0)
+
+
+def test_a_fused_qkv_projection_split_in_three_is_read_in_place(strict):
+    # GPT-2: q, k, v = c_attn(x).split(d, dim=2), each viewed into heads: the pieces of a split are
+    # views of the projection's output, which the attention reads where they lie
+    def f(x, w, b):
+        q, k, v = (t.view(2, 32, 4, 64).transpose(1, 2) for t in (x @ w + b).split(256, dim=2))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 32, 256)
+
+    programs = _check(f, [_randn(2, 32, 256), _randn(256, 768, seed=1) * 0.05, _randn(768, seed=2)], FP32,
+                      expect_programs=2)
+    attention = next(p for p in programs if p.kernel.name.startswith("spyre_attn"))
+    assert attention.kernel.q.strides[1:] == (64, 768, 1) and attention.kernel.k.shape == (2, 4, 32, 64)
