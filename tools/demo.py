@@ -1,10 +1,11 @@
 """`make demo`: what the spyre device can do today.
 
-torch.compile of a model piece on spyre (one fused dataflow program, checked
-against CPU, with its kernel report and listing) and of a small model (what
-compiles, what still runs on the CPU inside the graph); the device itself:
-tensors, a model in eager mode, streams and events with the simulated
-timeline, a hand-written program, and the device's memory statistics.
+A Llama-style decoder compiled under SPYRE_STRICT=1 (a prefill and greedy decode steps, every op
+in spyre programs, fused attention included, checked against the fp32 CPU model, with per-kernel
+tables); a transformer MLP and a model piece (one fused dataflow program, its kernel report and
+listing) and a small model (what compiles, what still runs on the CPU inside the graph); the
+device itself: tensors, a model in eager mode, streams and events with the simulated timeline, a
+hand-written program, and the device's memory statistics.
 """
 
 import dataclasses
@@ -108,13 +109,6 @@ def _kernel_table(reports, indent="    ") -> float:
     return total
 
 
-def _per_layer(reports, layers: int) -> int:
-    """Programs per decoder layer: every layer launches the same artifacts, so a layer's kernels
-    are the ones launched a multiple of `layers` times."""
-    names = [r.name for r in reports]
-    return sum(1 for n in names if names.count(n) % layers == 0) // layers
-
-
 def compiled_llama_strict() -> None:
     from spyre_inductor.compiler.scheduling import record_kernels
     from spyre_inductor.testing.models import build, fp32_copy, llama_config
@@ -156,12 +150,11 @@ def compiled_llama_strict() -> None:
     print(f"  {compiled_programs} kernels compiled for the two graphs, no CPU fallback; greedy tokens {tokens} "
           f"({'the same as' if tokens == ref_tokens else 'NOT the same as'} the fp32 CPU model's {ref_tokens})")
     print(f"  max |logits spyre fp16 - cpu fp32| per call: {', '.join(f'{e:.3g}' for e in errors)}")
-    print(f"  prefill (128 tokens): {len(prefill)} programs per call, {_per_layer(prefill, cfg.n_layers)} per decoder "
-          f"layer (the layers share their artifacts; the rest: embedding, rotary tables, final norm, LM head)")
+    print(f"  prefill (128 tokens): {len(prefill)} programs per call of the {cfg.n_layers} layers (programs per "
+          f"decoder layer: benchmarks/models.py)")
     total = _kernel_table(prefill)
     print(f"    prefill: {total:.1f} us simulated")
-    print(f"  decode step (1 token against the cache of 256): {len(decode)} programs, {_per_layer(decode, cfg.n_layers)} "
-          f"per decoder layer")
+    print(f"  decode step (1 token against the cache of 256): {len(decode)} programs")
     total = _kernel_table(decode)
     print(f"    decode step: {total:.1f} us simulated")
 
