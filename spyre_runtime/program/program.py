@@ -163,6 +163,7 @@ class Program:
         cached = self.__dict__.get("_image")
         if cached is None:
             cached = self.__dict__["_image"] = self.to_json(indent=None).encode()
+            self.__dict__.pop("_json", None)  # (one copy of the text is enough)
         return cached
 
     def to_json(self, indent: int | None = None) -> str:
@@ -256,17 +257,14 @@ class Program:
     @classmethod
     def load(cls, path: str | Path) -> Program:
         """The program saved at `path`. Bytes this process saved itself (the compiler writes an
-        artifact, the wrapper prepares it moments later) come back as the very program that was
-        saved, already validated, instead of being decoded and validated again: equal bytes are
-        an equal program (the text is its whole serialized form, checksum included)."""
+        artifact, the wrapper prepares it moments later) come back, the first time they are
+        loaded, as the very program that was saved, already validated, instead of being decoded
+        and validated again: equal bytes are an equal program (the text is its whole serialized
+        form, checksum included)."""
         text = Path(path).read_text()
-        key = _text_key(text)
         with _saved_lock:
-            known = _saved.get(key)
-            if known is not None:
-                _saved.move_to_end(key)
-                return known
-        return cls.from_json(text)
+            known = _saved.pop(_text_key(text), None)  # (handed over once: a later load decodes)
+        return known if known is not None else cls.from_json(text)
 
     def listing(self) -> str:
         from .listing import render
@@ -275,8 +273,9 @@ class Program:
 
 
 
-# Programs this process saved, by the digest of their text (Program.load), the most recent last.
-# Bounded: an artifact loaded after its entry was dropped is decoded from its text as any other.
+# Programs this process saved and has not loaded back yet, by the digest of their text
+# (Program.load), the most recent last. Bounded: an artifact loaded after its entry was dropped
+# is decoded from its text as any other.
 _SAVED_PROGRAMS = 512
 _saved: collections.OrderedDict[str, Program] = collections.OrderedDict()
 _saved_lock = threading.Lock()
