@@ -72,17 +72,17 @@ def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p
             x.freeze_layout()
         realized.append(x)
     device = q.get_device()
-    B, H, L_, _ = (int(s) for s in q.get_size())
-    Dv = int(v.get_size()[3])
-    blhd = [int(s) for s in ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])]
-    out_stride = (blhd[0], blhd[2], blhd[1], 1) if heads_last else tuple(
-        int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
-    out_layout = ir.FixedLayout(device, out_dtype, [B, H, L_, Dv], list(out_stride))
     buffers = [_buffer(n, x) for (n, _), x in zip(named, realized)]
     reason = None
-    if any(b is None for b in buffers):
+    if any(b is None for b in buffers):  # (checked before any size is read as an int)
         reason = "symbolic sizes (issue 18)"
     else:
+        B, H, L_, _ = buffers[0].shape
+        Dv = buffers[2].shape[3]
+        blhd = [int(s) for s in ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])]
+        out_stride = (blhd[0], blhd[2], blhd[1], 1) if heads_last else tuple(
+            int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+        out_layout = ir.FixedLayout(device, out_dtype, [B, H, L_, Dv], list(out_stride))
         buffers.append(Buffer("out", DTYPE_NAMES[out_dtype], (B, H, L_, Dv), out_stride, 0))
         strides = {b.name: b.strides for b in buffers}
         kernel = content_name(AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"),

@@ -29,9 +29,9 @@ from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
 
 from ..errors import Unsupported
 from .allocate import Placement
+from .matmul_codegen import PIECE_BYTES, rows_in_pieces
 from .attention_plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit
 
-PIECE_BYTES = 32 * 1024
 MAX_INSTRUCTIONS_PER_CORE = 200_000
 NINF = float("-inf")
 
@@ -311,25 +311,18 @@ class _Core:
 
     # ---- ls: moves ----------------------------------------------------------------------------
 
-    def _rows(self, ls, sp, symbol, dev, rows, row_bytes, dev_stride, sp_stride):
-        per = max(1, PIECE_BYTES // max(sp_stride, 1))
-        for r0 in range(0, rows, per):
-            n = min(per, rows - r0)
-            ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
-                         dev_stride if n > 1 else 0, sp_stride))
-
     def load_q(self, ls, u: WorkUnit, slot):
         q, isz = self.s.q, ITEMSIZE[self.s.q.dtype]
         a = self.p.at("q", slot)
         for g in range(self.s.G):
             h = u.kvh * self.s.G + g
-            self._rows(ls, a.offset + g * self.t.rows * a.row_stride, q.buffer, q.at(u.b, h, u.i0, 0) * isz,
+            rows_in_pieces(ls, a.offset + g * self.t.rows * a.row_stride, q.buffer, q.at(u.b, h, u.i0, 0) * isz,
                        u.rows, self.s.D * isz, q.strides[2] * isz, a.row_stride)
 
     def load_rows(self, ls, name, acc, cols, u: WorkUnit, ch: Chunk, slot):
         isz = ITEMSIZE[acc.dtype]
         a = self.p.at(name, slot)
-        self._rows(ls, a.offset, acc.buffer, acc.at(u.b, u.kvh, ch.j0, 0) * isz, ch.n, cols * isz,
+        rows_in_pieces(ls, a.offset, acc.buffer, acc.at(u.b, u.kvh, ch.j0, 0) * isz, ch.n, cols * isz,
                    acc.strides[2] * isz, a.row_stride)
 
     def mask_rows(self, m, u: WorkUnit, ch: Chunk):
@@ -346,7 +339,7 @@ class _Core:
         if p is not None:  # the unit's rows' positions, one per stick
             isz = ITEMSIZE[p.dtype]
             a = self.p.at("positions", slot)
-            self._rows(ls, a.offset, p.buffer, p.at(0, 0, u.i0, 0) * isz, u.rows, isz, p.strides[2] * isz, STICK)
+            rows_in_pieces(ls, a.offset, p.buffer, p.at(0, 0, u.i0, 0) * isz, u.rows, isz, p.strides[2] * isz, STICK)
         for name in ("bias", "keep"):
             m = getattr(self.s, name)
             if m is None:
@@ -354,7 +347,7 @@ class _Core:
             isz = ITEMSIZE[m.dtype]
             a = self.p.at(name, slot)
             for row, rows, elem in self.mask_rows(m, u, ch):
-                self._rows(ls, a.offset + row * a.row_stride, m.buffer, elem * isz, rows, ch.n * isz,
+                rows_in_pieces(ls, a.offset + row * a.row_stride, m.buffer, elem * isz, rows, ch.n * isz,
                            m.strides[2] * isz, a.row_stride)
 
     def store(self, ls, u: WorkUnit, b):

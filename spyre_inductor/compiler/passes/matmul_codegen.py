@@ -78,7 +78,7 @@ def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
 PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
 
 
-def _rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
+def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
                     sp_stride: int) -> None:
     """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
     serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
@@ -296,11 +296,11 @@ class _Core:
         dst = self.p.at(name, slot)
         ls.emit(Pop(free))
         if not transposed:
-            _rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
+            rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
                             dst.row_stride)
         else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
             st = self.p.at(self.staging[name])
-            _rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
+            rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
                             st.row_stride)
             ls.emit(Fence(),
                     Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
@@ -344,7 +344,7 @@ class _Core:
         if j < g - 1:
             ls.emit(Push(f"r{j + 1}.openL"))
         r0, rc = pieces[j]
-        _rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, (origin + r0 * row_stride) * isz, rc,
+        rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, (origin + r0 * row_stride) * isz, rc,
                         cols * isz, row_stride * isz, dst.row_stride)
         ls.emit(Fence())  # the slice has landed before it is sent on
         if j < g - 1:
