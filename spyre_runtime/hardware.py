@@ -149,3 +149,10 @@ def region_handles(mode: str, hardware: HardwareConfig = HARDWARE) -> int:
 def device_count_from_env() -> int:
     """SPYRE_NUM_DEVICES: how many simulated cards (default 1)."""
     return _number_from_env("SPYRE_NUM_DEVICES", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
+
+
+def preparation_streams_from_env() -> int:
+    """SPYRE_PREPARATION_STREAMS: streams per compute stream that patch launches' correction
+    areas (default 1; 0 patches on the compute stream itself, one stream per launch)."""
+    return _number_from_env("SPYRE_PREPARATION_STREAMS", 1, int, lambda v: 0 <= v <= 8,
+                            "an integer between 0 and 8")

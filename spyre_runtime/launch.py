@@ -1,33 +1,45 @@
 """The launch layer: prepare a compiled artifact once, launch it per call on the current stream.
 
-``prepare_kernel(artifact_dir)`` reads the artifact (program, launch spec,
-execution plan), parses and validates the program, allocates its device
-memory ([correction area][temporaries][program image], program.py) and
-transfers the image there (an h2d Transfer on the current stream), and
-turns the execution plan into typed steps.
+``prepare_kernel(artifact_dir)`` does everything that depends only on the
+artifact, once: it reads the artifact (program, launch spec, execution
+plan), parses and validates the program, allocates its device memory
+([correction area][temporaries][program image][second correction area],
+program.py) and transfers the image there (an h2d Transfer on the current
+stream), turns the execution plan into typed steps, and resolves what every
+launch needs (binding.ArgTable: the argument checks and the slot layout; each
+correction area's address and footprints; the names of the operations).
 
-``launch_jobplan(plan, args)`` checks the arguments against the launch spec
-(raising, naming the argument, before anything is enqueued: a bad call
-leaves the device untouched), resolves each argument's (region, offset),
-and enqueues the plan's steps on the current stream without waiting, as one
-unbroken run (DeviceQueue.enqueue_many): every launch of a plan patches the
-same correction area, so another thread's launch between this one's patch
-and its compute would hand this compute the other's addresses.
+``launch_jobplan(plan, args)`` only binds: it checks the arguments against
+the launch spec (raising, naming the argument and both values, before
+anything is enqueued: a bad call leaves the device untouched), reads each
+argument's (region, offset), and enqueues four typed operations without
+waiting:
 
 1. a HostCallback writes the addresses into a pinned staging buffer
    (the runtime's one completion-gated pool, shared with eager copies;
-   filled in stream order, so a buffer whose last transfer is earlier on
-   the same stream is safe to reuse);
-2. a Transfer copies the staging buffer into the correction area;
-3. a Barrier holds program distribution: the device fetches a program and
-   its correction area ahead of execution, and without the Barrier the
-   fetch could read the previous launch's addresses. It is scoped to the
-   program's memory: it waits for its stream and for other streams' writes
-   to that memory, not for unrelated work on every stream;
+   filled in its stream's order, so a buffer whose last transfer is earlier
+   on the same stream is safe to reuse);
+2. a Transfer copies the staging buffer into one of the plan's two
+   correction areas (launches alternate): both on a preparation stream of
+   the launch's stream (preparation_stream), so a launch's patch overlaps
+   the previous launch's compute. The patch of an area waits, by footprint,
+   until the compute that last read it has finished;
+3. a Barrier on the launch's stream holds program distribution: the device
+   fetches a program and its correction area ahead of execution, and
+   without the Barrier the fetch could read the previous launch's
+   addresses. It holds the fetch of this program only (its footprint is the
+   image and the area), and it requires the patch: if the patch failed, the
+   barrier fails and the compute is skipped, never run on stale addresses;
 4. a Compute runs the program (the simulated device's
    device.programs.ProgramExecutor, whose prefetch is that fetch), with a
    footprint of what it reads and writes so the queue layer orders it
    against other streams' work.
+
+The four are enqueued under one hold of the queue (DeviceQueue.enqueue_runs):
+every launch of a plan patches the same two areas, so another thread's launch
+between this one's patch and its fetch would hand this compute the other's
+addresses. ``set_preparation_streams(0)`` (or SPYRE_PREPARATION_STREAMS=0)
+puts all four on the launch's own stream, as one stream; results are the same.
 
 A launch that fails on the device stops its stream like any failed
 operation (the error names the kernel); ``torch.spyre.clear_errors()``
@@ -40,41 +52,33 @@ artifact directory.
 
 from __future__ import annotations
 
+import itertools
 import json
-from dataclasses import dataclass
+import struct
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import _C
+from .binding import ArgSpec, ArgTable, LaunchError, slot_words
 from .device.programs import ProgramExecutor
-from .program.operands import DTYPES
+from .hardware import preparation_streams_from_env
+from .program.operands import DTYPES, sticks
 from .program.program import SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
 from .program.validate import validate_once
-from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, Transfer, TransferKind
+from .queue import (Barrier, Compute, DeviceAddress, Footprint, HostAddress, HostCallback, Range, Transfer,
+                    TransferKind)
 from .queue.runtime import current
-from .tensors import address, element_span, footprint, reach_bytes, storage_ranges
+from .tensors import address, footprint, storage_ranges
 
-__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
+__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "preparation_streams", "prepare_artifact",
+           "prepare_kernel", "run_program", "set_prepare_each_launch", "set_preparation_streams",
            "write_correction_area"]
 
 LAUNCH_FORMAT = 1
-
-
-class LaunchError(TypeError):
-    """The arguments do not match the kernel's launch spec (nothing was enqueued)."""
-
-
-@dataclass(frozen=True)
-class ArgSpec:
-    index: int
-    name: str
-    role: str  # input, output, inout
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    slot: int
 
 
 # ---- typed steps of the execution plan ------------------------------------------------
@@ -108,6 +112,21 @@ class RunProgram:
 Step = ResolveAddresses | PatchCorrectionArea | HoldFetch | RunProgram
 
 
+# Correction areas per plan: a launch patches one while the previous launch's compute may still
+# read the other (its fetch has read it only once its compute is ready to run).
+CORRECTION_AREAS = 2
+
+
+@dataclass(frozen=True)
+class CorrectionArea:
+    """One of a plan's correction areas, and what a launch that uses it reads."""
+
+    address: DeviceAddress      # where the patch lands
+    artifact: Artifact          # the Compute's bindings: the allocation, fetched through this area
+    fetch_footprint: Footprint  # the fetch reads the program image and this area
+    program_reads: tuple[Range, ...]  # the run reads those and its temporaries
+
+
 @dataclass(frozen=True)
 class JobPlan:
     name: str
@@ -119,6 +138,17 @@ class JobPlan:
     executor: ProgramExecutor  # what the queue layer runs for the plan's Compute
     artifact: Artifact
     allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
+    # Resolved once, when the plan is prepared, so a launch only binds:
+    table: ArgTable = field(repr=False)
+    areas: tuple[CorrectionArea, ...] = field(repr=False)
+    temp_writes: tuple[Range, ...] = field(repr=False)  # the temporaries, if any: one launch at a time
+    patch_bytes: int = field(repr=False)
+    word_format: str = field(repr=False)  # struct format of the slot words
+    resolve_name: str = field(repr=False)
+    fetch_name: str = field(repr=False)
+    turns: itertools.count = field(repr=False, compare=False)  # which area the next launch uses
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # launch_jobplan's reusable operations
+    last_compute: list = field(default_factory=lambda: [None] * CORRECTION_AREAS, repr=False, compare=False)
 
 
 def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step, ...]:
@@ -216,133 +246,158 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
         raise ValueError(f"{root}: {e}") from None
     validate_once(program)  # ProgramExecutable will not validate it again
     device = _C.current_device() if device is None else device
-    alloc, artifact = _allocate(program, device)
-    return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
-                   artifact, alloc)
+    return _plan(spec["kernel"], root, device, program, args, steps)
 
 
-def _check(plan: JobPlan, args) -> None:
-    if len(args) != len(plan.args):
-        names = ", ".join(a.name for a in plan.args)
-        raise LaunchError(f"kernel {plan.name!r} takes {len(plan.args)} argument(s) ({names}), got {len(args)}")
-    want_device = torch.device("spyre", plan.device)
-    for spec, t in zip(plan.args, args):
-        where = f"kernel {plan.name!r} argument {spec.index} ({spec.name!r}, {spec.role})"
-        if not isinstance(t, torch.Tensor):
-            raise LaunchError(f"{where}: expected a tensor, got {type(t).__name__}")
-        if t.device != want_device:
-            raise LaunchError(f"{where}: expected a tensor on {want_device}, got one on {t.device}")
-        if t.dtype != spec.dtype:
-            raise LaunchError(f"{where}: expected dtype {spec.dtype}, got {t.dtype}")
-        if tuple(t.shape) != spec.shape:
-            raise LaunchError(f"{where}: expected shape {list(spec.shape)}, got {list(t.shape)}")
-        if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
-            raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
-        if t.numel() > 0:
-            needed, have = reach_bytes(t), t.untyped_storage().nbytes()
-            if have < needed:
-                raise LaunchError(f"{where}: its storage holds {have} bytes but the tensor reaches byte {needed} "
-                                  f"(was the storage resized under it?)")
-    _check_overlap(plan, args)
+def _plan(name: str, root: Path, device: int, program: Program, args, steps) -> JobPlan:
+    alloc, artifact, offsets = _allocate(program, device, CORRECTION_AREAS)
+    region, base = artifact.region, artifact.offset
+    image = Range(region, base + program.allocation_bytes, sticks(len(program.image())))
+    temps = program.allocation_bytes - program.correction_bytes
+    has_temps = any(sym.role == "temp" for sym in program.symbols)
+    temp_ranges = (Range(region, base + program.correction_bytes, temps),) if has_temps and temps else ()
+    areas = []
+    for offset in offsets:
+        patched = Range(region, base + offset, program.correction_bytes)
+        areas.append(CorrectionArea(DeviceAddress(region, base + offset),
+                                    Artifact(device, region, base, correction=base + offset),
+                                    Footprint(reads=(image, patched)), (image, patched, *temp_ranges)))
+    resolve = steps[0]
+    return JobPlan(name, root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
+                   artifact, alloc, ArgTable(name, device, args, resolve.slots), tuple(areas), temp_ranges,
+                   steps[1].nbytes, f"<{2 * len(resolve.slots)}q{steps[1].nbytes - 16 * len(resolve.slots)}x",
+                   f"{name}: resolve addresses",
+                   f"{name}: hold program fetch", itertools.count())
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The host addresses of a non-empty tensor's first and past-its-last touched byte."""
-    lo, hi = element_span(t)
-    base, size = t.untyped_storage().data_ptr(), t.element_size()
-    return base + lo * size, base + (hi + 1) * size
-
-
-def _check_overlap(plan: JobPlan, args) -> None:
-    """A written argument may share bytes with an input only as the very same tensor layout (an
-    in-place update: a program reads each tile before it writes it back): an output that
-    overlaps an argument elsewhere would read what it has already written, and two outputs on
-    the same bytes race. Refused conservatively, by byte span (two interleaved views of one
-    buffer are refused too)."""
-    for i, spec in enumerate(plan.args):
-        if spec.role not in ("output", "inout") or args[i].numel() == 0:
-            continue
-        lo, hi = _span(args[i])
-        for j, other in enumerate(plan.args):
-            t = args[j]
-            if j == i or t.numel() == 0:
-                continue
-            olo, ohi = _span(t)
-            same = (other.role == "input" and (t.data_ptr(), tuple(t.shape), t.stride())
-                    == (args[i].data_ptr(), tuple(args[i].shape), args[i].stride()))
-            if lo < ohi and olo < hi and not same:
-                raise LaunchError(f"kernel {plan.name!r}: argument {spec.index} ({spec.name!r}, {spec.role}) "
-                                  f"overlaps argument {other.index} ({other.name!r}, {other.role}) in device "
-                                  f"memory without being the same tensor; pass separate buffers")
-
-
-def _slot_words(nbytes: int, bound) -> torch.Tensor:
-    """The correction area's contents: for each (slot, tensor), the tensor's (region, offset)."""
-    words = torch.zeros(nbytes // 8, dtype=torch.int64)
-    for slot, t in bound:
-        if t.numel() == 0 or not storage_ranges(t.untyped_storage()):
-            region, offset = 1 << 62, 0  # nothing is touched: any address will do
-        else:
-            a = address(t)
-            region, offset = a.region, a.offset
-        words[slot * SLOT_BYTES // 8] = region
-        words[slot * SLOT_BYTES // 8 + 1] = offset
-    return words
-
-
-def _allocate(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
-    """The program's device allocation, [correction area][temporaries][image], filled in stream
-    order on the current stream (a pinned host copy and one H2D transfer)."""
+def _allocate(program: Program, device: int, areas: int = 1) -> tuple[torch.Tensor, Artifact, tuple[int, ...]]:
+    """The program's device allocation, [correction area][temporaries][image][more correction
+    areas], filled in stream order on the current stream (a pinned host copy and one H2D
+    transfer). Returns it, the Artifact, and each correction area's offset in the allocation."""
     image = program.image()
-    host = torch.empty(program.allocation_bytes + len(image), dtype=torch.uint8, pin_memory=True)
-    host[:program.allocation_bytes].zero_()  # (the image part is overwritten whole: not zeroed first)
-    host[program.allocation_bytes:] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
+    end = program.allocation_bytes + sticks(len(image))
+    offsets = (program.correction_offset,) + tuple(end + k * program.correction_bytes for k in range(areas - 1))
+    total = end + (areas - 1) * program.correction_bytes
+    host = torch.zeros(total, dtype=torch.uint8, pin_memory=True)
+    host[program.allocation_bytes:program.allocation_bytes + len(image)] = \
+        torch.frombuffer(bytearray(image), dtype=torch.uint8)
     alloc = torch.empty(host.numel(), dtype=torch.uint8, device=torch.device("spyre", device))
     current().queue(device).enqueue(_C.current_stream_id(device),
                                     Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), address(alloc),
                                              host.numel(), keepalive=host))
     piece = storage_ranges(alloc.untyped_storage())[0]
-    return alloc, Artifact(device, piece.region, piece.offset)
+    return alloc, Artifact(device, piece.region, piece.offset), offsets
+
+
+# ---- launching ------------------------------------------------------------------------------
 
 
 def launch_jobplan(plan: JobPlan, args) -> None:
     """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring)."""
-    if isinstance(args, torch.Tensor) or not isinstance(args, (list, tuple)):
+    if not isinstance(args, (list, tuple)):
         raise LaunchError(f"kernel {plan.name!r}: arguments must be a list of tensors in launch-spec order, "
                           f"got {type(args).__name__}")
-    args = list(args)
-    _check(plan, args)
+    if _prepare_each_launch:
+        plan = prepare_kernel(plan.artifact_dir, plan.device)
+    words, reads, writes = plan.table.bind(args)
+    turn = next(plan.turns) % len(plan.areas)
+    area = plan.areas[turn]
     device = plan.device
     runtime = current()
-    queue, stream = runtime.queue(device), _C.current_stream_id(device)
-    alloc = plan.allocation
-    resolve, patch, _, run = plan.steps  # the plan's shape is checked by prepare_kernel
-    words = _slot_words(resolve.nbytes, [(slot, args[i]) for slot, i in resolve.slots])  # storage is fixed now
-    reads = [args[i] for i in run.reads] + [alloc]
-    writes = [args[i] for i in run.writes]
-    if any(sym.role == "temp" for sym in plan.program.symbols):
-        writes.append(alloc)  # temporaries live in it: two launches must not run on them at once
-    fetch_reads = footprint(reads=[alloc])
-    program_footprint = footprint(reads=reads, writes=writes)
+    stream = _C.current_stream_id(device)
+    prep = preparation_stream(device, stream)
     staging = runtime.staging
-    staged = staging.acquire(resolve.nbytes, stream=(device, stream), filled_in_stream_order=True)
-
-    def fill(buf=staged, words=words):
-        buf.memory[: words.numel() * 8].copy_(words.view(torch.uint8))
-
-    ops = (
-        HostCallback(fill, name=f"{plan.name}: resolve addresses"),
-        Transfer(TransferKind.H2D, HostAddress(staged.address),
-                 DeviceAddress(plan.artifact.region, plan.artifact.offset + patch.offset), patch.nbytes,
-                 keepalive=staged.memory),
-        Barrier(name=f"{plan.name}: hold program fetch", footprint=fetch_reads),
-        Compute(plan.executor, plan.artifact, program_footprint, name=plan.name),
-    )
+    staged = staging.acquire(plan.patch_bytes, stream=(device, prep), filled_in_stream_order=True)
+    # The operations are immutable: a launch whose staging buffer, area or arguments are the
+    # previous one's reuses them (a loop relaunching on the same buffers builds only the callback).
+    memo = plan.memo
+    patch_and_fetch = memo.get((staged.address, turn))
+    if patch_and_fetch is None:
+        patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
+                         keepalive=staged.memory)
+        patch_and_fetch = (patch, Barrier(name=plan.fetch_name, footprint=area.fetch_footprint, requires=(patch,)))
+        if len(memo) < 64:
+            memo[(staged.address, turn)] = patch_and_fetch
+    compute = memo.get((words, turn))
+    if compute is None:
+        compute = Compute(plan.executor, area.artifact,
+                          Footprint(reads=reads + area.program_reads, writes=writes + plan.temp_writes),
+                          name=plan.name)
+        memo.pop(plan.last_compute[turn], None)
+        plan.last_compute[turn] = (words, turn)
+        memo[(words, turn)] = compute
+    patch, fetch = patch_and_fetch
+    fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name)
+    runs = ((stream, (fill, patch, fetch, compute)),) if prep == stream else \
+        ((prep, (fill, patch)), (stream, (fetch, compute)))
     # If this raises, the buffer is not returned to the pool: it may have come with an
     # earlier transfer of this stream still to read it, which only the pool's record of that
     # transfer protects (the transfer itself keeps its memory alive).
-    tickets = queue.enqueue_many(stream, ops)
-    staging.release(staged, tickets[1], (device, stream))
+    tickets = runtime.queue(device).enqueue_runs(runs, run_ready=True)
+    staging.release(staged, tickets[1], (device, prep))
+
+
+class _Fill:
+    """The host callback: the slot words into the staging buffer (run in stream order)."""
+
+    __slots__ = ("staged", "fmt", "words")
+
+    def __init__(self, staged, fmt: str, words: list[int]):
+        self.staged, self.fmt, self.words = staged, fmt, words
+
+    def __call__(self) -> None:
+        struct.pack_into(self.fmt, self.staged.host_buffer(), 0, *self.words)
+
+
+# ---- the old way, kept to measure against -----------------------------------------------------
+
+_prepare_each_launch = False
+
+
+def set_prepare_each_launch(enabled: bool) -> None:
+    """Prepare the artifact again on every launch (read, decode, validate, allocate, transfer
+    the image), as a runtime that builds its launch graph per call does: for benchmarks that
+    measure what preparing once saves (benchmarks/launch.py). Off by default."""
+    global _prepare_each_launch
+    _prepare_each_launch = bool(enabled)
+
+
+# ---- preparation streams --------------------------------------------------------------------
+
+_prep_lock = threading.Lock()
+_prep_streams: dict[tuple[int, int], tuple[int, ...]] = {}
+_prep_turn = itertools.count()
+_preparation_streams = preparation_streams_from_env()
+
+
+def set_preparation_streams(n: int) -> None:
+    """How many preparation streams each compute stream's launches use: 0 puts the host
+    callback and correction transfer on the compute stream itself (one stream, as before),
+    1 (the default) on a stream of their own, more deals launches over that many."""
+    global _preparation_streams
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 8:
+        raise ValueError(f"set_preparation_streams: n must be an integer in 0..8, got {n!r}")
+    with _prep_lock:
+        _preparation_streams = n
+
+
+def preparation_streams() -> int:
+    return _preparation_streams
+
+
+def preparation_stream(device: int, stream: int) -> int:
+    """The stream a launch on (device, stream) patches its correction area on."""
+    n = _preparation_streams
+    if n == 0:
+        return stream
+    streams = _prep_streams.get((device, stream))
+    if streams is None or len(streams) < n:
+        with _prep_lock:
+            streams = _prep_streams.get((device, stream), ())
+            while len(streams) < n:
+                streams += (torch.Stream(device=torch.device("spyre", device)).stream_id,)
+            _prep_streams[(device, stream)] = streams
+    return streams[0] if n == 1 else streams[next(_prep_turn) % n]
 
 
 # ---- running a (hand-written) program once, blocking ------------------------------------
@@ -350,7 +405,7 @@ def launch_jobplan(plan: JobPlan, args) -> None:
 
 def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
     """The program's device allocation, filled before this returns (see _allocate)."""
-    alloc, artifact = _allocate(program, device)
+    alloc, artifact, _ = _allocate(program, device)
     current().queue(device).synchronize_stream(_C.current_stream_id(device))
     return alloc, artifact
 
@@ -360,9 +415,11 @@ def write_correction_area(program: Program, alloc: torch.Tensor, bound: dict[str
     after the stream's earlier work; compiled launches stage this in stream order instead)."""
     device = alloc.device.index
     current().queue(device).synchronize_stream(_C.current_stream_id(device))
-    words = _slot_words(program.correction_bytes, [(i, bound[s.name]) for i, s in enumerate(program.placeholders)])
+    words = slot_words([bound[s.name] for s in program.placeholders])
     start = program.correction_offset
-    _C.host_alias(alloc)[start:start + program.correction_bytes].copy_(words.view(torch.uint8))
+    area = _C.host_alias(alloc)[start:start + program.correction_bytes]
+    area.zero_()
+    struct.pack_into(f"<{len(words)}q", area.numpy(), 0, *words)
 
 
 def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -49,7 +49,7 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
     out1, out2 = torch.zeros(SHAPE).to("spyre"), torch.zeros(SHAPE).to("spyre")
     other = torch.spyre.Stream() if intruder_stream == "another stream" else torch.spyre.current_stream()
     intruded = []
-    real_enqueue, real_enqueue_many = DeviceQueue.enqueue, DeviceQueue.enqueue_many
+    real_enqueue, real_enqueue_runs = DeviceQueue.enqueue, DeviceQueue.enqueue_runs
 
     def after(ops):
         if not intruded and any(isinstance(op, Transfer) for op in ops):
@@ -62,13 +62,14 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
         after([op])
         return ticket
 
-    def enqueue_many(self, stream_id, ops):
-        tickets = real_enqueue_many(self, stream_id, ops)
-        after(ops)
+    def enqueue_runs(self, runs, run_ready=False):
+        runs = [(sid, list(ops)) for sid, ops in runs]
+        tickets = real_enqueue_runs(self, runs, run_ready)
+        after([op for _, ops in runs for op in ops])
         return tickets
 
     monkeypatch.setattr(DeviceQueue, "enqueue", enqueue)
-    monkeypatch.setattr(DeviceQueue, "enqueue_many", enqueue_many)
+    monkeypatch.setattr(DeviceQueue, "enqueue_runs", enqueue_runs)
     launch_jobplan(plan, [da, db, out1])
     monkeypatch.undo()
     torch.spyre.synchronize()

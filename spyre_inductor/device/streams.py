@@ -102,5 +102,11 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 
 def synchronize(device=None) -> None:
-    """Wait until all work queued on the device has finished."""
-    torch.accelerator.synchronize(device_index(device))
+    """Wait until all work queued on the device has finished.
+
+    What torch.accelerator.synchronize does (the C++ guard calls the runtime), called directly:
+    the round trip through C++ lets go of the GIL, and a queue worker that takes it then runs
+    the work this thread would have run itself while it waits (DeviceQueue._help_or_wait)."""
+    from spyre_runtime.queue.runtime import current
+
+    current().device_synchronize(device_index(device))

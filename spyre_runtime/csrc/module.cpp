@@ -73,12 +73,16 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("device"), "(handle, size, live blocks) of each region of a device.");
   m.def("set_runtime", &spyre::bridge::set_runtime, py::arg("runtime"),
         "Register the queue layer that answers stream and event calls.");
+  // The queue calls these on every enqueue and completion, holding the GIL. They keep it:
+  // letting it go hands it to a queue worker, and the caller then waits for the worker's
+  // whole operation (tens of microseconds per launch). Keeping it cannot deadlock: the
+  // allocator's lock is never held by code that takes the GIL (allocator.cpp calls no Python).
   m.def("note_enqueued", [](int device, int64_t stream, int64_t seq) {
     spyre::note_enqueued(static_cast<c10::DeviceIndex>(device), stream, seq);
-  }, py::call_guard<py::gil_scoped_release>());
+  });
   m.def("note_completed", [](int device, int64_t stream, int64_t seq) {
     spyre::note_completed(static_cast<c10::DeviceIndex>(device), stream, seq);
-  }, py::call_guard<py::gil_scoped_release>());
+  });
   m.def("pending_free_bytes", [](int device) {
     return spyre::device_allocator().pending_free_bytes(static_cast<c10::DeviceIndex>(device));
   });

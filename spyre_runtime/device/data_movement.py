@@ -20,6 +20,9 @@ from typing import Callable
 from ..queue.operations import DataMovement, DeviceAddress, Transfer, TransferKind
 
 
+SMALL_TRANSFER = 64 * 1024  # bytes copied without releasing the GIL (see SimulatedDataMovement.run)
+
+
 class TransferCosts:
     """Simulated cost of a transfer, in ns (bandwidths in GB/s = bytes/ns)."""
 
@@ -48,7 +51,14 @@ class SimulatedDataMovement(DataMovement):
         self._region_base = region_base
 
     def run(self, transfer: Transfer) -> None:
-        ctypes.memmove(self._address(transfer.destination), self._address(transfer.source), transfer.nbytes)
+        n = transfer.nbytes
+        dst, src = self._address(transfer.destination), self._address(transfer.source)
+        if n <= SMALL_TRANSFER:
+            # ctypes.memmove lets go of the GIL, and getting it back from a queue worker costs
+            # far more than a few kilobytes take to copy; a slice assignment copies holding it.
+            (ctypes.c_char * n).from_address(dst)[:] = (ctypes.c_char * n).from_address(src)
+        else:
+            ctypes.memmove(dst, src, n)
 
     def cost_ns(self, transfer: Transfer) -> float:
         return self.costs.transfer_ns(transfer)

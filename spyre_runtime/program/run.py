@@ -19,13 +19,15 @@ with the stale addresses.
 from __future__ import annotations
 
 import collections
+import ctypes
+import struct
 import threading
 from dataclasses import dataclass
 
 import torch
 
 from ..hardware import HARDWARE
-from ..memory import device_view
+from ..memory import device_view, region_address
 from .execute import Machine
 from .timing import Report, Timing
 from .program import SLOT_BYTES, Program
@@ -33,11 +35,15 @@ from .validate import ProgramError, validate_once
 
 @dataclass(frozen=True)
 class Artifact:
-    """Where a launched program lives: its device allocation (region, offset)."""
+    """Where a launched program lives: its device allocation (region, offset), and the
+    correction area its fetch reads: the program's own (None) or one the launch layer keeps
+    beside it (`correction`: offset in the region), so the next launch can patch one area
+    while this one's compute still reads the other."""
 
     device: int
     region: int
     offset: int
+    correction: int | None = None
 
 
 class ProgramExecutable:
@@ -56,9 +62,13 @@ class ProgramExecutable:
 
     def _read_slots(self, artifact: Artifact) -> list[tuple[int, int]]:
         n = len(self.program.placeholders)
-        raw = device_view(artifact.device, artifact.region,
-                          artifact.offset + self.program.correction_offset, n * SLOT_BYTES)
-        words = raw.view(torch.int64).tolist()
+        start = artifact.correction
+        if start is None:
+            start = artifact.offset + self.program.correction_offset
+        # struct over the host-addressable bytes, not a torch view: a torch call lets go of the GIL,
+        # and the fetch runs while the launching thread holds the queue (see DeviceQueue._help_or_wait).
+        raw = (ctypes.c_char * (n * SLOT_BYTES)).from_address(region_address(artifact.device, artifact.region) + start)
+        words = struct.unpack_from(f"<{2 * n}q", raw)
         return [(words[2 * i], words[2 * i + 1]) for i in range(n)]
 
     def run(self, artifact: Artifact) -> None:

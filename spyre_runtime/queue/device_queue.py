@@ -61,6 +61,7 @@ PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
 # simulated time (see DeviceQueue._follow_finished).
 RECENT = 16
 _KNOWN_PIPELINES = frozenset(PIPELINES) | {"control"}
+_CLAIMABLE = frozenset(("host", "h2d", "d2h", "d2d"))  # what enqueue_runs(run_ready=True) may run itself
 
 _local = threading.local()
 
@@ -102,6 +103,7 @@ class Ticket:
         "op", "stream", "seq", "pipeline", "inline", "priority", "deps_left", "dependents",
         "edges", "ready", "done", "skipped", "error", "result", "pending_error", "deadline",
         "ready_sim", "sim_start", "sim_end", "host_start", "host_end", "prefetch_on_ready", "device",
+        "requires", "claimant",
     )
 
     def __init__(self, op, stream, seq: int, inline: bool, device: int = -1):
@@ -124,6 +126,8 @@ class Ticket:
         self.sim_start = self.sim_end = 0.0
         self.host_start = self.host_end = 0
         self.prefetch_on_ready = False
+        self.requires: tuple[Ticket, ...] = ()
+        self.claimant: list | None = None  # enqueue_runs(run_ready=True): the caller runs it once ready
 
     @property
     def name(self) -> str:
@@ -218,6 +222,8 @@ class DeviceQueue:
         # Simulated time the host has observed (by synchronizing or waiting):
         # whatever it enqueues afterwards cannot start earlier.
         self.sim_floor = 0.0
+        self._batch: dict[int, Ticket] | None = None  # the enqueue_runs call in progress (lock held)
+        self._claim: list[Ticket] | None = None
 
     # ---- enqueueing -------------------------------------------------------
 
@@ -231,18 +237,87 @@ class DeviceQueue:
         """Enqueue `ops` back to back on one stream, with nothing from another thread between
         them: a launch's steps (patch the correction area, hold the fetch, compute) are only
         correct as one unbroken run, since the next launch patches the same area."""
-        ops = list(ops)
-        for op in ops:
-            self._check_operation(op)
+        return self.enqueue_runs(((stream_id, ops),))
+
+    def enqueue_runs(self, runs, run_ready: bool = False) -> list[Ticket]:
+        """Enqueue each (stream id, ops) run in turn, all under one hold of the queue: nothing
+        another thread enqueues lands between them. A launch on two streams (preparation:
+        patch the correction area; compute: hold the fetch, run) is correct only if no other
+        launch of the same plan is enqueued between its patch and its fetch.
+
+        With `run_ready`, the host callbacks and transfers among them that are ready now, or
+        become ready as the earlier ones finish, run on this thread before it returns (when
+        their pipeline is idle): a launch's few-byte patch is cheaper to run than to hand to
+        a worker thread and back. Those not ready by then go to the workers as usual."""
+        runs = [(sid, list(ops)) for sid, ops in runs]
+        for _, ops in runs:
+            for op in ops:
+                self._check_operation(op)
         tickets: list[Ticket] = []
+        claimed: list[Ticket] | None = [] if run_ready else None
         try:
             with self.lock:
-                for op in ops:
-                    tickets.append(self._enqueue_locked(stream_id, op, False))
+                self._batch = {}
+                self._claim = claimed
+                try:
+                    for sid, ops in runs:
+                        for op in ops:
+                            ticket = self._enqueue_locked(sid, op, False)
+                            self._batch[id(op)] = ticket
+                            tickets.append(ticket)
+                finally:
+                    self._batch = self._claim = None
         finally:  # what was enqueued is accounted for, even if a later one failed
             for t in tickets:
-                self._on_enqueued(stream_id, t.seq)
+                self._on_enqueued(t.stream.id, t.seq)
+        if claimed is not None:
+            self._run_claimed(claimed, tickets)
         return tickets
+
+    def _run_claimed(self, claimed: list[Ticket], tickets: list[Ticket]) -> None:
+        while True:
+            with self.lock:
+                if not claimed:
+                    for t in tickets:  # the rest become ready later: the workers run them
+                        t.claimant = None
+                    return
+                t = claimed.pop(0)
+            pipe = self.pipelines[t.pipeline]
+            if not pipe.running.acquire(blocking=False):  # busy with other work: not ours to wait for
+                with self.lock:
+                    t.claimant = None
+                    self._push(t)
+                continue
+            try:
+                self._run_on_pipeline(t)
+            finally:
+                pipe.running.release()
+
+    def _required(self, ticket: Ticket, deps: list) -> None:
+        """A Barrier's `requires`: tickets of this enqueue_runs call it holds for and fails with."""
+        found = []
+        for op in ticket.op.requires:
+            dep = self._batch.get(id(op)) if self._batch is not None else None
+            if dep is None:
+                raise ValueError(f"spyre:{self.device}: {ticket.name} requires {getattr(op, 'name', op)!r}, "
+                                 f"which was not enqueued before it in the same enqueue_runs call")
+            found.append(dep)
+            if dep.done:
+                ticket.ready_sim = max(ticket.ready_sim, dep.sim_end)
+            else:
+                deps.append((dep, "requires"))
+        ticket.requires = tuple(found)
+
+    @staticmethod
+    def _requirement_failed(t: Ticket) -> BaseException | None:
+        for dep in t.requires:
+            if dep.error is not None or dep.skipped:
+                cause = dep.error if dep.error is not None else dep.pending_error
+                error = StreamError(f"{t.name}: {dep.name} (#{dep.seq} on stream {dep.stream.id}) did not "
+                                    f"complete ({type(cause).__name__}: {cause}); what depends on it is skipped")
+                error.__cause__ = cause
+                return error
+        return None
 
     def _check_operation(self, op) -> None:
         if getattr(op, "pipeline", None) not in _KNOWN_PIPELINES:
@@ -253,6 +328,8 @@ class DeviceQueue:
         self._check_operation(op)
         stream = self._stream(stream_id)
         ticket = Ticket(op, stream, next(self._seq), inline, self.device)
+        if self._claim is not None and ticket.pipeline in _CLAIMABLE:
+            ticket.claimant = self._claim
         previous = stream.last
         self._add_dependencies(ticket, stream)
         if type(op) is Compute:
@@ -296,6 +373,8 @@ class DeviceQueue:
                     if footprint.conflicts(pending.op.footprint):
                         deps.append((pending, "derived"))
                         break
+        if type(op) is Barrier and op.requires:
+            self._required(ticket, deps)
         if isinstance(op, Barrier) and footprint.empty:
             # A device-wide barrier: everything enqueued before it, on any stream.
             deps.extend((other.pending[-1], "barrier") for other in others)
@@ -421,6 +500,10 @@ class DeviceQueue:
                 t.pending_error = stream.error  # why it was skipped, even after clear_error()
                 t.sim_start = t.sim_end = t.ready_sim
                 work.extend(self._complete(t, None))
+            elif t.requires and t.pending_error is None and self._requirement_failed(t) is not None:
+                t.pending_error = self._requirement_failed(t)
+                t.sim_start = t.sim_end = t.ready_sim
+                work.extend(self._complete(t, t.pending_error))
             elif t.pipeline == "control" or t.pending_error is not None or \
                     (t.prefetch_on_ready and not self._prefetch(t)):
                 t.sim_start = t.sim_end = t.ready_sim
@@ -428,13 +511,20 @@ class DeviceQueue:
             elif t.inline:
                 t.ready = True
                 self.changed.notify_all()
+            elif t.claimant is not None:
+                t.ready = True
+                t.claimant.append(t)
             else:
                 t.ready = True
-                pipe = self.pipelines[t.pipeline]
-                key = t.priority if t.pipeline == "compute" else 0
-                heapq.heappush(pipe.heap, (key, t.seq, t))
-                self._start_worker(pipe)
-                pipe.cond.notify()
+                self._push(t)
+
+    def _push(self, t: Ticket) -> None:
+        """Hand a ready ticket to its pipeline's worker."""
+        pipe = self.pipelines[t.pipeline]
+        key = t.priority if t.pipeline == "compute" else 0
+        heapq.heappush(pipe.heap, (key, t.seq, t))
+        self._start_worker(pipe)
+        pipe.cond.notify()
 
     @staticmethod
     def _prefetch(t: Ticket) -> bool:
@@ -481,6 +571,7 @@ class DeviceQueue:
         # its edges unless a timeline wants them.
         footprint = t.op.footprint
         t.op = _Finished(t.op.name, footprint)
+        t.requires = ()
         if not footprint.empty and not t.skipped:
             stream.recent.append(t)
             self._recent[stream] = None
@@ -622,9 +713,31 @@ class DeviceQueue:
             raise RuntimeError(f"spyre: waiting for {t!r} from inside a host operation would deadlock")
         with self.lock:
             while not t.done:
-                self.changed.wait()
+                self._help_or_wait(lambda ready: ready is t)
             self.sim_floor = max(self.sim_floor, t.sim_end)
         return self._outcome(t)
+
+    # A thread that waits for the device runs ready device work itself instead of sleeping
+    # until a worker has run it: a launch followed by a synchronize then runs on the caller's
+    # thread, with no handoff to a worker and back. Only computes and transfers are taken
+    # (a host callback may wait for something this thread is yet to do), only from an idle
+    # pipeline, and the simulated timeline is the same whoever runs them.
+    _STEALABLE = ("compute", "h2d", "d2h", "d2d")
+
+    def _help_or_wait(self, wanted) -> None:
+        """With the lock held: run one ready operation `wanted(ticket)` accepts, or wait for a change."""
+        for name in self._STEALABLE:
+            pipe = self.pipelines[name]
+            if pipe.heap and wanted(pipe.heap[0][2]) and pipe.running.acquire(blocking=False):
+                _, _, t = heapq.heappop(pipe.heap)
+                self.lock.release()
+                try:
+                    self._run_on_pipeline(t)
+                finally:
+                    pipe.running.release()
+                    self.lock.acquire()
+                return
+        self.changed.wait()
 
     # ---- streams ---------------------------------------------------------------
 
@@ -642,7 +755,7 @@ class DeviceQueue:
             stream = self._stream(stream_id)
             target = stream.last
             while target is not None and not target.done:
-                self.changed.wait()
+                self._help_or_wait(lambda ready: ready.stream is stream)
             if target is not None:
                 self.sim_floor = max(self.sim_floor, target.sim_end)
             if stream.error is not None:
@@ -653,9 +766,10 @@ class DeviceQueue:
             return
         with self.lock:
             targets = list(self.inflight.values())
+            last = max((t.seq for t in targets), default=0)
             for t in targets:
                 while not t.done:
-                    self.changed.wait()
+                    self._help_or_wait(lambda ready: ready.seq <= last)
             self.sim_floor = max([self.sim_floor] + [p.sim_free for p in self.pipelines.values()])
             for stream in self.streams.values():
                 if stream.error is not None:

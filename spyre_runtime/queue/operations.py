@@ -17,14 +17,16 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .signals import SoftSignal
 
 
-@dataclass(frozen=True)
-class Range:
-    """Bytes [offset, offset + length) of one region of device memory."""
+class Range(NamedTuple):
+    """Bytes [offset, offset + length) of one region of device memory.
+
+    (A named tuple, not a dataclass: every launch makes a few, and every enqueue compares them.)
+    """
 
     region: int
     offset: int
@@ -39,19 +41,24 @@ class Range:
 
 
 def _any_overlap(a: tuple[Range, ...], b: tuple[Range, ...]) -> bool:
-    return any(x.overlaps(y) for x in a for y in b)
+    for x in a:
+        for y in b:
+            if x[0] == y[0] and x[1] < y[1] + y[2] and y[1] < x[1] + x[2]:
+                return True
+    return False
 
 
-@dataclass(frozen=True)
-class Footprint:
+class Footprint(NamedTuple):
+    """The device memory an operation reads and writes."""
+
     reads: tuple[Range, ...] = ()
     writes: tuple[Range, ...] = ()
 
     def conflicts(self, other: Footprint) -> bool:
         """True for read-after-write, write-after-read or write-after-write overlap."""
+        w = self.writes
         return (
-            _any_overlap(self.writes, other.writes)
-            or _any_overlap(self.writes, other.reads)
+            (w and (_any_overlap(w, other.writes) or _any_overlap(w, other.reads)))
             or _any_overlap(self.reads, other.writes)
         )
 
@@ -251,6 +258,11 @@ class Barrier(_Control):
 
     name: str = "barrier"
     footprint: Footprint = NO_FOOTPRINT
+    # Operations enqueued before it in the same DeviceQueue.enqueue_runs call, on any stream,
+    # that must have succeeded: it holds until they are done and fails (stopping its stream)
+    # if one failed or was skipped. A launch's fetch requires its correction patch, which may
+    # run on another stream whose errors would otherwise not reach the compute's stream.
+    requires: tuple = field(default=(), compare=False)
 
 
 Operation = HostCallback | Transfer | Compute | Signal | Wait | Barrier

@@ -17,17 +17,21 @@ from typing import Any, Callable
 
 
 class StagingBuffer:
-    __slots__ = ("memory", "nbytes", "last_use", "stream")
+    __slots__ = ("memory", "nbytes", "last_use", "stream", "address", "_host")
 
     def __init__(self, memory: Any, nbytes: int):
         self.memory = memory      # an object with .data_ptr() (a pinned CPU tensor)
         self.nbytes = nbytes
         self.last_use = None      # the Ticket of the last operation reading it
         self.stream = None        # (device, stream id) of that operation
+        self.address = memory.data_ptr()
+        self._host = None
 
-    @property
-    def address(self) -> int:
-        return self.memory.data_ptr()
+    def host_buffer(self):
+        """The buffer's bytes as a writable Python buffer (for struct.pack_into)."""
+        if self._host is None:
+            self._host = self.memory.numpy()
+        return self._host
 
 
 class StagingPool:

@@ -1,0 +1,200 @@
+"""Binding a launch's arguments to a prepared plan: checks, addresses, footprints.
+
+Everything that depends only on the artifact is worked out once, when the
+plan is prepared (`ArgTable`): each argument's dtype, shape and strides, the
+element span those strides give, which arguments may alias, the layout of the
+correction slots. A launch then does per-tensor work only (`ArgTable.bind`):
+compare each tensor with its spec, read where its storage lives, and produce
+the slot words the host callback writes and the ranges the program reads and
+writes.
+
+A tensor that does not match is explained by `ArgTable.explain`, the slow
+path, which names the argument and both values; nothing has been enqueued
+then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .queue import Range
+from .tensors import element_span, storage_ranges
+
+# A slot of a tensor that touches no memory (empty, or over an empty storage):
+# a region no allocation has, so a program that did read it would fail loudly.
+NOWHERE = 1 << 62
+
+
+class LaunchError(TypeError):
+    """The arguments do not match the kernel's launch spec (nothing was enqueued)."""
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    index: int
+    name: str
+    role: str  # input, output, inout
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    slot: int
+
+    @property
+    def written(self) -> bool:
+        return self.role in ("output", "inout")
+
+
+@dataclass(frozen=True)
+class _Arg:
+    """What a launch compares one argument with, and the numbers its span needs."""
+
+    spec: ArgSpec
+    shape: torch.Size
+    itemsize: int
+    numel: int
+    lo: int        # its lowest and highest element, from its storage offset, with the spec's strides
+    hi: int
+    where: str     # how errors name it
+
+
+class ArgTable:
+    """The launch spec of one plan, arranged for binding (built once per plan)."""
+
+    def __init__(self, kernel: str, device: int, args: tuple[ArgSpec, ...], slots: tuple[tuple[int, int], ...]):
+        self.kernel = kernel
+        self.specs = args
+        self.device = torch.device("spyre", device)
+        self.args = tuple(self._arg(a) for a in args)
+        self._fast = tuple((a.spec.dtype, a.shape, a.spec.stride, a.numel, a.lo, a.hi, a.itemsize, a.spec.written)
+                           for a in self.args)
+        self.slot_of = tuple(arg for _, arg in sorted(slots))  # slot order -> argument index
+        # Only a written argument can make an unsafe alias; pairs of inputs never conflict.
+        self.alias_pairs = tuple((i, j) for i, a in enumerate(args) if a.written
+                                 for j in range(len(args)) if j != i)
+
+    def _arg(self, a: ArgSpec) -> _Arg:
+        probe = torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device="meta")
+        lo, hi = element_span(probe) if probe.numel() else (0, -1)
+        return _Arg(a, torch.Size(a.shape), probe.element_size(), probe.numel(), lo, hi,
+                    f"kernel {self.kernel!r} argument {a.index} ({a.name!r}, {a.role})")
+
+    # ---- per launch ---------------------------------------------------------------------
+
+    def bind(self, args) -> tuple[tuple[int, ...], tuple[Range, ...], tuple[Range, ...]]:
+        """(slot words, ranges read, ranges written) of `args`, or LaunchError naming what is wrong.
+
+        The words are two per slot, (region, offset of the tensor's first element); the
+        ranges cover each tensor's span from its first to its last element.
+        """
+        if len(args) != len(self.args):
+            self.explain(args)
+        device = self.device
+        spans, addresses, reads, writes = [], [], [], []
+        for (dtype, shape, stride, numel, lo, hi, size, written), t in zip(self._fast, args):
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.shape != shape or t.device != device \
+                    or (t.stride() != stride and numel > 1):
+                self.explain(args)  # raises, or accepts strides that differ only where they do not matter
+            if numel == 0:
+                spans.append(None)
+                addresses.append((NOWHERE, 0))
+                continue
+            storage = t.untyped_storage()
+            base, have = storage.data_ptr(), storage.nbytes()
+            first = t.storage_offset()
+            if have < (first + hi + 1) * size:
+                self.explain(args)
+            pieces = storage_ranges(storage)
+            spans.append((base + (first + lo) * size, base + (first + hi + 1) * size, t))
+            region, offset = pieces[0][0], pieces[0][1]
+            addresses.append((region, offset + first * size))
+            if len(pieces) != 1 or lo < 0:
+                touched = pieces  # several pieces, or negative strides: the whole storage
+            else:
+                touched = (Range(region, offset + (first + lo) * size, (hi - lo + 1) * size),)
+            (writes if written else reads).extend(touched)
+        for i, j in self.alias_pairs:
+            if spans[i] is not None and spans[j] is not None and spans[i][0] < spans[j][1] \
+                    and spans[j][0] < spans[i][1] and not self._same(i, j, spans):
+                self.explain(args)
+        return tuple(w for arg in self.slot_of for w in addresses[arg]), tuple(reads), tuple(writes)
+
+    @staticmethod
+    def _strides_agree(a: _Arg, t: torch.Tensor) -> bool:
+        # The stride of a dim of one element (or of an empty tensor) does not matter.
+        return a.numel <= 1 or all(x == y for x, y, n in zip(t.stride(), a.spec.stride, a.spec.shape) if n > 1)
+
+    def _same(self, i: int, j: int, spans) -> bool:
+        """An in-place update: the written argument is the input itself, in the same layout."""
+        other = self.specs[j]
+        if other.role != "input":
+            return False
+        a, b = spans[i][2], spans[j][2]
+        return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+    # ---- the slow path: say what is wrong ---------------------------------------------
+
+    def explain(self, args) -> None:
+        """Raise a LaunchError naming the first argument that does not fit the spec."""
+        if len(args) != len(self.args):
+            names = ", ".join(a.name for a in self.specs)
+            raise LaunchError(f"kernel {self.kernel!r} takes {len(self.specs)} argument(s) ({names}), "
+                              f"got {len(args)}")
+        for a, t in zip(self.args, args):
+            spec, where = a.spec, a.where
+            if not isinstance(t, torch.Tensor):
+                raise LaunchError(f"{where}: expected a tensor, got {type(t).__name__}")
+            if t.device != self.device:
+                raise LaunchError(f"{where}: expected a tensor on {self.device}, got one on {t.device}")
+            if t.dtype != spec.dtype:
+                raise LaunchError(f"{where}: expected dtype {spec.dtype}, got {t.dtype}")
+            if tuple(t.shape) != spec.shape:
+                raise LaunchError(f"{where}: expected shape {list(spec.shape)}, got {list(t.shape)}")
+            if not self._strides_agree(a, t):
+                raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
+            if t.numel() > 0:
+                needed = (t.storage_offset() + a.hi + 1) * a.itemsize
+                have = t.untyped_storage().nbytes()
+                if have < needed:
+                    raise LaunchError(f"{where}: its storage holds {have} bytes but the tensor reaches byte "
+                                      f"{needed} (was the storage resized under it?)")
+        for i, j in self.alias_pairs:
+            raise_if_overlapping(self, args, i, j)
+
+
+def raise_if_overlapping(table: ArgTable, args, i: int, j: int) -> None:
+    """A written argument may share bytes with an input only as the very same tensor layout (an
+    in-place update: a program reads each tile before it writes it back): an output that
+    overlaps an argument elsewhere would read what it has already written, and two outputs on
+    the same bytes race. Refused conservatively, by byte span (two interleaved views of one
+    buffer are refused too)."""
+    a, b = args[i], args[j]
+    if a.numel() == 0 or b.numel() == 0:
+        return
+    (alo, ahi), (blo, bhi) = _host_span(a), _host_span(b)
+    spec, other = table.specs[i], table.specs[j]
+    same = other.role == "input" and (a.data_ptr(), a.shape, a.stride()) == (b.data_ptr(), b.shape, b.stride())
+    if alo < bhi and blo < ahi and not same:
+        raise LaunchError(f"kernel {table.kernel!r}: argument {spec.index} ({spec.name!r}, {spec.role}) "
+                          f"overlaps argument {other.index} ({other.name!r}, {other.role}) in device "
+                          f"memory without being the same tensor; pass separate buffers")
+
+
+def _host_span(t: torch.Tensor) -> tuple[int, int]:
+    lo, hi = element_span(t)
+    base, size = t.untyped_storage().data_ptr(), t.element_size()
+    return base + lo * size, base + (hi + 1) * size
+
+
+def slot_words(bound) -> list[int]:
+    """(region, offset) words of (tensor, ...) in slot order, for callers without a plan."""
+    words = []
+    for t in bound:
+        if t.numel() == 0 or not storage_ranges(t.untyped_storage()):
+            words.extend((NOWHERE, 0))
+        else:
+            whole = storage_ranges(t.untyped_storage())[0]
+            words.extend((whole.region, whole.offset + t.storage_offset() * t.element_size()))
+    return words
+
