@@ -215,8 +215,9 @@ def check_artifact_files(artifact_dir) -> dict:
     parses and is of this runtime's format, and every file it records (the program, the execution
     plan) is there with the size and sha256 recorded and, for the program, of the format this
     runtime reads. Cheap (reads and hashes; the program is not decoded): the compiler runs it on
-    every reuse of an artifact. Raises ArtifactError naming the file and what is wrong (a missing
-    file: FileNotFoundError, as reading it raises)."""
+    every reuse of an artifact. The execution plan (small) is parsed and its format checked too.
+    Raises ArtifactError naming the file and what is wrong (a missing file: FileNotFoundError, as
+    reading it raises)."""
     from .program.program import FORMAT_VERSION
 
     root = Path(artifact_dir)
@@ -246,6 +247,12 @@ def check_artifact_files(artifact_dir) -> dict:
         if found != record.get("sha256"):
             raise ArtifactError(f"{path}: checksum mismatch: expected sha256 {str(record.get('sha256'))[:16]}..., "
                                 f"found {found[:16]}... (the file was altered)")
+    plan_path = root / spec["execution_plan"]
+    plan = _json_file(plan_path)  # (small: parsed here, its format checked, as the spec's)
+    found = plan.get("format") if isinstance(plan, dict) else None
+    if found != LAUNCH_FORMAT:
+        raise ArtifactError(f"{plan_path}: execution plan format {found!r}; this runtime reads format "
+                            f"{LAUNCH_FORMAT}")
     return spec
 
 
@@ -272,11 +279,7 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
                                     f"{a['dtype']!r}, not one of {sorted(DTYPES)}")
         args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
                              tuple(a["stride"]), a["slot"]) for a in spec["args"])
-        plan_doc = _json_file(plan_path)
-        if not isinstance(plan_doc, dict) or plan_doc.get("format") != LAUNCH_FORMAT:
-            found = plan_doc.get("format") if isinstance(plan_doc, dict) else None
-            raise ArtifactError(f"{plan_path}: execution plan format {found!r}; this runtime reads format "
-                                f"{LAUNCH_FORMAT}")
+        plan_doc = _json_file(plan_path)  # (its format checked with the files)
         try:
             steps = _steps(plan_doc, program, args)
         except ValueError as e:  # the plan disagrees with the program or the launch spec
