@@ -57,8 +57,8 @@ from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, T
 from .queue.runtime import current
 from .tensors import address, element_span, footprint, reach_bytes, storage_ranges
 
-__all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
-           "check_artifact_files", "write_correction_area"]
+__all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "check_artifact_files", "launch_jobplan",
+           "prepare_artifact", "prepare_kernel", "run_program", "write_correction_area"]
 
 # 2: the launch spec records the size, sha256 (and the program's format) of the files it names
 LAUNCH_FORMAT = 2
@@ -204,10 +204,11 @@ def _json_file(path: Path):
     try:
         return json.loads(data)
     except json.JSONDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e.msg} at byte {e.pos} of {len(data)}: truncated or "
-                            f"corrupt)") from None
+        raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({len(data)} bytes; {e.msg}: byte "
+                            f"{e.pos})") from None
     except UnicodeDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON (not UTF-8 text at byte {e.start}: corrupt)") from None
+        raise ArtifactError(f"{path}: not valid JSON, corrupt ({len(data)} bytes; not UTF-8 text: byte "
+                            f"{e.start})") from None
 
 
 def check_artifact_files(artifact_dir) -> dict:
@@ -241,7 +242,8 @@ def check_artifact_files(artifact_dir) -> dict:
         path, record = root / name, files[name]
         data = path.read_bytes()
         if len(data) != record.get("bytes"):
-            what = "truncated" if isinstance(record.get("bytes"), int) and len(data) < record["bytes"] else "wrong size"
+            short = isinstance(record.get("bytes"), int) and len(data) < record["bytes"]
+            what = "truncated" if short else "wrong size"
             raise ArtifactError(f"{path}: {what}: expected {record.get('bytes')} bytes, got {len(data)}")
         found = hashlib.sha256(data).hexdigest()
         if found != record.get("sha256"):

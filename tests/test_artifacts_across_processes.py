@@ -239,10 +239,10 @@ BAD = {
     "execution plan truncated": (lambda d: _truncate(d / "execution_plan.json"),
                                  lambda d: rf"^{_plan(d)}: truncated: expected \d+ bytes, got \d+$"),
     "launch spec truncated": (lambda d: _truncate(d / "launch_spec.json"),
-                              lambda d: rf"^{_spec(d)}: not valid JSON \(.+ at byte \d+ of \d+: truncated or "
-                                        rf"corrupt\)$"),
+                              lambda d: rf"^{_spec(d)}: not valid JSON, truncated or corrupt \(\d+ bytes; .+: "
+                                        rf"byte \d+\)$"),
     "launch spec not text": (lambda d: (d / "launch_spec.json").write_bytes(b'{"format": \xff\xfe}'),
-                             lambda d: rf"^{_spec(d)}: not valid JSON \(not UTF-8 text at byte 11: corrupt\)$"),
+                             lambda d: rf"^{_spec(d)}: not valid JSON, corrupt \(14 bytes; not UTF-8 text: byte 11\)$"),
     "launch spec of another format": (lambda d: _set_json(d / "launch_spec.json", format=1),
                                       lambda d: rf"^{_spec(d)}: launch spec format 1; this runtime reads format 2$"),
     "program of another format": (_program_of_another_format,
