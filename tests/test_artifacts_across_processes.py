@@ -158,19 +158,24 @@ def test_an_artifact_corrupted_between_processes_is_rebuilt_by_a_compile_without
         assert torch.equal(a, b)
 
 
-def test_a_cached_graph_whose_artifact_was_corrupted_compiles_again_and_the_cache_entry_recovers(
-        first_process, tmp_path):
+@pytest.mark.parametrize("harm", ["altered", "deleted"])
+def test_a_cached_graph_whose_artifacts_went_bad_compiles_again_and_the_cache_entry_recovers(
+        first_process, tmp_path, harm):
     """The FX cache hit loads the cached module; its prepare_kernel raises ArtifactError, an
     OSError, which Inductor takes for a cache miss: it compiles the graph, and our compile_kernel
     rebuilds each artifact at the same path, the one the cached module names, so the cache entry
-    is good again for the next process (which then hits, as in the first test)."""
+    is good again for the next process (which then hits, as in the first test). The same when
+    the artifacts are gone (``<cache dir>/spyre`` deleted, the FX graph entries kept)."""
     cache, first = _copy(first_process, tmp_path)
     artifacts = _artifacts(cache)
     for d in artifacts:
-        _flip_a_byte(d / "program.json")
+        if harm == "altered":
+            _flip_a_byte(d / "program.json")
+    if harm == "deleted":
+        shutil.rmtree(cache / "spyre")
     second = _compile_in_a_process(cache, tmp_path / "result.pt", fx_cache=True)
     n = first["stats"]["planned"]
-    assert second["stats"] == {"planned": n, "rebuilt": n}
+    assert second["stats"] == ({"planned": n, "rebuilt": n} if harm == "altered" else {"planned": n})
     assert "fxgraph_cache_hit" not in second["fx"] and second["fx"].get("fxgraph_cache_miss")
     assert _artifacts(cache) == artifacts
     for d in artifacts:
