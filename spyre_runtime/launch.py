@@ -52,6 +52,7 @@ artifact directory.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import struct
@@ -74,11 +75,12 @@ from .queue import (Barrier, Compute, DeviceAddress, Footprint, HostAddress, Hos
 from .queue.runtime import current
 from .tensors import address, footprint, storage_ranges
 
-__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "preparation_streams", "prepare_artifact",
-           "prepare_kernel", "run_program", "set_prepare_each_launch", "set_preparation_streams",
-           "write_correction_area"]
+__all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "check_artifact_files", "launch_jobplan",
+           "preparation_streams", "prepare_artifact", "prepare_kernel", "run_program", "set_prepare_each_launch",
+           "set_preparation_streams", "write_correction_area"]
 
-LAUNCH_FORMAT = 1
+# 2: the launch spec records the size, sha256 (and the program's format) of the files it names
+LAUNCH_FORMAT = 2
 
 
 # ---- typed steps of the execution plan ------------------------------------------------
@@ -215,35 +217,117 @@ def _check_binding(where: str, slot: int, sym, arg: ArgSpec) -> None:
                          f"{sym.dtype} {list(sym.shape)} strides {list(sym.strides)}")
 
 
+class ArtifactError(ValueError, OSError):
+    """An artifact directory that cannot be used as it is: a file missing, truncated, altered or
+    of another format. The message names the file and what is wrong; compiling the kernel again
+    rebuilds the directory (backend.compile_kernel checks it with check_artifact_files).
+
+    It is also an OSError, as a file that cannot be read is (like io.UnsupportedOperation, both
+    ValueError and OSError): Inductor's FX graph cache treats an OSError raised while it loads a
+    cached module (whose first lines call prepare_kernel) as a cache miss and compiles the graph
+    again, so a cached graph whose artifact went bad is rebuilt instead of failing."""
+
+
+def _json_file(path: Path):
+    """The parsed JSON document at `path` (ArtifactError naming the file if it is not JSON)."""
+    data = path.read_bytes()
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({len(data)} bytes; {e.msg}: byte "
+                            f"{e.pos})") from None
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON, corrupt ({len(data)} bytes; not UTF-8 text: byte "
+                            f"{e.start})") from None
+
+
+def check_artifact_files(artifact_dir) -> dict:
+    """The launch spec of `artifact_dir`, once its files are known to be the ones written: the spec
+    parses and is of this runtime's format, and every file it records (the program, the execution
+    plan) is there with the size and sha256 recorded and, for the program, of the format this
+    runtime reads. Cheap (reads and hashes; the program is not decoded): the compiler runs it on
+    every reuse of an artifact. The execution plan (small) is parsed and its format checked too.
+    Raises ArtifactError naming the file and what is wrong (a missing file: FileNotFoundError, as
+    reading it raises)."""
+    from .program.program import FORMAT_VERSION
+
+    root = Path(artifact_dir)
+    spec_path = root / "launch_spec.json"
+    spec = _json_file(spec_path)
+    if not isinstance(spec, dict) or "format" not in spec:
+        raise ArtifactError(f"{spec_path}: not a spyre launch spec (no format field)")
+    if spec["format"] != LAUNCH_FORMAT:
+        raise ArtifactError(f"{spec_path}: launch spec format {spec['format']!r}; this runtime reads format "
+                            f"{LAUNCH_FORMAT}")
+    files = spec.get("files")
+    names = (spec.get("program"), spec.get("execution_plan"))
+    if not isinstance(files, dict) or not all(isinstance(n, str) and isinstance(files.get(n), dict) for n in names):
+        raise ArtifactError(f"{spec_path}: malformed launch spec (no size and checksum recorded for "
+                            f"{[n for n in names if not isinstance(files, dict) or n not in files]})")
+    program_format = files[spec["program"]].get("format")
+    if program_format != FORMAT_VERSION:
+        raise ArtifactError(f"{root / spec['program']}: program format {program_format!r}; this runtime reads "
+                            f"format {FORMAT_VERSION}")
+    for name in names:
+        path, record = root / name, files[name]
+        data = path.read_bytes()
+        if len(data) != record.get("bytes"):
+            short = isinstance(record.get("bytes"), int) and len(data) < record["bytes"]
+            what = "truncated" if short else "wrong size"
+            raise ArtifactError(f"{path}: {what}: expected {record.get('bytes')} bytes, got {len(data)}")
+        found = hashlib.sha256(data).hexdigest()
+        if found != record.get("sha256"):
+            raise ArtifactError(f"{path}: checksum mismatch: expected sha256 {str(record.get('sha256'))[:16]}..., "
+                                f"found {found[:16]}... (the file was altered)")
+    plan_path = root / spec["execution_plan"]
+    plan = _json_file(plan_path)  # (small: parsed here, its format checked, as the spec's)
+    found = plan.get("format") if isinstance(plan, dict) else None
+    if found != LAUNCH_FORMAT:
+        raise ArtifactError(f"{plan_path}: execution plan format {found!r}; this runtime reads format "
+                            f"{LAUNCH_FORMAT}")
+    return spec
+
+
 def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
-    """Parse, validate, allocate and transfer the program of `artifact_dir` (once per artifact)."""
+    """Parse, validate, allocate and transfer the program of `artifact_dir` (once per artifact).
+
+    An artifact that cannot be used raises ArtifactError (a ValueError) naming the file and what
+    is wrong, before anything is allocated."""
     root = Path(artifact_dir)
     if device is not None and (not isinstance(device, int) or isinstance(device, bool)
                                or not 0 <= device < _C.device_count()):
         raise ValueError(f"prepare_kernel: device must be a spyre device index in 0..{_C.device_count() - 1}, "
                          f"got {device!r}")
     try:
-        spec = json.loads((root / "launch_spec.json").read_text())
-        if spec.get("format") != LAUNCH_FORMAT:
-            raise ValueError(f"launch spec format {spec.get('format')}, this runtime reads {LAUNCH_FORMAT}")
-        program = Program.load(root / spec["program"])
+        spec = check_artifact_files(root)
+        program_path, plan_path = root / spec["program"], root / spec["execution_plan"]
+        try:
+            program = Program.load(program_path)
+        except ValueError as e:  # magic, version, checksum (the bytes are as recorded: written so)
+            raise ArtifactError(f"{program_path}: {e}") from None
         for a in spec["args"]:
             if a["dtype"] not in DTYPES:
-                raise ValueError(f"argument {a['name']!r} has dtype {a['dtype']!r}, not one of {sorted(DTYPES)}")
+                raise ArtifactError(f"{root / 'launch_spec.json'}: argument {a['name']!r} has dtype "
+                                    f"{a['dtype']!r}, not one of {sorted(DTYPES)}")
         args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
                              tuple(a["stride"]), a["slot"]) for a in spec["args"])
-        plan_doc = json.loads((root / spec["execution_plan"]).read_text())
-        steps = _steps(plan_doc, program, args)
+        plan_doc = _json_file(plan_path)  # (its format checked with the files)
+        try:
+            steps = _steps(plan_doc, program, args)
+        except ValueError as e:  # the plan disagrees with the program or the launch spec
+            raise ArtifactError(f"{plan_path}: {e}") from None
+    except ArtifactError:
+        raise
     except FileNotFoundError as e:
-        raise ValueError(f"{root} is not a complete spyre artifact: {e.filename} is missing") from None
+        raise ArtifactError(f"{root} is not a complete spyre artifact: {e.filename} is missing") from None
     except IsADirectoryError as e:
-        raise ValueError(f"{root} is not a spyre artifact: {e.filename} is a directory, not a file") from None
+        raise ArtifactError(f"{root} is not a spyre artifact: {e.filename} is a directory, not a file") from None
     except OSError as e:
-        raise ValueError(f"{root}: cannot read the artifact: {e}") from None
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{root}: malformed artifact ({type(e).__name__}: {e})") from None
-    except ValueError as e:  # bad JSON, format, checksum, and the checks against the program
-        raise ValueError(f"{root}: {e}") from None
+        raise ArtifactError(f"{root}: cannot read the artifact: {e}") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(f"{root}: malformed artifact ({type(e).__name__}: {e})") from None
+    except ValueError as e:
+        raise ArtifactError(f"{root}: {e}") from None
     validate_once(program)  # ProgramExecutable will not validate it again
     device = _C.current_device() if device is None else device
     return _plan(spec["kernel"], root, device, program, args, steps)

@@ -132,11 +132,21 @@ def test_prepare_validates_the_program(tmp_path):
 
 
 def _edit_json(path, edit):
+    """Edit an artifact's JSON file and keep the artifact consistent (the launch spec records the
+    size and sha256 of the files it names): a wrong artifact as a buggy compiler would write it,
+    which only the checks against the program can refuse."""
+    import hashlib
     import json
 
     doc = json.loads(path.read_text())
     edit(doc)
     path.write_text(json.dumps(doc))
+    spec_path = path.parent / "launch_spec.json"
+    spec = json.loads(spec_path.read_text())
+    if path.name in spec.get("files", {}):
+        data = path.read_bytes()
+        spec["files"][path.name].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        spec_path.write_text(json.dumps(spec))
 
 
 def test_an_incomplete_or_malformed_artifact_is_refused_naming_it(tmp_path):

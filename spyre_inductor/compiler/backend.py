@@ -9,11 +9,14 @@ the kernel on the CPU); a program the validator rejects is never emitted.
 
 Artifacts are content-addressed: the directory name is a hash of the kernel
 IR (without its name), the compiler version, the options and the hardware
-config, so an identical kernel compiled again reuses the directory.
+config, so an identical kernel compiled again reuses the directory, in this
+process or another (one sharing Inductor's cache dir), without planning;
+a directory found corrupt is rebuilt (compile_kernel).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -21,10 +24,12 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.launch import check_artifact_files
 from spyre_runtime.program.program import Program
 
 from .errors import PlanError, Unsupported
@@ -237,24 +242,72 @@ def artifact_key(kernel: Kernel, cores: int | None = None, max_cores: int | None
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+# What compile_kernel did, per process: "planned" (a new artifact), "reused" (an intact one found:
+# another compile, maybe another process's, wrote it), "rebuilt" (one found corrupt, replaced).
+artifact_stats: collections.Counter[str] = collections.Counter()
+
+
 def compile_kernel(kernel: Kernel, artifact_root: Path, *, cores: int | None = None,
                    max_cores: int | None = None) -> Path:
-    """The artifact directory of `kernel` under `artifact_root` (reused if already compiled)."""
+    """The artifact directory of `kernel` under `artifact_root`.
+
+    An existing directory is reused once its files check out (launch.check_artifact_files: the
+    launch spec parses and each file it reads has the size and sha256 recorded, a few hashes, no
+    decoding). A directory that does not (truncated, altered, of another format, incomplete) is
+    rebuilt in place, with one warning saying why. Writing is rename-based: the artifact is
+    written in a staging directory and renamed into place, a corrupt one is first renamed out of
+    the way, so a reader sees a whole artifact or none, and processes compiling the same kernel
+    at once each end with an intact directory (whichever rename lands)."""
     root = Path(artifact_root)
     final = root / artifact_key(kernel, cores, max_cores)
-    if (final / "launch_spec.json").exists():
+    corrupt = _broken(final)
+    if corrupt is None:
+        artifact_stats["reused"] += 1
         return final
     compiled = plan_kernel(kernel, cores=cores, max_cores=max_cores)
+    artifact_stats["planned"] += 1
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         write_artifact(staging, kernel, compiled.plans, compiled.program, COMPILER_VERSION)
+        if corrupt and _broken(final):  # (still: another process may have rebuilt it meanwhile)
+            _set_aside(final, root)
+            artifact_stats["rebuilt"] += 1
+            warnings.warn(f"spyre: rebuilt the corrupt artifact {final} of kernel {kernel.name!r} ({corrupt})",
+                          RuntimeWarning, stacklevel=2)
         try:
             os.rename(staging, final)  # atomic: a reader sees a whole artifact or none
         except OSError:
-            if not (final / "launch_spec.json").exists():  # not a concurrent compile of the same kernel
+            if _broken(final) is not None:  # not a concurrent compile of the same kernel
                 raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _broken(directory: Path) -> str | None:
+    """None if `directory` holds an intact artifact; "" if there is nothing there; else what is
+    wrong with it (the launch layer's message, naming the file)."""
+    if not os.path.lexists(directory):
+        return ""
+    try:
+        check_artifact_files(directory)
+    except FileNotFoundError as e:
+        return f"{e.filename} is missing"
+    except OSError as e:  # ArtifactError (an OSError too), or unreadable
+        return str(e)
+    return None
+
+
+def _set_aside(directory: Path, root: Path) -> None:
+    """Rename `directory` out of the way (then delete it): the name is free for the rebuilt one
+    at once, and a reader of the old one never sees it half deleted. Someone else may have
+    moved it already."""
+    aside = Path(tempfile.mkdtemp(prefix=".corrupt-", dir=root))
+    try:
+        os.rename(directory, aside / "artifact")
+    except FileNotFoundError:
+        pass
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)

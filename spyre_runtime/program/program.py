@@ -219,6 +219,8 @@ class Program:
     @classmethod
     def from_json(cls, text: str) -> Program:
         doc = json.loads(text)
+        if not isinstance(doc, dict) or not isinstance(doc.get("header", {}), dict):
+            raise ProgramFormatError("not a spyre program (no header)")
         header, body = doc.get("header", {}), doc.get("body", {})
         if header.get("magic") != MAGIC:
             raise ProgramFormatError(f"not a spyre program (magic {header.get('magic')!r})")
@@ -228,8 +230,11 @@ class Program:
                 f"this runtime reads version {FORMAT_VERSION}"
             )
         body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        if hashlib.sha256(body_text.encode()).hexdigest() != header.get("checksum"):
-            raise ProgramFormatError(f"program {header.get('name')!r}: checksum mismatch (body was altered)")
+        found = hashlib.sha256(body_text.encode()).hexdigest()
+        if found != header.get("checksum"):
+            raise ProgramFormatError(f"program {header.get('name')!r}: checksum mismatch: the header records "
+                                     f"{str(header.get('checksum'))[:16]}..., the body hashes to {found[:16]}... "
+                                     f"(body was altered)")
         try:
             _check_minimum(header.get("name"), body.get("minimum_bytes"), body.get("minimum_read_bytes"))
         except ValueError as e:

@@ -13,18 +13,21 @@
 
 The JSON and text files are rendered through the jinja2 templates next to
 this package (templates/); launch_spec.json is written last, so a
-directory that has it is complete.
+directory that has it is complete. It records the size and sha256 of
+program.json and execution_plan.json (and the program's format): a file
+truncated or altered since is found by hashing, without decoding it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import jinja2
 
 from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one written
-from spyre_runtime.program.program import Program
+from spyre_runtime.program.program import FORMAT_VERSION as PROGRAM_FORMAT, Program
 
 from ..kernel_ir import Kernel
 from ._dump import plain
@@ -72,6 +75,22 @@ def launch_args(kernel: Kernel, buffers) -> list[dict]:
     return args
 
 
+# The files the launch layer reads besides the launch spec: the spec records each one's size and
+# sha256 (and the program's format), so a truncated or altered file is found without decoding it
+# (spyre_runtime.launch.check_artifact_files, run by the compiler on every reuse of an artifact).
+RECORDED = ("program.json", "execution_plan.json")
+
+
+def recorded(directory: Path) -> dict:
+    """The launch spec's record of the RECORDED files as written in `directory`."""
+    out = {}
+    for name in RECORDED:
+        data = (directory / name).read_bytes()
+        out[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    out["program.json"]["format"] = PROGRAM_FORMAT
+    return out
+
+
 def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Program,
                    compiler: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
@@ -103,8 +122,8 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
     for name, text in files.items():
         if name.endswith(".json"):
             json.loads(text)  # a template bug fails here, not at launch
-        (directory / name).write_text(text)
-    spec = render("launch_spec.json.j2", args=args)
+        (directory / name).write_bytes(text.encode())
+    spec = render("launch_spec.json.j2", args=args, files=recorded(directory))
     json.loads(spec)
     (directory / "launch_spec.json").write_text(spec)
     return directory
