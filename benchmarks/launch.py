@@ -122,6 +122,10 @@ def host_table(repeats: int) -> dict:
     return {"launch_us": lean, "prepare_each_us": prepared_each, "call_to_sync_us": call_to_sync}
 
 
+def _timing_event() -> torch.Event:
+    return torch.Event(device="spyre", enable_timing=True)
+
+
 def _idle_fraction(plan, args, launches: int) -> tuple[float, float]:
     """(compute idle fraction, simulated us) of `launches` back-to-back launches of `plan`."""
     from spyre_runtime.launch import launch_jobplan
@@ -129,7 +133,7 @@ def _idle_fraction(plan, args, launches: int) -> tuple[float, float]:
 
     queue = current().queue(0)
     torch.spyre.synchronize()
-    start, end = torch.Event(device="spyre"), torch.Event(device="spyre")
+    start, end = _timing_event(), _timing_event()
     busy0 = queue.sim_busy_ns()["compute"]
     start.record()
     for _ in range(launches):
@@ -148,7 +152,7 @@ def idle_table(launches: int = 200) -> dict:
     from spyre_runtime.launch import prepare_kernel
 
     rows, out = [], {}
-    for shape in ((64, 64), (256, 1024)):
+    for shape in ((64, 64), (64, 1024), (256, 1024)):
         strides = (shape[1], 1)
         buffers = tuple(Buffer(n, "fp16", shape, strides, 0) for n in ("a", "b", "out"))
         values = (Load("a", Index(strides, 0), "fp16"), Load("b", Index(strides, 0), "fp16"),
@@ -195,7 +199,7 @@ def decode_table(steps: int) -> dict:
             try:
                 compiled(*args)
                 torch.spyre.synchronize()
-                start, end = torch.Event(device="spyre"), torch.Event(device="spyre")
+                start, end = _timing_event(), _timing_event()
                 samples = []
                 start.record()
                 for _ in range(steps):

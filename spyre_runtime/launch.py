@@ -18,7 +18,9 @@ waiting:
 1. a HostCallback writes the addresses into a pinned staging buffer
    (the runtime's one completion-gated pool, shared with eager copies;
    filled in its stream's order, so a buffer whose last transfer is earlier
-   on the same stream is safe to reuse);
+   on the same stream is safe to reuse). On the simulated timeline it costs
+   what a native runtime's would (HardwareConfig.host_patch_ns), not the
+   wall time of our Python;
 2. a Transfer copies the staging buffer into one of the plan's two
    correction areas (launches alternate): both on a preparation stream of
    the launch's stream (preparation_stream), so a launch's patch overlaps
@@ -65,7 +67,7 @@ import torch
 from . import _C
 from .binding import ArgSpec, ArgTable, LaunchError, slot_words
 from .device.programs import ProgramExecutor
-from .hardware import preparation_streams_from_env
+from .hardware import HARDWARE, preparation_streams_from_env
 from .program.operands import DTYPES, sticks
 from .program.program import SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
@@ -411,7 +413,8 @@ def launch_jobplan(plan: JobPlan, args) -> None:
         plan.last_compute[turn] = (words, turn)
         memo[(words, turn)] = compute
     patch, fetch = patch_and_fetch
-    fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name)
+    fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name,
+                        cost_ns=HARDWARE.host_patch_ns)
     runs = ((stream, (fill, patch, fetch, compute)),) if prep == stream else \
         ((prep, (fill, patch)), (stream, (fetch, compute)))
     # If this raises, the buffer is not returned to the pool: it may have come with an

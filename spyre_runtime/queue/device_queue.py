@@ -179,6 +179,7 @@ class _Pipeline:
         # on the host worker may itself run inline work on the host pipeline.
         self.running = threading.RLock()
         self.thread: threading.Thread | None = None
+        self.idle = False  # its worker waits for work (lock held to read or set)
         self.sim_free = 0.0
         self.sim_busy = 0.0
 
@@ -224,6 +225,7 @@ class DeviceQueue:
         self.sim_floor = 0.0
         self._batch: dict[int, Ticket] | None = None  # the enqueue_runs call in progress (lock held)
         self._claim: list[Ticket] | None = None
+        self._waiting = 0  # threads in _wait_for_change
 
     # ---- enqueueing -------------------------------------------------------
 
@@ -262,14 +264,17 @@ class DeviceQueue:
                 try:
                     for sid, ops in runs:
                         for op in ops:
-                            ticket = self._enqueue_locked(sid, op, False)
+                            ticket = self._enqueue_locked(sid, op, False, checked=True)
                             self._batch[id(op)] = ticket
                             tickets.append(ticket)
                 finally:
                     self._batch = self._claim = None
         finally:  # what was enqueued is accounted for, even if a later one failed
-            for t in tickets:
-                self._on_enqueued(t.stream.id, t.seq)
+            newest: dict[int, int] = {}
+            for t in tickets:  # (the allocator keeps the newest per stream)
+                newest[t.stream.id] = t.seq
+            for sid, seq in newest.items():
+                self._on_enqueued(sid, seq)
         if claimed is not None:
             self._run_claimed(claimed, tickets)
         return tickets
@@ -324,8 +329,9 @@ class DeviceQueue:
             raise TypeError(f"spyre:{self.device}: cannot enqueue {type(op).__name__}; operations are "
                             f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
 
-    def _enqueue_locked(self, stream_id: int, op, inline: bool) -> Ticket:
-        self._check_operation(op)
+    def _enqueue_locked(self, stream_id: int, op, inline: bool, checked: bool = False) -> Ticket:
+        if not checked:
+            self._check_operation(op)
         stream = self._stream(stream_id)
         ticket = Ticket(op, stream, next(self._seq), inline, self.device)
         if self._claim is not None and ticket.pipeline in _CLAIMABLE:
@@ -510,7 +516,7 @@ class DeviceQueue:
                 work.extend(self._complete(t, t.pending_error))
             elif t.inline:
                 t.ready = True
-                self.changed.notify_all()
+                self._notify_waiters()
             elif t.claimant is not None:
                 t.ready = True
                 t.claimant.append(t)
@@ -518,13 +524,19 @@ class DeviceQueue:
                 t.ready = True
                 self._push(t)
 
+    def _notify_waiters(self) -> None:
+        if self._waiting:
+            self.changed.notify_all()
+
     def _push(self, t: Ticket) -> None:
         """Hand a ready ticket to its pipeline's worker."""
         pipe = self.pipelines[t.pipeline]
         key = t.priority if t.pipeline == "compute" else 0
         heapq.heappush(pipe.heap, (key, t.seq, t))
-        self._start_worker(pipe)
-        pipe.cond.notify()
+        if pipe.thread is None:
+            self._start_worker(pipe)
+        elif pipe.idle:
+            pipe.cond.notify()
 
     @staticmethod
     def _prefetch(t: Ticket) -> bool:
@@ -581,7 +593,7 @@ class DeviceQueue:
                 rec.append(t)
         else:
             t.edges = []
-        self.changed.notify_all()
+        self._notify_waiters()
         self._on_completed(stream.id, t.seq)
         return ready
 
@@ -606,7 +618,9 @@ class DeviceQueue:
         while True:
             with self.lock:
                 while not pipe.heap and not self._closing:
+                    pipe.idle = True
                     pipe.cond.wait()
+                    pipe.idle = False
                 if self._closing and not pipe.heap:
                     return
                 _, _, t = heapq.heappop(pipe.heap)
@@ -620,7 +634,7 @@ class DeviceQueue:
         with self.lock:
             for t in list(self.inflight.values()):
                 while not t.done and time.monotonic() < deadline:
-                    self.changed.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    self._wait_for_change(max(0.0, deadline - time.monotonic()))
             finished = all(t.done for t in self.inflight.values())
             if not finished:
                 return False  # something waits on a signal that never comes: leave the daemons be
@@ -652,9 +666,9 @@ class DeviceQueue:
             elif isinstance(op, Compute):
                 op.executor.run(op.bindings)
                 cost = float(op.executor.cost_ns(op.bindings))
-            else:  # HostCallback: it holds the stream for as long as it takes
+            else:  # HostCallback: it holds the stream for as long as it takes, unless priced
                 t.result = op.fn()
-                cost = None
+                cost = op.cost_ns
             error = None
         except BaseException as e:  # noqa: BLE001 - reported through the stream
             cost, error = None, e
@@ -674,7 +688,7 @@ class DeviceQueue:
         self._on_enqueued(stream_id, t.seq)
         with self.lock:
             while not (t.ready or t.done):
-                self.changed.wait()
+                self._wait_for_change()
         if not t.done:  # control operations complete as soon as they are ready
             _local.depth = getattr(_local, "depth", 0) + 1
             try:
@@ -737,7 +751,15 @@ class DeviceQueue:
                     pipe.running.release()
                     self.lock.acquire()
                 return
-        self.changed.wait()
+        self._wait_for_change()
+
+    def _wait_for_change(self, timeout: float | None = None) -> None:
+        """changed.wait(), counted: a completion notifies only when someone waits (lock held)."""
+        self._waiting += 1
+        try:
+            self.changed.wait(timeout)
+        finally:
+            self._waiting -= 1
 
     # ---- streams ---------------------------------------------------------------
 
@@ -813,7 +835,7 @@ class DeviceQueue:
                         ready.append(t)
                 self._make_ready(ready)
                 deadlines = [t.deadline for t in self.unsignaled if t.deadline is not None]
-                self.changed.wait(timeout=max(0.01, min(deadlines) - now) if deadlines else 1.0)
+                self._wait_for_change(max(0.01, min(deadlines) - now) if deadlines else 1.0)
 
     # ---- introspection -----------------------------------------------------------
 
