@@ -600,6 +600,9 @@ class DeviceQueue:
     def _finish(self, t: Ticket, cost_ns: float, error: BaseException | None) -> None:
         with self.lock:
             pipe = self.pipelines[t.pipeline]
+            # Its start could have been set before it ran: its dependencies were done and its
+            # pipeline (held by the caller) ran nothing else meanwhile.
+            t.sim_start = max(t.ready_sim, pipe.sim_free)
             t.sim_end = t.sim_start + cost_ns
             pipe.sim_free = max(pipe.sim_free, t.sim_end)
             pipe.sim_busy += cost_ns
@@ -649,10 +652,7 @@ class DeviceQueue:
     def _run_on_pipeline(self, t: Ticket) -> None:
         """Execute `t` holding its pipeline, so a pipeline runs one operation at a
         time whether its worker or an inline caller executes it."""
-        pipe = self.pipelines[t.pipeline]
-        with pipe.running:
-            with self.lock:
-                t.sim_start = max(t.ready_sim, pipe.sim_free)
+        with self.pipelines[t.pipeline].running:
             cost, error = self._execute(t)
             self._finish(t, cost, error)
 
