@@ -151,7 +151,9 @@ class JobPlan:
     resolve_name: str = field(repr=False)
     fetch_name: str = field(repr=False)
     turns: itertools.count = field(repr=False, compare=False)  # which area the next launch uses
-    memo: dict = field(default_factory=dict, repr=False, compare=False)  # launch_jobplan's reusable operations
+    # launch_jobplan's reusable operations: (staging buffer, area) -> (patch, fetch), and per area
+    # the previous launch's compute with its slot words
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
     last_compute: list = field(default_factory=lambda: [None] * CORRECTION_AREAS, repr=False, compare=False)
 
 
@@ -404,14 +406,14 @@ def launch_jobplan(plan: JobPlan, args) -> None:
         patch_and_fetch = (patch, Barrier(name=plan.fetch_name, footprint=area.fetch_footprint, requires=(patch,)))
         if len(memo) < 64:
             memo[(staged.address, turn)] = patch_and_fetch
-    compute = memo.get((words, turn))
-    if compute is None:
+    last = plan.last_compute[turn]  # (words, reads, writes, Compute) of the area's previous launch
+    if last is not None and last[0] == words and last[1] == reads and last[2] == writes:
+        compute = last[3]
+    else:
         compute = Compute(plan.executor, area.artifact,
                           Footprint(reads=reads + area.program_reads, writes=writes + plan.temp_writes),
                           name=plan.name)
-        memo.pop(plan.last_compute[turn], None)
-        plan.last_compute[turn] = (words, turn)
-        memo[(words, turn)] = compute
+        plan.last_compute[turn] = (words, reads, writes, compute)
     patch, fetch = patch_and_fetch
     fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name,
                         cost_ns=HARDWARE.host_patch_ns)
