@@ -21,6 +21,9 @@ from ..queue.operations import DataMovement, DeviceAddress, Transfer, TransferKi
 
 
 SMALL_TRANSFER = 64 * 1024  # bytes copied without releasing the GIL (see SimulatedDataMovement.run)
+# libc's memmove called as a Python-API function: ctypes then keeps the GIL across the call.
+_memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes._memmove_addr)
 
 
 class TransferCosts:
@@ -55,8 +58,8 @@ class SimulatedDataMovement(DataMovement):
         dst, src = self._address(transfer.destination), self._address(transfer.source)
         if n <= SMALL_TRANSFER:
             # ctypes.memmove lets go of the GIL, and getting it back from a queue worker costs
-            # far more than a few kilobytes take to copy; a slice assignment copies holding it.
-            (ctypes.c_char * n).from_address(dst)[:] = (ctypes.c_char * n).from_address(src)
+            # far more than a few kilobytes take to copy.
+            _memmove_holding_gil(dst, src, n)
         else:
             ctypes.memmove(dst, src, n)
 

@@ -67,8 +67,8 @@ class ProgramExecutable:
             start = artifact.offset + self.program.correction_offset
         # struct over the host-addressable bytes, not a torch view: a torch call lets go of the GIL,
         # and the fetch runs while the launching thread holds the queue (see DeviceQueue._help_or_wait).
-        raw = (ctypes.c_char * (n * SLOT_BYTES)).from_address(region_address(artifact.device, artifact.region) + start)
-        words = struct.unpack_from(f"<{2 * n}q", raw)
+        raw = ctypes.string_at(region_address(artifact.device, artifact.region) + start, n * SLOT_BYTES)
+        words = struct.unpack(f"<{2 * n}q", raw)
         return [(words[2 * i], words[2 * i + 1]) for i in range(n)]
 
     def run(self, artifact: Artifact) -> None:

@@ -226,6 +226,10 @@ class DeviceQueue:
         self._batch: dict[int, Ticket] | None = None  # the enqueue_runs call in progress (lock held)
         self._claim: list[Ticket] | None = None
         self._waiting = 0  # threads in _wait_for_change
+        # Pipelines whose workers are woken once the enqueue_runs(run_ready=True) call in progress
+        # is done: a worker woken at once would contend for the queue (and the GIL) with the
+        # caller still running the launch's patch.
+        self._wake_later: set | None = None
 
     # ---- enqueueing -------------------------------------------------------
 
@@ -257,26 +261,43 @@ class DeviceQueue:
                 self._check_operation(op)
         tickets: list[Ticket] = []
         claimed: list[Ticket] | None = [] if run_ready else None
+        defers = False
         try:
+            try:
+                with self.lock:
+                    self._batch = {}
+                    self._claim = claimed
+                    defers = claimed is not None and self._wake_later is None
+                    if defers:
+                        self._wake_later = set()
+                    try:
+                        for sid, ops in runs:
+                            for op in ops:
+                                ticket = self._enqueue_locked(sid, op, False, checked=True)
+                                self._batch[id(op)] = ticket
+                                tickets.append(ticket)
+                    finally:
+                        self._batch = self._claim = None
+            finally:  # what was enqueued is accounted for, even if a later one failed
+                newest: dict[int, int] = {}
+                for t in tickets:  # (the allocator keeps the newest per stream)
+                    newest[t.stream.id] = t.seq
+                for sid, seq in newest.items():
+                    self._on_enqueued(sid, seq)
+            if claimed is not None:
+                self._run_claimed(claimed, tickets)
+        finally:
             with self.lock:
-                self._batch = {}
-                self._claim = claimed
-                try:
-                    for sid, ops in runs:
-                        for op in ops:
-                            ticket = self._enqueue_locked(sid, op, False, checked=True)
-                            self._batch[id(op)] = ticket
-                            tickets.append(ticket)
-                finally:
-                    self._batch = self._claim = None
-        finally:  # what was enqueued is accounted for, even if a later one failed
-            newest: dict[int, int] = {}
-            for t in tickets:  # (the allocator keeps the newest per stream)
-                newest[t.stream.id] = t.seq
-            for sid, seq in newest.items():
-                self._on_enqueued(sid, seq)
-        if claimed is not None:
-            self._run_claimed(claimed, tickets)
+                if claimed:  # not run (an error on the way): the workers run them
+                    for t in claimed:
+                        t.claimant = None
+                        self._push(t)
+                    claimed.clear()
+                for t in tickets:
+                    t.claimant = None
+                if defers:
+                    wake, self._wake_later = self._wake_later, None
+                    self._wake(wake)
         return tickets
 
     def _run_claimed(self, claimed: list[Ticket], tickets: list[Ticket]) -> None:
@@ -533,10 +554,21 @@ class DeviceQueue:
         pipe = self.pipelines[t.pipeline]
         key = t.priority if t.pipeline == "compute" else 0
         heapq.heappush(pipe.heap, (key, t.seq, t))
-        if pipe.thread is None:
+        if self._wake_later is not None:
+            self._wake_later.add(pipe)
+        elif pipe.thread is None:
             self._start_worker(pipe)
         elif pipe.idle:
             pipe.cond.notify()
+
+    def _wake(self, pipes) -> None:
+        """Wake the workers of `pipes` that have work (lock held)."""
+        for pipe in pipes:
+            if pipe.heap:
+                if pipe.thread is None:
+                    self._start_worker(pipe)
+                elif pipe.idle:
+                    pipe.cond.notify()
 
     @staticmethod
     def _prefetch(t: Ticket) -> bool:
