@@ -64,10 +64,21 @@ class Machine:
 
     def scratch_rows(self, core: int, addr: int, rows: int, nbytes: int, stride: int) -> torch.Tensor:
         sp = self.scratch(core)  # a slice of the bank: as_strided's offset counts from the bank's start
+        self._within(core, addr, rows, nbytes, stride)
         return torch.as_strided(sp, (rows, nbytes), (stride, 1), sp.storage_offset() + addr)
 
+    def _within(self, core: int, addr: int, rows: int, nbytes: int, stride: int) -> None:
+        # The bank would let a view run on into the next core's scratchpad: refuse it here.
+        if rows > 0 and nbytes > 0:
+            last = addr + (rows - 1) * stride
+            lo, hi = min(addr, last), max(addr, last) + nbytes
+            if lo < 0 or hi > self.scratchpad_bytes:
+                raise IndexError(f"scratchpad bytes [{lo}, {hi}) are outside core {core}'s "
+                                 f"{self.scratchpad_bytes}")
+
     def device_rows(self, symbol: str, offset: int, rows: int, nbytes: int, stride: int) -> torch.Tensor:
-        return torch.as_strided(self.buffers[symbol], (rows, nbytes), (stride, 1), offset)
+        buf = self.buffers[symbol]  # as_strided's offset counts from the storage's start
+        return torch.as_strided(buf, (rows, nbytes), (stride, 1), buf.storage_offset() + offset)
 
     def view(self, core: int, tile: Tile, idx) -> torch.Tensor:
         """The tile's stored elements, in its dtype (writable)."""
@@ -76,6 +87,8 @@ class Machine:
         if typed is None:
             typed = self._typed[key] = self.scratch(core).view(DTYPES[tile.dtype])
         size = ITEMSIZE[tile.dtype]
+        rows, cols = tile.stored_shape
+        self._within(core, tile.addr.at(idx), rows, cols * size, tile.row_stride)
         return torch.as_strided(typed, tile.stored_shape, (tile.row_stride // size, 1),
                                 typed.storage_offset() + tile.addr.at(idx) // size)
 
