@@ -200,25 +200,27 @@ def _fresh(program, phases):
     return timing.finish()
 
 
-def _launch_vector_add(offset_elems: int):
-    program = vector_add(1000)
+def _launch_vector_add(program, offset_elems: int):
     x = torch.zeros(1100).to("spyre")[offset_elems:offset_elems + 1000]
     y = torch.randn(1000).to("spyre")
     reset_kernel_reports()
     out = run_program(program, x=x, y=y)["out"]
     torch.spyre.synchronize()
     assert torch.equal(out.cpu(), y.cpu())
-    return program, kernel_reports()
+    return kernel_reports()
 
 
 @pytest.mark.parametrize("offset_elems", [0, 1, 25])
 def test_a_cached_report_equals_a_fresh_one(offset_elems):
-    program, first = _launch_vector_add(offset_elems)
-    _, second = _launch_vector_add(offset_elems)  # the same program object: its report is cached
-    phase = offset_elems * 4 % 128
-    fresh = _fresh(program, {"x": phase, "y": 0, "out": 0})
-    assert len(first) == len(second) == 1
-    assert _figures(first[0]) == _figures(second[0]) == _figures(fresh)
+    program = vector_add(1000)
+    first = _launch_vector_add(program, 0)  # aligned: the report computed and cached
+    second = _launch_vector_add(program, offset_elems)  # x's phase is part of the key
+    third = _launch_vector_add(program, offset_elems)  # the same key: the cached report, copied
+    assert len(first) == len(second) == len(third) == 1
+    fresh = _fresh(program, {"x": offset_elems * 4 % 128})
+    assert _figures(second[0]) == _figures(third[0]) == _figures(fresh)
+    assert _figures(first[0]) == _figures(_fresh(program, {}))
+    assert len(program.__dict__["_run_states"]) == 1  # (the launches shared the program's state)
 
 
 def test_an_unaligned_binding_moves_the_sticks_it_touches():
