@@ -175,13 +175,17 @@ def cores_independent(steps, buffers) -> bool:
     """No device byte one core writes is touched by another core."""
     events = sorted((lo, hi, core, w) for core, mine in _device_spans(steps, buffers) for lo, hi, w in mine
                     if hi > lo)
-    active: list = []
+    # Swept by start: an earlier interval overlaps this one iff it ends after this one starts, so
+    # per core the furthest end of what it touched (and of what it wrote) so far is enough.
+    reach: dict[int, int] = {}
+    wrote: dict[int, int] = {}
     for lo, hi, core, w in events:
-        active = [a for a in active if a[0] > lo]
-        for ahi, acore, aw in active:
-            if acore != core and (w or aw):
+        for other, end in (reach if w else wrote).items():
+            if other != core and end > lo:
                 return False
-        active.append((hi, core, w))
+        reach[core] = max(reach.get(core, hi), hi)
+        if w:
+            wrote[core] = max(wrote.get(core, hi), hi)
     return True
 
 
