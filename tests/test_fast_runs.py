@@ -309,3 +309,19 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         ex.run(plan.artifact)
         for name in outputs:
             assert torch.equal(buffers[name], want[name]), (plan.name, name)
+
+
+def test_scratchpads_keep_what_the_previous_kernel_left():
+    # One kernel loads x into core 3's scratchpad; the next stores those bytes without writing
+    # them first: as on the card, scratchpads are not zeroed between kernels (same bank, same core).
+    sym = lambda name, role: Symbol(name, role, "fp32", (32,), (1,))  # noqa: E731
+    load = Program("leave", (sym("x", "input"),),
+                   (CoreProgram(3, (("ls", (isa.Load(Addr(4096), DevAddr("x", 0), 1, 128, 0, 128),)),)),))
+    store = Program("find", (sym("out", "output"),),
+                    (CoreProgram(3, (("ls", (isa.Store(DevAddr("out", 0), Addr(4096), 1, 128, 0, 128),)),)),))
+    x = torch.randn(32, generator=GEN)
+    for _ in range(2):  # the second time through the bound (cached) runs
+        run_program(load, x=x)
+        out = run_program(store)["out"]
+        torch.spyre.synchronize()
+        assert torch.equal(out.cpu(), x)

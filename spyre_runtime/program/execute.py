@@ -86,11 +86,10 @@ class Machine:
         typed = self._typed.get(key)
         if typed is None:
             typed = self._typed[key] = self.scratch(core).view(DTYPES[tile.dtype])
-        size = ITEMSIZE[tile.dtype]
-        rows, cols = tile.stored_shape
-        self._within(core, tile.addr.at(idx), rows, cols * size, tile.row_stride)
-        return torch.as_strided(typed, tile.stored_shape, (tile.row_stride // size, 1),
-                                typed.storage_offset() + tile.addr.at(idx) // size)
+        size, addr = ITEMSIZE[tile.dtype], tile.addr.at(idx)
+        rows, cols = shape = tile.stored_shape
+        self._within(core, addr, rows, cols * size, tile.row_stride)
+        return torch.as_strided(typed, shape, (tile.row_stride // size, 1), typed.storage_offset() + addr // size)
 
     def read(self, core: int, tile: Tile, idx, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The tile as rows x cols in its arithmetic type (broadcasts expanded)."""
