@@ -90,17 +90,19 @@ def _buffers(program, inputs):
     return bufs
 
 
-def _bias_add(cores=4, n=64):
-    """out[c] = x[c] + bias on `cores` cores: every core reads the one bias row (no conflict)."""
+def _bias_add(cores=4, n=64, reverse=False):
+    """out[r] = x[r] + bias on `cores` cores: every core reads the one bias row (no conflict).
+    Core c has row c, or with `reverse` row cores - 1 - c (addresses descending over the cores)."""
     syms = (Symbol("x", "input", "fp32", (cores, n), (n, 1)), Symbol("bias", "input", "fp32", (n,), (1,)),
             Symbol("out", "output", "fp32", (cores, n), (n, 1)))
     cps, queues = [], []
     for c in range(cores):
         t = lambda a: Tile(Addr(a), "fp32", 1, n, 1024)  # noqa: E731
+        r = cores - 1 - c if reverse else c
         queues += [Queue(f"f{c}", (c, "ls"), (c, "sfp"), 1), Queue(f"d{c}", (c, "sfp"), (c, "ls"), 1)]
-        ls = (isa.Load(Addr(0), DevAddr("x", c * n * 4), 1, n * 4, 0, 1024),
+        ls = (isa.Load(Addr(0), DevAddr("x", r * n * 4), 1, n * 4, 0, 1024),
               isa.Load(Addr(1024), DevAddr("bias", 0), 1, n * 4, 0, 1024), isa.Push(f"f{c}"), isa.Pop(f"d{c}"),
-              isa.Store(DevAddr("out", c * n * 4), Addr(2048), 1, n * 4, 0, 1024))
+              isa.Store(DevAddr("out", r * n * 4), Addr(2048), 1, n * 4, 0, 1024))
         sfp = (isa.Pop(f"f{c}"), isa.Binary("add", t(2048), t(0), t(1024)), isa.Push(f"d{c}"))
         cps.append(CoreProgram(c, (("ls", ls), ("sfp", sfp))))
     return Program("bias_add", syms, tuple(cps), tuple(queues))
@@ -108,6 +110,7 @@ def _bias_add(cores=4, n=64):
 
 PROGRAMS = {
     "bias_add": _bias_add,
+    "bias_add_descending": lambda: _bias_add(reverse=True),  # (a flip's cores: as_strided has no negative strides)
     "vector_add": lambda: vector_add(1000),
     "vector_add_fp16_chunks": lambda: vector_add(1000, "fp16", chunk=128),
     "calibration_add_8_cores": lambda: calibration.add(64, 256, cores=8),

@@ -91,11 +91,13 @@ class Binder:
         if len(starts) == 1:
             return 0
         step = starts[1] - starts[0]
+        if step < 0:  # as_strided takes no negative strides (members in descending addresses)
+            return None
         return step if all(s == starts[0] + k * step for k, s in enumerate(starts)) else None
 
     def _rows_fit(self, addr: int, rows: int, nbytes: int, stride: int, limit: int) -> bool:
         last = addr + (rows - 1) * stride
-        return rows > 0 and min(addr, last) >= 0 and max(addr, last) + nbytes <= limit
+        return rows > 0 and stride >= 0 and addr >= 0 and last + nbytes <= limit
 
     def sp_rows(self, members: list[tuple[int, int]], rows: int, nbytes: int, stride: int):
         """[(core, scratchpad byte address)] -> uint8 view (members, rows, nbytes) into the bank."""
@@ -211,7 +213,10 @@ class BoundRun:
 
     def _bind(self, b: Binder, group) -> None:
         cls = type(group[0][3])
-        fn = cls.bind(b, [(core, ins, idx) for core, _, _, ins, idx in group])
+        try:
+            fn = cls.bind(b, [(core, ins, idx) for core, _, _, ins, idx in group])
+        except Exception:  # a fast form that cannot bind these operands: the general semantics
+            fn = None      # run them (and raise, if they are wrong, where the interpreter would)
         if fn is b.NOTHING:
             return
         if fn is not None:
