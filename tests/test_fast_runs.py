@@ -328,3 +328,20 @@ def test_scratchpads_keep_what_the_previous_kernel_left():
         out = run_program(store)["out"]
         torch.spyre.synchronize()
         assert torch.equal(out.cpu(), x)
+
+
+def test_a_schedule_too_long_to_bind_runs_the_interpreter_with_the_cached_report(monkeypatch):
+    from spyre_runtime.program import run as run_module
+
+    monkeypatch.setattr(run_module, "MAX_BOUND_STEPS", 1)
+    program = vector_add(1000, chunk=128)
+    x, y = torch.randn(1000, generator=GEN), torch.randn(1000, generator=GEN)
+    reset_kernel_reports()
+    for _ in range(2):
+        out = run_program(program, x=x, y=y)["out"]
+        torch.spyre.synchronize()
+        assert torch.equal(out.cpu(), x + y)
+    reports = kernel_reports()
+    assert len(reports) == 2 and _figures(reports[0]) == _figures(reports[1]) == _figures(_fresh(program, {}))
+    state = next(iter(program.__dict__["_run_states"].values()))
+    assert not state.bound  # nothing was bound

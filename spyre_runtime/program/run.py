@@ -109,6 +109,9 @@ class ProgramExecutable:
             timing = Timing(self.program, self.hardware, phases=self.phases(artifact, slots))
             Machine(self.program, self._buffers(artifact, slots), self.hardware.scratchpad_bytes, timing).run()
             report = timing.finish()
+        elif len(schedule.steps) > MAX_BOUND_STEPS:  # too long to keep bound: the interpreter, untimed
+            report = self.report(artifact, slots)
+            Machine(self.program, self._buffers(artifact, slots), self.hardware.scratchpad_bytes).run()
         else:
             report = self.report(artifact, slots)
             bank = _banks.take(self.hardware.scratchpad_bytes, self._bank_cores)
@@ -138,8 +141,6 @@ class ProgramExecutable:
                         schedule = Schedule(self.program, self.hardware.scratchpad_bytes)
                     except ProgramError:
                         schedule = False  # e.g. a deadlock: the interpreter raises it, after what it ran
-                    if schedule and len(schedule.steps) > MAX_BOUND_STEPS:
-                        schedule = False
                     state.schedule = schedule
         return state.schedule or None
 
