@@ -11,9 +11,13 @@ device memory (or of any host bytes, for tests); each core has a 2 MiB
 scratchpad, which keeps whatever the previous kernel left in it (programs
 must write before they read). The cores' scratchpads are slices of one bank
 (core c's at c * scratchpad_bytes), taken from a pool for a run and given
-back after it, so a kernel finds what the kernel before it on that bank left. Arithmetic rules are those stated in operands.py (fp32 for
-floats, int32 for integers, rounding to nearest even on store; matmul
-accumulates in fp32).
+back after it, so a kernel finds what the kernel before it on that bank left.
+Arithmetic rules are those stated in operands.py (fp32 for floats, int32 for
+integers, rounding to nearest even on store; matmul accumulates in fp32).
+
+This interpreter is the reference. A launched program usually runs through
+schedule.py instead: the same instructions in the order this machine runs
+them, over views bound once, with the same bits.
 """
 
 from __future__ import annotations
