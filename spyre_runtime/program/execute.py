@@ -9,17 +9,25 @@ that is a deadlock and it raises, naming the blocked units.
 Data lives in torch CPU tensors: device buffers are views of the simulated
 device memory (or of any host bytes, for tests); each core has a 2 MiB
 scratchpad, which keeps whatever the previous kernel left in it (programs
-must write before they read). Arithmetic rules are those stated in operands.py (fp32 for
-floats, int32 for integers, rounding to nearest even on store; matmul
-accumulates in fp32).
+must write before they read). The cores' scratchpads are slices of one bank
+(core c's at c * scratchpad_bytes), taken from a pool for a run and given
+back after it, so a kernel finds what the kernel before it on that bank left.
+Arithmetic rules are those stated in operands.py (fp32 for floats, int32 for
+integers, rounding to nearest even on store; matmul accumulates in fp32).
+
+This interpreter is the reference. A launched program usually runs through
+schedule.py instead: the same instructions in the order this machine runs
+them, over views bound once, with the same bits.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import torch
 
+from ..hardware import HARDWARE
 from . import isa
 from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile
 from .program import Program
@@ -28,15 +36,19 @@ from .validate import ProgramError, ProgramIndexError
 
 class Machine:
     def __init__(self, program: Program, buffers: dict[str, torch.Tensor], scratchpad_bytes: int, timing=None,
-                 functional: bool = True):
+                 functional: bool = True, trace: list | None = None):
         # functional=False walks the control flow only (queues, loops, costs): a timing estimate.
+        # trace: a list that gets (core, unit, pc, instruction, loop indices) of every data
+        # instruction in the order run (control flow is static: schedule.py replays that order).
         self.functional = functional
+        self.trace = trace
         missing = [s.name for s in program.symbols if s.name not in buffers] if functional else []
         if missing:
             raise ProgramError(f"program {program.name!r}: no memory bound for {', '.join(missing)}")
         self.program = program
         self.buffers = buffers  # symbol -> uint8 CPU tensor of its bytes
         self.scratchpad_bytes = scratchpad_bytes
+        self.bank: ScratchBank | None = None  # taken on first use; given back by run()
         self._scratch: dict[int, torch.Tensor] = {}
         self._typed: dict[tuple[int, str], torch.Tensor] = {}
         self.tokens = {q.name: 0 for q in program.queues}
@@ -49,14 +61,28 @@ class Machine:
     def scratch(self, core: int) -> torch.Tensor:
         sp = self._scratch.get(core)
         if sp is None:
-            sp = self._scratch[core] = _scratchpads.take(self.scratchpad_bytes)
+            if self.bank is None:
+                self.bank = _banks.take(self.scratchpad_bytes, bank_cores(self.program))
+            sp = self._scratch[core] = self.bank.core(core)
         return sp
 
     def scratch_rows(self, core: int, addr: int, rows: int, nbytes: int, stride: int) -> torch.Tensor:
-        return torch.as_strided(self.scratch(core), (rows, nbytes), (stride, 1), addr)
+        sp = self.scratch(core)  # a slice of the bank: as_strided's offset counts from the bank's start
+        self._within(core, addr, rows, nbytes, stride)
+        return torch.as_strided(sp, (rows, nbytes), (stride, 1), sp.storage_offset() + addr)
+
+    def _within(self, core: int, addr: int, rows: int, nbytes: int, stride: int) -> None:
+        # The bank would let a view run on into the next core's scratchpad: refuse it here.
+        if rows > 0 and nbytes > 0:
+            last = addr + (rows - 1) * stride
+            lo, hi = min(addr, last), max(addr, last) + nbytes
+            if lo < 0 or hi > self.scratchpad_bytes:
+                raise IndexError(f"scratchpad bytes [{lo}, {hi}) are outside core {core}'s "
+                                 f"{self.scratchpad_bytes}")
 
     def device_rows(self, symbol: str, offset: int, rows: int, nbytes: int, stride: int) -> torch.Tensor:
-        return torch.as_strided(self.buffers[symbol], (rows, nbytes), (stride, 1), offset)
+        buf = self.buffers[symbol]  # as_strided's offset counts from the storage's start
+        return torch.as_strided(buf, (rows, nbytes), (stride, 1), buf.storage_offset() + offset)
 
     def view(self, core: int, tile: Tile, idx) -> torch.Tensor:
         """The tile's stored elements, in its dtype (writable)."""
@@ -64,8 +90,10 @@ class Machine:
         typed = self._typed.get(key)
         if typed is None:
             typed = self._typed[key] = self.scratch(core).view(DTYPES[tile.dtype])
-        size = ITEMSIZE[tile.dtype]
-        return torch.as_strided(typed, tile.stored_shape, (tile.row_stride // size, 1), tile.addr.at(idx) // size)
+        size, addr = ITEMSIZE[tile.dtype], tile.addr.at(idx)
+        rows, cols = shape = tile.stored_shape
+        self._within(core, addr, rows, cols * size, tile.row_stride)
+        return torch.as_strided(typed, shape, (tile.row_stride // size, 1), typed.storage_offset() + addr // size)
 
     def read(self, core: int, tile: Tile, idx, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The tile as rows x cols in its arithmetic type (broadcasts expanded)."""
@@ -92,33 +120,86 @@ class Machine:
                     blocked = "; ".join(u.blocked_on() for u in live)
                     raise ProgramError(f"program {self.program.name!r} deadlocked: {blocked}")
         finally:
-            for sp in self._scratch.values():
-                _scratchpads.give(sp)
-            self._scratch.clear()
-            self._typed.clear()
+            self.release()
+
+    def release(self) -> None:
+        """Give the scratchpad bank back to the pool (its contents stay, as on the card)."""
+        if self.bank is not None:
+            _banks.give(self.bank)
+            self.bank = None
+        self._scratch.clear()
+        self._typed.clear()
 
 
-class _ScratchpadPool:
-    """Scratchpads outlive a kernel, as on the card: reused, not zeroed, between runs."""
+def bank_cores(program: Program) -> int:
+    """How many scratchpads a bank for `program` holds: the card's cores, or more if it runs on more
+    (the validator keeps ring sends to existing cores)."""
+    return max(BANK_CORES, 1 + max((cp.core for cp in program.cores), default=0))
+
+
+BANK_CORES = HARDWARE.cores  # a bank of the card's cores serves every program
+
+
+class ScratchBank:
+    """The cores' scratchpads as one tensor: core c's is bytes [c * nbytes, (c + 1) * nbytes).
+
+    One tensor lets an instruction that every core runs on its own tile be one strided
+    operation over all of them (schedule.py). Pages never touched are never committed.
+    `serial` names the bank for caches of views into it (ids are reused, serials are not).
+    """
+
+    _serials = itertools.count()
+
+    def __init__(self, nbytes: int, cores: int):
+        self.nbytes, self.cores = nbytes, cores
+        self.data = torch.empty(nbytes * cores, dtype=torch.uint8)
+        self.serial = next(self._serials)
+        self._cores: dict[int, torch.Tensor] = {}
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def core(self, core: int) -> torch.Tensor:
+        sp = self._cores.get(core)
+        if sp is None:
+            if not 0 <= core < self.cores:
+                raise ProgramError(f"core {core} has no scratchpad (the bank holds {self.cores})")
+            sp = self._cores[core] = self.data[core * self.nbytes:(core + 1) * self.nbytes]
+        return sp
+
+    def typed(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole bank as elements of `dtype` (for views spanning cores)."""
+        t = self._typed.get(dtype)
+        if t is None:
+            t = self._typed[dtype] = self.data.view(dtype)
+        return t
+
+
+class _BankPool:
+    """Scratchpads outlive a kernel, as on the card: reused, not zeroed, between runs.
+
+    Last given, first taken: a thread launching program after program gets the same bank
+    each time (and so the views bound into it stay valid). Concurrent runs get banks of their own.
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._free: list[torch.Tensor] = []
+        self._free: list[ScratchBank] = []
 
-    def take(self, nbytes: int) -> torch.Tensor:
+    def take(self, nbytes: int, cores: int) -> ScratchBank:
         with self._lock:
-            for i, sp in enumerate(self._free):
-                if sp.numel() == nbytes:
+            for i in range(len(self._free) - 1, -1, -1):
+                bank = self._free[i]
+                if bank.nbytes == nbytes and bank.cores >= cores:
                     return self._free.pop(i)
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return ScratchBank(nbytes, cores)
 
-    def give(self, sp: torch.Tensor) -> None:
+    def give(self, bank: ScratchBank) -> None:
         with self._lock:
-            if len(self._free) < 64:
-                self._free.append(sp)
+            if len(self._free) >= 8:
+                self._free.pop(0)
+            self._free.append(bank)
 
 
-_scratchpads = _ScratchpadPool()
+_banks = _BankPool()
 
 
 class _Unit:
@@ -164,19 +245,10 @@ class _Unit:
                 idx = tuple(loop[2] for loop in self.loops)
                 if timing is not None:
                     timing.run(self.core, self.unit, ins, idx)
+                if m.trace is not None:
+                    m.trace.append((self.core, self.unit, self.pc, ins, idx))
                 if m.functional:
-                    try:
-                        ins.run(m, self.core, idx)
-                    except ProgramError:
-                        raise
-                    except isa.IndexOutOfRange as e:
-                        raise ProgramIndexError(
-                            f"program {m.program.name!r}: core {self.core} unit {self.unit} instruction "
-                            f"{self.pc} ({ins.opcode}): IndexError: {e}", e.op, e.value, e.bound) from e
-                    except Exception as e:
-                        raise ProgramError(
-                            f"program {m.program.name!r}: core {self.core} unit {self.unit} instruction "
-                            f"{self.pc} ({ins.opcode}) failed: {type(e).__name__}: {e}") from e
+                    run_one(m, self.core, self.unit, self.pc, ins, idx)
             m.executed += 1
             self.pc += 1
             ran = True
@@ -186,6 +258,27 @@ class _Unit:
     def blocked_on(self) -> str:
         ins = self.instrs[self.pc]
         return f"core {self.core} unit {self.unit} instruction {self.pc} ({ins.opcode} {getattr(ins, 'queue', '')})"
+
+
+def run_one(m: Machine, core: int, unit: str, pc: int, ins, idx) -> None:
+    """One data instruction by its general semantics, a failure named by where it happened."""
+    try:
+        ins.run(m, core, idx)
+    except ProgramError:
+        raise
+    except Exception as e:
+        raise failure(m.program, core, unit, pc, ins, e) from e
+
+
+def failure(program: Program, core: int, unit: str, pc: int, ins, e: Exception) -> Exception:
+    """The error a failed instruction raises: which core, unit, instruction, and why."""
+    if isinstance(e, isa.IndexOutOfRange):
+        return ProgramIndexError(
+            f"program {program.name!r}: core {core} unit {unit} instruction "
+            f"{pc} ({ins.opcode}): IndexError: {e}", e.op, e.value, e.bound)
+    return ProgramError(
+        f"program {program.name!r}: core {core} unit {unit} instruction "
+        f"{pc} ({ins.opcode}) failed: {type(e).__name__}: {e}")
 
 
 def _match_loops(instrs) -> dict[int, int]:

@@ -5,6 +5,12 @@ runs on, ``run`` (what it does, on the machine of execute.py) and ``cost``
 (what it would take on the card, from the rates of timing.py). ``touches`` lists the memory it reads and writes, for
 the validator.
 
+An instruction may also declare a fast form, ``bind`` (a class method): given
+the same instruction as several independent cores run it (or one core), and a
+binder that turns operands into views resolved once (schedule.py), it returns
+a callable that does all of it in one go, with exactly ``run``'s effect; or
+None, and ``run`` is used. ``run`` is the reference: tests compare the two.
+
 Units of a core: "ls" (load/store: device memory <-> scratchpad, scratchpad
 copies, ring sends), "pe" (the processing-element array: matrix tiles, fp32
 accumulation) and "sfp" (the special-function pipeline: elementwise,
@@ -38,6 +44,14 @@ def instruction(opcode: str, units: tuple[str, ...]):
 class Instruction:
     opcode: ClassVar[str]
     units: ClassVar[tuple[str, ...]]
+    writes_device: ClassVar[bool] = False  # its device operand is written (else only read)
+
+    @classmethod
+    def bind(cls, b, group) -> "callable | None":
+        """The fast form: `group` is [(core, instruction, loop indices)], instances of this class
+        that may run as one operation (different cores, no data shared between them); `b` is a
+        schedule.Binder. A callable with the effect of running each by `run`, or None."""
+        return None
 
     def run(self, m, core: int, idx: tuple[int, ...]) -> None:
         raise NotImplementedError(f"instruction {self.opcode} has no semantics")
@@ -125,6 +139,10 @@ class Fence(Instruction):
     def run(self, m, core, idx):
         pass  # the functional machine completes every transfer at once
 
+    @classmethod
+    def bind(cls, b, group):
+        return b.NOTHING
+
     def cost(self, t, core, idx):
         return t.fence()
 
@@ -156,6 +174,28 @@ class Load(Instruction):
         if pad:
             m.scratch_rows(core, self.dst.at(idx) + self.row_bytes, self.rows, pad, self.dst_stride).zero_()
 
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        shape = (first.src.symbol, first.rows, first.row_bytes, first.src_stride, first.dst_stride)
+        if any((i.src.symbol, i.rows, i.row_bytes, i.src_stride, i.dst_stride) != shape for _, i, _ in group):
+            return None
+        src = b.dev_rows(first.src.symbol, [i.src.at(idx) for _, i, idx in group], first.rows, first.row_bytes,
+                         first.src_stride)
+        dst = b.sp_rows([(c, i.dst.at(idx)) for c, i, idx in group], first.rows, first.row_bytes, first.dst_stride)
+        pad = -first.row_bytes % STICK
+        zero = b.sp_rows([(c, i.dst.at(idx) + first.row_bytes) for c, i, idx in group], first.rows, pad,
+                         first.dst_stride) if pad else None
+        if src is None or dst is None or (pad and zero is None):
+            return None
+        if not pad:
+            return lambda: dst.copy_(src)
+
+        def load():
+            dst.copy_(src)
+            zero.zero_()
+        return load
+
     def cost(self, t, core, idx):
         return t.dma(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride,
                      self.dst.at(idx), self.dst_stride, write=False)
@@ -176,10 +216,24 @@ class Store(Instruction):
     row_bytes: int
     dst_stride: int
     src_stride: int
+    writes_device: ClassVar[bool] = True
 
     def run(self, m, core, idx):
         src = m.scratch_rows(core, self.src.at(idx), self.rows, self.row_bytes, self.src_stride)
         m.device_rows(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride).copy_(src)
+
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        shape = (first.dst.symbol, first.rows, first.row_bytes, first.src_stride, first.dst_stride)
+        if any((i.dst.symbol, i.rows, i.row_bytes, i.src_stride, i.dst_stride) != shape for _, i, _ in group):
+            return None
+        dst = b.dev_rows(first.dst.symbol, [i.dst.at(idx) for _, i, idx in group], first.rows, first.row_bytes,
+                         first.dst_stride)
+        src = b.sp_rows([(c, i.src.at(idx)) for c, i, idx in group], first.rows, first.row_bytes, first.src_stride)
+        if src is None or dst is None:
+            return None
+        return lambda: dst.copy_(src)
 
     def cost(self, t, core, idx):
         return t.dma(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride,
@@ -202,6 +256,17 @@ class Copy(Instruction):
     def run(self, m, core, idx):
         m.scratch_rows(core, self.dst.at(idx), 1, self.nbytes, 0).copy_(
             m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0).clone())
+
+    @classmethod
+    def bind(cls, b, group):
+        n = group[0][1].nbytes
+        if any(i.nbytes != n for _, i, _ in group):
+            return None
+        dst = b.sp_rows([(c, i.dst.at(idx)) for c, i, idx in group], 1, n, 0)
+        src = b.sp_rows([(c, i.src.at(idx)) for c, i, idx in group], 1, n, 0)
+        if src is None or dst is None:
+            return None
+        return lambda: dst.copy_(src.clone())
 
     def cost(self, t, core, idx):
         return t.local(self.nbytes)
@@ -283,6 +348,19 @@ class MatMul(Instruction):
         else:
             torch.mm(a, b, out=out)
 
+    @classmethod
+    def bind(cls, b, group):
+        if len(group) != 1:
+            return None  # one matmul per core: a batched one may sum in another order
+        (core, i, idx), = group
+        out, a, bb = b.tile([(core, i.acc, idx)]), b.tile([(core, i.a, idx)]), b.tile([(core, i.b, idx)])
+        if out is None or a is None or bb is None:
+            return None
+        read_a, read_b, out = b.reader(a[0], i.a, torch.float32), b.reader(bb[0], i.b, torch.float32), out[0]
+        if i.accumulate:
+            return lambda: out.add_(read_a() @ read_b())
+        return lambda: torch.mm(read_a(), read_b(), out=out)
+
     def cost(self, t, core, idx):
         return t.pe(self.a.rows, self.b.cols, self.a.cols)
 
@@ -362,6 +440,15 @@ REDUCE = {
 COMBINE = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul,
            "any": torch.logical_or, "all": torch.logical_and}
 INDEX_REDUCE = ("argmax", "argmin")
+# Ops whose every element is correctly rounded (or exact) whichever loop computes it: torch's
+# vectorized and scalar paths agree, so one operation over several cores' tiles gives the very
+# bits of one per core. Transcendentals (a vector polynomial vs libm on a loop's tail), pow and
+# the guarded integer divisions run one core at a time, and so do max and min (their vector form
+# returns another NaN's bits than the scalar one: checked, a NaN is a NaN but not the same bits).
+EXACT_UNARY = frozenset({"copy", "neg", "abs", "relu", "floor", "ceil", "trunc", "round", "sign", "sqrt", "not",
+                         "isnan", "isinf", "bitwise_not"})
+EXACT_BINARY = frozenset({"add", "sub", "mul", "div", "and", "or", "xor", "eq", "ne", "lt", "le",
+                          "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor", "shl", "shr"})
 
 
 @instruction("unary", ("sfp",))
@@ -373,6 +460,20 @@ class Unary(Instruction):
 
     def run(self, m, core, idx):
         m.write(core, self.dst, idx, UNARY[self.op](m.read(core, self.src, idx)))
+
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        if len(group) > 1 and (first.op not in EXACT_UNARY or
+                               any((i.op, i.dst.shape_key, i.src.shape_key) !=
+                                   (first.op, first.dst.shape_key, first.src.shape_key) for _, i, _ in group)):
+            return None
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        src = b.tile([(c, i.src, idx) for c, i, idx in group])
+        if dst is None or src is None:
+            return None
+        fn, read = UNARY[first.op], b.reader(src, first.src)
+        return lambda: dst.copy_(fn(read()))
 
     def cost(self, t, core, idx):
         return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.src))
@@ -394,6 +495,22 @@ class Binary(Instruction):
     def run(self, m, core, idx):
         m.write(core, self.dst, idx, BINARY[self.op](m.read(core, self.a, idx), m.read(core, self.b, idx)))
 
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        key = (first.op, first.dst.shape_key, first.a.shape_key, first.b.shape_key)
+        if len(group) > 1 and (first.op not in EXACT_BINARY or
+                               any((i.op, i.dst.shape_key, i.a.shape_key, i.b.shape_key) != key
+                                   for _, i, _ in group)):
+            return None
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        a = b.tile([(c, i.a, idx) for c, i, idx in group])
+        bb = b.tile([(c, i.b, idx) for c, i, idx in group])
+        if dst is None or a is None or bb is None:
+            return None
+        fn, read_a, read_b = BINARY[first.op], b.reader(a, first.a), b.reader(bb, first.b)
+        return lambda: dst.copy_(fn(read_a(), read_b()))
+
     def cost(self, t, core, idx):
         return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
 
@@ -414,6 +531,19 @@ class Select(Instruction):
     def run(self, m, core, idx):
         cond = m.read(core, self.cond, idx).to(torch.bool)
         m.write(core, self.dst, idx, torch.where(cond, m.read(core, self.a, idx), m.read(core, self.b, idx)))
+
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        key = (first.dst.shape_key, first.cond.shape_key, first.a.shape_key, first.b.shape_key)
+        if any((i.dst.shape_key, i.cond.shape_key, i.a.shape_key, i.b.shape_key) != key for _, i, _ in group):
+            return None
+        tiles = [b.tile([(c, getattr(i, name), idx) for c, i, idx in group]) for name in ("dst", "cond", "a", "b")]
+        if any(t is None for t in tiles):
+            return None
+        dst, cond, a, bb = tiles
+        read_c, read_a, read_b = b.reader(cond, first.cond), b.reader(a, first.a), b.reader(bb, first.b)
+        return lambda: dst.copy_(torch.where(read_c().to(torch.bool), read_a(), read_b()))
 
     def cost(self, t, core, idx):
         return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
@@ -437,6 +567,20 @@ class Reduce(Instruction):
         if self.accumulate:
             value = COMBINE[self.op](m.read(core, self.dst, idx), value)
         m.write(core, self.dst, idx, value)
+
+    @classmethod
+    def bind(cls, b, group):
+        if len(group) != 1:
+            return None  # one per core: a batched reduction may sum in another order
+        (core, i, idx), = group
+        dst, src = b.tile([(core, i.dst, idx)]), b.tile([(core, i.src, idx)])
+        if dst is None or src is None:
+            return None
+        dst, fn, read = dst[0], REDUCE[i.op], b.reader(src[0], i.src)
+        if not i.accumulate:
+            return lambda: dst.copy_(fn(read()))
+        combine, read_dst = COMBINE[i.op], b.reader(dst, i.dst)
+        return lambda: dst.copy_(combine(read_dst(), fn(read())))
 
     def cost(self, t, core, idx):
         return t.sfp(self.src.rows, self.src.cols, _widest(self.src))
@@ -507,6 +651,14 @@ class Fill(Instruction):
 
     def run(self, m, core, idx):
         m.view(core, self.dst, idx).fill_(self.value)
+
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        if any((i.value, i.dst.shape_key) != (first.value, first.dst.shape_key) for _, i, _ in group):
+            return None
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        return None if dst is None else (lambda: dst.fill_(first.value))
 
     def cost(self, t, core, idx):
         return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
@@ -658,6 +810,7 @@ class Scatter(Instruction):
     op: str = "scatter"
     accumulate: bool = False
     dtype: str = "fp32"
+    writes_device: ClassVar[bool] = True
 
     def run(self, m, core, idx):
         extra = _row_offsets(m, core, idx, self.indices, self.rows, self.op).tolist()

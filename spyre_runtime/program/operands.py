@@ -120,6 +120,11 @@ class Tile:
             "scalar": (1, 1),
         }[self.broadcast]
 
+    @property
+    def shape_key(self) -> tuple:
+        """Everything about the tile but where it is: tiles with equal keys are the same view, moved."""
+        return (self.dtype, self.rows, self.cols, self.row_stride, self.broadcast)
+
     def byte_extent(self, counts: tuple[int, ...]) -> tuple[int, int]:
         """[lo, hi) bytes of scratchpad the tile touches over all iterations."""
         rows, cols = self.stored_shape

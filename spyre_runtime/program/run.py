@@ -28,10 +28,15 @@ import torch
 
 from ..hardware import HARDWARE
 from ..memory import device_view, region_address
-from .execute import Machine
+from . import timing as _timing
+from .execute import Machine, _banks, bank_cores
+from .operands import STICK
+from .schedule import MAX_BOUND_STEPS, BoundRun, Schedule
 from .timing import Report, Timing
 from .program import SLOT_BYTES, Program
 from .validate import ProgramError, validate_once
+
+BOUND_RUNS_KEPT = 4  # bindings remembered per program (the caching allocator hands back the same blocks)
 
 @dataclass(frozen=True)
 class Artifact:
@@ -47,7 +52,14 @@ class Artifact:
 
 
 class ProgramExecutable:
-    """The executor the queue layer runs for a Compute operation."""
+    """The executor the queue layer runs for a Compute operation.
+
+    What a run costs on the host, kept small: the timing report depends on the program and on
+    where in a stick each buffer starts (not on the data: a gather's or scatter's charge is the
+    worst its index bounds allow), so it is computed once per such key and each launch gets a
+    copy of it; the data instructions run in the program's static order over views bound once
+    per (bound addresses, scratchpad bank) (schedule.py).
+    """
 
     def __init__(self, program: Program, hardware=HARDWARE):
         validate_once(program)
@@ -55,12 +67,18 @@ class ProgramExecutable:
         self.hardware = hardware
         self._fetched: dict[Artifact, list[tuple[int, int]]] = {}
         self.last_report: Report | None = None
+        self._state = _ProgramState.of(program, hardware)
+        self._lock = self._state.lock
+        self._placeholders = program.placeholders
+        self._temps = tuple(sym for sym in program.symbols if sym.role == "temp")
+        self._bank_cores = bank_cores(program)
+        self._last_report_key: dict[tuple, Report] = {}  # (artifact, slots, recording) -> its report
 
     def fetch(self, artifact: Artifact) -> None:
         """Read the correction area now (the program-distribution unit's fetch)."""
         self._fetched[artifact] = self._read_slots(artifact)
 
-    def _read_slots(self, artifact: Artifact) -> list[tuple[int, int]]:
+    def _read_slots(self, artifact: Artifact) -> tuple[tuple[int, int], ...]:
         n = len(self.program.placeholders)
         start = artifact.correction
         if start is None:
@@ -69,32 +87,137 @@ class ProgramExecutable:
         # and the fetch runs while the launching thread holds the queue (see DeviceQueue._help_or_wait).
         raw = ctypes.string_at(region_address(artifact.device, artifact.region) + start, n * SLOT_BYTES)
         words = struct.unpack(f"<{2 * n}q", raw)
-        return [(words[2 * i], words[2 * i + 1]) for i in range(n)]
+        return tuple(zip(words[0::2], words[1::2]))
+
+    def _buffers(self, artifact: Artifact, slots) -> dict[str, torch.Tensor]:
+        buffers = {}
+        for sym, (region, offset) in zip(self._placeholders, slots):
+            buffers[sym.name] = device_view(artifact.device, region, offset, sym.nbytes)
+        for sym in self._temps:
+            buffers[sym.name] = device_view(artifact.device, artifact.region,
+                                             artifact.offset + sym.offset, sym.nbytes)
+        return buffers
 
     def run(self, artifact: Artifact) -> None:
         slots = self._fetched.pop(artifact, None)
         if slots is None:
             slots = self._read_slots(artifact)
-        buffers = {}
-        for sym, (region, offset) in zip(self.program.placeholders, slots):
+        for sym, (region, _) in zip(self._placeholders, slots):
             if region <= 0:
                 raise ProgramError(
                     f"program {self.program.name!r}: placeholder {sym.name!r} is unresolved "
                     f"(its correction slot was never written)")
-            buffers[sym.name] = device_view(artifact.device, region, offset, sym.nbytes)
-        for sym in self.program.symbols:
-            if sym.role == "temp":
-                buffers[sym.name] = device_view(artifact.device, artifact.region,
-                                                 artifact.offset + sym.offset, sym.nbytes)
-        timing = Timing(self.program, self.hardware)
-        Machine(self.program, buffers, self.hardware.scratchpad_bytes, timing).run()
-        self.last_report = timing.finish()
+        schedule = self._get_schedule()
+        if schedule is None:  # the general interpreter, timing as it goes (it raises what the walk met)
+            timing = Timing(self.program, self.hardware, phases=self.phases(artifact, slots))
+            Machine(self.program, self._buffers(artifact, slots), self.hardware.scratchpad_bytes, timing).run()
+            report = timing.finish()
+        elif len(schedule.steps) > MAX_BOUND_STEPS:  # too long to keep bound: the interpreter, untimed
+            report = self.report(artifact, slots)
+            Machine(self.program, self._buffers(artifact, slots), self.hardware.scratchpad_bytes).run()
+        else:
+            report = self.report(artifact, slots)
+            bank = _banks.take(self.hardware.scratchpad_bytes, self._bank_cores)
+            try:
+                key = (artifact, slots, bank.serial)
+                bound_runs = self._state.bound
+                bound = bound_runs.get(key)
+                if bound is None:
+                    bound = BoundRun(schedule, self.program, self._buffers(artifact, slots), bank)
+                    with self._lock:
+                        bound_runs[key] = bound
+                        while len(bound_runs) > BOUND_RUNS_KEPT:
+                            bound_runs.popitem(last=False)
+                bound.run()
+            finally:
+                _banks.give(bank)
+        self.last_report = report
         with _reports_lock:  # a resize swaps the deque: append to the current one
-            _reports.append(self.last_report)
+            _reports.append(report)
+
+    def _get_schedule(self) -> Schedule | None:
+        state = self._state
+        if state.schedule is None:
+            with self._lock:
+                if state.schedule is None:
+                    try:
+                        schedule = Schedule(self.program, self.hardware.scratchpad_bytes)
+                    except ProgramError:
+                        schedule = False  # e.g. a deadlock: the interpreter raises it, after what it ran
+                    state.schedule = schedule
+        return state.schedule or None
+
+    def phases(self, artifact: Artifact, slots) -> dict[str, int]:
+        """Where in a stick each device buffer starts: what the timing depends on besides the program."""
+        phases = {sym.name: offset % STICK for sym, (_, offset) in zip(self._placeholders, slots)}
+        for sym in self._temps:
+            phases[sym.name] = (artifact.offset + sym.offset) % STICK
+        return phases
+
+    def report(self, artifact: Artifact, slots) -> Report:
+        """This launch's timing report: a copy of the one computed for its key (the phases, and
+        whether activity is being recorded). The timing never reads the data."""
+        recording = _timing._recording
+        report = self._last_report_key.get((artifact, slots, recording))  # this binding's, last time
+        if report is not None:
+            return report.copy()
+        phases = self.phases(artifact, slots)
+        key = (tuple(phases.values()), recording)
+        reports = self._state.reports
+        report = reports.get(key)
+        if report is None:
+            timing = Timing(self.program, self.hardware, phases=phases)
+            Machine(self.program, {}, self.hardware.scratchpad_bytes, timing, functional=False).run()
+            report = timing.finish()
+            with self._lock:
+                if len(reports) >= 64:
+                    reports.clear()
+                reports[key] = report
+        if len(self._last_report_key) >= 16:
+            self._last_report_key.clear()
+        self._last_report_key[(artifact, slots, recording)] = report
+        return report.copy()
 
     def simulated_ns(self, artifact: Artifact) -> float:
         """The last run's simulated time: the Compute's duration on the timeline."""
         return self.last_report.simulated_ns if self.last_report is not None else 0.0
+
+
+class _ProgramState:
+    """What runs of one program on one hardware config share: every executable of the program
+    uses it (run_program makes one per call). Kept on the (immutable) program itself, as
+    validate_once keeps its mark; a copy or a pickle of the program starts a fresh one."""
+
+    def __init__(self, hardware):
+        self.hardware = hardware  # held: the key is its id, never reused while this lives
+        self.lock = threading.Lock()
+        self.schedule: Schedule | None | bool = None  # False: the walk failed; the interpreter runs it
+        self.reports: dict[tuple, Report] = {}  # timing key -> its report (never handed out itself)
+        self.bound: collections.OrderedDict = collections.OrderedDict()  # binding -> BoundRun
+
+
+    @staticmethod
+    def of(program: Program, hardware) -> "_ProgramState":
+        states = program.__dict__.get("_run_states")
+        if states is None:
+            with _states_lock:
+                states = program.__dict__.setdefault("_run_states", _RunStates())
+        state = states.get(id(hardware))
+        if state is None:
+            with _states_lock:
+                state = states.setdefault(id(hardware), _ProgramState(hardware))
+        return state
+
+
+class _RunStates(dict):
+    """hardware id -> _ProgramState. A copy or a pickle is empty: views into device memory and
+    locks are no part of a program."""
+
+    def __reduce__(self):
+        return (_RunStates, ())
+
+
+_states_lock = threading.Lock()
 
 
 # The most recent launches' reports, oldest first. Bounded: a report is about

@@ -99,6 +99,14 @@ class Report:
     activity: list = field(default_factory=list)        # (core, unit, opcode, start ns, end ns) if recorded
     hardware: object = None
 
+    def copy(self) -> "Report":
+        """A report of its own with the same figures (one launch's copy of a cached report)."""
+        r = object.__new__(Report)
+        r.__dict__.update(self.__dict__)
+        r.unit_busy_ns, r.compute_ns, r.ring_ns = dict(self.unit_busy_ns), dict(self.compute_ns), dict(self.ring_ns)
+        r.activity = list(self.activity)
+        return r
+
     @property
     def simulated_us(self) -> float:
         return self.simulated_ns / 1e3
@@ -291,11 +299,15 @@ class Timing:
     its own (see estimate()).
     """
 
-    def __init__(self, program, hardware, replicas: int = 1):
+    def __init__(self, program, hardware, replicas: int = 1, phases: dict | None = None):
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError(f"replicas must be a positive integer (identical cores in step), got {replicas!r}")
         self.hw = hardware
         self.replicas = replicas
+        # Where each device buffer starts within a stick (its bound address mod 128): a view
+        # bound at an unaligned address moves the sticks its rows really touch. Unknown (a
+        # planner's estimate): 0, every allocation starts on a stick.
+        self.phases = phases or {}
         self.program = program
         self.depth = {q.name: q.depth for q in program.queues}
         self.items: dict[tuple[int, str], list] = collections.defaultdict(list)
@@ -352,11 +364,12 @@ class Timing:
         """Device transfer of `rows` rows: every stick a row touches moves, in bursts."""
         # A row's sticks depend on where it starts within a stick, which
         # repeats every `period` rows: count one period, not every row.
+        start = offset + self.phases.get(symbol, 0)  # where in a stick the rows start (alignment only)
         if rows == 1 or stride % STICK == 0:  # every row starts at the same place in its stick
-            per_row = [-(-((offset % STICK) + row_bytes) // STICK)]
+            per_row = [-(-((start % STICK) + row_bytes) // STICK)]
         else:
             period = STICK // math.gcd(stride % STICK, STICK)
-            per_row = [-(-(((offset + r * stride) % STICK) + row_bytes) // STICK) for r in range(min(period, rows))]
+            per_row = [-(-(((start + r * stride) % STICK) + row_bytes) // STICK) for r in range(min(period, rows))]
         full, rest = divmod(rows, len(per_row)) if per_row else (0, 0)
         touched = full * sum(per_row) + sum(per_row[:rest])
         nbytes = touched * STICK
@@ -383,7 +396,7 @@ class Timing:
         most sticks any start its address terms allow (their common stick alignment), and the
         transfer spans every byte the indices' bounds let it reach. `read_back`: an accumulating
         scatter reads each row before writing it."""
-        align = math.gcd(offset % STICK, stride % STICK, STICK, *(term.stride % STICK for term in indices))
+        align = math.gcd((offset + self.phases.get(symbol, 0)) % STICK, stride % STICK, STICK, *(term.stride % STICK for term in indices))
         per_row = -(-(row_bytes + (STICK - align if align < STICK else 0)) // STICK) if row_bytes else 0
         nbytes = rows * per_row * STICK
         if write:

@@ -1,0 +1,265 @@
+"""Running a program fast: its data instructions in a precomputed order over views bound once.
+
+The general interpreter (execute.py) steps every unit, reads every loop counter
+and builds every operand view again for each instruction it runs. None of that
+depends on the data: loop counts and queue pushes and pops are static, so the
+order the interpreter runs the data instructions in is a property of the
+program, and the views a run needs are a property of its bound addresses.
+
+* `Schedule` (once per program): the interpreter's own walk of the control flow,
+  without data (``Machine(functional=False)``), recording each data
+  instruction with its loop indices in the order it ran. A walk that fails (a
+  deadlock) leaves the program to the general interpreter, which raises
+  as it always has.
+* `BoundRun` (once per program, bound addresses and scratchpad bank): each
+  scheduled instruction turned into a callable over views resolved now, by the
+  instruction's own fast form (``bind`` in isa.py; ``run`` when it has none,
+  e.g. gathers and scatters, whose addresses come from the data). When no two
+  cores share data (no ring sends, no device bytes one core writes and another
+  touches), the cores' streams are independent: the k-th instruction of every
+  core runs as one operation over all their tiles (the bank keeps every core's
+  scratchpad in one tensor), keeping each core's own order.
+
+A failing operation is run again one instruction at a time by the general
+semantics, so the error names the core, unit and instruction as the
+interpreter's does (the failing instructions check before they write).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from . import isa
+from .execute import Machine, ScratchBank, failure, run_one
+from .operands import COMPUTE, DTYPES, ITEMSIZE
+from .validate import ProgramError
+
+MAX_BOUND_STEPS = 200_000  # a longer schedule is run by `run` in order (views are built per step)
+# Batching across cores pays where each instruction's overhead outweighs its work: small tiles.
+# Over big tiles it loses what the interpreter's order keeps: one core's tile stays in the host's
+# cache from one instruction to the next (measured: a 4096 x 4096 softmax on 32 cores ran 2-5x
+# slower batched). So a schedule is batched only when its steps average at most this many bytes.
+BATCH_STEP_BYTES = 16 * 1024
+
+
+class Schedule:
+    """The order a program's data instructions run in: [(core, unit, pc, instruction, loop indices)]."""
+
+    def __init__(self, program, scratchpad_bytes: int):
+        steps: list = []
+        Machine(program, {}, scratchpad_bytes, None, functional=False, trace=steps).run()
+        self.steps = steps
+        self.shares_scratchpads = any(touch[0] == "sp_rows_on" for _, _, _, ins, _ in steps
+                                      for touch in ins.touches())
+        sizes = {}
+        for _, _, _, ins, _ in steps:
+            if id(ins) not in sizes:
+                sizes[id(ins)] = _step_bytes(ins)
+        self.mean_step_bytes = sum(sizes[id(ins)] for _, _, _, ins, _ in steps) / max(len(steps), 1)
+
+
+def _step_bytes(ins) -> int:
+    """The most bytes one operand of `ins` spans (its work, for the batching choice)."""
+    most = 0
+    for touch in ins.touches():
+        if touch[0] == "tile" and touch[1] is not None:
+            rows, cols = touch[1].stored_shape
+            most = max(most, rows * cols * ITEMSIZE[touch[1].dtype])
+        elif touch[0] in ("sp_rows", "dev_rows"):
+            most = max(most, touch[2] * touch[3])
+    return most
+
+
+class Binder:
+    """Operand views resolved once, for the instructions' fast forms (isa.py ``bind``).
+
+    Every method takes one operand per member of a group (cores running the same
+    instruction) and returns one view with a leading axis over the members, or
+    None when the members' addresses are not evenly spaced (or leave their bounds).
+    """
+
+    NOTHING = object()  # a fast form with nothing to do (fence)
+
+    def __init__(self, buffers: dict[str, torch.Tensor], bank: ScratchBank):
+        self.buffers, self.bank = buffers, bank
+        self.sp_bytes = bank.nbytes
+
+    @staticmethod
+    def _spacing(starts: list[int]) -> int | None:
+        if len(starts) == 1:
+            return 0
+        step = starts[1] - starts[0]
+        if step < 0:  # as_strided takes no negative strides (members in descending addresses)
+            return None
+        return step if all(s == starts[0] + k * step for k, s in enumerate(starts)) else None
+
+    def _rows_fit(self, addr: int, rows: int, nbytes: int, stride: int, limit: int) -> bool:
+        last = addr + (rows - 1) * stride
+        return rows > 0 and stride >= 0 and addr >= 0 and last + nbytes <= limit
+
+    def sp_rows(self, members: list[tuple[int, int]], rows: int, nbytes: int, stride: int):
+        """[(core, scratchpad byte address)] -> uint8 view (members, rows, nbytes) into the bank."""
+        S = self.sp_bytes
+        if any(not 0 <= core < self.bank.cores or not self._rows_fit(addr, rows, nbytes, stride, S)
+               for core, addr in members):
+            return None
+        starts = [core * S + addr for core, addr in members]
+        step = self._spacing(starts)
+        if step is None:
+            return None
+        return torch.as_strided(self.bank.data, (len(members), rows, nbytes), (step, stride, 1), starts[0])
+
+    def dev_rows(self, symbol: str, offsets: list[int], rows: int, nbytes: int, stride: int):
+        """Byte offsets into a device buffer -> uint8 view (members, rows, nbytes)."""
+        buf = self.buffers[symbol]
+        if any(not self._rows_fit(o, rows, nbytes, stride, buf.numel()) for o in offsets):
+            return None
+        step = self._spacing(offsets)
+        if step is None:
+            return None
+        return torch.as_strided(buf, (len(offsets), rows, nbytes), (step, stride, 1),
+                                buf.storage_offset() + offsets[0])
+
+    def tile(self, members):
+        """[(core, Tile, loop indices)], tiles alike but for where -> (members, *stored shape) in the tile's dtype."""
+        _, tile, _ = members[0]
+        size, S = ITEMSIZE[tile.dtype], self.sp_bytes
+        rows, cols = tile.stored_shape
+        starts = []
+        for core, t, idx in members:
+            addr = t.addr.at(idx)
+            if (not 0 <= core < self.bank.cores or t.shape_key != tile.shape_key or addr % size
+                    or t.row_stride % size or not self._rows_fit(addr, rows, cols * size, t.row_stride, S)):
+                return None
+            starts.append((core * S + addr) // size)
+        step = self._spacing(starts)
+        if step is None:
+            return None
+        return torch.as_strided(self.bank.typed(DTYPES[tile.dtype]), (len(members), rows, cols),
+                                (step, tile.row_stride // size, 1), starts[0])
+
+    @staticmethod
+    def reader(view: torch.Tensor, tile, dtype: torch.dtype | None = None):
+        """What Machine.read gives for `tile` over a bound view: its arithmetic type, broadcasts expanded."""
+        dtype = dtype or COMPUTE[tile.dtype]
+        shape = view.shape[:-2] + (tile.rows, tile.cols)
+        if view.dtype == dtype:  # .to() would return the view itself: expand once, now
+            value = view.expand(shape) if tile.broadcast != "none" else view
+            return lambda: value
+        if tile.broadcast != "none":
+            return lambda: view.to(dtype).expand(shape)
+        return lambda: view.to(dtype)
+
+
+def _device_spans(steps, buffers):
+    """Per step, the device bytes it touches as (address lo, hi, writes), from `touches`."""
+    spans = []
+    for core, _, _, ins, idx in steps:
+        mine = []
+        for touch in ins.touches():
+            kind = touch[0]
+            if kind == "dev_rows":
+                _, addr, rows, nbytes, stride = touch
+                buf = buffers[addr.symbol]
+                start = buf.data_ptr() + addr.at(idx)
+                last = start + (rows - 1) * stride
+                mine.append((min(start, last), max(start, last) + nbytes, ins.writes_device))
+            elif kind == "dev_indirect":  # data-dependent rows: the whole buffer
+                buf = buffers[touch[1].symbol]
+                mine.append((buf.data_ptr(), buf.data_ptr() + buf.numel(), ins.writes_device))
+        spans.append((core, mine))
+    return spans
+
+
+def cores_independent(steps, buffers) -> bool:
+    """No device byte one core writes is touched by another core."""
+    events = sorted((lo, hi, core, w) for core, mine in _device_spans(steps, buffers) for lo, hi, w in mine
+                    if hi > lo)
+    # Swept by start: an earlier interval overlaps this one iff it ends after this one starts, so
+    # per core the furthest end of what it touched (and of what it wrote) so far is enough.
+    reach: dict[int, int] = {}
+    wrote: dict[int, int] = {}
+    for lo, hi, core, w in events:
+        for other, end in (reach if w else wrote).items():
+            if other != core and end > lo:
+                return False
+        reach[core] = max(reach.get(core, hi), hi)
+        if w:
+            wrote[core] = max(wrote.get(core, hi), hi)
+    return True
+
+
+class BoundRun:
+    """One program's schedule bound to buffers and a scratchpad bank: `run()` runs it."""
+
+    def __init__(self, schedule: Schedule, program, buffers: dict[str, torch.Tensor], bank: ScratchBank):
+        self.program, self.bank = program, bank
+        self.machine = m = Machine(program, buffers, bank.nbytes)
+        m.bank = bank  # never released by this machine: the bound run's caller owns the bank
+        steps = schedule.steps
+        if (schedule.shares_scratchpads or schedule.mean_step_bytes > BATCH_STEP_BYTES
+                or not cores_independent(steps, buffers)):
+            groups = [[s] for s in steps]
+            self.batched = False
+        else:
+            groups = _position_groups(steps)
+            self.batched = True
+        b = Binder(buffers, bank)
+        self.ops: list = []
+        for group in groups:
+            self._bind(b, group)
+
+    def _bind(self, b: Binder, group) -> None:
+        cls = type(group[0][3])
+        try:
+            fn = cls.bind(b, [(core, ins, idx) for core, _, _, ins, idx in group])
+        except Exception:  # a fast form that cannot bind these operands: the general semantics
+            fn = None      # run them (and raise, if they are wrong, where the interpreter would)
+        if fn is b.NOTHING:
+            return
+        if fn is not None:
+            self.ops.append((fn, group))
+        elif len(group) > 1:
+            for step in group:
+                self._bind(b, [step])
+        else:
+            (core, unit, pc, ins, idx), = group
+            m = self.machine
+            self.ops.append((lambda: run_one(m, core, unit, pc, ins, idx), group))
+
+    def run(self) -> None:
+        for fn, group in self.ops:
+            try:
+                fn()
+            except Exception as e:
+                self._failed(group, e)
+
+    def _failed(self, group, e: Exception):
+        if isinstance(e, ProgramError):  # the general semantics failed: already named
+            raise e
+        # A fast form failed: again by the general semantics, one instruction at a time, so the
+        # error names where (the failing instructions check before they write).
+        for core, unit, pc, ins, idx in group:
+            run_one(self.machine, core, unit, pc, ins, idx)
+        core, unit, pc, ins, idx = group[0]
+        raise failure(self.program, core, unit, pc, ins, e) from e
+
+
+def _position_groups(steps):
+    """Independent cores: the k-th step of every core, by instruction (same unit and pc), k by k."""
+    per_core: dict[int, list] = collections.defaultdict(list)
+    for step in steps:
+        per_core[step[0]].append(step)
+    groups = []
+    longest = max((len(v) for v in per_core.values()), default=0)
+    streams = [per_core[c] for c in sorted(per_core)]
+    for k in range(longest):
+        at_k: dict = {}
+        for stream in streams:
+            if k < len(stream):
+                core, unit, pc, ins, idx = stream[k]
+                at_k.setdefault((type(ins), unit, pc), []).append(stream[k])
+        groups.extend(at_k.values())
+    return groups

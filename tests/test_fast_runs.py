@@ -1,0 +1,347 @@
+"""The simulator's fast path (issue 18): the same bits and the same reports as the general one.
+
+A launched program runs its data instructions in their static order over views bound once
+(spyre_runtime/program/schedule.py), batched across independent cores; its timing report is
+computed once per (program, each buffer's stick phase) and copied per launch. Here each is
+checked against the general interpreter (execute.Machine) and a freshly computed Timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import pytest
+import torch
+
+from spyre_authoring import calibration
+from spyre_authoring.handwritten import ring_sum, row_softmax, tiled_matmul, vector_add
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.launch import JobPlan, run_program
+from spyre_runtime.program import isa
+from spyre_runtime.program.execute import Machine, ScratchBank
+from spyre_runtime.program.operands import Addr, DevAddr, RowIndex, Tile
+from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+from spyre_runtime.program.run import kernel_reports, reset_kernel_reports
+from spyre_runtime.program.schedule import BoundRun, Schedule
+from spyre_runtime.program.timing import Timing
+from spyre_runtime.program.validate import ProgramError, ProgramIndexError
+
+S = HARDWARE.scratchpad_bytes
+GEN = torch.Generator().manual_seed(18)
+
+
+def _gather_program(rows=4, table_rows=10, cores=2, bad=False):
+    """Each core gathers `rows` rows of w[table_rows, 64] fp32 at indices loaded from `ids`."""
+    syms = (Symbol("w", "input", "fp32", (table_rows, 64), (64, 1)),
+            Symbol("ids", "input", "int64", (cores * 16,), (1,)),
+            Symbol("out", "output", "fp32", (cores * rows, 64), (64, 1)))
+    cps = []
+    for c in range(cores):
+        column = Tile(Addr(0), "int64", rows, 1, 128)
+        ls = (isa.Load(Addr(0), DevAddr("ids", c * 128), rows, 8, 8, 128),
+              isa.Gather(Addr(4096), DevAddr("w", 0), rows, 256, 0, 256, (RowIndex(column, 256, table_rows),),
+                         "aten.embedding"),
+              isa.Store(DevAddr("out", c * rows * 256), Addr(4096), rows, 256, 256, 256))
+        cps.append(CoreProgram(c, (("ls", ls),)))
+    return Program("gather", syms, tuple(cps))
+
+
+def _pointwise_chain(cores=4, n=256):
+    """out = exp(x) * y - max(x, y) on `cores` cores, one tile each: exact and inexact ops."""
+    per = n // cores
+    syms = (Symbol("x", "input", "fp32", (n,), (1,)), Symbol("y", "input", "fp32", (n,), (1,)),
+            Symbol("out", "output", "fp32", (n,), (1,)))
+    cps, queues = [], []
+    for c in range(cores):
+        t = lambda a: Tile(Addr(a), "fp32", 1, per, 1024)  # noqa: E731
+        full, done = f"c{c}.full", f"c{c}.done"
+        queues += [Queue(full, (c, "ls"), (c, "sfp"), 1), Queue(done, (c, "sfp"), (c, "ls"), 1)]
+        ls = (isa.Load(Addr(0), DevAddr("x", c * per * 4), 1, per * 4, 0, 1024),
+              isa.Load(Addr(1024), DevAddr("y", c * per * 4), 1, per * 4, 0, 1024),
+              isa.Push(full), isa.Pop(done),
+              isa.Store(DevAddr("out", c * per * 4), Addr(4096), 1, per * 4, 0, 1024))
+        sfp = (isa.Pop(full), isa.Unary("exp", t(2048), t(0)), isa.Binary("mul", t(2048), t(2048), t(1024)),
+               isa.Binary("max", t(3072), t(0), t(1024)), isa.Binary("sub", t(4096), t(2048), t(3072)),
+               isa.Push(done))
+        cps.append(CoreProgram(c, (("ls", ls), ("sfp", sfp))))
+    return Program("chain", syms, tuple(cps), tuple(queues))
+
+
+def _inputs(program, ids_bound=10):
+    out = {}
+    for sym in program.symbols:
+        if sym.role != "input":
+            continue
+        n = sym.nbytes // {"fp32": 4, "fp16": 2, "int64": 8}[sym.dtype]
+        if sym.dtype == "int64":
+            out[sym.name] = torch.randint(0, ids_bound, (n,), generator=GEN)
+        else:
+            dtype = torch.float32 if sym.dtype == "fp32" else torch.float16
+            out[sym.name] = torch.randn(n, generator=GEN).to(dtype)
+    return out
+
+
+def _buffers(program, inputs):
+    bufs = {k: v.clone().view(torch.uint8) for k, v in inputs.items()}
+    for sym in program.symbols:
+        if sym.name not in bufs:
+            bufs[sym.name] = torch.full((sym.nbytes,), 0xAB, dtype=torch.uint8)
+    return bufs
+
+
+def _bias_add(cores=4, n=64, reverse=False):
+    """out[r] = x[r] + bias on `cores` cores: every core reads the one bias row (no conflict).
+    Core c has row c, or with `reverse` row cores - 1 - c (addresses descending over the cores)."""
+    syms = (Symbol("x", "input", "fp32", (cores, n), (n, 1)), Symbol("bias", "input", "fp32", (n,), (1,)),
+            Symbol("out", "output", "fp32", (cores, n), (n, 1)))
+    cps, queues = [], []
+    for c in range(cores):
+        t = lambda a: Tile(Addr(a), "fp32", 1, n, 1024)  # noqa: E731
+        r = cores - 1 - c if reverse else c
+        queues += [Queue(f"f{c}", (c, "ls"), (c, "sfp"), 1), Queue(f"d{c}", (c, "sfp"), (c, "ls"), 1)]
+        ls = (isa.Load(Addr(0), DevAddr("x", r * n * 4), 1, n * 4, 0, 1024),
+              isa.Load(Addr(1024), DevAddr("bias", 0), 1, n * 4, 0, 1024), isa.Push(f"f{c}"), isa.Pop(f"d{c}"),
+              isa.Store(DevAddr("out", r * n * 4), Addr(2048), 1, n * 4, 0, 1024))
+        sfp = (isa.Pop(f"f{c}"), isa.Binary("add", t(2048), t(0), t(1024)), isa.Push(f"d{c}"))
+        cps.append(CoreProgram(c, (("ls", ls), ("sfp", sfp))))
+    return Program("bias_add", syms, tuple(cps), tuple(queues))
+
+
+PROGRAMS = {
+    "bias_add": _bias_add,
+    "bias_add_descending": lambda: _bias_add(reverse=True),  # (a flip's cores: as_strided has no negative strides)
+    "vector_add": lambda: vector_add(1000),
+    "vector_add_fp16_chunks": lambda: vector_add(1000, "fp16", chunk=128),
+    "calibration_add_8_cores": lambda: calibration.add(64, 256, cores=8),
+    "row_sum_4_cores": lambda: calibration.row_sum(32, 512, cores=4),
+    "row_softmax": lambda: row_softmax(64, 128, "fp16", cores=4),
+    "tiled_matmul": lambda: tiled_matmul(64, 96, 128, cores=2),
+    "ring_sum": lambda: ring_sum(4096, 4),
+    "gather": _gather_program,
+    "pointwise_chain": _pointwise_chain,
+}
+
+
+def _both(program):
+    inputs = _inputs(program)
+    general = _buffers(program, inputs)
+    Machine(program, general, S).run()
+    fast = _buffers(program, inputs)
+    bank = ScratchBank(S, 32)
+    bound = BoundRun(Schedule(program, S), program, fast, bank)
+    bound.run()
+    return general, fast, bound
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_fast_path_gives_the_general_interpreters_bits(name):
+    program = PROGRAMS[name]()
+    general, fast, _ = _both(program)
+    for sym in program.symbols:
+        assert torch.equal(general[sym.name], fast[sym.name]), sym.name
+
+
+def test_independent_cores_run_as_one_operation_each():
+    program = calibration.add(64, 256, cores=8)
+    steps = Schedule(program, S).steps
+    _, _, bound = _both(program)
+    assert bound.batched and len(bound.ops) * 4 <= len(steps)
+    # cores that only read the same bytes are independent
+    general, fast, bound = _both(_bias_add())
+    assert bound.batched and len(bound.ops) == 4 and torch.equal(general["out"], fast["out"])
+    # cores that pass data around the ring are never batched
+    assert not _both(ring_sum(4096, 4))[2].batched
+
+
+def test_a_core_writing_what_another_reads_is_not_batched():
+    # core 1 reads the bytes core 0 writes (in the interpreter's order, after): not independent
+    syms = (Symbol("y", "input", "fp32", (64,), (1,)), Symbol("x", "temp", "fp32", (64,), (1,), 0),
+            Symbol("out", "output", "fp32", (64,), (1,)))
+    cps = (CoreProgram(0, (("ls", (isa.Load(Addr(0), DevAddr("y", 0), 1, 256, 0, 256),
+                                   isa.Store(DevAddr("x", 0), Addr(0), 1, 256, 0, 256))),)),
+           CoreProgram(1, (("ls", (isa.Load(Addr(0), DevAddr("x", 0), 1, 256, 0, 256),
+                                   isa.Store(DevAddr("out", 0), Addr(0), 1, 256, 0, 256))),)))
+    program = Program("rw", syms, cps)
+    general, fast, bound = _both(program)
+    assert not bound.batched
+    assert torch.equal(general["out"], fast["out"]) and torch.equal(fast["out"], fast["y"])
+
+
+def test_an_out_of_range_gather_index_is_named_on_the_fast_path():
+    program = _gather_program()
+    inputs = _inputs(program)
+    inputs["ids"][16 + 2] = 12  # core 1, row 2
+    bound = BoundRun(Schedule(program, S), program, _buffers(program, inputs), ScratchBank(S, 32))
+    with pytest.raises(ProgramIndexError, match=r"core 1 unit ls instruction 1 \(gather\): IndexError: "
+                                                r"aten.embedding: index 12 is out of bounds for size 10") as e:
+        bound.run()
+    assert (e.value.op, e.value.value, e.value.bound) == ("aten.embedding", 12, 10)
+
+
+def test_a_failing_fast_form_is_named_by_the_general_semantics():
+    # integer division by zero on core 1 of 2: the error names core 1's instruction
+    syms = (Symbol("x", "input", "int32", (64,), (1,)), Symbol("out", "output", "int32", (64,), (1,)))
+    cps = []
+    for c in range(2):
+        t = lambda a: Tile(Addr(a), "int32", 1, 32, 128)  # noqa: E731
+        ls = (isa.Load(Addr(0), DevAddr("x", c * 128), 1, 128, 0, 128), isa.Push(f"q{c}"), isa.Pop(f"r{c}"),
+              isa.Store(DevAddr("out", c * 128), Addr(512), 1, 128, 0, 128))
+        sfp = (isa.Pop(f"q{c}"), isa.Binary("floordiv", t(512), t(0), t(0)), isa.Push(f"r{c}"))
+        cps.append(CoreProgram(c, (("ls", ls), ("sfp", sfp))))
+    queues = tuple(q for c in range(2) for q in (Queue(f"q{c}", (c, "ls"), (c, "sfp"), 1),
+                                                 Queue(f"r{c}", (c, "sfp"), (c, "ls"), 1)))
+    program = Program("div", syms, tuple(cps), queues)
+    x = torch.arange(1, 65, dtype=torch.int32)
+    x[40] = 0
+    bound = BoundRun(Schedule(program, S), program, {"x": x.view(torch.uint8), "out": torch.zeros(256, dtype=torch.uint8)},
+                     ScratchBank(S, 32))
+    with pytest.raises(ProgramError, match=r"core 1 unit sfp instruction 1 \(binary\) failed: ZeroDivisionError"):
+        bound.run()
+
+
+def test_the_schedule_walk_raises_the_interpreters_deadlock():
+    syms = (Symbol("x", "input", "fp32", (32,), (1,)),)
+    program = Program("dead", syms, (CoreProgram(0, (("ls", (isa.Pop("out"), isa.Push("in"))),
+                                                     ("sfp", (isa.Pop("in"), isa.Push("out"))))),),
+                      (Queue("in", (0, "ls"), (0, "sfp")), Queue("out", (0, "sfp"), (0, "ls"))))
+    with pytest.raises(ProgramError, match=r"deadlocked: core 0 unit ls instruction 0 \(pop out\)"):
+        Schedule(program, S)
+
+
+# ---- timing reports ----------------------------------------------------------------------------
+
+
+def _figures(report) -> dict:
+    return {f.name: getattr(report, f.name) for f in dataclasses.fields(report) if f.name != "hardware"}
+
+
+def _fresh(program, phases):
+    timing = Timing(program, HARDWARE, phases=phases)
+    inputs = _inputs(program)
+    Machine(program, _buffers(program, inputs), S, timing).run()  # timed as the interpreter runs it
+    return timing.finish()
+
+
+def _launch_vector_add(program, offset_elems: int):
+    x = torch.zeros(1100).to("spyre")[offset_elems:offset_elems + 1000]
+    y = torch.randn(1000).to("spyre")
+    reset_kernel_reports()
+    out = run_program(program, x=x, y=y)["out"]
+    torch.spyre.synchronize()
+    assert torch.equal(out.cpu(), y.cpu())
+    return kernel_reports()
+
+
+@pytest.mark.parametrize("offset_elems", [0, 1, 25])
+def test_a_cached_report_equals_a_fresh_one(offset_elems):
+    program = vector_add(1000)
+    first = _launch_vector_add(program, 0)  # aligned: the report computed and cached
+    second = _launch_vector_add(program, offset_elems)  # x's phase is part of the key
+    third = _launch_vector_add(program, offset_elems)  # the same key: the cached report, copied
+    assert len(first) == len(second) == len(third) == 1
+    fresh = _fresh(program, {"x": offset_elems * 4 % 128})
+    assert _figures(second[0]) == _figures(third[0]) == _figures(fresh)
+    assert _figures(first[0]) == _figures(_fresh(program, {}))
+    assert len(program.__dict__["_run_states"]) == 1  # (the launches shared the program's state)
+
+
+def test_an_unaligned_binding_moves_the_sticks_it_touches():
+    program = vector_add(1000)
+    aligned = _fresh(program, {})
+    shifted = _fresh(program, {"x": 100})
+    # 4000 bytes from 100 bytes into a stick reach into a 33rd stick; from its start, 32
+    assert shifted.bytes_read == aligned.bytes_read + 128
+
+
+def test_every_launch_gets_its_own_report_object():
+    from spyre_runtime.launch import prepare_kernel  # noqa: F401 - the device is set up by the import
+
+    program = vector_add(1000)
+    x, y = torch.randn(1000).to("spyre"), torch.randn(1000).to("spyre")
+    reset_kernel_reports()
+    for _ in range(3):
+        run_program(program, x=x, y=y)
+    torch.spyre.synchronize()
+    reports = kernel_reports()
+    assert len(reports) == 3 and len({id(r) for r in reports}) == 3
+    reports[0].unit_busy_ns.clear()  # a caller writing into one launch's report touches no other
+    reports[0].extra = 1
+    assert reports[1].unit_busy_ns and not hasattr(reports[1], "extra")
+    assert _figures(reports[1]) == _figures(reports[2])
+
+
+# ---- compiled programs ---------------------------------------------------------------------------
+
+
+def _plans_after(fn, *args):
+    import spyre_inductor  # noqa: F401
+
+    before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
+    torch._dynamo.reset()
+    out = torch.compile(fn)(*args)
+    torch.spyre.synchronize()
+    return out, [o for o in gc.get_objects() if type(o) is JobPlan and id(o) not in before]
+
+
+@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding"])
+def test_compiled_programs_give_the_interpreters_bits(case):
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    fn, args = {
+        "add": (lambda a, b: a + b, (a, b)),
+        "matmul": (lambda a, b: a @ b, (a, b)),
+        "sum": (lambda a, b: (a * b).sum(-1), (a, b)),
+        "softmax": (lambda a, b: torch.softmax(a, -1) + b, (a, b)),
+        "embedding": (lambda a, i: a[i] * 2, (a, torch.randint(0, 64, (16,), generator=g))),
+    }[case]
+    dev = [t.to("spyre") for t in args]
+    _, plans = _plans_after(fn, *dev)
+    assert plans
+    for plan in plans:
+        ex = plan.executor.executable
+        slots = ex._read_slots(plan.artifact)
+        buffers = ex._buffers(plan.artifact, slots)
+        outputs = [s.name for s in plan.program.symbols if s.role == "output"]
+        for name in outputs:
+            buffers[name].fill_(0xCD)
+        Machine(plan.program, buffers, S).run()
+        want = {name: buffers[name].clone() for name in outputs}
+        for name in outputs:
+            buffers[name].fill_(0xCD)
+        ex.run(plan.artifact)
+        for name in outputs:
+            assert torch.equal(buffers[name], want[name]), (plan.name, name)
+
+
+def test_scratchpads_keep_what_the_previous_kernel_left():
+    # One kernel loads x into core 3's scratchpad; the next stores those bytes without writing
+    # them first: as on the card, scratchpads are not zeroed between kernels (same bank, same core).
+    sym = lambda name, role: Symbol(name, role, "fp32", (32,), (1,))  # noqa: E731
+    load = Program("leave", (sym("x", "input"),),
+                   (CoreProgram(3, (("ls", (isa.Load(Addr(4096), DevAddr("x", 0), 1, 128, 0, 128),)),)),))
+    store = Program("find", (sym("out", "output"),),
+                    (CoreProgram(3, (("ls", (isa.Store(DevAddr("out", 0), Addr(4096), 1, 128, 0, 128),)),)),))
+    x = torch.randn(32, generator=GEN)
+    for _ in range(2):  # the second time through the bound (cached) runs
+        run_program(load, x=x)
+        out = run_program(store)["out"]
+        torch.spyre.synchronize()
+        assert torch.equal(out.cpu(), x)
+
+
+def test_a_schedule_too_long_to_bind_runs_the_interpreter_with_the_cached_report(monkeypatch):
+    from spyre_runtime.program import run as run_module
+
+    monkeypatch.setattr(run_module, "MAX_BOUND_STEPS", 1)
+    program = vector_add(1000, chunk=128)
+    x, y = torch.randn(1000, generator=GEN), torch.randn(1000, generator=GEN)
+    reset_kernel_reports()
+    for _ in range(2):
+        out = run_program(program, x=x, y=y)["out"]
+        torch.spyre.synchronize()
+        assert torch.equal(out.cpu(), x + y)
+    reports = kernel_reports()
+    assert len(reports) == 2 and _figures(reports[0]) == _figures(reports[1]) == _figures(_fresh(program, {}))
+    state = next(iter(program.__dict__["_run_states"].values()))
+    assert not state.bound  # nothing was bound
