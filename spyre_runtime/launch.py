@@ -49,14 +49,15 @@ import torch
 from . import _C
 from .device.programs import ProgramExecutor
 from .program.operands import DTYPES
-from .program.program import SLOT_BYTES, Program
+from .program.operands import SizeExpr
+from .program.program import SIZE_BYTES, SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
 from .program.validate import validate_once
 from .queue import Barrier, Compute, DeviceAddress, HostAddress, HostCallback, Transfer, TransferKind
 from .queue.runtime import current
 from .tensors import address, element_span, footprint, reach_bytes, storage_ranges
 
-__all__ = ["ArgSpec", "JobPlan", "LaunchError", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
+__all__ = ["ArgSpec", "JobPlan", "LaunchError", "SizeSpec", "bind_sizes", "launch_jobplan", "prepare_artifact", "prepare_kernel", "run_program",
            "write_correction_area"]
 
 LAUNCH_FORMAT = 1
@@ -72,9 +73,98 @@ class ArgSpec:
     name: str
     role: str  # input, output, inout
     dtype: torch.dtype
-    shape: tuple[int, ...]
+    shape: tuple  # ints, and (issue 18) symbolic dims: a size's name, or a SizeExpr (coef * size + const)
     stride: tuple[int, ...]
     slot: int
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """A size symbol of the kernel (issue 18) and the bounds its artifact serves: a launch with a
+    size outside [min, max] is refused before anything is enqueued."""
+
+    name: str
+    min: int
+    max: int
+
+
+# ---- symbolic sizes (issue 18) ----------------------------------------------------------
+
+
+def dim_at(dim, sizes: dict[str, int]) -> int:
+    """A launch-spec dim at the bound sizes: an int, a size's name, or a SizeExpr (unclamped:
+    the tensor's dim must be exactly coef * size + const)."""
+    if isinstance(dim, int):
+        return dim
+    if isinstance(dim, str):
+        return sizes[dim]
+    return dim.coef * sizes[dim.symbol] + dim.const
+
+
+def _dim_symbol(dim) -> str:
+    return dim if isinstance(dim, str) else dim.symbol
+
+
+def _dim_max(dim, bounds: dict[str, SizeSpec]) -> int:
+    if isinstance(dim, int):
+        return dim
+    return dim_at(dim, {_dim_symbol(dim): bounds[_dim_symbol(dim)].max})
+
+
+def _parse_dim(d):
+    """A launch spec's dim: an int, a size's name, or {"size": name, "coef": c, "const": k}."""
+    if isinstance(d, (int, str)) and not isinstance(d, bool):
+        return d
+    if isinstance(d, dict) and isinstance(d.get("size"), str):
+        return SizeExpr(d["size"], hi=0, coef=int(d.get("coef", 1)), const=int(d.get("const", 0)))
+    raise ValueError(f"dim {d!r} is neither an int, a size's name nor {{'size', 'coef', 'const'}}")
+
+
+def _parse_sizes(spec: dict) -> tuple[SizeSpec, ...]:
+    out = []
+    for s in spec.get("sizes", ()):
+        lo, hi = s["min"], s["max"]
+        if not (isinstance(s["name"], str) and isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi):
+            raise ValueError(f"size {s!r}: a name and bounds 0 <= min <= max")
+        out.append(SizeSpec(s["name"], lo, hi))
+    return tuple(out)
+
+
+def bind_sizes(plan: "JobPlan", sizes) -> dict[str, int]:
+    """The launch's size values by name, each checked against the artifact's bounds (LaunchError,
+    naming the size and the bounds: nothing is enqueued). `sizes`: in the launch spec's order, or
+    a dict by name; a kernel without sizes takes none."""
+    specs = plan.sizes
+    if isinstance(sizes, dict):
+        unknown = set(sizes) - {s.name for s in specs}
+        if unknown:
+            raise LaunchError(f"kernel {plan.name!r} has no size(s) {sorted(unknown)}; its sizes are "
+                              f"{[s.name for s in specs]}")
+        values = [sizes.get(s.name) for s in specs]
+    else:
+        values = list(sizes or ())
+        if len(values) != len(specs):
+            raise LaunchError(f"kernel {plan.name!r} takes {len(specs)} size(s) ({', '.join(s.name for s in specs)}), "
+                              f"got {len(values)}")
+    bound = {}
+    for spec, v in zip(specs, values):
+        if v is None:
+            raise LaunchError(f"kernel {plan.name!r}: size {spec.name} is missing")
+        try:
+            n = int(v)  # a SymInt's hint, a NumPy integer
+        except (TypeError, ValueError):
+            raise LaunchError(f"kernel {plan.name!r}: size {spec.name} must be an integer, got {v!r}") from None
+        if not spec.min <= n <= spec.max:
+            raise LaunchError(f"kernel {plan.name!r}: size {spec.name}={n} is outside the artifact's bounds "
+                              f"[{spec.min}, {spec.max}] (compile it for a bucket that holds {n})")
+        bound[spec.name] = n
+    return bound
+
+
+def write_size_words(words: torch.Tensor, program: Program, sizes: dict[str, int]) -> None:
+    """The size words of the correction area (after the address slots) into `words` (int64)."""
+    for entry in program.size_layout:
+        words[entry["offset"] // SIZE_BYTES] = sizes[entry["size"]]
 
 
 # ---- typed steps of the execution plan ------------------------------------------------
@@ -119,9 +209,10 @@ class JobPlan:
     executor: ProgramExecutor  # what the queue layer runs for the plan's Compute
     artifact: Artifact
     allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
+    sizes: tuple[SizeSpec, ...] = ()  # issue 18: the size symbols and the bounds the artifact serves
 
 
-def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step, ...]:
+def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...], bounds: dict | None = None) -> tuple[Step, ...]:
     """The execution plan's steps, each checked against the program it drives: the plan file is
     not covered by the program's checksum, and a wrong slot, size or footprint would bind or
     patch the wrong bytes silently."""
@@ -137,10 +228,10 @@ def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step
                 raise ValueError(f"{where}: slots {slots} do not match the program's "
                                  f"{len(program.placeholders)} placeholder(s)")
             for slot, a in slots:
-                _check_binding(where, slot, program.placeholders[slot], args[a])
-            if s["staging_bytes"] < len(slots) * SLOT_BYTES:
+                _check_binding(where, slot, program.placeholders[slot], args[a], bounds)
+            if s["staging_bytes"] < len(slots) * SLOT_BYTES + len(program.sizes) * SIZE_BYTES:
                 raise ValueError(f"{where}: {s['staging_bytes']} staging bytes for {len(slots)} slot(s) "
-                                 f"of {SLOT_BYTES} B")
+                                 f"of {SLOT_BYTES} B and {len(program.sizes)} size word(s) of {SIZE_BYTES} B")
             steps.append(ResolveAddresses(slots, s["staging_bytes"]))
         elif kind == "transfer" and s.get("destination") == "correction_area":
             if (s["offset"], s["nbytes"]) != (program.correction_offset, program.correction_bytes):
@@ -176,10 +267,20 @@ def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step
 _PLAN_SHAPE = (ResolveAddresses, PatchCorrectionArea, HoldFetch, RunProgram)
 
 
-def _check_binding(where: str, slot: int, sym, arg: ArgSpec) -> None:
-    """The launch spec's argument must be the program's placeholder: name, dtype, shape, strides."""
+def _check_binding(where: str, slot: int, sym, arg: ArgSpec, bounds: dict | None = None) -> None:
+    """The launch spec's argument must be the program's placeholder: name, dtype, shape, strides
+    (a symbolic dim: the same size as the symbol's SizeExpr, the symbol's dim its maximum)."""
     strides_agree = all(x == y for x, y, n in zip(sym.strides, arg.stride, sym.shape) if n > 1)
-    if (sym.name, DTYPES[sym.dtype], tuple(sym.shape)) != (arg.name, arg.dtype, arg.shape) or not strides_agree:
+    dims = sym.dims or (None,) * len(sym.shape)
+    try:
+        shape = tuple(_dim_max(d, bounds or {}) for d in arg.shape)
+    except (KeyError, TypeError):
+        shape = None
+    symbolic_agree = len(dims) == len(arg.shape) and all(
+        (e is None) == isinstance(d, int) and (e is None or e.symbol == _dim_symbol(d))
+        for e, d in zip(dims, arg.shape))
+    if (sym.name, DTYPES[sym.dtype], tuple(sym.shape)) != (arg.name, arg.dtype, shape) or not strides_agree \
+            or not symbolic_agree:
         raise ValueError(f"{where}: slot {slot} binds argument {arg.index} ({arg.name!r} {arg.dtype} "
                          f"{list(arg.shape)} strides {list(arg.stride)}) to the program's {sym.name!r} "
                          f"{sym.dtype} {list(sym.shape)} strides {list(sym.strides)}")
@@ -200,10 +301,13 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
         for a in spec["args"]:
             if a["dtype"] not in DTYPES:
                 raise ValueError(f"argument {a['name']!r} has dtype {a['dtype']!r}, not one of {sorted(DTYPES)}")
-        args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
+        args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(map(_parse_dim, a["shape"])),
                              tuple(a["stride"]), a["slot"]) for a in spec["args"])
+        sizes = _parse_sizes(spec)
+        if tuple(s.name for s in sizes) != tuple(program.sizes):
+            raise ValueError(f"launch spec sizes {[s.name for s in sizes]}, the program's are {list(program.sizes)}")
         plan_doc = json.loads((root / spec["execution_plan"]).read_text())
-        steps = _steps(plan_doc, program, args)
+        steps = _steps(plan_doc, program, args, {s.name: s for s in sizes})
     except FileNotFoundError as e:
         raise ValueError(f"{root} is not a complete spyre artifact: {e.filename} is missing") from None
     except IsADirectoryError as e:
@@ -218,10 +322,10 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
     device = _C.current_device() if device is None else device
     alloc, artifact = _allocate(program, device)
     return JobPlan(spec["kernel"], root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
-                   artifact, alloc)
+                   artifact, alloc, sizes)
 
 
-def _check(plan: JobPlan, args) -> None:
+def _check(plan: JobPlan, args, sizes: dict[str, int] | None = None) -> None:
     if len(args) != len(plan.args):
         names = ", ".join(a.name for a in plan.args)
         raise LaunchError(f"kernel {plan.name!r} takes {len(plan.args)} argument(s) ({names}), got {len(args)}")
@@ -234,8 +338,10 @@ def _check(plan: JobPlan, args) -> None:
             raise LaunchError(f"{where}: expected a tensor on {want_device}, got one on {t.device}")
         if t.dtype != spec.dtype:
             raise LaunchError(f"{where}: expected dtype {spec.dtype}, got {t.dtype}")
-        if tuple(t.shape) != spec.shape:
-            raise LaunchError(f"{where}: expected shape {list(spec.shape)}, got {list(t.shape)}")
+        shape = spec.shape if not sizes else tuple(dim_at(d, sizes) for d in spec.shape)
+        if tuple(t.shape) != shape:
+            shown = list(spec.shape) if shape == spec.shape else f"{list(shape)} ({list(spec.shape)})"
+            raise LaunchError(f"{where}: expected shape {shown}, got {list(t.shape)}")
         if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
             raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
         if t.numel() > 0:
@@ -305,19 +411,22 @@ def _allocate(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
     return alloc, Artifact(device, piece.region, piece.offset)
 
 
-def launch_jobplan(plan: JobPlan, args) -> None:
-    """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring)."""
+def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
+    """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring).
+    `sizes`: the values of the kernel's size symbols (issue 18), in launch-spec order."""
     if isinstance(args, torch.Tensor) or not isinstance(args, (list, tuple)):
         raise LaunchError(f"kernel {plan.name!r}: arguments must be a list of tensors in launch-spec order, "
                           f"got {type(args).__name__}")
     args = list(args)
-    _check(plan, args)
+    bound_sizes = bind_sizes(plan, sizes)
+    _check(plan, args, bound_sizes)
     device = plan.device
     runtime = current()
     queue, stream = runtime.queue(device), _C.current_stream_id(device)
     alloc = plan.allocation
     resolve, patch, _, run = plan.steps  # the plan's shape is checked by prepare_kernel
     words = _slot_words(resolve.nbytes, [(slot, args[i]) for slot, i in resolve.slots])  # storage is fixed now
+    write_size_words(words, plan.program, bound_sizes)
     reads = [args[i] for i in run.reads] + [alloc]
     writes = [args[i] for i in run.writes]
     if any(sym.role == "temp" for sym in plan.program.symbols):
@@ -355,18 +464,26 @@ def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artif
     return alloc, artifact
 
 
-def write_correction_area(program: Program, alloc: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
-    """Resolve the placeholders now: each bound tensor's (region, offset) into its slot (blocking,
-    after the stream's earlier work; compiled launches stage this in stream order instead)."""
+def write_correction_area(program: Program, alloc: torch.Tensor, bound: dict[str, torch.Tensor],
+                          sizes: dict[str, int] | None = None) -> None:
+    """Resolve the placeholders now: each bound tensor's (region, offset) into its slot, and the
+    size words (blocking, after the stream's earlier work; compiled launches stage this in stream
+    order instead)."""
     device = alloc.device.index
     current().queue(device).synchronize_stream(_C.current_stream_id(device))
     words = _slot_words(program.correction_bytes, [(i, bound[s.name]) for i, s in enumerate(program.placeholders)])
+    missing = [n for n in program.sizes if n not in (sizes or {})]
+    if missing:
+        raise TypeError(f"program {program.name!r}: no value for size(s) {', '.join(missing)}")
+    write_size_words(words, program, sizes or {})
     start = program.correction_offset
     _C.host_alias(alloc)[start:start + program.correction_bytes].copy_(words.view(torch.uint8))
 
 
-def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Run a program on the given tensors; returns every output by name.
+def run_program(program: Program, device: int = 0, sizes: dict[str, int] | None = None,
+                **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Run a program on the given tensors; returns every output by name. `sizes`: the values of
+    the program's size symbols (issue 18); a symbolic dim's tensors have its size at them.
 
     Inputs may be CPU or spyre tensors (CPU ones are copied to the device);
     outputs not given are allocated with the symbol's shape and strides. The
@@ -379,6 +496,12 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
         raise TypeError(f"run_program({program.name!r}): unknown argument(s) {sorted(unknown)}; "
                         f"the program takes {sorted(names)}")
     spyre = torch.device("spyre", device)
+    if program.sizes and not sizes:
+        raise TypeError(f"run_program({program.name!r}): the program has sizes {list(program.sizes)}: give sizes=")
+
+    def shape_of(sym):
+        return sym.shape_at(sizes) if sym.sized else sym.shape
+
     bound = {}
     for sym in program.placeholders:
         t = tensors.get(sym.name)
@@ -387,11 +510,11 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
         if t is None:
             if sym.role == "input":
                 raise TypeError(f"run_program({program.name!r}): missing input {sym.name!r}")
-            t = torch.empty_strided(sym.shape, sym.strides, dtype=DTYPES[sym.dtype], device=spyre)
+            t = torch.empty_strided(shape_of(sym), sym.strides, dtype=DTYPES[sym.dtype], device=spyre)
         else:
-            if tuple(t.shape) != tuple(sym.shape) or t.dtype != DTYPES[sym.dtype]:
+            if tuple(t.shape) != tuple(shape_of(sym)) or t.dtype != DTYPES[sym.dtype]:
                 raise TypeError(
-                    f"run_program({program.name!r}): {sym.name!r} must be {sym.dtype}{list(sym.shape)}, "
+                    f"run_program({program.name!r}): {sym.name!r} must be {sym.dtype}{list(shape_of(sym))}, "
                     f"got {t.dtype}{list(t.shape)}")
             t = t.to(spyre)
             if tuple(t.stride()) != tuple(sym.strides):
@@ -399,7 +522,7 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
                                 f"{list(sym.strides)}, got {list(t.stride())}")
         bound[sym.name] = t
     alloc, artifact = prepare_artifact(program, device)
-    write_correction_area(program, alloc, bound)
+    write_correction_area(program, alloc, bound, sizes)
     queue, stream = current().queue(device), _C.current_stream_id(device)
     inputs = [bound[s.name] for s in program.placeholders if s.role == "input"]
     outputs = [bound[s.name] for s in program.placeholders if s.role == "output"]

@@ -28,7 +28,7 @@ from ..hardware import HARDWARE
 from ..memory import device_view
 from .execute import Machine
 from .timing import Report, Timing
-from .program import SLOT_BYTES, Program
+from .program import SIZE_BYTES, SLOT_BYTES, Program
 from .validate import ProgramError, validate_once
 
 @dataclass(frozen=True)
@@ -47,12 +47,12 @@ class ProgramExecutable:
         validate_once(program)
         self.program = program
         self.hardware = hardware
-        self._fetched: dict[Artifact, list[tuple[int, int]]] = {}
+        self._fetched: dict[Artifact, tuple[list[tuple[int, int]], dict[str, int] | None]] = {}
         self.last_report: Report | None = None
 
     def fetch(self, artifact: Artifact) -> None:
         """Read the correction area now (the program-distribution unit's fetch)."""
-        self._fetched[artifact] = self._read_slots(artifact)
+        self._fetched[artifact] = (self._read_slots(artifact), self._read_sizes(artifact))
 
     def _read_slots(self, artifact: Artifact) -> list[tuple[int, int]]:
         n = len(self.program.placeholders)
@@ -61,23 +61,34 @@ class ProgramExecutable:
         words = raw.view(torch.int64).tolist()
         return [(words[2 * i], words[2 * i + 1]) for i in range(n)]
 
+    def _read_sizes(self, artifact: Artifact) -> dict[str, int] | None:
+        """The size words after the address slots (issue 18), read by the same fetch."""
+        if not self.program.sizes:
+            return None
+        n = len(self.program.placeholders)
+        raw = device_view(artifact.device, artifact.region,
+                          artifact.offset + self.program.correction_offset + n * SLOT_BYTES,
+                          len(self.program.sizes) * SIZE_BYTES)
+        return dict(zip(self.program.sizes, raw.view(torch.int64).tolist()))
+
     def run(self, artifact: Artifact) -> None:
-        slots = self._fetched.pop(artifact, None)
-        if slots is None:
-            slots = self._read_slots(artifact)
+        fetched = self._fetched.pop(artifact, None)
+        slots, sizes = fetched if fetched is not None else (self._read_slots(artifact), self._read_sizes(artifact))
         buffers = {}
         for sym, (region, offset) in zip(self.program.placeholders, slots):
             if region <= 0:
                 raise ProgramError(
                     f"program {self.program.name!r}: placeholder {sym.name!r} is unresolved "
                     f"(its correction slot was never written)")
-            buffers[sym.name] = device_view(artifact.device, region, offset, sym.nbytes)
+            # (a buffer with a symbolic dim is bound at the bytes it has at these sizes)
+            buffers[sym.name] = device_view(artifact.device, region, offset,
+                                            sym.nbytes_at(sizes) if sym.sized else sym.nbytes)
         for sym in self.program.symbols:
             if sym.role == "temp":
                 buffers[sym.name] = device_view(artifact.device, artifact.region,
                                                  artifact.offset + sym.offset, sym.nbytes)
         timing = Timing(self.program, self.hardware)
-        Machine(self.program, buffers, self.hardware.scratchpad_bytes, timing).run()
+        Machine(self.program, buffers, self.hardware.scratchpad_bytes, timing, sizes=sizes).run()
         self.last_report = timing.finish()
         with _reports_lock:  # a resize swaps the deque: append to the current one
             _reports.append(self.last_report)
