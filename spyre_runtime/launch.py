@@ -342,7 +342,7 @@ def _check(plan: JobPlan, args, sizes: dict[str, int] | None = None) -> None:
         if tuple(t.shape) != shape:
             shown = list(spec.shape) if shape == spec.shape else f"{list(shape)} ({list(spec.shape)})"
             raise LaunchError(f"{where}: expected shape {shown}, got {list(t.shape)}")
-        if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, spec.shape) if n > 1):
+        if t.numel() > 1 and any(st != want for st, want, n in zip(t.stride(), spec.stride, shape) if n > 1):
             raise LaunchError(f"{where}: expected strides {list(spec.stride)}, got {list(t.stride())}")
         if t.numel() > 0:
             needed, have = reach_bytes(t), t.untyped_storage().nbytes()

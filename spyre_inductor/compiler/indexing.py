@@ -38,8 +38,14 @@ class NotCapturable(Exception):
         self.reason = reason
 
 
+# Issue 18 (symbolic.py): while a kernel over symbolic sizes is captured, each size symbol
+# stands for one value (its bucket's maximum, or a probe); None: sizes must be static.
+SIZE_VALUES: dict | None = None
+
+
 def static_int(expr, what: str) -> int:
-    """`expr` as a Python int, or NotCapturable when it is symbolic (dynamic shapes)."""
+    """`expr` as a Python int, or NotCapturable when it is symbolic (dynamic shapes). While
+    symbolic.py captures a kernel at given size values (SIZE_VALUES), the size symbols take them."""
     if isinstance(expr, int):
         return expr
     try:
@@ -48,6 +54,10 @@ def static_int(expr, what: str) -> int:
         expr = sympy.sympify(expr)
     if isinstance(expr, sympy.Integer):
         return int(expr)
+    if SIZE_VALUES is not None and expr.free_symbols and expr.free_symbols <= set(SIZE_VALUES):
+        value = expr.subs(SIZE_VALUES)
+        if isinstance(value, sympy.Integer):
+            return int(value)
     raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")
 
 

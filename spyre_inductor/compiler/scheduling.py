@@ -122,8 +122,12 @@ def positional_names(kernel: Kernel) -> Kernel:
     names = {b.name: f"b{i}" for i, b in enumerate(kernel.buffers)}
     if all(old == new for old, new in names.items()):
         return kernel
+    symbolic = kernel.symbolic
+    if symbolic is not None:
+        symbolic = replace(symbolic, buffers=tuple((names[b], *rest) for b, *rest in symbolic.buffers))
     return replace(
         kernel,
+        symbolic=symbolic,
         buffers=tuple(replace(b, name=names[b.name]) for b in kernel.buffers),
         values=tuple(replace(v, buffer=names[v.buffer]) if isinstance(v, Load) else v for v in kernel.values),
         stores=tuple(replace(st, buffer=names[st.buffer]) for st in kernel.stores),
@@ -311,11 +315,12 @@ class SpyreScheduling(BaseScheduling):
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
-        plan = wrapper.define_spyre_kernel(str(artifact), index, comment)
+        sizes = [n for n, _, _ in kernel.symbolic.sizes] if kernel.symbolic is not None else []
+        plan = wrapper.define_spyre_kernel(str(artifact), index, comment, bucketed=bool(sizes))
         V.graph.removed_buffers |= removed  # before mark_run: never allocated
         for n in nodes:
             n.mark_run()  # allocates outputs; FusedSchedulerNode.mark_run itself crashes
-        wrapper.call_spyre_kernel(plan, args)
+        wrapper.call_spyre_kernel(plan, args, sizes)
         self.free_buffers_in_scheduler()
 
     def _emit_cpu_fallback(self, nodes, reason: str) -> None:

@@ -27,6 +27,7 @@ from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one
 from spyre_runtime.program.program import Program
 
 from ..kernel_ir import Kernel
+from ..symbolic import launch_shape, launch_sizes
 from ._dump import plain
 from .plans import Plans
 
@@ -67,7 +68,8 @@ def launch_args(kernel: Kernel, buffers) -> list[dict]:
     args = []
     for i, b in enumerate(buffers):
         role = "inout" if (b.role == "output" and b.name in read) else b.role
-        args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype, "shape": list(b.shape),
+        args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype,
+                     "shape": launch_shape(kernel, b.name, b.shape),
                      "stride": list(b.strides), "storage_offset": b.offset, "slot": i})
     return args
 
@@ -104,7 +106,7 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
         if name.endswith(".json"):
             json.loads(text)  # a template bug fails here, not at launch
         (directory / name).write_text(text)
-    spec = render("launch_spec.json.j2", args=args)
+    spec = render("launch_spec.json.j2", args=args, sizes=launch_sizes(kernel))
     json.loads(spec)
     (directory / "launch_spec.json").write_text(spec)
     return directory
