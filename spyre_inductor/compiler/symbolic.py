@@ -125,7 +125,10 @@ def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int
             ranges.append((d, name, *_fit(a, b, hi, f"loop range {d}")))
     buffers = []
     for x, y in zip(planned.buffers, probe.buffers):
-        if (x.name, x.dtype, x.strides, x.offset, len(x.shape)) != (y.name, y.dtype, y.strides, y.offset, len(y.shape)):
+        # (a dim of extent 1 is never stepped along: its stride, e.g. keepdim's, does not matter)
+        xs = tuple(st if n != 1 else 0 for st, n in zip(x.strides, x.shape))
+        ys = tuple(st if n != 1 else 0 for st, n in zip(y.strides, y.shape))
+        if (x.name, x.dtype, xs, x.offset, len(x.shape)) != (y.name, y.dtype, ys, y.offset, len(y.shape)):
             raise NotCapturable(f"buffer {x.name} has strides or an offset that depend on size {name}")
         for d, (a, b) in enumerate(zip(x.shape, y.shape)):
             if a != b:
