@@ -245,9 +245,11 @@ def test_the_clipping_check_refuses_a_store_of_rows_past_the_size():
         symbolic.check(kernel(1))
 
 
-@pytest.mark.xfail(strict=True, reason="fused attention over a symbolic sequence / KV length is not compiled "
-                   "yet (AttentionKernel has no symbolic sizes; the softmax over the KV length is a "
-                   "reduction over a symbolic range, which the clipping scheme cannot serve)")
+@pytest.mark.xfail(strict=True, reason="attention over a symbolic sequence length is not compiled yet: in "
+                   "(batch, heads, seq, dim) the sequence dim is not the outermost, so its strides are "
+                   "symbolic (needs strides as size expressions, not only a clipped outermost dim); the "
+                   "fused AttentionKernel has no symbolic sizes; the softmax over a KV length is a "
+                   "reduction over a symbolic range (needs size-dependent trip counts and masks)")
 def test_attention_over_a_dynamic_sequence_length(counted):
     q = torch.randn(1, 4, 40, 64)
     fn = torch.compile(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
