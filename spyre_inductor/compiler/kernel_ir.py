@@ -244,6 +244,9 @@ class SymbolicSizes:
     sizes: tuple[tuple[str, int, int], ...]  # (name, lo, hi)
     ranges: tuple[tuple[int, str, int, int], ...]  # (outer range index, size, coef, const)
     buffers: tuple[tuple[str, int, str, int, int], ...]  # (buffer, dim, size, coef, const)
+    # Per size, what Dynamo's guards admit (name, min, max; max None: unbounded): every bucket
+    # stays inside it, so an artifact never claims a size Dynamo would not hand it.
+    limits: tuple[tuple[str, int, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -457,7 +460,7 @@ class Kernel:
             tuple(Store(s["buffer"], index(s["index"]), s["value"], s.get("mode")) for s in d["stores"]),
             tuple(d.get("reduction_ranges", ())),
             None if d.get("symbolic") is None else SymbolicSizes(
-                *(tuple(tuple(x) for x in d["symbolic"][k]) for k in ("sizes", "ranges", "buffers"))),
+                *(tuple(tuple(x) for x in d["symbolic"].get(k, ())) for k in ("sizes", "ranges", "buffers", "limits"))),
         )
 
 

@@ -44,13 +44,40 @@ from .kernel_ir import Buffer, Kernel, Load, Store, SymbolicSizes
 FLOOR = 16
 
 
-def bucket_of(n: int) -> tuple[int, int]:
-    """The sizes one artifact serves with `n` among them: (lo, hi)."""
+def bucket_of(n: int, limits: tuple[int, int | None] = (0, None)) -> tuple[int, int]:
+    """The sizes one artifact serves with `n` among them: (lo, hi), inside `limits` (what
+    Dynamo's guards admit: a bucket is planned at most at their maximum)."""
     n = int(n)
     hi = FLOOR
     while hi < n:
         hi *= 2
-    return (1 if hi == FLOOR else hi // 2 + 1), hi
+    lo = 1 if hi == FLOOR else hi // 2 + 1
+    least, most = limits
+    lo = max(lo, least)
+    if most is not None:
+        hi = min(hi, most)
+    if not lo <= n <= hi:
+        raise ValueError(f"size {n} is outside the sizes Dynamo admits [{least}, {most}]")
+    return lo, hi
+
+
+def dynamo_limits(sym) -> tuple[int, int | None]:
+    """The [min, max] Dynamo's guards (0/1 specialization, mark_dynamic's bounds, checks in
+    the code) put on `sym`."""
+    from torch._inductor.virtualized import V
+
+    try:
+        r = V.graph.sizevars.shape_env.var_to_range[sym]
+    except (AttributeError, KeyError):
+        return 0, None
+    return max(_finite(r.lower) or 0, 0), _finite(r.upper)
+
+
+def _finite(x) -> int | None:
+    try:
+        return int(x) if isinstance(x, (int, sympy.Integer)) else None  # (int_oo, -int_oo: None)
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 # ---- capture ---------------------------------------------------------------------------
@@ -85,12 +112,17 @@ def capture_symbolic(nodes, capture_fn, symbols):
         hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
     except Exception as e:  # noqa: BLE001
         raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
-    lo, hi = bucket_of(hint)
+    limits = dynamo_limits(sym)
+    lo, hi = bucket_of(hint, limits)
+    if hi < 2:
+        raise NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
     planned = _at(nodes, capture_fn, {sym: hi})
     probe = _at(nodes, capture_fn, {sym: hi - 1})
     if planned.kernel is None or probe.kernel is None:
         return planned
     kernel = replace_symbolic(planned.kernel, probe.kernel, str(sym), lo, hi)
+    kernel = dataclasses.replace(kernel, symbolic=dataclasses.replace(kernel.symbolic,
+                                                                      limits=((str(sym), *limits),)))
     check(kernel)
     return dataclasses.replace(planned, kernel=kernel)
 
@@ -207,7 +239,11 @@ def rebucket(kernel: Kernel, n: int) -> Kernel:
     from .errors import Unsupported
 
     (name, _, _), = kernel.symbolic.sizes
-    lo, hi = bucket_of(n)
+    limits = {x: (a, b) for x, a, b in kernel.symbolic.limits}.get(name, (0, None))
+    try:
+        lo, hi = bucket_of(n, limits)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
     ranges, shapes = shapes_at(kernel, hi)
     out = dataclasses.replace(
         kernel, ranges=ranges,

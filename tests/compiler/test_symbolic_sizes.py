@@ -127,16 +127,20 @@ SIZES = (33, 40, 47, 55, 64)  # one bucket: (32, 64]
 
 
 @pytest.fixture
-def counted(monkeypatch):
-    """Counts the kernels planned (compiled into artifacts) and the graphs Dynamo compiles."""
+def counted(monkeypatch, tmp_path):
+    """The kernels compiled into artifacts (in a fresh artifact root), in order; the graphs
+    Dynamo compiles are counted by _graphs()."""
+    from spyre_inductor.compiler import scheduling
+
     planned = []
-    plan_kernel = backend.plan_kernel
+    compile_kernel = backend.compile_kernel
 
-    def counting(kernel, **kw):
+    def counting(kernel, root, **kw):
         planned.append(kernel)
-        return plan_kernel(kernel, **kw)
+        return compile_kernel(kernel, root, **kw)
 
-    monkeypatch.setattr(backend, "plan_kernel", counting)
+    monkeypatch.setattr(backend, "compile_kernel", counting)
+    monkeypatch.setattr(scheduling, "artifact_root", lambda: tmp_path)
     monkeypatch.setenv("SPYRE_STRICT", "1")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -182,7 +186,7 @@ def test_a_size_past_the_bucket_gets_its_own_artifact_and_no_recompile(counted):
         torch.testing.assert_close(out.cpu(), ref(x), rtol=1e-5, atol=1e-5)
     assert _graphs() == 1
     buckets = [k.symbolic.sizes[0][1:] for k in counted]
-    assert buckets == [(33, 64), (65, 128), (1, 16)]
+    assert buckets == [(33, 64), (65, 128), (2, 16)]  # (the lowest bucket starts where Dynamo's guard does)
 
 
 def test_an_out_of_bounds_launch_raises_before_anything_is_enqueued(counted):
@@ -257,3 +261,20 @@ def test_attention_over_a_dynamic_sequence_length(counted):
     torch._dynamo.mark_dynamic(qs, 2)
     out = fn(qs, qs, qs)
     torch.testing.assert_close(out.cpu(), torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
+
+
+@pytest.mark.slow
+def test_the_buckets_stay_inside_what_dynamos_guards_admit(counted):
+    # mark_dynamic's bounds are guards: the bucket is planned at their maximum (48, not 64), and
+    # holds no size Dynamo would not hand it
+    fn, ref = FAMILIES["softmax"]
+    compiled = torch.compile(fn)
+    for k, n in enumerate((40, 48, 33, 20)):
+        x = torch.randn(n, 256)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 0, min=20, max=48)
+        torch.testing.assert_close(compiled(xs, W.to(SPYRE)).cpu(), ref(x), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 1
+    assert [k.symbolic.sizes[0][1:] for k in counted] == [(33, 48), (20, 32)]
+    assert counted[0].ranges[0] == 48 and counted[0].symbolic.limits[0][1:] == (20, 48)
