@@ -120,11 +120,20 @@ def positional_names(kernel: Kernel) -> Kernel:
     a model is ONE kernel: one content name, one artifact, planned, written and prepared once, and
     launched per layer with that layer's buffers (a 2-layer decoder plans 21 kernels, not 38)."""
     names = {b.name: f"b{i}" for i, b in enumerate(kernel.buffers)}
-    if all(old == new for old, new in names.items()):
+    symbolic = getattr(kernel, "symbolic", None)
+    if all(old == new for old, new in names.items()) and (
+            symbolic is None or all(n == f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes))):
         return kernel
-    symbolic = kernel.symbolic
     if symbolic is not None:
-        symbolic = replace(symbolic, buffers=tuple((names[b], *rest) for b, *rest in symbolic.buffers))
+        # Sizes by position too (z0): the launch passes them in order, and the same kernel in
+        # another graph (where Dynamo named the size s27, not s77) is the same artifact.
+        sizes = {n: f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes)}
+        symbolic = replace(
+            symbolic,
+            sizes=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.sizes),
+            ranges=tuple((d, sizes[n], c, k) for d, n, c, k in symbolic.ranges),
+            buffers=tuple((names[b], d, sizes[n], c, k) for b, d, n, c, k in symbolic.buffers),
+            limits=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.limits))
     return replace(
         kernel,
         symbolic=symbolic,

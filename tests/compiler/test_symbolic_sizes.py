@@ -278,3 +278,16 @@ def test_the_buckets_stay_inside_what_dynamos_guards_admit(counted):
     assert _graphs() == 1
     assert [k.symbolic.sizes[0][1:] for k in counted] == [(33, 48), (20, 32)]
     assert counted[0].ranges[0] == 48 and counted[0].symbolic.limits[0][1:] == (20, 48)
+
+
+@pytest.mark.slow
+def test_automatic_dynamic_shapes_on_a_second_size(counted):
+    # No mark: the first size compiles statically, the second makes Dynamo's automatic dynamic
+    # shapes mark the dim, and that one graph's artifact serves the rest of its bucket
+    fn, ref = FAMILIES["matmul"]
+    compiled = torch.compile(fn)
+    for n in SIZES:
+        x, out = _call(compiled, n)
+        torch.testing.assert_close(out.cpu(), ref(x), rtol=1e-5, atol=1e-4)
+    assert _graphs() == 2
+    assert [k.symbolic.sizes if k.symbolic else None for k in counted] == [None, (("z0", 33, 64),)]
