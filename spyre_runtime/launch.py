@@ -29,6 +29,13 @@ and its compute would hand this compute the other's addresses.
    footprint of what it reads and writes so the queue layer orders it
    against other streams' work.
 
+Symbolic sizes (issue 18): a launch spec may declare ``sizes`` (name, min, max) and give an
+argument's dim as a size's name. ``launch_jobplan(plan, args, sizes=(n, ...))`` binds them
+(``bind_sizes``: each in its bounds, else LaunchError naming the size and the bounds, before
+anything is enqueued), checks each symbolic dim against its size, and the resolve callback
+writes the size words after the address slots (``write_size_words``); the same transfer
+carries them into the correction area and the fetch reads them with the addresses.
+
 A launch that fails on the device stops its stream like any failed
 operation (the error names the kernel); ``torch.spyre.clear_errors()``
 makes the stream usable again.

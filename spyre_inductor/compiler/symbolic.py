@@ -147,10 +147,12 @@ def _fit(a: int, b: int, hi: int, what: str):
 def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int) -> Kernel:
     """`planned` (captured at hi) with the SymbolicSizes that its difference from `probe`
     (captured at hi - 1) shows; NotCapturable if they differ in anything but ranges and dims."""
-    if (type(planned), planned.values, planned.stores, len(planned.ranges), planned.reduction_ranges,
-            len(planned.buffers)) != (type(probe), probe.values, probe.stores, len(probe.ranges),
-                                      probe.reduction_ranges, len(probe.buffers)):
-        raise NotCapturable(f"symbolic size {name} reaches the kernel's indices, values or reduced dims")
+    if planned.reduction_ranges != probe.reduction_ranges:
+        raise NotCapturable(f"a reduction over symbolic size {name} (its reduced range depends on it: rows "
+                            f"past the size would need masks, not clipped transfers)")
+    if (type(planned), planned.values, planned.stores, len(planned.ranges), len(planned.buffers)) != (
+            type(probe), probe.values, probe.stores, len(probe.ranges), len(probe.buffers)):
+        raise NotCapturable(f"symbolic size {name} reaches the kernel's indices or values")
     ranges = []
     for d, (a, b) in enumerate(zip(planned.ranges, probe.ranges)):
         if a != b:

@@ -8,6 +8,13 @@ allocation. The artifact's allocation is laid out as
 
     [correction area][temporaries][program image]
 
+Symbolic sizes (issue 18): a program may declare size symbols (``sizes``); their values
+follow the address slots in the correction area, one 8-byte word each, written at launch
+and read by the same fetch. A placeholder's outermost dim (``Symbol.dims``) and a loop's trip
+count (isa.Loop) may be a SizeExpr of them, clamped to a static maximum: the symbols' shapes
+are the maxima, the validator proves every access at them, and at run time every transfer of
+a buffer with a symbolic dim is clipped to the bytes it has at the launch's sizes.
+
 Serialized form: a JSON document with a header (magic, format version,
 checksum of the body, symbol table, correction-area offset and layout,
 per-core scratchpad high-water mark) and the body (queues and programs, and
