@@ -18,6 +18,7 @@ indices affine.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Sequence
 
@@ -39,8 +40,9 @@ class NotCapturable(Exception):
 
 
 # Issue 18 (symbolic.py): while a kernel over symbolic sizes is captured, each size symbol
-# stands for one value (its bucket's maximum, or a probe); None: sizes must be static.
-SIZE_VALUES: dict | None = None
+# stands for one value (its bucket's maximum, or a probe); None: sizes must be static. (A
+# context variable: compiles on other threads capture at their own values.)
+SIZE_VALUES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("spyre_size_values", default=None)
 
 
 def static_int(expr, what: str) -> int:
@@ -54,8 +56,9 @@ def static_int(expr, what: str) -> int:
         expr = sympy.sympify(expr)
     if isinstance(expr, sympy.Integer):
         return int(expr)
-    if SIZE_VALUES is not None and expr.free_symbols and expr.free_symbols <= set(SIZE_VALUES):
-        value = expr.subs(SIZE_VALUES)
+    values = SIZE_VALUES.get()
+    if values is not None and expr.free_symbols and expr.free_symbols <= set(values):
+        value = expr.subs(values)
         if isinstance(value, sympy.Integer):
             return int(value)
     raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")

@@ -128,12 +128,11 @@ def capture_symbolic(nodes, capture_fn, symbols):
 
 
 def _at(nodes, capture_fn, values):
-    old = indexing.SIZE_VALUES
-    indexing.SIZE_VALUES = values
+    token = indexing.SIZE_VALUES.set(values)
     try:
         return capture_fn(nodes)
     finally:
-        indexing.SIZE_VALUES = old
+        indexing.SIZE_VALUES.reset(token)
 
 
 def _fit(a: int, b: int, hi: int, what: str):

@@ -99,7 +99,8 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
             writes=[a["index"] for a in args if a["role"] in ("output", "inout")]),
         "summary.txt": render(summary_template, **summary_context),
         # No path: `directory` is the staging directory (backend.compile_kernel), gone once renamed.
-        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args]),
+        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args],
+                          sizes=[s["name"] for s in launch_sizes(kernel)]),
     }
     program.save(directory / "program.json")  # (remembered: prepare_kernel gets this very program back)
     for name, text in files.items():
