@@ -94,6 +94,12 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
         expr = sympy.expand(expr - c * sym)
     unknown = expr.free_symbols - set(variables)
     if unknown:
+        try:  # a size specialized by a guard (symbolic.py) is a number by now
+            expr = sympy.expand(V.graph.sizevars.simplify(expr))
+        except Exception:  # noqa: BLE001 - outside a graph
+            pass
+        unknown = expr.free_symbols - set(variables)
+    if unknown:
         names = ", ".join(sorted(str(s) for s in unknown))
         raise NotCapturable(f"index of {what} depends on {names} (indirect or symbolic)")
     strides = []

@@ -95,8 +95,17 @@ def size_symbols(nodes) -> list[sympy.Symbol]:
         except Exception:  # noqa: BLE001 - capture says why
             continue
         for e in (*sizes, *rsizes):
-            found |= sympy.sympify(e).free_symbols
+            found |= _simplified(e).free_symbols
     return sorted(found, key=str)
+
+
+def _simplified(e):
+    from torch._inductor.virtualized import V
+
+    try:
+        return V.graph.sizevars.simplify(sympy.sympify(e))  # (a specialized size is a number)
+    except Exception:  # noqa: BLE001 - outside a graph
+        return sympy.sympify(e)
 
 
 def capture_symbolic(nodes, capture_fn, symbols):
@@ -105,8 +114,7 @@ def capture_symbolic(nodes, capture_fn, symbols):
     from torch._inductor.virtualized import V
 
     if len(symbols) != 1:
-        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic "
-                            f"size is not compiled for spyre yet")
+        symbols = _specialize_all_but_one(nodes, symbols)
     sym = symbols[0]
     try:
         hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
@@ -125,6 +133,29 @@ def capture_symbolic(nodes, capture_fn, symbols):
                                                                       limits=((str(sym), *limits),)))
     check(kernel)
     return dataclasses.replace(planned, kernel=kernel)
+
+
+def _specialize_all_but_one(nodes, symbols):
+    """A kernel keeps one size symbolic: its outermost output dim's (the rows). Under
+    ``dynamic=True`` every dim is symbolic, the hidden sizes too; those are specialized to their
+    hints through Inductor's guards (so Dynamo recompiles if one changes, as its guards then
+    say), which leaves the kernel over one symbolic size."""
+    from torch._inductor.virtualized import V
+
+    from .capture import real_name
+
+    out = nodes[-1].get_outputs()[0].node if hasattr(nodes[-1], "get_outputs") else None
+    layout = V.graph.get_buffer(real_name(out.get_name())).get_output_spec() if out is not None else None
+    size = getattr(layout, "size", ())
+    keep = sympy.sympify(size[0]).free_symbols if size else set()
+    if len(keep) != 1 or not keep <= set(symbols):
+        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size, "
+                            f"none of them its rows alone, is not compiled for spyre yet")
+    (kept,) = keep
+    for other in symbols:
+        if other != kept:
+            V.graph.sizevars.guard_int(other)  # a guard: another value recompiles
+    return [kept]
 
 
 def _at(nodes, capture_fn, values):

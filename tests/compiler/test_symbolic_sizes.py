@@ -212,14 +212,33 @@ def test_an_out_of_bounds_launch_raises_before_anything_is_enqueued(counted):
     assert (got[40:] == 7.0).all()
 
 
-def test_a_kernel_that_cannot_be_symbolic_stays_visibly_on_the_cpu(monkeypatch):
-    # dynamic=True makes the reduced dim symbolic too: not compiled yet, and said so
-    torch._dynamo.reset()
+def test_dynamic_true_keeps_the_rows_symbolic_and_guards_the_rest(counted):
+    # dynamic=True makes every dim symbolic: the rows stay so, the reduced dim is specialized
+    # through a guard, so a new hidden size recompiles (Dynamo's guard) and a new row count does not
     fn = torch.compile(lambda x: (x * 2).sum(-1), dynamic=True)
-    x = torch.randn(37, 256)
+    for n, h in ((37, 256), (50, 256), (64, 256), (40, 128)):
+        x = torch.randn(n, h)
+        torch.testing.assert_close(fn(x.to(SPYRE)).cpu(), (x * 2).sum(-1), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 2
+    assert [(k.reduction_ranges, k.symbolic.sizes) for k in counted] == [((256,), (("z0", 33, 64),)),
+                                                                         ((128,), (("z0", 33, 64),))]
+
+
+def test_a_kernel_that_cannot_be_symbolic_stays_visibly_on_the_cpu(monkeypatch):
+    # batch x rows x hidden with the rows dynamic: the rows are not the outermost dim, so the
+    # batch stride depends on them (symbolic strides are not compiled yet), and it is said so
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (256,)))
+    x = torch.randn(2, 37, 256)
+
+    def run():
+        xs = x.to(SPYRE)
+        torch._dynamo.mark_dynamic(xs, 1)
+        return fn(xs)
+
     monkeypatch.setenv("SPYRE_STRICT", "1")
-    with pytest.raises(Exception, match=r"aten\.sum.*more than one symbolic size.*SPYRE_STRICT=1"):
-        fn(x.to(SPYRE))
+    with pytest.raises(Exception, match=r"strides or an offset that depend on size.*SPYRE_STRICT=1"):
+        run()
     monkeypatch.delenv("SPYRE_STRICT")
     torch._dynamo.reset()
     from spyre_inductor.device import fallback
@@ -227,9 +246,9 @@ def test_a_kernel_that_cannot_be_symbolic_stays_visibly_on_the_cpu(monkeypatch):
     fallback.reset_warnings()
     with warnings.catch_warnings(record=True) as caught, torch._inductor.config.patch(force_disable_caches=True):
         warnings.simplefilter("always")
-        out = fn(x.to(SPYRE))
-    assert any("more than one symbolic size" in str(w.message) for w in caught)
-    torch.testing.assert_close(out.cpu(), (x * 2).sum(-1))
+        out = run()
+    assert any("strides or an offset that depend on size" in str(w.message) for w in caught)
+    torch.testing.assert_close(out.cpu(), torch.nn.functional.layer_norm(x, (256,)), rtol=1e-5, atol=1e-5)
 
 
 def test_the_clipping_check_refuses_a_store_of_rows_past_the_size():
