@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 
 import sympy
+import torch
 
 from . import indexing
 from .indexing import NotCapturable
@@ -152,10 +153,38 @@ def _specialize_all_but_one(nodes, symbols):
         raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size, "
                             f"none of them its rows alone, is not compiled for spyre yet")
     (kept,) = keep
-    for other in symbols:
-        if other != kept:
-            V.graph.sizevars.guard_int(other)  # a guard: another value recompiles
+    others = [x for x in symbols if x != kept]
+    pinned = _user_dynamic()
+    if pinned is None or any(x in pinned for x in others):
+        # (mark_dynamic says the user wants it dynamic: a guard would fail the whole compile)
+        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size "
+                            f"({', '.join(map(str, others))} marked dynamic besides the rows) is not compiled "
+                            f"for spyre yet")
+    for other in others:
+        V.graph.sizevars.guard_int(other)  # a guard: another value recompiles
     return [kept]
+
+
+def _user_dynamic() -> set | None:
+    """The size symbols the user marked dynamic (mark_dynamic and friends: a constraint Dynamo
+    checks when it makes its guards), from the shape env's record of the traced inputs; None
+    when that record cannot be read (nothing may then be specialized)."""
+    from torch._inductor.virtualized import V
+
+    try:
+        fakes = V.graph.sizevars.shape_env.tracked_fakes
+        pinned = set()
+        for tf in fakes or ():
+            ctx = getattr(tf, "symbolic_context", None)
+            constraints = getattr(ctx, "constraint_sizes", None) or ()
+            sizes = tf.fake.size() if isinstance(tf.fake, torch.Tensor) else ()
+            for d, c in enumerate(constraints):
+                if c is not None and not getattr(c, "warn_only", False) and d < len(sizes) \
+                        and isinstance(sizes[d], torch.SymInt):  # (warn_only: automatic dynamic, may specialize)
+                    pinned |= sizes[d].node.expr.free_symbols
+        return pinned if fakes is not None else None
+    except Exception:  # noqa: BLE001 - Dynamo's internals moved: specialize nothing
+        return None
 
 
 def _at(nodes, capture_fn, values):

@@ -327,3 +327,21 @@ def test_a_decode_loop_with_a_growing_kv_length_uses_one_artifact_per_bucket(cou
         out = fn(q.to(SPYRE), kvs)
         torch.testing.assert_close(out.cpu(), torch.softmax(q @ kv.t(), -1) @ kv, rtol=1e-5, atol=1e-5)
     assert len(counted) <= 3
+
+
+def test_a_size_the_user_marked_dynamic_is_never_specialized(monkeypatch):
+    # mark_dynamic on the reduced dim too: a guard specializing it would fail the whole compile
+    # (a constraint violation), so the kernel runs on the CPU, said so, and the answer is right
+    torch._dynamo.reset()
+    from spyre_inductor.device import fallback
+
+    fallback.reset_warnings()
+    fn = torch.compile(lambda x: (x * 2).sum(-1))
+    x = torch.randn(37, 256)
+    xs = x.to(SPYRE)
+    torch._dynamo.mark_dynamic(xs, [0, 1])
+    with warnings.catch_warnings(record=True) as caught, torch._inductor.config.patch(force_disable_caches=True):
+        warnings.simplefilter("always")
+        out = fn(xs)
+    assert any("marked dynamic besides the rows" in str(w.message) for w in caught)
+    torch.testing.assert_close(out.cpu(), (x * 2).sum(-1), rtol=1e-5, atol=1e-5)
