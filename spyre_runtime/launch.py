@@ -54,6 +54,7 @@ artifact directory.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -69,15 +70,17 @@ from .binding import ArgSpec, ArgTable, LaunchError, slot_words
 from .device.programs import ProgramExecutor
 from .hardware import HARDWARE, preparation_streams_from_env
 from .program.operands import DTYPES, sticks
-from .program.program import SLOT_BYTES, Program
+from .program.program import SIZE_BYTES, SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
 from .program.validate import validate_once
 from .queue import (Barrier, Compute, DeviceAddress, Footprint, HostAddress, HostCallback, Range, Transfer,
                     TransferKind)
 from .queue.runtime import current
+from .sizes import SizeSpec, bind_sizes, dim_at, dim_max, dim_symbol, parse_dim, parse_sizes, size_words
 from .tensors import address, footprint, storage_ranges
 
-__all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "check_artifact_files", "launch_jobplan",
+__all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "SizeSpec", "bind_sizes", "check_artifact_files",
+           "launch_jobplan",
            "preparation_streams", "prepare_artifact", "prepare_kernel", "run_program", "set_prepare_each_launch",
            "set_preparation_streams", "write_correction_area"]
 
@@ -143,7 +146,7 @@ class JobPlan:
     artifact: Artifact
     allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
     # Resolved once, when the plan is prepared, so a launch only binds:
-    table: ArgTable = field(repr=False)
+    table: ArgTable | None = field(repr=False)  # None with sizes: _table_at
     areas: tuple[CorrectionArea, ...] = field(repr=False)
     temp_writes: tuple[Range, ...] = field(repr=False)  # the temporaries, if any: one launch at a time
     patch_bytes: int = field(repr=False)
@@ -155,9 +158,11 @@ class JobPlan:
     # the previous launch's compute with its slot words
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     last_compute: list = field(default_factory=lambda: [None] * CORRECTION_AREAS, repr=False, compare=False)
+    sizes: tuple[SizeSpec, ...] = ()  # the size symbols (issue 18) and the bounds the artifact serves
+    tables: dict = field(default_factory=dict, repr=False, compare=False)  # with sizes: ArgTable per sizes
 
 
-def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step, ...]:
+def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...], bounds: dict | None = None) -> tuple[Step, ...]:
     """The execution plan's steps, each checked against the program it drives: the plan file is
     not covered by the program's checksum, and a wrong slot, size or footprint would bind or
     patch the wrong bytes silently."""
@@ -173,10 +178,10 @@ def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step
                 raise ValueError(f"{where}: slots {slots} do not match the program's "
                                  f"{len(program.placeholders)} placeholder(s)")
             for slot, a in slots:
-                _check_binding(where, slot, program.placeholders[slot], args[a])
-            if s["staging_bytes"] < len(slots) * SLOT_BYTES:
+                _check_binding(where, slot, program.placeholders[slot], args[a], bounds)
+            if s["staging_bytes"] < len(slots) * SLOT_BYTES + len(program.sizes) * SIZE_BYTES:
                 raise ValueError(f"{where}: {s['staging_bytes']} staging bytes for {len(slots)} slot(s) "
-                                 f"of {SLOT_BYTES} B")
+                                 f"of {SLOT_BYTES} B and {len(program.sizes)} size word(s) of {SIZE_BYTES} B")
             steps.append(ResolveAddresses(slots, s["staging_bytes"]))
         elif kind == "transfer" and s.get("destination") == "correction_area":
             if (s["offset"], s["nbytes"]) != (program.correction_offset, program.correction_bytes):
@@ -212,10 +217,20 @@ def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...]) -> tuple[Step
 _PLAN_SHAPE = (ResolveAddresses, PatchCorrectionArea, HoldFetch, RunProgram)
 
 
-def _check_binding(where: str, slot: int, sym, arg: ArgSpec) -> None:
-    """The launch spec's argument must be the program's placeholder: name, dtype, shape, strides."""
+def _check_binding(where: str, slot: int, sym, arg: ArgSpec, bounds: dict | None = None) -> None:
+    """The launch spec's argument must be the program's placeholder: name, dtype, shape, strides
+    (a symbolic dim: the same size as the symbol's SizeExpr, the symbol's dim its maximum)."""
     strides_agree = all(x == y for x, y, n in zip(sym.strides, arg.stride, sym.shape) if n > 1)
-    if (sym.name, DTYPES[sym.dtype], tuple(sym.shape)) != (arg.name, arg.dtype, arg.shape) or not strides_agree:
+    dims = sym.dims or (None,) * len(sym.shape)
+    try:
+        shape = tuple(dim_max(d, bounds or {}) for d in arg.shape)
+    except (KeyError, TypeError):
+        shape = None
+    symbolic_agree = len(dims) == len(arg.shape) and all(
+        (e is None) == isinstance(d, int) and (e is None or e.symbol == dim_symbol(d))
+        for e, d in zip(dims, arg.shape))
+    if (sym.name, DTYPES[sym.dtype], tuple(sym.shape)) != (arg.name, arg.dtype, shape) or not strides_agree \
+            or not symbolic_agree:
         raise ValueError(f"{where}: slot {slot} binds argument {arg.index} ({arg.name!r} {arg.dtype} "
                          f"{list(arg.shape)} strides {list(arg.stride)}) to the program's {sym.name!r} "
                          f"{sym.dtype} {list(sym.shape)} strides {list(sym.strides)}")
@@ -313,11 +328,15 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
             if a["dtype"] not in DTYPES:
                 raise ArtifactError(f"{root / 'launch_spec.json'}: argument {a['name']!r} has dtype "
                                     f"{a['dtype']!r}, not one of {sorted(DTYPES)}")
-        args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(a["shape"]),
+        args = tuple(ArgSpec(a["index"], a["name"], a["role"], DTYPES[a["dtype"]], tuple(map(parse_dim, a["shape"])),
                              tuple(a["stride"]), a["slot"]) for a in spec["args"])
+        sizes = parse_sizes(spec)
+        if tuple(s.name for s in sizes) != tuple(program.sizes):
+            raise ArtifactError(f"{root / 'launch_spec.json'}: sizes {[s.name for s in sizes]}, the program's are "
+                                f"{list(program.sizes)}")
         plan_doc = _json_file(plan_path)  # (its format checked with the files)
         try:
-            steps = _steps(plan_doc, program, args)
+            steps = _steps(plan_doc, program, args, {s.name: s for s in sizes})
         except ValueError as e:  # the plan disagrees with the program or the launch spec
             raise ArtifactError(f"{plan_path}: {e}") from None
     except ArtifactError:
@@ -334,10 +353,10 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
         raise ArtifactError(f"{root}: {e}") from None
     validate_once(program)  # ProgramExecutable will not validate it again
     device = _C.current_device() if device is None else device
-    return _plan(spec["kernel"], root, device, program, args, steps)
+    return _plan(spec["kernel"], root, device, program, args, steps, sizes)
 
 
-def _plan(name: str, root: Path, device: int, program: Program, args, steps) -> JobPlan:
+def _plan(name: str, root: Path, device: int, program: Program, args, steps, sizes=()) -> JobPlan:
     alloc, artifact, offsets = _allocate(program, device, CORRECTION_AREAS)
     region, base = artifact.region, artifact.offset
     image = Range(region, base + program.allocation_bytes, sticks(len(program.image())))
@@ -351,11 +370,31 @@ def _plan(name: str, root: Path, device: int, program: Program, args, steps) -> 
                                     Artifact(device, region, base, correction=base + offset),
                                     Footprint(reads=(image, patched)), (image, patched, *temp_ranges)))
     resolve = steps[0]
+    size_layout(program)  # (checked once: the words the launch writes follow the slots)
+    nwords = 2 * len(resolve.slots) + len(sizes)
+    table = ArgTable(name, device, args, resolve.slots) if not sizes else None
     return JobPlan(name, root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
-                   artifact, alloc, ArgTable(name, device, args, resolve.slots), tuple(areas), temp_ranges,
-                   steps[1].nbytes, f"<{2 * len(resolve.slots)}q{steps[1].nbytes - 16 * len(resolve.slots)}x",
+                   artifact, alloc, table, tuple(areas), temp_ranges,
+                   steps[1].nbytes, f"<{nwords}q{steps[1].nbytes - 8 * nwords}x",
                    f"{name}: resolve addresses",
-                   f"{name}: hold program fetch", itertools.count())
+                   f"{name}: hold program fetch", itertools.count(), sizes=tuple(sizes))
+
+
+def size_layout(program: Program) -> None:
+    size_words(program, {e["size"]: 0 for e in program.size_layout})
+
+
+def _table_at(plan: JobPlan, sizes: dict[str, int]) -> ArgTable:
+    """The argument table of a plan with size symbols, at the launch's sizes (kept per sizes)."""
+    key = tuple(sizes[s.name] for s in plan.sizes)
+    table = plan.tables.get(key)
+    if table is None:
+        concrete = tuple(dataclasses.replace(a, shape=tuple(dim_at(d, sizes) for d in a.shape)) for a in plan.args)
+        table = ArgTable(plan.name, plan.device, concrete, plan.steps[0].slots)
+        if len(plan.tables) >= 64:
+            plan.tables.clear()
+        plan.tables[key] = table
+    return table
 
 
 def _allocate(program: Program, device: int, areas: int = 1) -> tuple[torch.Tensor, Artifact, tuple[int, ...]]:
@@ -380,14 +419,20 @@ def _allocate(program: Program, device: int, areas: int = 1) -> tuple[torch.Tens
 # ---- launching ------------------------------------------------------------------------------
 
 
-def launch_jobplan(plan: JobPlan, args) -> None:
-    """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring)."""
+def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
+    """Enqueue one launch of `plan` on the current stream (asynchronous; see the module docstring).
+    `sizes`: the values of the kernel's size symbols (issue 18), in launch-spec order."""
     if not isinstance(args, (list, tuple)):
         raise LaunchError(f"kernel {plan.name!r}: arguments must be a list of tensors in launch-spec order, "
                           f"got {type(args).__name__}")
     if _prepare_each_launch:
         plan = prepare_kernel(plan.artifact_dir, plan.device)
-    words, reads, writes = plan.table.bind(args)
+    if plan.sizes or sizes:
+        bound = bind_sizes(plan, sizes)
+        words, reads, writes = _table_at(plan, bound).bind(args)
+        words += size_words(plan.program, bound)
+    else:
+        words, reads, writes = plan.table.bind(args)
     turn = next(plan.turns) % len(plan.areas)
     area = plan.areas[turn]
     device = plan.device
@@ -499,20 +544,29 @@ def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artif
     return alloc, artifact
 
 
-def write_correction_area(program: Program, alloc: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
-    """Resolve the placeholders now: each bound tensor's (region, offset) into its slot (blocking,
-    after the stream's earlier work; compiled launches stage this in stream order instead)."""
+def write_correction_area(program: Program, alloc: torch.Tensor, bound: dict[str, torch.Tensor],
+                          sizes: dict[str, int] | None = None) -> None:
+    """Resolve the placeholders now: each bound tensor's (region, offset) into its slot, and the
+    size words (blocking, after the stream's earlier work; compiled launches stage this in stream
+    order instead)."""
     device = alloc.device.index
     current().queue(device).synchronize_stream(_C.current_stream_id(device))
     words = slot_words([bound[s.name] for s in program.placeholders])
+    missing = [n for n in program.sizes if n not in (sizes or {})]
+    if missing:
+        raise TypeError(f"program {program.name!r}: no value for size(s) {', '.join(missing)}")
+    if program.sizes:
+        words += size_words(program, sizes)
     start = program.correction_offset
     area = _C.host_alias(alloc)[start:start + program.correction_bytes]
     area.zero_()
     struct.pack_into(f"<{len(words)}q", area.numpy(), 0, *words)
 
 
-def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Run a program on the given tensors; returns every output by name.
+def run_program(program: Program, device: int = 0, sizes: dict[str, int] | None = None,
+                **tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Run a program on the given tensors; returns every output by name. `sizes`: the values of
+    the program's size symbols (issue 18); a symbolic dim's tensors have its size at them.
 
     Inputs may be CPU or spyre tensors (CPU ones are copied to the device);
     outputs not given are allocated with the symbol's shape and strides. The
@@ -525,6 +579,12 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
         raise TypeError(f"run_program({program.name!r}): unknown argument(s) {sorted(unknown)}; "
                         f"the program takes {sorted(names)}")
     spyre = torch.device("spyre", device)
+    if program.sizes and not sizes:
+        raise TypeError(f"run_program({program.name!r}): the program has sizes {list(program.sizes)}: give sizes=")
+
+    def shape_of(sym):
+        return sym.shape_at(sizes) if sym.sized else sym.shape
+
     bound = {}
     for sym in program.placeholders:
         t = tensors.get(sym.name)
@@ -533,11 +593,11 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
         if t is None:
             if sym.role == "input":
                 raise TypeError(f"run_program({program.name!r}): missing input {sym.name!r}")
-            t = torch.empty_strided(sym.shape, sym.strides, dtype=DTYPES[sym.dtype], device=spyre)
+            t = torch.empty_strided(shape_of(sym), sym.strides, dtype=DTYPES[sym.dtype], device=spyre)
         else:
-            if tuple(t.shape) != tuple(sym.shape) or t.dtype != DTYPES[sym.dtype]:
+            if tuple(t.shape) != tuple(shape_of(sym)) or t.dtype != DTYPES[sym.dtype]:
                 raise TypeError(
-                    f"run_program({program.name!r}): {sym.name!r} must be {sym.dtype}{list(sym.shape)}, "
+                    f"run_program({program.name!r}): {sym.name!r} must be {sym.dtype}{list(shape_of(sym))}, "
                     f"got {t.dtype}{list(t.shape)}")
             t = t.to(spyre)
             if tuple(t.stride()) != tuple(sym.strides):
@@ -545,7 +605,7 @@ def run_program(program: Program, device: int = 0, **tensors: torch.Tensor) -> d
                                 f"{list(sym.strides)}, got {list(t.stride())}")
         bound[sym.name] = t
     alloc, artifact = prepare_artifact(program, device)
-    write_correction_area(program, alloc, bound)
+    write_correction_area(program, alloc, bound, sizes)
     queue, stream = current().queue(device), _C.current_stream_id(device)
     inputs = [bound[s.name] for s in program.placeholders if s.role == "input"]
     outputs = [bound[s.name] for s in program.placeholders if s.role == "output"]

@@ -700,7 +700,22 @@ def _plan_vars(nodes, node_ranges):
 
 
 def capture(nodes, name: str = "spyre_kernel") -> Capture:
-    """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable."""
+    """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable. Nodes whose loop
+    ranges have size symbols are captured for their size bucket (symbolic.py)."""
+    from . import symbolic
+
+    nodes = list(nodes)
+    symbols = symbolic.size_symbols(nodes) if _has_nodes_with_bodies(nodes) else []
+    if symbols:
+        return symbolic.capture_symbolic(nodes, lambda ns: _capture(ns, name), symbols)
+    return _capture(nodes, name)
+
+
+def _has_nodes_with_bodies(nodes) -> bool:
+    return all(hasattr(n, "_body") and not n.is_template() and not n.is_extern() for n in nodes)
+
+
+def _capture(nodes, name: str) -> Capture:
     nodes = list(nodes)
     splits = [_split_dims(n, *_node_ranges(n)) for n in nodes]
     node_ranges = [(tuple(x for p in o for x in p), tuple(x for p in r for x in p)) for o, r in splits]

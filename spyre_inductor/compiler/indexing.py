@@ -18,6 +18,7 @@ indices affine.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Sequence
 
@@ -38,8 +39,15 @@ class NotCapturable(Exception):
         self.reason = reason
 
 
+# Issue 18 (symbolic.py): while a kernel over symbolic sizes is captured, each size symbol
+# stands for one value (its bucket's maximum, or a probe); None: sizes must be static. (A
+# context variable: compiles on other threads capture at their own values.)
+SIZE_VALUES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("spyre_size_values", default=None)
+
+
 def static_int(expr, what: str) -> int:
-    """`expr` as a Python int, or NotCapturable when it is symbolic (dynamic shapes)."""
+    """`expr` as a Python int, or NotCapturable when it is symbolic (dynamic shapes). While
+    symbolic.py captures a kernel at given size values (SIZE_VALUES), the size symbols take them."""
     if isinstance(expr, int):
         return expr
     try:
@@ -48,6 +56,11 @@ def static_int(expr, what: str) -> int:
         expr = sympy.sympify(expr)
     if isinstance(expr, sympy.Integer):
         return int(expr)
+    values = SIZE_VALUES.get()
+    if values is not None and expr.free_symbols and expr.free_symbols <= set(values):
+        value = expr.subs(values)
+        if isinstance(value, sympy.Integer):
+            return int(value)
     raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")
 
 
@@ -80,6 +93,12 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
         terms.append((pos, int(c)))
         expr = sympy.expand(expr - c * sym)
     unknown = expr.free_symbols - set(variables)
+    if unknown:
+        try:  # a size specialized by a guard (symbolic.py) is a number by now
+            expr = sympy.expand(V.graph.sizevars.simplify(expr))
+        except Exception:  # noqa: BLE001 - outside a graph
+            pass
+        unknown = expr.free_symbols - set(variables)
     if unknown:
         names = ", ".join(sorted(str(s) for s in unknown))
         raise NotCapturable(f"index of {what} depends on {names} (indirect or symbolic)")

@@ -234,6 +234,22 @@ class Store:
 
 
 @dataclass(frozen=True)
+class SymbolicSizes:
+    """A kernel over sizes known only at launch (issue 18; spyre_inductor/compiler/symbolic.py).
+
+    The kernel's ranges and buffer shapes are those of the bucket's maximum (what the planner
+    plans for); this says which of them are `coef * size + const` of which size symbol, and the
+    bucket [lo, hi] of each size the artifact serves."""
+
+    sizes: tuple[tuple[str, int, int], ...]  # (name, lo, hi)
+    ranges: tuple[tuple[int, str, int, int], ...]  # (outer range index, size, coef, const)
+    buffers: tuple[tuple[str, int, str, int, int], ...]  # (buffer, dim, size, coef, const)
+    # Per size, what Dynamo's guards admit (name, min, max; max None: unbounded): every bucket
+    # stays inside it, so an artifact never claims a size Dynamo would not hand it.
+    limits: tuple[tuple[str, int, int | None], ...] = ()
+
+
+@dataclass(frozen=True)
 class Kernel:
     """The common shape of every kernel; build one with ``Kernel.of``, which picks the type."""
 
@@ -243,6 +259,7 @@ class Kernel:
     values: tuple[Value, ...]
     stores: tuple[Store, ...]
     reduction_ranges: tuple[int, ...] = ()
+    symbolic: SymbolicSizes | None = None  # issue 18: None for a kernel of static sizes
 
     @staticmethod
     def kind_of(values, reduction_ranges) -> type["Kernel"]:
@@ -255,14 +272,16 @@ class Kernel:
         return ReductionKernel
 
     @staticmethod
-    def of(name, ranges, buffers, values, stores, reduction_ranges=()) -> "Kernel":
+    def of(name, ranges, buffers, values, stores, reduction_ranges=(), symbolic=None) -> "Kernel":
         """The kernel of that content, as the type it is."""
         cls = Kernel.kind_of(values, reduction_ranges)
-        return cls(name, tuple(ranges), tuple(buffers), tuple(values), tuple(stores), tuple(reduction_ranges))
+        return cls(name, tuple(ranges), tuple(buffers), tuple(values), tuple(stores), tuple(reduction_ranges),
+                   symbolic)
 
     def as_kind(self) -> "Kernel":
         """This content as the type it is (after a ``replace`` that changed what it is)."""
-        return Kernel.of(self.name, self.ranges, self.buffers, self.values, self.stores, self.reduction_ranges)
+        return Kernel.of(self.name, self.ranges, self.buffers, self.values, self.stores, self.reduction_ranges,
+                         self.symbolic)
 
     @property
     def is_reduction(self) -> bool:
@@ -404,12 +423,15 @@ class Kernel:
             d["kind"] = type(v).__name__
             return d
 
-        return json.dumps({
+        doc = {
             "kind": type(self).__name__, "name": self.name, "ranges": list(self.ranges), "reduction_ranges": list(self.reduction_ranges),
             "buffers": [dataclasses.asdict(b) for b in self.buffers],
             "values": [enc(v) for v in self.values],
             "stores": [bare(dataclasses.asdict(s)) for s in self.stores],
-        }, indent=1)
+        }
+        if self.symbolic is not None:  # (only then: a static kernel dumps as before, same key)
+            doc["symbolic"] = dataclasses.asdict(self.symbolic)
+        return json.dumps(doc, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "Kernel":
@@ -437,6 +459,8 @@ class Kernel:
             tuple(dec(v) for v in d["values"]),
             tuple(Store(s["buffer"], index(s["index"]), s["value"], s.get("mode")) for s in d["stores"]),
             tuple(d.get("reduction_ranges", ())),
+            None if d.get("symbolic") is None else SymbolicSizes(
+                *(tuple(tuple(x) for x in d["symbolic"].get(k, ())) for k in ("sizes", "ranges", "buffers", "limits"))),
         )
 
 

@@ -120,10 +120,23 @@ def positional_names(kernel: Kernel) -> Kernel:
     a model is ONE kernel: one content name, one artifact, planned, written and prepared once, and
     launched per layer with that layer's buffers (a 2-layer decoder plans 21 kernels, not 38)."""
     names = {b.name: f"b{i}" for i, b in enumerate(kernel.buffers)}
-    if all(old == new for old, new in names.items()):
+    symbolic = getattr(kernel, "symbolic", None)
+    if all(old == new for old, new in names.items()) and (
+            symbolic is None or all(n == f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes))):
         return kernel
+    if symbolic is not None:
+        # Sizes by position too (z0): the launch passes them in order, and the same kernel in
+        # another graph (where Dynamo named the size s27, not s77) is the same artifact.
+        sizes = {n: f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes)}
+        symbolic = replace(
+            symbolic,
+            sizes=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.sizes),
+            ranges=tuple((d, sizes[n], c, k) for d, n, c, k in symbolic.ranges),
+            buffers=tuple((names[b], d, sizes[n], c, k) for b, d, n, c, k in symbolic.buffers),
+            limits=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.limits))
     return replace(
         kernel,
+        symbolic=symbolic,
         buffers=tuple(replace(b, name=names[b.name]) for b in kernel.buffers),
         values=tuple(replace(v, buffer=names[v.buffer]) if isinstance(v, Load) else v for v in kernel.values),
         stores=tuple(replace(st, buffer=names[st.buffer]) for st in kernel.stores),
@@ -311,11 +324,12 @@ class SpyreScheduling(BaseScheduling):
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
-        plan = wrapper.define_spyre_kernel(str(artifact), index, comment)
+        sizes = [n for n, _, _ in kernel.symbolic.sizes] if kernel.symbolic is not None else []
+        plan = wrapper.define_spyre_kernel(str(artifact), index, comment, bucketed=bool(sizes))
         V.graph.removed_buffers |= removed  # before mark_run: never allocated
         for n in nodes:
             n.mark_run()  # allocates outputs; FusedSchedulerNode.mark_run itself crashes
-        wrapper.call_spyre_kernel(plan, args)
+        wrapper.call_spyre_kernel(plan, args, sizes)
         self.free_buffers_in_scheduler()
 
     def _emit_cpu_fallback(self, nodes, reason: str) -> None:

@@ -41,6 +41,7 @@ from torch._inductor.utils import IndentedBuffer
 from torch._inductor.virtualized import V
 
 LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan, prepare_kernel"
+BUCKETED_IMPORT = "from spyre_inductor.compiler.symbolic import launch_bucketed, prepare_bucketed"
 HOST_IMPORT = "from spyre_inductor.compiler import host_runtime as spyre_host"
 # Layouts that describe another buffer's memory (a view into it, a mutation of it).
 _NOT_OWN_LAYOUT = (ir.NonOwningLayout, ir.MutationLayoutSHOULDREMOVE)
@@ -68,25 +69,30 @@ class SpyreWrapperMixin:
             root.spyre_plans = {}
         return root
 
-    def define_spyre_kernel(self, artifact_dir: str, device_index: int, comment: str) -> str:
+    def define_spyre_kernel(self, artifact_dir: str, device_index: int, comment: str, bucketed: bool = False) -> str:
         """The module-level name of the plan for `artifact_dir` on spyre:`device_index` (defined once).
 
         prepare_kernel places the program on one device, so a graph on
         spyre:1 gets its own plan there (and launch_jobplan checks the buffers
-        are on it)."""
+        are on it). A kernel over symbolic sizes (`bucketed`, issue 18) gets a
+        symbolic.BucketedPlan: the artifact of its bucket, and of any other bucket a call needs."""
         root = self._definitions()
         key = (artifact_dir, device_index)
         name = root.spyre_plans.get(key)
         if name is None:
             name = f"spyre_plan_{root.next_kernel_suffix()}"
             root.spyre_plans[key] = name
-            root.add_import_once(LAUNCH_IMPORT)
-            root.define_kernel(name, f"prepare_kernel({artifact_dir!r}, device={device_index})",
+            root.add_import_once(BUCKETED_IMPORT if bucketed else LAUNCH_IMPORT)
+            prepare = "prepare_bucketed" if bucketed else "prepare_kernel"
+            root.define_kernel(name, f"{prepare}({artifact_dir!r}, device={device_index})",
                                metadata=comment, gpu=False)
         return name
 
-    def call_spyre_kernel(self, plan_name: str, args: list[str]) -> None:
-        self.writeline(f"launch_jobplan({plan_name}, [{', '.join(args)}])")
+    def call_spyre_kernel(self, plan_name: str, args: list[str], sizes=()) -> None:
+        if sizes:  # the size symbols are in scope in the generated call (Inductor binds them)
+            self.writeline(f"launch_bucketed({plan_name}, [{', '.join(args)}], ({', '.join(sizes)},))")
+        else:
+            self.writeline(f"launch_jobplan({plan_name}, [{', '.join(args)}])")
 
     def new_kernel_name(self, hint: str) -> str:
         return f"{hint}_{self._definitions().next_kernel_suffix()}"

@@ -29,14 +29,14 @@ import torch
 
 from ..hardware import HARDWARE
 from . import isa
-from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile
+from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile, count_at
 from .program import Program
 from .validate import ProgramError, ProgramIndexError
 
 
 class Machine:
     def __init__(self, program: Program, buffers: dict[str, torch.Tensor], scratchpad_bytes: int, timing=None,
-                 functional: bool = True, trace: list | None = None):
+                 functional: bool = True, trace: list | None = None, sizes: dict[str, int] | None = None):
         # functional=False walks the control flow only (queues, loops, costs): a timing estimate.
         # trace: a list that gets (core, unit, pc, instruction, loop indices) of every data
         # instruction in the order run (control flow is static: schedule.py replays that order).
@@ -55,6 +55,16 @@ class Machine:
         self.depth = {q.name: q.depth for q in program.queues}
         self.executed = 0
         self.timing = timing  # a timing.Timing, or None for results only
+        # The launch's sizes (issue 18; None: every SizeExpr at its static maximum) and, per
+        # buffer with a symbolic dim, the bytes it has at them: its transfers are clipped there.
+        missing = [n for n in program.sizes if sizes is not None and n not in sizes]
+        if missing:
+            raise ProgramError(f"program {program.name!r}: no value for size(s) {', '.join(missing)}")
+        self.sizes = sizes
+        self.limits = {} if sizes is None else {
+            s.name: s.nbytes_at(sizes) for s in program.symbols if s.sized}
+        if timing is not None:
+            timing.limits = self.limits  # what the timing model charges: the rows that move
 
     # ---- memory -------------------------------------------------------------------
 
@@ -233,7 +243,12 @@ class _Unit:
                 if timing is not None:
                     timing.push(self.core, self.unit, ins.queue, m.depth[ins.queue])
             elif kind is isa.Loop:
-                self.loops.append([self.pc, ins.count, 0])
+                count = count_at(ins.count, m.sizes)
+                if count <= 0:  # a size-dependent loop with nothing to do at these sizes
+                    self.pc = self.ends[self.pc] + 1
+                    ran = True
+                    continue
+                self.loops.append([self.pc, count, 0])
             elif kind is isa.EndLoop:
                 top = self.loops[-1]
                 top[2] += 1

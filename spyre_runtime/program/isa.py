@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, Tile, sticks
+from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, SizeExpr, Tile, clipped_rows, sticks
 
 UNITS = ("ls", "pe", "sfp")
 REGISTRY: dict[str, type] = {}
@@ -100,9 +100,11 @@ def _steps(steps: tuple[int, ...]) -> str:
 @instruction("loop", UNITS)
 @dataclass(frozen=True)
 class Loop(Instruction):
-    """Run the instructions up to the matching endloop `count` times."""
+    """Run the instructions up to the matching endloop `count` times. A SizeExpr count (issue
+    18) is read from the launch's size words: it may be 0 (the body is skipped) and is never
+    more than its static maximum."""
 
-    count: int
+    count: int | SizeExpr
 
 
 @instruction("endloop", UNITS)
@@ -167,6 +169,9 @@ class Load(Instruction):
     dst_stride: int
 
     def run(self, m, core, idx):
+        limit = m.limits.get(self.src.symbol)
+        if limit is not None:
+            return self._run_clipped(m, core, idx, limit)
         src = m.device_rows(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride)
         dst = m.scratch_rows(core, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride)
         dst.copy_(src)
@@ -196,9 +201,18 @@ class Load(Instruction):
             zero.zero_()
         return load
 
+    def _run_clipped(self, m, core, idx, limit):
+        # A buffer with a symbolic dim (issue 18): only its bytes below `limit` exist at this
+        # launch's sizes; the rest of each scratchpad row is masked, as the padding is.
+        src, dst = self.src.at(idx), self.dst.at(idx)
+        m.scratch_rows(core, dst, self.rows, sticks(self.row_bytes), self.dst_stride).zero_()
+        for first, rows, valid in clipped_rows(src, self.rows, self.row_bytes, self.src_stride, limit):
+            m.scratch_rows(core, dst + first * self.dst_stride, rows, valid, self.dst_stride).copy_(
+                m.device_rows(self.src.symbol, src + first * self.src_stride, rows, valid, self.src_stride))
+
     def cost(self, t, core, idx):
-        return t.dma(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride,
-                     self.dst.at(idx), self.dst_stride, write=False)
+        return _dma(t, self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride,
+                    self.dst.at(idx), self.dst_stride, write=False)
 
     def touches(self):
         return (("sp_rows", self.dst, self.rows, sticks(self.row_bytes), self.dst_stride),
@@ -219,6 +233,13 @@ class Store(Instruction):
     writes_device: ClassVar[bool] = True
 
     def run(self, m, core, idx):
+        limit = m.limits.get(self.dst.symbol)
+        if limit is not None:  # a symbolic dim (issue 18): only the bytes that exist land
+            src, dst = self.src.at(idx), self.dst.at(idx)
+            for first, rows, valid in clipped_rows(dst, self.rows, self.row_bytes, self.dst_stride, limit):
+                m.device_rows(self.dst.symbol, dst + first * self.dst_stride, rows, valid, self.dst_stride).copy_(
+                    m.scratch_rows(core, src + first * self.src_stride, rows, valid, self.src_stride))
+            return
         src = m.scratch_rows(core, self.src.at(idx), self.rows, self.row_bytes, self.src_stride)
         m.device_rows(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride).copy_(src)
 
@@ -236,8 +257,8 @@ class Store(Instruction):
         return lambda: dst.copy_(src)
 
     def cost(self, t, core, idx):
-        return t.dma(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride,
-                     self.src.at(idx), self.src_stride, write=True)
+        return _dma(t, self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride,
+                    self.src.at(idx), self.src_stride, write=True)
 
     def touches(self):
         return (("sp_rows", self.src, self.rows, sticks(self.row_bytes), self.src_stride),
@@ -324,6 +345,18 @@ class Transpose(Instruction):
         if "none" != self.dst.broadcast or "none" != self.src.broadcast:
             return "transpose tiles cannot broadcast"
         return None
+
+
+def _dma(t, symbol, offset, rows, row_bytes, stride, sp_addr, sp_stride, write):
+    """t.dma of a transfer, clipped (issue 18) to the bytes its buffer has at the launch's sizes
+    (the timing model's `limits`, when it has them): the rows that move are charged, each whole."""
+    limit = getattr(t, "limits", {}).get(symbol)
+    if limit is not None:
+        runs = clipped_rows(offset, rows, row_bytes, stride, limit)
+        rows = sum(n for _, n, _ in runs)
+        if rows == 0:
+            return 0.0
+    return t.dma(symbol, offset, rows, row_bytes, stride, sp_addr, sp_stride, write=write)
 
 
 # ---- processing-element array ------------------------------------------------------

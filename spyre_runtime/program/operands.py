@@ -148,3 +148,67 @@ class RowIndex:
         """Lowest and highest byte offset this term can add (the bound's, never the data's)."""
         span = self.stride * (max(self.bound, 1) - 1)
         return min(0, span), max(0, span)
+
+
+@dataclass(frozen=True)
+class SizeExpr:
+    """A size known only at launch (issue 18): ``clamp((coef * size + const) // div, lo, hi)``,
+    `size` the value of the program's size symbol `symbol`, read from the correction area.
+
+    `hi` is a static maximum: whatever the launch writes, the value never exceeds it, so the
+    validator proves bounds once, at `hi`, for every size. A program's symbolic sizes are a
+    buffer's symbolic dim (Symbol.dims) and a loop's trip count (isa.Loop)."""
+
+    symbol: str
+    hi: int
+    coef: int = 1
+    const: int = 0
+    div: int = 1
+    lo: int = 0
+
+    def value(self, sizes) -> int:
+        v = (self.coef * int(sizes[self.symbol]) + self.const) // self.div
+        return min(max(v, self.lo), self.hi)
+
+    def problem(self) -> str | None:
+        if self.div < 1:
+            return f"size expression {self} divides by {self.div}"
+        if self.lo < 0 or self.hi < self.lo:
+            return f"size expression {self} has bounds [{self.lo}, {self.hi}]"
+        return None
+
+    def __str__(self) -> str:
+        e = self.symbol if self.coef == 1 else f"{self.coef}*{self.symbol}"
+        if self.const:
+            e += f"{self.const:+d}"
+        if self.div != 1:
+            e = f"({e})//{self.div}"
+        return f"clamp({e}, {self.lo}, {self.hi})"
+
+
+def count_at(n, sizes) -> int:
+    """A count that may be a SizeExpr, at `sizes` (None: its static maximum)."""
+    if isinstance(n, SizeExpr):
+        return n.hi if sizes is None else n.value(sizes)
+    return n
+
+
+def clipped_rows(offset: int, rows: int, row_bytes: int, stride: int, limit: int) -> list[tuple[int, int, int]]:
+    """The parts of a device transfer of `rows` rows inside bytes [0, limit) of its buffer, as
+    (first row, row count, valid bytes per row) runs: whole rows first, then the partial rows
+    at the end (a buffer whose symbolic dim is its outermost: its valid bytes are a prefix)."""
+    if rows <= 0 or row_bytes <= 0:
+        return []
+    if stride <= 0:
+        valid = min(max(limit - offset, 0), row_bytes)
+        return [(0, rows, valid)] if valid else []
+    whole = min(max((limit - offset - row_bytes) // stride + 1, 0), rows)
+    runs = [(0, whole, row_bytes)] if whole else []
+    r = whole
+    while r < rows:
+        valid = min(limit - (offset + r * stride), row_bytes)
+        if valid <= 0:
+            break
+        runs.append((r, 1, valid))
+        r += 1
+    return runs

@@ -8,6 +8,13 @@ allocation. The artifact's allocation is laid out as
 
     [correction area][temporaries][program image]
 
+Symbolic sizes (issue 18): a program may declare size symbols (``sizes``); their values
+follow the address slots in the correction area, one 8-byte word each, written at launch
+and read by the same fetch. A placeholder's outermost dim (``Symbol.dims``) and a loop's trip
+count (isa.Loop) may be a SizeExpr of them, clamped to a static maximum: the symbols' shapes
+are the maxima, the validator proves every access at them, and at run time every transfer of
+a buffer with a symbolic dim is clipped to the bytes it has at the launch's sizes.
+
 Serialized form: a JSON document with a header (magic, format version,
 checksum of the body, symbol table, correction-area offset and layout,
 per-core scratchpad high-water mark) and the body (queues and programs, and
@@ -37,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import isa
-from .operands import ITEMSIZE, Addr, DevAddr, RowIndex, Tile, sticks
+from .operands import ITEMSIZE, Addr, DevAddr, RowIndex, SizeExpr, Tile, sticks
 
 FORMAT_VERSION = 1
 MAGIC = "spyre-program"
 SLOT_BYTES = 16  # (region, offset) as two little-endian uint64
+SIZE_BYTES = 8  # one size word (issue 18): a little-endian int64, after the address slots
 ROLES = ("input", "output", "temp")
 
 
@@ -59,13 +67,35 @@ class Symbol:
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # in elements, as PyTorch's
     offset: int | None = None  # temps: byte offset in the artifact allocation
+    # Symbolic dims (issue 18): empty, or per dim None (static) or a SizeExpr whose `hi` is that
+    # dim of `shape` (the bucket's maximum). Only a placeholder's outermost dim (the largest
+    # stride, spanning the others) may be symbolic: its valid bytes are then the prefix
+    # [0, nbytes_at(sizes)), and every transfer of the program is clipped to it.
+    dims: tuple = ()
 
     @property
     def nbytes(self) -> int:
-        if any(n == 0 for n in self.shape):
-            return 0
-        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
-        return span * ITEMSIZE[self.dtype]
+        return _span_bytes(self.shape, self.strides, self.dtype)
+
+    @property
+    def sized(self) -> bool:
+        return any(d is not None for d in self.dims)
+
+    def shape_at(self, sizes) -> tuple[int, ...]:
+        if not self.sized:
+            return self.shape
+        return tuple(n if d is None else d.value(sizes) for n, d in zip(self.shape, self.dims))
+
+    def nbytes_at(self, sizes) -> int:
+        """The bytes the buffer spans at these sizes (its maximum, nbytes, when static)."""
+        return _span_bytes(self.shape_at(sizes), self.strides, self.dtype) if self.sized else self.nbytes
+
+
+def _span_bytes(shape, strides, dtype) -> int:
+    if any(n == 0 for n in shape):
+        return 0
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    return span * ITEMSIZE[dtype]
 
 
 @dataclass(frozen=True)
@@ -97,6 +127,10 @@ class Program:
     # What the kernel must move at least (bytes; None: unknown). See the module docstring.
     minimum_bytes: int | None = None
     minimum_read_bytes: int | None = None  # the reads' part of minimum_bytes (None: not separated)
+    # Size symbols (issue 18), e.g. ("s0",): each one 8-byte word of the correction area after
+    # the address slots, written at launch; buffer dims (Symbol.dims) and loop counts
+    # (isa.Loop) read them through SizeExprs.
+    sizes: tuple[str, ...] = ()
 
     def __post_init__(self):
         for what in ("minimum_bytes", "minimum_read_bytes"):
@@ -124,11 +158,18 @@ class Program:
 
     @property
     def correction_layout(self) -> tuple[dict, ...]:
-        """One slot per placeholder. `kind` leaves room for sizes (symbolic dims) later."""
+        """One slot per placeholder (its address); the size words (`kind` "size") follow."""
         return tuple(
             {"slot": i, "symbol": s.name, "kind": "address", "offset": i * SLOT_BYTES}
             for i, s in enumerate(self.placeholders)
         )
+
+    @property
+    def size_layout(self) -> tuple[dict, ...]:
+        """One 8-byte word per size symbol, after the address slots."""
+        base = len(self.placeholders) * SLOT_BYTES
+        return tuple({"size": name, "kind": "size", "offset": base + k * SIZE_BYTES}
+                     for k, name in enumerate(self.sizes))
 
     @property
     def correction_offset(self) -> int:
@@ -136,7 +177,7 @@ class Program:
 
     @property
     def correction_bytes(self) -> int:
-        return sticks(len(self.placeholders) * SLOT_BYTES)
+        return sticks(len(self.placeholders) * SLOT_BYTES + len(self.sizes) * SIZE_BYTES)
 
     @property
     def allocation_bytes(self) -> int:
@@ -210,6 +251,7 @@ class Program:
                 "layout": list(self.correction_layout),
             },
             "allocation_bytes": self.allocation_bytes,
+            **({"sizes": list(self.sizes), "size_layout": list(self.size_layout)} if self.sizes else {}),
             "scratchpad_high_water": {str(k): v for k, v in self.scratchpad_high_water().items()},
             "notes": self.notes,
         }
@@ -250,6 +292,7 @@ class Program:
             notes=header.get("notes", ""),
             minimum_bytes=body.get("minimum_bytes"),
             minimum_read_bytes=body.get("minimum_read_bytes"),
+            sizes=tuple(header.get("sizes", ())),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -308,7 +351,7 @@ def _check_minimum(name, total, reads) -> None:
                          f"large (reads and writes together), got {total!r}")
 
 
-_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex)}
+_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex, SizeExpr)}
 
 
 # Per dataclass: its "@" kind and field names (the encoder's hot path: a program has thousands

@@ -33,7 +33,7 @@ from .execute import Machine, _banks, bank_cores
 from .operands import STICK
 from .schedule import MAX_BOUND_STEPS, BoundRun, Schedule
 from .timing import Report, Timing
-from .program import SLOT_BYTES, Program
+from .program import SIZE_BYTES, SLOT_BYTES, Program
 from .validate import ProgramError, validate_once
 
 BOUND_RUNS_KEPT = 4  # bindings remembered per program (the caching allocator hands back the same blocks)
@@ -65,7 +65,7 @@ class ProgramExecutable:
         validate_once(program)
         self.program = program
         self.hardware = hardware
-        self._fetched: dict[Artifact, list[tuple[int, int]]] = {}
+        self._fetched: dict[Artifact, tuple[list[tuple[int, int]], dict[str, int] | None]] = {}
         self.last_report: Report | None = None
         self._state = _ProgramState.of(program, hardware)
         self._lock = self._state.lock
@@ -76,7 +76,7 @@ class ProgramExecutable:
 
     def fetch(self, artifact: Artifact) -> None:
         """Read the correction area now (the program-distribution unit's fetch)."""
-        self._fetched[artifact] = self._read_slots(artifact)
+        self._fetched[artifact] = (self._read_slots(artifact), self._read_sizes(artifact))
 
     def _read_slots(self, artifact: Artifact) -> tuple[tuple[int, int], ...]:
         n = len(self.program.placeholders)
@@ -89,24 +89,50 @@ class ProgramExecutable:
         words = struct.unpack(f"<{2 * n}q", raw)
         return tuple(zip(words[0::2], words[1::2]))
 
-    def _buffers(self, artifact: Artifact, slots) -> dict[str, torch.Tensor]:
+    def _buffers(self, artifact: Artifact, slots, sizes: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
         buffers = {}
         for sym, (region, offset) in zip(self._placeholders, slots):
-            buffers[sym.name] = device_view(artifact.device, region, offset, sym.nbytes)
+            # (a buffer with a symbolic dim is bound at the bytes it has at the launch's sizes)
+            nbytes = sym.nbytes_at(sizes) if sizes is not None and sym.sized else sym.nbytes
+            buffers[sym.name] = device_view(artifact.device, region, offset, nbytes)
         for sym in self._temps:
             buffers[sym.name] = device_view(artifact.device, artifact.region,
                                              artifact.offset + sym.offset, sym.nbytes)
         return buffers
 
+    def _read_sizes(self, artifact: Artifact) -> dict[str, int] | None:
+        """The size words after the address slots (issue 18), read by the same fetch."""
+        if not self.program.sizes:
+            return None
+        n = len(self.program.placeholders)
+        start = artifact.correction
+        if start is None:
+            start = artifact.offset + self.program.correction_offset
+        k = len(self.program.sizes)
+        raw = ctypes.string_at(region_address(artifact.device, artifact.region) + start + n * SLOT_BYTES,
+                               k * SIZE_BYTES)
+        return dict(zip(self.program.sizes, struct.unpack(f"<{k}q", raw)))
+
     def run(self, artifact: Artifact) -> None:
-        slots = self._fetched.pop(artifact, None)
-        if slots is None:
-            slots = self._read_slots(artifact)
+        fetched = self._fetched.pop(artifact, None)
+        slots, sizes = fetched if fetched is not None else (self._read_slots(artifact), self._read_sizes(artifact))
         for sym, (region, _) in zip(self._placeholders, slots):
             if region <= 0:
                 raise ProgramError(
                     f"program {self.program.name!r}: placeholder {sym.name!r} is unresolved "
                     f"(its correction slot was never written)")
+        if sizes is not None:
+            # Size symbols (issue 18): loop counts and the bytes each transfer moves follow the
+            # launch's sizes, on which neither the static schedule nor the report cache is keyed:
+            # the general interpreter, timed as it goes.
+            timing = Timing(self.program, self.hardware, phases=self.phases(artifact, slots))
+            Machine(self.program, self._buffers(artifact, slots, sizes), self.hardware.scratchpad_bytes, timing,
+                    sizes=sizes).run()
+            report = timing.finish()
+            self.last_report = report
+            with _reports_lock:
+                _reports.append(report)
+            return
         schedule = self._get_schedule()
         if schedule is None:  # the general interpreter, timing as it goes (it raises what the walk met)
             timing = Timing(self.program, self.hardware, phases=self.phases(artifact, slots))

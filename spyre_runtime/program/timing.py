@@ -319,6 +319,10 @@ class Timing:
         self.record = _recording
         self._unit = None
         self._memo: dict[int, tuple] = {}  # id(instruction) -> (cost, report additions); the program keeps them alive
+        # Per buffer with a symbolic dim, its bytes at the launch's sizes (issue 18; set by the
+        # Machine): transfers are charged for the rows that exist. A cached report must be keyed
+        # by the sizes too.
+        self.limits: dict[str, int] = {}
 
     # ---- recording, called by the machine ------------------------------------------------
 
@@ -605,7 +609,7 @@ class _Replay:
         r.compute_ns = dict(compute)
 
 
-def estimate(program, hardware=None, replicas: int = 1, *, check: bool = True) -> Report:
+def estimate(program, hardware=None, replicas: int = 1, *, check: bool = True, sizes=None) -> Report:
     """The simulated cost of `program` without computing its results (for planners choosing between plans).
 
     replicas=N: `program` holds one core's share of a plan whose N cores all run the same
@@ -613,6 +617,9 @@ def estimate(program, hardware=None, replicas: int = 1, *, check: bool = True) -
     device memory, at 1/N of the cost of timing all N. Exact for equal shares; with a ragged
     last share it is the time of the larger shares. Planners use it to compare candidates;
     a launched program is always timed whole.
+
+    sizes: the values of the program's size symbols (issue 18); None times every symbolic
+    size at its maximum.
 
     check=False: a planner's candidate, only timed and never launched, is not validated (the
     plan it stands for is checked by the planner's verifier, and the program kept is validated
@@ -632,5 +639,5 @@ def estimate(program, hardware=None, replicas: int = 1, *, check: bool = True) -
 
     if check:
         validate_once(program)
-    Machine(program, {}, hw.scratchpad_bytes, timing, functional=False).run()
+    Machine(program, {}, hw.scratchpad_bytes, timing, functional=False, sizes=sizes).run()
     return timing.finish()

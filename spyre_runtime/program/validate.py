@@ -13,7 +13,7 @@ Format problems (magic, version, checksum) are rejected when a program is read.
 from __future__ import annotations
 
 from . import isa
-from .operands import BROADCASTS, ITEMSIZE, STICK, Addr, Tile
+from .operands import BROADCASTS, ITEMSIZE, STICK, Addr, SizeExpr, Tile, count_at
 from .program import ROLES, Program
 
 DRY_RUN_LIMIT = 2_000_000  # control steps; beyond this the runtime's own deadlock check stands
@@ -48,7 +48,7 @@ def loop_counts(instrs) -> list[tuple[int, ...]]:
             stack.pop()
         out.append(tuple(stack))
         if isinstance(ins, isa.Loop):
-            stack.append(ins.count)
+            stack.append(count_at(ins.count, None))  # a size-dependent count: its maximum
     return out
 
 
@@ -85,6 +85,7 @@ def validate(program: Program, hardware=None) -> None:
             raise ProgramError(
                 f"program {program.name!r}: temporary {sym.name!r} needs a stick-aligned offset after the "
                 f"correction area ({program.correction_bytes} B), got {sym.offset}")
+    _check_sizes(program)
     queues = {q.name: q for q in program.queues}
     for q in program.queues:
         if q.depth < 1:
@@ -111,7 +112,13 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
             raise ProgramError(f"{where}: runs on {'/'.join(ins.units)}, not on {unit}")
         if isinstance(ins, isa.Loop):
             depth += 1
-            if ins.count < 1:
+            if isinstance(ins.count, SizeExpr):
+                problem = _size_problem(program, ins.count)
+                if problem is None and ins.count.hi < 1:
+                    problem = f"a size-dependent loop count {ins.count} must allow at least 1"
+                if problem:
+                    raise ProgramError(f"{where}: {problem}")
+            elif ins.count < 1:
                 raise ProgramError(f"{where}: loop count must be at least 1, got {ins.count}")
         elif isinstance(ins, isa.EndLoop):
             depth -= 1
@@ -188,6 +195,9 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
             raise ProgramError(
                 f"{where}: touches bytes [{lo}, {end}) of {dev.symbol!r}, which has {sym.nbytes} bytes")
     elif kind == "dev_indirect":
+        if program.symbol(access[1].symbol).sized:
+            raise ProgramError(f"{where}: a gather or scatter of {access[1].symbol!r}, which has a symbolic dim "
+                               f"(its transfers are clipped row by row; indexed rows are not)")
         # A gather's or scatter's rows land where their indices say; the instruction checks each
         # index against its bound, so the bounds (never the data) bound its device footprint.
         _, dev, rows, nbytes, stride, indices = access
@@ -225,6 +235,69 @@ def _check_overlap(where, ins, counts) -> None:
                 f"write in place (same tile) or to separate scratchpad")
 
 
+def _size_problem(program: Program, e) -> str | None:
+    if not isinstance(e, SizeExpr):
+        return f"{e!r} is not a size expression"
+    if e.symbol not in program.sizes:
+        return f"size expression {e} reads {e.symbol!r}, which is not one of the program's sizes {list(program.sizes)}"
+    if e.coef < 1:
+        return f"size expression {e} must grow with its size (coef at least 1)"
+    return e.problem()
+
+
+def _check_sizes(program: Program) -> None:
+    """Size symbols and symbolic dims (issue 18): each symbolic dim reads a declared size, never
+    exceeds its dim of the symbol's shape (so the static checks, done at the maxima, hold at
+    every size), and is the outermost dim, whose valid bytes are a prefix of the buffer (what
+    clipping a transfer to the buffer's bytes at the launch's sizes relies on)."""
+    name = program.name
+    if len(set(program.sizes)) != len(program.sizes) or not all(isinstance(n, str) and n for n in program.sizes):
+        raise ProgramError(f"program {name!r}: size symbols {list(program.sizes)} must be distinct names")
+    for sym in program.symbols:
+        if not sym.dims:
+            continue
+        where = f"program {name!r}: symbol {sym.name!r}"
+        if len(sym.dims) != len(sym.shape):
+            raise ProgramError(f"{where}: {len(sym.dims)} symbolic dims for a rank-{len(sym.shape)} shape")
+        symbolic = [d for d, e in enumerate(sym.dims) if e is not None]
+        if sym.role == "temp" and symbolic:
+            raise ProgramError(f"{where}: a temporary has fixed bytes; only placeholders have symbolic dims")
+        if len(symbolic) > 1:
+            raise ProgramError(f"{where}: dims {symbolic} are symbolic; at most one (the outermost) may be")
+        for d in symbolic:
+            e = sym.dims[d]
+            problem = _size_problem(program, e)
+            if problem:
+                raise ProgramError(f"{where}: dim {d}: {problem}")
+            if e.hi > sym.shape[d]:
+                raise ProgramError(f"{where}: dim {d} is {e}, which can reach {e.hi} rows past its "
+                                   f"{sym.shape[d]} (the transfers, checked at the shape, would read past the buffer)")
+            inner = 1 + sum((n - 1) * st for k, (n, st) in enumerate(zip(sym.shape, sym.strides)) if k != d)
+            if sym.strides[d] < inner:
+                raise ProgramError(f"{where}: symbolic dim {d} (stride {sym.strides[d]}) is not the outermost: "
+                                   f"the other dims span {inner} elements, so its valid bytes are not a prefix")
+
+
+def _sized_totals(program: Program, units, queues):
+    """Per size value the push/pop totals, for the one size symbol loops with queue ops depend on
+    (a program is run at any size: pushes and pops must match at every one)."""
+    exprs = [op.count for _, ops in units for op in ops if isinstance(op, isa.Loop) and isinstance(op.count, SizeExpr)]
+    if not exprs:
+        return [None]
+    names = {e.symbol for e in exprs}
+    if len(names) > 1:
+        raise ProgramError(f"program {program.name!r}: loops carrying queue operations depend on sizes "
+                           f"{sorted(names)}; at most one size may shape them")
+    lo = min((e.lo * e.div - e.const) // e.coef - 1 for e in exprs)
+    hi = max(-(-((e.hi + 1) * e.div - e.const) // e.coef) + 1 for e in exprs)
+    lo = max(lo, 0)
+    if hi - lo > 4096:
+        raise ProgramError(f"program {program.name!r}: size-dependent queue loops over {hi - lo} sizes are too "
+                           f"many to check (at most 4096)")
+    name = names.pop()
+    return [{name: v} for v in range(lo, hi + 1)]
+
+
 def _check_queues(program: Program, queues) -> None:
     """Pushes and pops must match, and a token-level dry run must finish."""
     units = []
@@ -235,20 +308,23 @@ def _check_queues(program: Program, queues) -> None:
                 units.append(((cp.core, unit), ops))
     if not units:
         return
-    totals = {name: [0, 0] for name in queues}
-    for _, ops in units:
-        mult = [1]
-        for op in ops:
-            if isinstance(op, isa.Loop):
-                mult.append(mult[-1] * op.count)
-            elif isinstance(op, isa.EndLoop):
-                mult.pop()
-            else:
-                totals[op.queue][0 if isinstance(op, isa.Push) else 1] += mult[-1]
-    for name, (pushes, pops) in totals.items():
-        if pushes != pops:
-            raise ProgramError(
-                f"program {program.name!r}: queue {name!r} gets {pushes} pushes but {pops} pops: they cannot match")
+    for sizes in _sized_totals(program, units, queues):
+        totals = {name: [0, 0] for name in queues}
+        for _, ops in units:
+            mult = [1]
+            for op in ops:
+                if isinstance(op, isa.Loop):
+                    mult.append(mult[-1] * count_at(op.count, sizes))
+                elif isinstance(op, isa.EndLoop):
+                    mult.pop()
+                else:
+                    totals[op.queue][0 if isinstance(op, isa.Push) else 1] += mult[-1]
+        at = "" if sizes is None else f" at size {', '.join(f'{k}={v}' for k, v in sizes.items())}"
+        for name, (pushes, pops) in totals.items():
+            if pushes != pops:
+                raise ProgramError(
+                    f"program {program.name!r}: queue {name!r} gets {pushes} pushes but {pops} pops{at}: they "
+                    f"cannot match")
     _dry_run(program, queues, units)
 
 
@@ -270,7 +346,7 @@ def _dry_run(program, queues, units) -> None:
                         break
                     tokens[op.queue] -= 1
                 elif isinstance(op, isa.Loop):
-                    state[1].append([state[0], op.count])
+                    state[1].append([state[0], count_at(op.count, None)])
                 elif isinstance(op, isa.EndLoop):
                     top = state[1][-1]
                     top[1] -= 1

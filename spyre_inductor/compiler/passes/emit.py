@@ -30,6 +30,7 @@ from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one
 from spyre_runtime.program.program import FORMAT_VERSION as PROGRAM_FORMAT, Program
 
 from ..kernel_ir import Kernel
+from ..symbolic import launch_shape, launch_sizes
 from ._dump import plain
 from .plans import Plans
 
@@ -70,7 +71,8 @@ def launch_args(kernel: Kernel, buffers) -> list[dict]:
     args = []
     for i, b in enumerate(buffers):
         role = "inout" if (b.role == "output" and b.name in read) else b.role
-        args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype, "shape": list(b.shape),
+        args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype,
+                     "shape": launch_shape(kernel, b.name, b.shape),
                      "stride": list(b.strides), "storage_offset": b.offset, "slot": i})
     return args
 
@@ -116,14 +118,15 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
             writes=[a["index"] for a in args if a["role"] in ("output", "inout")]),
         "summary.txt": render(summary_template, **summary_context),
         # No path: `directory` is the staging directory (backend.compile_kernel), gone once renamed.
-        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args]),
+        "call.py": render("call.py.j2", plan_var=f"plan_{kernel.name}", args=[a["name"] for a in args],
+                          sizes=[s["name"] for s in launch_sizes(kernel)]),
     }
     program.save(directory / "program.json")  # (remembered: prepare_kernel gets this very program back)
     for name, text in files.items():
         if name.endswith(".json"):
             json.loads(text)  # a template bug fails here, not at launch
         (directory / name).write_bytes(text.encode())
-    spec = render("launch_spec.json.j2", args=args, files=recorded(directory))
+    spec = render("launch_spec.json.j2", args=args, files=recorded(directory), sizes=launch_sizes(kernel))
     json.loads(spec)
     (directory / "launch_spec.json").write_text(spec)
     return directory

@@ -1,0 +1,404 @@
+"""Symbolic sizes (issue 18): one artifact serves a bucket of sizes.
+
+A kernel whose loop ranges or buffer shapes contain size symbols (``dynamic=True``, dims marked
+dynamic, Dynamo's automatic dynamic shapes) is captured at its bucket's maximum and planned for
+it: the scratchpad plan, the tiles, the loop structure and the core division are those of the
+maximum. At launch the sizes travel through the correction area (program.py): every transfer
+of a buffer with a symbolic dim is clipped to the bytes it has at those sizes (the validator
+proved the maximum in bounds), so a kernel never runs past a buffer, and the rows past the
+size compute nothing that lands anywhere.
+
+Which kernels: the symbolic dim must be an OUTER range that every output row depends on only
+through the same row of its inputs (pointwise work, reductions over static dims, a matmul's M).
+``check`` proves, per load and store, from the kernel IR alone, that at every size of the
+bucket the iterations inside the size read only bytes the inputs have, and the iterations past
+it store only past the outputs' bytes (so clipping drops exactly them). Anything else (a
+symbolic reduction range, a symbolic stride, a size inside an index or a value, gathers) stays
+visibly on the CPU: NotCapturable with the reason, an error under SPYRE_STRICT=1.
+
+How the symbolic parts are found: the group is captured twice, with each size symbol at the
+bucket's maximum and at one less (odd: a power of two does not hide a divisibility that another
+size lacks); the two kernels must agree on everything but ranges and buffer dims, which then
+are ``coef * size + const``. Indices, strides and values that depend on a size differ and are
+refused.
+
+Bucket policy: the bucket of a size n is (hi / 2, hi] with hi the next power of two of n, at
+least FLOOR; [1, FLOOR] below it. A size outside an artifact's bucket is served by the
+artifact of its own bucket, compiled on first use from the kernel IR the artifact keeps
+(BucketedPlan): Dynamo's guards (one graph for every size) and our bounds meet there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+
+import sympy
+import torch
+
+from . import indexing
+from .indexing import NotCapturable
+from .kernel_ir import Buffer, Kernel, Load, Store, SymbolicSizes
+
+FLOOR = 16
+
+
+def bucket_of(n: int, limits: tuple[int, int | None] = (0, None)) -> tuple[int, int]:
+    """The sizes one artifact serves with `n` among them: (lo, hi), inside `limits` (what
+    Dynamo's guards admit: a bucket is planned at most at their maximum)."""
+    n = int(n)
+    hi = FLOOR
+    while hi < n:
+        hi *= 2
+    lo = 1 if hi == FLOOR else hi // 2 + 1
+    least, most = limits
+    lo = max(lo, least)
+    if most is not None:
+        hi = min(hi, most)
+    if not lo <= n <= hi:
+        raise ValueError(f"size {n} is outside the sizes Dynamo admits [{least}, {most}]")
+    return lo, hi
+
+
+def dynamo_limits(sym) -> tuple[int, int | None]:
+    """The [min, max] Dynamo's guards (0/1 specialization, mark_dynamic's bounds, checks in
+    the code) put on `sym`."""
+    from torch._inductor.virtualized import V
+
+    try:
+        r = V.graph.sizevars.shape_env.var_to_range[sym]
+    except (AttributeError, KeyError):
+        return 0, None
+    return max(_finite(r.lower) or 0, 0), _finite(r.upper)
+
+
+def _finite(x) -> int | None:
+    try:
+        return int(x) if isinstance(x, (int, sympy.Integer)) else None  # (int_oo, -int_oo: None)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+# ---- capture ---------------------------------------------------------------------------
+
+
+def size_symbols(nodes) -> list[sympy.Symbol]:
+    """The size symbols in the nodes' loop ranges (empty: a static group; a symbolic buffer
+    layout of a static group is refused by capture, as before)."""
+    from .capture import loop_body
+
+    found: set = set()
+    for n in nodes:
+        try:
+            (sizes, rsizes), _ = loop_body(n)
+        except Exception:  # noqa: BLE001 - capture says why
+            continue
+        for e in (*sizes, *rsizes):
+            found |= _simplified(e).free_symbols
+    return sorted(found, key=str)
+
+
+def _simplified(e):
+    from torch._inductor.virtualized import V
+
+    try:
+        return V.graph.sizevars.simplify(sympy.sympify(e))  # (a specialized size is a number)
+    except Exception:  # noqa: BLE001 - outside a graph
+        return sympy.sympify(e)
+
+
+def capture_symbolic(nodes, capture_fn, symbols):
+    """Capture `nodes` over symbolic sizes: (Capture with a kernel carrying SymbolicSizes), or
+    NotCapturable saying what of it cannot be symbolic."""
+    from torch._inductor.virtualized import V
+
+    if len(symbols) != 1:
+        symbols = _specialize_all_but_one(nodes, symbols)
+    sym = symbols[0]
+    try:
+        hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
+    except Exception as e:  # noqa: BLE001
+        raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
+    limits = dynamo_limits(sym)
+    lo, hi = bucket_of(hint, limits)
+    if hi < 2:
+        raise NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
+    planned = _at(nodes, capture_fn, {sym: hi})
+    probe = _at(nodes, capture_fn, {sym: hi - 1})
+    if planned.kernel is None or probe.kernel is None:
+        return planned
+    kernel = replace_symbolic(planned.kernel, probe.kernel, str(sym), lo, hi)
+    kernel = dataclasses.replace(kernel, symbolic=dataclasses.replace(kernel.symbolic,
+                                                                      limits=((str(sym), *limits),)))
+    check(kernel)
+    return dataclasses.replace(planned, kernel=kernel)
+
+
+def _specialize_all_but_one(nodes, symbols):
+    """A kernel keeps one size symbolic: its outermost output dim's (the rows). Under
+    ``dynamic=True`` every dim is symbolic, the hidden sizes too; those are specialized to their
+    hints through Inductor's guards (so Dynamo recompiles if one changes, as its guards then
+    say), which leaves the kernel over one symbolic size."""
+    from torch._inductor.virtualized import V
+
+    from .capture import real_name
+
+    out = nodes[-1].get_outputs()[0].node if hasattr(nodes[-1], "get_outputs") else None
+    layout = V.graph.get_buffer(real_name(out.get_name())).get_output_spec() if out is not None else None
+    size = getattr(layout, "size", ())
+    keep = sympy.sympify(size[0]).free_symbols if size else set()
+    if len(keep) != 1 or not keep <= set(symbols):
+        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size, "
+                            f"none of them its rows alone, is not compiled for spyre yet")
+    (kept,) = keep
+    others = [x for x in symbols if x != kept]
+    pinned = _user_dynamic()
+    if pinned is None or any(x in pinned for x in others):
+        # (mark_dynamic says the user wants it dynamic: a guard would fail the whole compile)
+        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size "
+                            f"({', '.join(map(str, others))} marked dynamic besides the rows) is not compiled "
+                            f"for spyre yet")
+    for other in others:
+        V.graph.sizevars.guard_int(other)  # a guard: another value recompiles
+    return [kept]
+
+
+def _user_dynamic() -> set | None:
+    """The size symbols the user marked dynamic (mark_dynamic and friends: a constraint Dynamo
+    checks when it makes its guards), from the shape env's record of the traced inputs; None
+    when that record cannot be read (nothing may then be specialized)."""
+    from torch._inductor.virtualized import V
+
+    try:
+        fakes = V.graph.sizevars.shape_env.tracked_fakes
+        pinned = set()
+        for tf in fakes or ():
+            ctx = getattr(tf, "symbolic_context", None)
+            constraints = getattr(ctx, "constraint_sizes", None) or ()
+            sizes = tf.fake.size() if isinstance(tf.fake, torch.Tensor) else ()
+            for d, c in enumerate(constraints):
+                if c is not None and not getattr(c, "warn_only", False) and d < len(sizes) \
+                        and isinstance(sizes[d], torch.SymInt):  # (warn_only: automatic dynamic, may specialize)
+                    pinned |= sizes[d].node.expr.free_symbols
+        return pinned if fakes is not None else None
+    except Exception:  # noqa: BLE001 - Dynamo's internals moved: specialize nothing
+        return None
+
+
+def _at(nodes, capture_fn, values):
+    token = indexing.SIZE_VALUES.set(values)
+    try:
+        return capture_fn(nodes)
+    finally:
+        indexing.SIZE_VALUES.reset(token)
+
+
+def _fit(a: int, b: int, hi: int, what: str):
+    """(coef, const) of a quantity that is `a` at size hi and `b` at hi - 1."""
+    coef = a - b
+    if coef < 0:
+        raise NotCapturable(f"{what} shrinks as the size grows")
+    return coef, a - coef * hi
+
+
+def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int) -> Kernel:
+    """`planned` (captured at hi) with the SymbolicSizes that its difference from `probe`
+    (captured at hi - 1) shows; NotCapturable if they differ in anything but ranges and dims."""
+    if planned.reduction_ranges != probe.reduction_ranges:
+        raise NotCapturable(f"a reduction over symbolic size {name} (its reduced range depends on it: rows "
+                            f"past the size would need masks, not clipped transfers)")
+    if (type(planned), planned.values, planned.stores, len(planned.ranges), len(planned.buffers)) != (
+            type(probe), probe.values, probe.stores, len(probe.ranges), len(probe.buffers)):
+        raise NotCapturable(f"symbolic size {name} reaches the kernel's indices or values")
+    ranges = []
+    for d, (a, b) in enumerate(zip(planned.ranges, probe.ranges)):
+        if a != b:
+            ranges.append((d, name, *_fit(a, b, hi, f"loop range {d}")))
+    buffers = []
+    for x, y in zip(planned.buffers, probe.buffers):
+        # (a dim of extent 1 is never stepped along: its stride, e.g. keepdim's, does not matter)
+        xs = tuple(st if n != 1 else 0 for st, n in zip(x.strides, x.shape))
+        ys = tuple(st if n != 1 else 0 for st, n in zip(y.strides, y.shape))
+        if (x.name, x.dtype, xs, x.offset, len(x.shape)) != (y.name, y.dtype, ys, y.offset, len(y.shape)):
+            raise NotCapturable(f"buffer {x.name} has strides or an offset that depend on size {name}")
+        for d, (a, b) in enumerate(zip(x.shape, y.shape)):
+            if a != b:
+                buffers.append((x.name, d, name, *_fit(a, b, hi, f"dim {d} of {x.name}")))
+    if not ranges:
+        raise NotCapturable(f"symbolic size {name} changes no loop range of the kernel")
+    return dataclasses.replace(planned, symbolic=SymbolicSizes(((name, lo, hi),), tuple(ranges), tuple(buffers)))
+
+
+# ---- what makes clipping right ------------------------------------------------------------
+
+
+def _affine_at(coef: int, const: int, s: int) -> int:
+    return coef * s + const
+
+
+def shapes_at(kernel: Kernel, s: int) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
+    """The kernel's (ranges, buffer shapes by name) at size s of its one symbol."""
+    sym = kernel.symbolic
+    ranges = list(kernel.ranges)
+    for d, _, c, k in sym.ranges:
+        ranges[d] = _affine_at(c, k, s)
+    shapes = {b.name: list(b.shape) for b in kernel.buffers}
+    for b, d, _, c, k in sym.buffers:
+        shapes[b][d] = _affine_at(c, k, s)
+    return tuple(ranges), {n: tuple(v) for n, v in shapes.items()}
+
+
+def check(kernel: Kernel, error=NotCapturable) -> None:
+    """Raise `error` unless clipping every transfer to the buffers' bytes at the launch's size
+    computes the kernel exactly, at every size of its bucket (the module docstring)."""
+    sym = kernel.symbolic
+    (name, lo, hi), = sym.sizes
+    if any(isinstance(v, Load) and v.index.indirect for v in kernel.values) or any(
+            st.index.indirect for st in kernel.stores):
+        raise error(f"a gather or scatter over symbolic size {name}")
+    if len(sym.ranges) != 1:
+        raise error(f"{len(sym.ranges)} loop ranges depend on size {name}; one may")
+    d, _, rc, rk = sym.ranges[0]
+    sized = {}
+    for b, dim, _, c, k in sym.buffers:
+        buf = kernel.buffer(b)
+        inner = 1 + sum((n - 1) * st for j, (n, st) in enumerate(zip(buf.shape, buf.strides)) if j != dim)
+        if buf.strides[dim] < inner or b in sized:
+            raise error(f"buffer {b}'s symbolic dim {dim} is not its outermost (its bytes past the size are "
+                        f"not a suffix)")
+        sized[b] = dim
+    accesses = [(v.buffer, v.index, False) for v in kernel.values if isinstance(v, Load)] + \
+        [(st.buffer, st.index, True) for st in kernel.stores]
+    for s in sorted({lo, hi}):
+        ranges, shapes = shapes_at(kernel, s)
+        full = ranges + kernel.reduction_ranges
+        for bname, index, is_store in accesses:
+            buf = kernel.buffer(bname)
+            shape = shapes[bname]
+            span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, buf.strides))
+            a = index.strides[d]
+            if a < 0:
+                raise error(f"{bname} is walked backwards along the symbolic dim")
+            others = [(st, n) for j, (st, n) in enumerate(zip(index.strides, full)) if j != d]
+            top = index.offset + a * (ranges[d] - 1) + sum(max(0, st * (n - 1)) for st, n in others)
+            if ranges[d] > 0 and top >= span:
+                what = "stores to" if is_store else "reads"
+                raise error(f"at size {name}={s} the kernel {what} element {top} of {bname}, which has {span}")
+            if is_store:
+                if bname not in sized:
+                    raise error(f"{bname} has static size but is stored along symbolic size {name} (rows past "
+                                f"the size would land in it)")
+                past = index.offset + a * ranges[d] + sum(min(0, st * (n - 1)) for st, n in others)
+                if a == 0 or past < span:
+                    raise error(f"at size {name}={s} rows past the size would store into {bname}'s bytes")
+
+
+def rebucket(kernel: Kernel, n: int) -> Kernel:
+    """The kernel for the bucket of size n (from an artifact's kernel IR)."""
+    from .errors import Unsupported
+
+    (name, _, _), = kernel.symbolic.sizes
+    limits = {x: (a, b) for x, a, b in kernel.symbolic.limits}.get(name, (0, None))
+    try:
+        lo, hi = bucket_of(n, limits)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    ranges, shapes = shapes_at(kernel, hi)
+    out = dataclasses.replace(
+        kernel, ranges=ranges,
+        buffers=tuple(dataclasses.replace(b, shape=shapes[b.name]) for b in kernel.buffers),
+        symbolic=dataclasses.replace(kernel.symbolic, sizes=((name, lo, hi),)))
+    check(out, Unsupported)
+    return out
+
+
+# ---- the artifact ------------------------------------------------------------------------
+
+
+def program_with_sizes(program, kernel: Kernel):
+    """The planned program with the kernel's size symbol declared and its buffers' symbolic dims."""
+    from spyre_runtime.program.operands import SizeExpr
+
+    sym = kernel.symbolic
+    dims: dict[str, list] = {}
+    for b, d, s, c, k in sym.buffers:
+        buf = kernel.buffer(b)
+        dims.setdefault(b, [None] * len(buf.shape))[d] = SizeExpr(s, hi=buf.shape[d], coef=c, const=k)
+    symbols = tuple(dataclasses.replace(x, dims=tuple(dims[x.name])) if x.name in dims and x.role != "temp" else x
+                    for x in program.symbols)
+    return dataclasses.replace(program, symbols=symbols, sizes=tuple(n for n, _, _ in sym.sizes))
+
+
+def launch_shape(kernel: Kernel, name: str, shape) -> list:
+    """A buffer's launch-spec shape: a symbolic dim as its size's name (or coef/const)."""
+    out = list(shape)
+    symbolic = getattr(kernel, "symbolic", None)
+    for b, d, s, c, k in symbolic.buffers if symbolic else ():
+        if b == name:
+            out[d] = s if (c, k) == (1, 0) else {"size": s, "coef": c, "const": k}
+    return out
+
+
+def launch_sizes(kernel: Kernel) -> list[dict]:
+    symbolic = getattr(kernel, "symbolic", None)
+    return [{"name": n, "min": lo, "max": hi} for n, lo, hi in symbolic.sizes] if symbolic else []
+
+
+# ---- run time: the artifact of each bucket -------------------------------------------------
+
+
+class BucketedPlan:
+    """The prepared artifacts of one symbolic kernel, one per bucket, on one device: the wrapper
+    launches through it (launch_bucketed) with the size values of the call."""
+
+    def __init__(self, artifact_dir: str, device: int):
+        from spyre_runtime.launch import prepare_kernel
+
+        self.device = device
+        self.kernel = Kernel.from_json((Path(artifact_dir) / "kernel.json").read_text())
+        first = prepare_kernel(artifact_dir, device=device)
+        self.plans = [first]
+        self.compiled = 0  # buckets compiled at run time
+        self._lock = threading.Lock()
+
+    def plan_for(self, n: int):
+        for p in self.plans:
+            (spec,) = p.sizes
+            if spec.min <= n <= spec.max:
+                return p
+        with self._lock:
+            for p in self.plans:
+                if p.sizes[0].min <= n <= p.sizes[0].max:
+                    return p
+            plan = self._compile(n)
+            self.plans.append(plan)
+            return plan
+
+    def _compile(self, n: int):
+        from spyre_runtime.launch import prepare_kernel
+
+        from . import backend
+        from .scheduling import artifact_root
+
+        (name, lo, hi), = self.kernel.symbolic.sizes
+        try:
+            kernel = rebucket(self.kernel, n)
+            artifact = backend.compile_kernel(kernel, artifact_root())
+        except backend.Unsupported as e:
+            raise RuntimeError(f"spyre: kernel {self.kernel.name!r} was compiled for {name} in [{lo}, {hi}] and "
+                               f"cannot be compiled for {name}={n}: {e}") from e
+        self.compiled += 1
+        return prepare_kernel(artifact, device=self.device)
+
+
+def prepare_bucketed(artifact_dir: str, device: int) -> BucketedPlan:
+    return BucketedPlan(artifact_dir, device)
+
+
+def launch_bucketed(plan: BucketedPlan, args, sizes) -> None:
+    from spyre_runtime.launch import launch_jobplan
+
+    (n,) = (int(v) for v in sizes)
+    launch_jobplan(plan.plan_for(n), args, sizes=(n,))
