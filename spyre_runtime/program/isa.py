@@ -181,9 +181,8 @@ class Load(Instruction):
 
     @classmethod
     def bind(cls, b, group):
-        first = group[0][1]
-        shape = (first.src.symbol, first.rows, first.row_bytes, first.src_stride, first.dst_stride)
-        if any((i.src.symbol, i.rows, i.row_bytes, i.src_stride, i.dst_stride) != shape for _, i, _ in group):
+        first = _uniform_transfers(group, "src")
+        if first is None:
             return None
         src = b.dev_rows(first.src.symbol, [i.src.at(idx) for _, i, idx in group], first.rows, first.row_bytes,
                          first.src_stride)
@@ -219,6 +218,17 @@ class Load(Instruction):
                 ("dev_rows", self.src, self.rows, self.row_bytes, self.src_stride))
 
 
+def _uniform_transfers(group, device_side: str):
+    """The first of a batch's loads or stores if every one moves the same rows of the same device
+    buffer (`device_side`: the operand naming it) with the same strides, else None."""
+    def shape(i):
+        return getattr(i, device_side).symbol, i.rows, i.row_bytes, i.src_stride, i.dst_stride
+
+    first = group[0][1]
+    want = shape(first)
+    return first if all(shape(i) == want for _, i, _ in group) else None
+
+
 @instruction("store", ("ls",))
 @dataclass(frozen=True)
 class Store(Instruction):
@@ -245,9 +255,8 @@ class Store(Instruction):
 
     @classmethod
     def bind(cls, b, group):
-        first = group[0][1]
-        shape = (first.dst.symbol, first.rows, first.row_bytes, first.src_stride, first.dst_stride)
-        if any((i.dst.symbol, i.rows, i.row_bytes, i.src_stride, i.dst_stride) != shape for _, i, _ in group):
+        first = _uniform_transfers(group, "dst")
+        if first is None:
             return None
         dst = b.dev_rows(first.dst.symbol, [i.dst.at(idx) for _, i, idx in group], first.rows, first.row_bytes,
                          first.dst_stride)
