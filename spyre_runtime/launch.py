@@ -153,6 +153,7 @@ class JobPlan:
     word_format: str = field(repr=False)  # struct format of the slot words
     resolve_name: str = field(repr=False)
     fetch_name: str = field(repr=False)
+    patch_name: str = field(repr=False)
     turns: itertools.count = field(repr=False, compare=False)  # which area the next launch uses
     # launch_jobplan's reusable operations: (staging buffer, area) -> (patch, fetch), and per area
     # the previous launch's compute with its slot words
@@ -227,13 +228,22 @@ def _check_binding(where: str, slot: int, sym, arg: ArgSpec, bounds: dict | None
     except (KeyError, TypeError):
         shape = None
     symbolic_agree = len(dims) == len(arg.shape) and all(
-        (e is None) == isinstance(d, int) and (e is None or e.symbol == dim_symbol(d))
+        (e is None) == isinstance(d, int) and (e is None or _same_dim(e, d, bounds or {}))
         for e, d in zip(dims, arg.shape))
     if (sym.name, DTYPES[sym.dtype], tuple(sym.shape)) != (arg.name, arg.dtype, shape) or not strides_agree \
             or not symbolic_agree:
         raise ValueError(f"{where}: slot {slot} binds argument {arg.index} ({arg.name!r} {arg.dtype} "
                          f"{list(arg.shape)} strides {list(arg.stride)}) to the program's {sym.name!r} "
                          f"{sym.dtype} {list(sym.shape)} strides {list(sym.strides)}")
+
+
+def _same_dim(expr, dim, bounds) -> bool:
+    """The launch spec's symbolic dim is the program's at every size of the bounds (both are
+    affine in the size up to the program's clamp: equal at the two ends, equal between)."""
+    name = dim_symbol(dim)
+    if expr.symbol != name or name not in bounds:
+        return False
+    return all(dim_at(dim, {name: v}) == expr.value({name: v}) for v in (bounds[name].min, bounds[name].max))
 
 
 class ArtifactError(ValueError, OSError):
@@ -370,18 +380,14 @@ def _plan(name: str, root: Path, device: int, program: Program, args, steps, siz
                                     Artifact(device, region, base, correction=base + offset),
                                     Footprint(reads=(image, patched)), (image, patched, *temp_ranges)))
     resolve = steps[0]
-    size_layout(program)  # (checked once: the words the launch writes follow the slots)
     nwords = 2 * len(resolve.slots) + len(sizes)
     table = ArgTable(name, device, args, resolve.slots) if not sizes else None
     return JobPlan(name, root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
                    artifact, alloc, table, tuple(areas), temp_ranges,
                    steps[1].nbytes, f"<{nwords}q{steps[1].nbytes - 8 * nwords}x",
                    f"{name}: resolve addresses",
-                   f"{name}: hold program fetch", itertools.count(), sizes=tuple(sizes))
-
-
-def size_layout(program: Program) -> None:
-    size_words(program, {e["size"]: 0 for e in program.size_layout})
+                   f"{name}: hold program fetch", f"{name}: patch correction area", itertools.count(),
+                   sizes=tuple(sizes))
 
 
 def _table_at(plan: JobPlan, sizes: dict[str, int]) -> ArgTable:
@@ -390,6 +396,10 @@ def _table_at(plan: JobPlan, sizes: dict[str, int]) -> ArgTable:
     table = plan.tables.get(key)
     if table is None:
         concrete = tuple(dataclasses.replace(a, shape=tuple(dim_at(d, sizes) for d in a.shape)) for a in plan.args)
+        for a in concrete:
+            if any(n < 0 for n in a.shape):
+                raise LaunchError(f"kernel {plan.name!r} argument {a.index} ({a.name!r}): its shape at sizes "
+                                  f"{sizes} is {list(a.shape)}")
         table = ArgTable(plan.name, plan.device, concrete, plan.steps[0].slots)
         if len(plan.tables) >= 64:
             plan.tables.clear()
@@ -447,7 +457,7 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     patch_and_fetch = memo.get((staged.address, turn))
     if patch_and_fetch is None:
         patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
-                         keepalive=staged.memory)
+                         keepalive=staged.memory, label=plan.patch_name)
         patch_and_fetch = (patch, Barrier(name=plan.fetch_name, footprint=area.fetch_footprint, requires=(patch,)))
         if len(memo) < 64:
             memo[(staged.address, turn)] = patch_and_fetch

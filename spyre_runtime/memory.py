@@ -22,6 +22,6 @@ def region_address(device: int, region: int) -> int:
 def device_view(device: int, region: int, offset: int, nbytes: int) -> torch.Tensor:
     """A CPU uint8 tensor over `nbytes` of a region, starting at `offset` (no copy)."""
     if nbytes == 0:
-        return torch.empty(0, dtype=torch.uint8)
+        return torch.empty(0, dtype=torch.uint8, device="cpu")
     raw = (ctypes.c_char * nbytes).from_address(region_address(device, region) + offset)
     return torch.frombuffer(raw, dtype=torch.uint8)

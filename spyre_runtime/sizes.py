@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .binding import LaunchError
 from .program.operands import SizeExpr
-from .program.program import SIZE_BYTES, SLOT_BYTES, Program
+from .program.program import Program
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,8 @@ def bind_sizes(plan, sizes) -> dict[str, int]:
     for spec, v in zip(specs, values):
         if v is None:
             raise LaunchError(f"kernel {plan.name!r}: size {spec.name} is missing")
+        if isinstance(v, (bool, float)):
+            raise LaunchError(f"kernel {plan.name!r}: size {spec.name} must be an integer, got {v!r}")
         try:
             n = int(v)  # a SymInt's hint, a NumPy integer
         except (TypeError, ValueError):
@@ -102,9 +104,4 @@ def bind_sizes(plan, sizes) -> dict[str, int]:
 
 def size_words(program: Program, sizes: dict[str, int]) -> tuple[int, ...]:
     """The size words of the correction area, in order: they follow the address slots."""
-    n = len(program.placeholders)
-    layout = program.size_layout
-    if [e["offset"] for e in layout] != [n * SLOT_BYTES + k * SIZE_BYTES for k in range(len(layout))]:
-        raise ValueError(f"program {program.name!r}: size words at {[e['offset'] for e in layout]}, not right "
-                         f"after its {n} address slot(s)")
-    return tuple(sizes[e["size"]] for e in layout)
+    return tuple(sizes[e["size"]] for e in program.size_layout)  # (Program lays them out in order)

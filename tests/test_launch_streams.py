@@ -156,3 +156,39 @@ def test_preparing_on_every_launch_the_old_way_gives_the_same_results(add_plan):
         launch.set_prepare_each_launch(False)
     torch.spyre.synchronize()
     torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
+
+
+def test_a_compute_run_by_a_synchronizing_thread_ignores_that_threads_torch_modes():
+    """A thread that synchronizes runs ready computes itself: under its default device of spyre
+    the simulator's scratchpad became device memory and its first copy waited behind the very
+    compute running it (a hang, found in review); under inference mode the scratchpad bank,
+    which outlives the run, became an inference tensor."""
+    def f(a, b):
+        return a * 2 + b
+
+    compiled = torch.compile(f, dynamic=False)
+    a, b = torch.randn(16, 64), torch.randn(16, 64)
+    torch.set_default_device("spyre")
+    try:
+        out = compiled(a.to("spyre"), b.to("spyre"))
+        torch.spyre.synchronize()
+    finally:
+        torch.set_default_device("cpu")
+    assert torch.equal(out.cpu(), f(a, b))
+    with torch.inference_mode():
+        out = compiled(a.to("spyre"), b.to("spyre"))
+        torch.spyre.synchronize()
+    out = compiled(a.to("spyre"), b.to("spyre"))
+    torch.spyre.synchronize()
+    assert torch.equal(out.cpu(), f(a, b))
+
+
+def test_a_failed_patch_names_the_kernel(add_plan):
+    x, y, xs, ys, out = operands(5)
+    torch.spyre.synchronize()
+    prep = preparation_stream(0, _C.current_stream_id(0))
+    current().queue(0).enqueue(prep, HostCallback(lambda: 1 / 0, name="broken"))
+    launch_jobplan(add_plan, [xs, ys, out])
+    with pytest.raises(StreamError, match=r"add_fp32: patch correction area: h2d \d+ B .* did not complete"):
+        torch.spyre.current_stream().synchronize()
+    torch.spyre.clear_errors()

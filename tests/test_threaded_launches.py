@@ -1,10 +1,11 @@
 """Launches and eager ops from several threads: every result is the CPU's.
 
 PyTorch code is called from several threads (data loaders, serving workers).
-A prepared kernel has one correction area, so a launch (patch the area, hold
-the fetch, compute) is only correct as one unbroken run on its stream; the
-queue layer enqueues it as one (DeviceQueue.enqueue_many), with no global
-lock around the rest of the launch. The stress test runs a few seconds here
+A prepared kernel has two correction areas that every launch of it shares, so
+a launch (patch an area, hold the fetch, compute) is only correct as one
+unbroken run; the queue layer enqueues it as one (DeviceQueue.enqueue_runs,
+over the preparation stream and the launching stream), with no global lock
+around the rest of the launch. The stress test runs a few seconds here
 and as long as asked with `benchmarks/stress.py --seconds N`.
 """
 

@@ -55,7 +55,7 @@ def create_runtime(native, hardware=None, wait_timeout: float = 60.0) -> Runtime
 def _pinned_bytes(nbytes: int):
     import torch
 
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=True)
 
 
 def install(native, hardware=None, wait_timeout: float | None = None) -> Runtime:

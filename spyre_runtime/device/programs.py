@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+from torch.utils import _python_dispatch
+
 from ..queue.operations import Executor
 
 if TYPE_CHECKING:
@@ -41,7 +44,14 @@ class ProgramExecutor(Executor):
         self.executable.fetch(artifact)
 
     def run(self, artifact: Artifact) -> None:
-        self.executable.run(artifact)
+        # Whichever thread runs it (a queue worker, or a thread that synchronizes and runs ready
+        # work itself), the simulated cores compute on plain CPU tensors: not under that thread's
+        # torch function or dispatch modes (a default device of spyre would turn the scratchpad
+        # into device memory and its copies into device copies waiting behind this very run), nor
+        # in inference mode (the scratchpad bank outlives the run and is written in place).
+        with torch._C.DisableTorchFunction(), _python_dispatch._disable_current_modes(), \
+                torch.inference_mode(False):
+            self.executable.run(artifact)
 
     def cost_ns(self, artifact: Artifact) -> float:
         return self.executable.simulated_ns(artifact)

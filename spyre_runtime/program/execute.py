@@ -162,7 +162,7 @@ class ScratchBank:
 
     def __init__(self, nbytes: int, cores: int):
         self.nbytes, self.cores = nbytes, cores
-        self.data = torch.empty(nbytes * cores, dtype=torch.uint8)
+        self.data = torch.empty(nbytes * cores, dtype=torch.uint8, device="cpu")
         self.serial = next(self._serials)
         self._cores: dict[int, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}

@@ -728,8 +728,8 @@ class Iota(Instruction):
     def run(self, m, core, idx):
         rows, cols = self.dst.stored_shape
         base = self.start + sum(s * i for s, i in zip(self.steps, idx))
-        r = torch.arange(rows, dtype=torch.int64).unsqueeze(1) * self.row_step
-        c = torch.arange(cols, dtype=torch.int64).unsqueeze(0) * self.col_step
+        r = torch.arange(rows, dtype=torch.int64, device="cpu").unsqueeze(1) * self.row_step
+        c = torch.arange(cols, dtype=torch.int64, device="cpu").unsqueeze(0) * self.col_step
         m.view(core, self.dst, idx).copy_(base + r + c)
 
     def cost(self, t, core, idx):
@@ -767,7 +767,7 @@ class IndexOutOfRange(IndexError):
 
 def _row_offsets(m, core, idx, indices, rows: int, op: str) -> torch.Tensor:
     """Per row, the bytes the data-dependent terms add, every index checked first."""
-    total = torch.zeros(rows, dtype=torch.int64)
+    total = torch.zeros(rows, dtype=torch.int64, device="cpu")
     for term in indices:
         values = m.read(core, term.tile, idx, torch.int64).reshape(-1)[:rows]
         if term.wrap_neg:

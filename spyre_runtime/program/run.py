@@ -83,8 +83,8 @@ class ProgramExecutable:
         start = artifact.correction
         if start is None:
             start = artifact.offset + self.program.correction_offset
-        # struct over the host-addressable bytes, not a torch view: a torch call lets go of the GIL,
-        # and the fetch runs while the launching thread holds the queue (see DeviceQueue._help_or_wait).
+        # string_at and struct over the host-addressable bytes, not a torch view: a torch call lets
+        # go of the GIL, and the fetch runs inside the launch that made the compute ready.
         raw = ctypes.string_at(region_address(artifact.device, artifact.region) + start, n * SLOT_BYTES)
         words = struct.unpack(f"<{2 * n}q", raw)
         return tuple(zip(words[0::2], words[1::2]))

@@ -24,7 +24,14 @@ ops that need their result now: the CPU fallback, blocking copies, item()).
 Every operation also gets a simulated start and end on its pipeline's
 timeline: the later of its dependencies' simulated ends and its pipeline's
 previous end, plus its cost (the executor's or the data-movement engine's
-cost_ns; a host callback's host wall time).
+cost_ns; a host callback's declared cost_ns, or else its host wall time).
+
+Who runs an operation: its pipeline's worker; the thread that enqueued it,
+for inline operations and for the host callbacks and transfers of an
+enqueue_runs(run_ready=True) that are ready at once (a launch's patch); or a
+thread that waits (wait, synchronize) and finds ready computes and transfers
+it is waiting for. The worker of a pipeline is woken only when the pipeline
+has work and the worker is idle.
 
 Across devices: a Wait may name a signal of another device's queue (an
 event recorded on spyre:0, waited for on spyre:1). The owner of the signal
@@ -527,10 +534,10 @@ class DeviceQueue:
                 t.pending_error = stream.error  # why it was skipped, even after clear_error()
                 t.sim_start = t.sim_end = t.ready_sim
                 work.extend(self._complete(t, None))
-            elif t.requires and t.pending_error is None and self._requirement_failed(t) is not None:
-                t.pending_error = self._requirement_failed(t)
+            elif t.requires and t.pending_error is None and (failed := self._requirement_failed(t)) is not None:
+                t.pending_error = failed
                 t.sim_start = t.sim_end = t.ready_sim
-                work.extend(self._complete(t, t.pending_error))
+                work.extend(self._complete(t, failed))
             elif t.pipeline == "control" or t.pending_error is not None or \
                     (t.prefetch_on_ready and not self._prefetch(t)):
                 t.sim_start = t.sim_end = t.ready_sim

@@ -117,6 +117,7 @@ class Transfer:
     nbytes: int
     # Host objects that must stay alive until the transfer has run.
     keepalive: Any = field(default=None, compare=False)
+    label: str = ""  # what it is for, in errors and timelines (a launch's patch names its kernel)
     pipeline: str = field(init=False, compare=False)
     footprint: Footprint = field(init=False, compare=False)
 
@@ -139,7 +140,8 @@ class Transfer:
 
     @property
     def name(self) -> str:
-        return f"{self.kind.value} {self.nbytes} B"
+        what = f"{self.kind.value} {self.nbytes} B"
+        return f"{self.label}: {what}" if self.label else what
 
 
 _TRANSFER_OPERANDS = {
