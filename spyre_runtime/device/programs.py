@@ -49,8 +49,12 @@ class ProgramExecutor(Executor):
         # torch function or dispatch modes (a default device of spyre would turn the scratchpad
         # into device memory and its copies into device copies waiting behind this very run), nor
         # in inference mode (the scratchpad bank outlives the run and is written in place).
-        with torch._C.DisableTorchFunction(), _python_dispatch._disable_current_modes(), \
-                torch.inference_mode(False):
+        if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack() or \
+                torch.is_inference_mode_enabled():  # (the check is cheap; leaving them is not)
+            with torch._C.DisableTorchFunction(), _python_dispatch._disable_current_modes(), \
+                    torch.inference_mode(False):
+                self.executable.run(artifact)
+        else:
             self.executable.run(artifact)
 
     def cost_ns(self, artifact: Artifact) -> float:
