@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .queue import Range
-from .tensors import element_span, storage_ranges
+from .tensors import element_span, pieces_of, storage_ranges
 
 # A slot of a tensor that touches no memory (empty, or over an empty storage):
 # a region no allocation has, so a program that did read it would fail loudly.
@@ -70,6 +70,7 @@ class ArgTable:
         self._fast = tuple((a.spec.dtype, a.shape, a.spec.stride, a.numel, a.lo, a.hi, a.itemsize, a.spec.written)
                            for a in self.args)
         self.slot_of = tuple(arg for _, arg in sorted(slots))  # slot order -> argument index
+        self._in_slot_order = self.slot_of == tuple(range(len(args)))
         # Only a written argument can make an unsafe alias; pairs of inputs never conflict.
         self.alias_pairs = tuple((i, j) for i, a in enumerate(args) if a.written
                                  for j in range(len(args)) if j != i)
@@ -92,33 +93,38 @@ class ArgTable:
             self.explain(args)
         device = self.device
         spans, addresses, reads, writes = [], [], [], []
+        add_read, add_write = reads.extend, writes.extend
         for (dtype, shape, stride, numel, lo, hi, size, written), t in zip(self._fast, args):
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.shape != shape or t.device != device \
                     or (t.stride() != stride and numel > 1):
                 self.explain(args)  # raises, or accepts strides that differ only where they do not matter
             if numel == 0:
                 spans.append(None)
-                addresses.append((NOWHERE, 0))
+                addresses.append(NOWHERE)
+                addresses.append(0)
                 continue
             storage = t.untyped_storage()
             base, have = storage.data_ptr(), storage.nbytes()
             first = t.storage_offset()
             if have < (first + hi + 1) * size:
                 self.explain(args)
-            pieces = storage_ranges(storage)
+            pieces = pieces_of(base, have)
             spans.append((base + (first + lo) * size, base + (first + hi + 1) * size, t))
-            region, offset = pieces[0][0], pieces[0][1]
-            addresses.append((region, offset + first * size))
+            region, offset, _ = pieces[0]
+            addresses.append(region)
+            addresses.append(offset + first * size)
             if len(pieces) != 1 or lo < 0:
                 touched = pieces  # several pieces, or negative strides: the whole storage
             else:
                 touched = (Range(region, offset + (first + lo) * size, (hi - lo + 1) * size),)
-            (writes if written else reads).extend(touched)
+            (add_write if written else add_read)(touched)
         for i, j in self.alias_pairs:
-            if spans[i] is not None and spans[j] is not None and spans[i][0] < spans[j][1] \
-                    and spans[j][0] < spans[i][1] and not self._same(i, j, spans):
+            a, b = spans[i], spans[j]
+            if a is not None and b is not None and a[0] < b[1] and b[0] < a[1] and not self._same(i, j, spans):
                 self.explain(args)
-        return tuple(w for arg in self.slot_of for w in addresses[arg]), tuple(reads), tuple(writes)
+        if self._in_slot_order:
+            return tuple(addresses), tuple(reads), tuple(writes)
+        return tuple(w for arg in self.slot_of for w in addresses[2 * arg: 2 * arg + 2]), tuple(reads), tuple(writes)
 
     @staticmethod
     def _strides_agree(a: _Arg, t: torch.Tensor) -> bool:

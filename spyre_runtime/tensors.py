@@ -36,12 +36,17 @@ _pieces_epoch = _C.region_epoch()
 
 
 def storage_ranges(storage: torch.UntypedStorage) -> tuple[Range, ...]:
+    return pieces_of(storage.data_ptr(), storage.nbytes())
+
+
+def pieces_of(base: int, nbytes: int) -> tuple[Range, ...]:
+    """storage_ranges of the storage at host address `base` holding `nbytes` (a launch has both)."""
     global _pieces_epoch
     epoch = _C.region_epoch()
     if epoch != _pieces_epoch:
         _pieces_cache.clear()
         _pieces_epoch = epoch
-    key = (storage.data_ptr(), storage.nbytes())
+    key = (base, nbytes)
     found = _pieces_cache.get(key)
     if found is None:
         if key[1] == 0:
