@@ -79,7 +79,7 @@ class ProgramExecutable:
         self._fetched[artifact] = (self._read_slots(artifact), self._read_sizes(artifact))
 
     def _read_slots(self, artifact: Artifact) -> tuple[tuple[int, int], ...]:
-        n = len(self.program.placeholders)
+        n = len(self._placeholders)
         start = artifact.correction
         if start is None:
             start = artifact.offset + self.program.correction_offset

@@ -259,9 +259,10 @@ class DeviceQueue:
         launch of the same plan is enqueued between its patch and its fetch.
 
         With `run_ready`, the host callbacks and transfers among them that are ready now, or
-        become ready as the earlier ones finish, run on this thread before it returns (when
-        their pipeline is idle): a launch's few-byte patch is cheaper to run than to hand to
-        a worker thread and back. Those not ready by then go to the workers as usual."""
+        become ready as the earlier ones finish, run on this thread before it returns, holding
+        the queue when their pipeline is idle: a launch's few-byte patch is cheaper to run than
+        to hand to a worker thread and back. Those not ready by then go to the workers as usual.
+        Such a callback must be short and must not call into the queue."""
         runs = [(sid, list(ops)) for sid, ops in runs]
         for _, ops in runs:
             for op in ops:
@@ -547,7 +548,22 @@ class DeviceQueue:
                 self._notify_waiters()
             elif t.claimant is not None:
                 t.ready = True
-                t.claimant.append(t)
+                pipe = self.pipelines[t.pipeline]
+                if pipe.running.acquire(blocking=False):
+                    # Run it here, holding the queue: what run_ready hands over is a few bytes'
+                    # work (a launch's patch) that calls nothing of the queue, and its completion
+                    # readies the next one in this same loop, with no lock let go and taken again.
+                    try:
+                        cost, error = self._execute(t)
+                    finally:
+                        pipe.running.release()
+                    t.sim_start = max(t.ready_sim, pipe.sim_free)
+                    t.sim_end = t.sim_start + cost
+                    pipe.sim_free = max(pipe.sim_free, t.sim_end)
+                    pipe.sim_busy += cost
+                    work.extend(self._complete(t, error))
+                else:  # its pipeline is busy with other work: run by the caller once the queue is let go
+                    t.claimant.append(t)
             else:
                 t.ready = True
                 self._push(t)

@@ -132,6 +132,8 @@ class Transfer:
             raise ValueError(f"transfer size must be non-negative, got {self.nbytes}")
         # Computed once: the scheduler reads these on every conflict check.
         object.__setattr__(self, "pipeline", self.kind.value)
+        what = f"{self.kind.value} {self.nbytes} B"
+        object.__setattr__(self, "_name", f"{self.label}: {what}" if self.label else what)
         object.__setattr__(self, "footprint", Footprint(
             reads=self._range(self.source), writes=self._range(self.destination)))
 
@@ -140,8 +142,7 @@ class Transfer:
 
     @property
     def name(self) -> str:
-        what = f"{self.kind.value} {self.nbytes} B"
-        return f"{self.label}: {what}" if self.label else what
+        return self._name
 
 
 _TRANSFER_OPERANDS = {
