@@ -9,6 +9,7 @@ import compiled_pointwise
 import compiled_reductions
 import data_movement
 import device_overhead
+import launch
 import launch_cost
 import models
 import queue_layer
@@ -22,6 +23,7 @@ if __name__ == "__main__":
     queue_layer.main()
     simulator.main()
     launch_cost.main()
+    launch.main()
     calibration.main()
     compiled_pointwise.main()
     compiled_reductions.main()
