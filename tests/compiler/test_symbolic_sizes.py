@@ -345,3 +345,24 @@ def test_a_size_the_user_marked_dynamic_is_never_specialized(monkeypatch):
         out = fn(xs)
     assert any("marked dynamic besides the rows" in str(w.message) for w in caught)
     torch.testing.assert_close(out.cpu(), (x * 2).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_launch_spec_whose_symbolic_dim_differs_from_the_programs_is_refused(counted):
+    """Found in review: the spec's symbolic dim was checked only for naming the program's size
+    and agreeing at the maximum, so a dim of 2 * size - 64 (64 rows at the maximum, 16 at size
+    40) was accepted, and the program would have bound 40 rows of a 16-row tensor."""
+    import json
+
+    fn, _ = FAMILIES["softmax"]
+    with record_kernels() as records:
+        _call(torch.compile(fn), 40, mark=True)
+    (rec,) = [r for r in records if r.kernel is not None]
+    spec_path = rec.artifact / "launch_spec.json"
+    spec = json.loads(spec_path.read_text())
+    name = spec["sizes"][0]["name"]
+    first = spec["args"][0]
+    assert first["shape"][0] == name
+    first["shape"][0] = {"size": name, "coef": 2, "const": -64}
+    spec_path.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="slot 0 binds argument 0"):
+        prepare_kernel(rec.artifact)
