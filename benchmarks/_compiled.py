@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 
@@ -54,3 +55,36 @@ def reports_of_one_call(compiled, *args):
 
 def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---- one table row of a compiled kernel -----------------------------------------------------
+
+KERNEL_HEADER = ["kernel", "programs", "cores", "simulated us", "roofline us", "efficiency"]
+
+
+def plan_labels(records, label) -> str:
+    """`label(plan.json)` of each recorded kernel's artifact ("cpu fallback" for one without)."""
+    out = []
+    for r in records:
+        if r.artifact is None:
+            out.append("cpu fallback")
+            continue
+        out.append(label(json.loads((r.artifact / "plan.json").read_text())))
+    return ", ".join(out) or "-"
+
+
+def kernel_row(name: str, fn, dev_args, cpu_args, want, label) -> list:
+    """The shared columns of a compiled-kernel table row: KERNEL_HEADER, TRAFFIC_HEADER, what the
+    plans chose (`label(records)`), max |err| against `want`, compile seconds."""
+    from _bench import traffic_columns
+    from spyre_inductor.compiler.scheduling import record_kernels
+
+    with record_kernels() as records:
+        spyre_s, compiled = compile_seconds(fn, *dev_args)
+    out, reports = reports_of_one_call(compiled, *dev_args)
+    sim = sum(r.simulated_ns for r in reports)
+    roof = sum(r.roofline_ns for r in reports)
+    err = (out.cpu().float() - want.float()).abs().max().item()
+    return [name, len(reports), max(r.cores_used for r in reports), sim / 1e3, roof / 1e3,
+            roof / sim if sim else 0.0, *traffic_columns(reports, nbytes(*cpu_args), nbytes(want)),
+            label(records), err, spyre_s]

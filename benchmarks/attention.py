@@ -17,7 +17,6 @@ on spyre, fp16, and runs it once. Columns:
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -26,8 +25,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from _bench import TRAFFIC_HEADER, print_table, traffic_columns
-from _compiled import compile_seconds, nbytes, reports_of_one_call
+from _bench import TRAFFIC_HEADER, print_table
+from _compiled import KERNEL_HEADER, kernel_row, plan_labels
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
@@ -70,38 +69,22 @@ CASES = [
 
 
 def tiling(records) -> str:
-    out = []
-    for r in records:
-        if r.artifact is None:
-            out.append("cpu fallback")
-            continue
-        plan = json.loads((r.artifact / "plan.json").read_text())
-        out.append(plan["tiling"]["label"] if plan["family"] == "attention" else plan["family"])
-    return ", ".join(out)
+    def label(plan):
+        return plan["tiling"]["label"] if plan["family"] == "attention" else plan["family"]
+
+    return plan_labels([r for r in records if r.kernel is not None], label)
 
 
 def table(cases) -> None:
-    from spyre_inductor.compiler.scheduling import record_kernels
-
     rows = []
     for case in cases:
         g = torch.Generator().manual_seed(0)
         args = [torch.randn(*s, generator=g).half() for s in case.shapes]
         want = case.fn(*[a.float() for a in args])
-        dev = [a.to("spyre") for a in args]
-        with record_kernels() as records:
-            spyre_s, compiled = compile_seconds(case.fn, *dev)
-        out, reports = reports_of_one_call(compiled, *dev)
-        sim = sum(r.simulated_ns for r in reports)
-        roof = sum(r.roofline_ns for r in reports)
-        err = (out.cpu().float() - want).abs().max().item()
-        rows.append([case.name, len(reports), max(r.cores_used for r in reports), sim / 1e3, roof / 1e3,
-                     roof / sim if sim else 0.0, *traffic_columns(reports, nbytes(*args), nbytes(want)),
-                     tiling([r for r in records if r.kernel is not None]), err, spyre_s])
+        rows.append(kernel_row(case.name, case.fn, [a.to("spyre") for a in args], args, want, tiling))
     print_table("Fused attention, fp16 (targets: one program, efficiency >= 0.70 of the roofline from FLOPs and "
                 "minimum bytes)",
-                ["kernel", "programs", "cores", "simulated us", "roofline us", "efficiency", *TRAFFIC_HEADER,
-                 "tiling", "max |err| vs fp32", "compile s"], rows)
+                [*KERNEL_HEADER, *TRAFFIC_HEADER, "tiling", "max |err| vs fp32", "compile s"], rows)
 
 
 def main() -> None:

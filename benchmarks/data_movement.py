@@ -23,7 +23,6 @@ row per case (CASES). Columns:
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from typing import Callable
 
 import torch
 
-from _bench import TRAFFIC_HEADER, print_table, traffic_columns
-from _compiled import _warm_up, compile_seconds, nbytes, reports_of_one_call
+from _bench import TRAFFIC_HEADER, print_table
+from _compiled import KERNEL_HEADER, _warm_up, kernel_row, plan_labels
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
@@ -113,44 +112,29 @@ CASES = [
 
 def relayouts(records) -> str:
     """What each compiled kernel's plan chose, from its artifact's plan.json."""
-    out = []
-    for r in records:
-        if r.artifact is None:
-            out.append("cpu fallback")
-            continue
-        plan = json.loads((r.artifact / "plan.json").read_text())
+    def label(plan):
         chosen = plan["layout"].get("relayout", "?") if "layout" in plan else plan["family"]
         if plan["family"] == "indirect":  # rows gathered or scattered by index (passes/indirect_*.py)
             chosen = f"indirect rows, {chosen}"
         if "pieces" in plan:  # cut at its index masks (passes/pieces.py)
             per_plan = plan["pieces"]["cores"]
             chosen = f"{len(plan['pieces']['boxes'])} pieces in {len(per_plan)} plan(s), {chosen}"
-        out.append(chosen)
-    return ", ".join(out) or "-"
+        return chosen
+
+    return plan_labels(records, label)
 
 
 def table(cases) -> None:
-    from spyre_inductor.compiler.scheduling import record_kernels
-
     rows = []
     for case in cases:
         args = case.inputs()
         dev = [a.to("spyre") for a in args]  # (before the CPU call: kv_update mutates its input)
         want = case.fn(*[a.clone() for a in args])
         _warm_up("spyre")  # its throwaway kernel is not the case's
-        with record_kernels() as records:
-            spyre_s, compiled = compile_seconds(case.fn, *dev)
-        out, reports = reports_of_one_call(compiled, *dev)
-        sim = sum(r.simulated_ns for r in reports)
-        roof = sum(r.roofline_ns for r in reports)
-        err = (out.cpu().float() - want.float()).abs().max().item()
-        rows.append([case.name, len(reports), max(r.cores_used for r in reports), sim / 1e3, roof / 1e3,
-                     roof / sim if sim else 0.0, *traffic_columns(reports, nbytes(*args), nbytes(want)),
-                     relayouts(records), err, spyre_s])
+        rows.append(kernel_row(case.name, case.fn, dev, args, want, relayouts))
     print_table("Compiled data movement (target: every row at efficiency >= 0.85; roofline against the "
                 "minimum bytes at the pure-stream bandwidth)",
-                ["kernel", "programs", "cores", "simulated us", "roofline us", "efficiency", *TRAFFIC_HEADER,
-                 "relayout", "max |err|", "compile s"], rows)
+                [*KERNEL_HEADER, *TRAFFIC_HEADER, "relayout", "max |err|", "compile s"], rows)
 
 
 def main() -> None:

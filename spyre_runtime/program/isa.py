@@ -181,16 +181,14 @@ class Load(Instruction):
 
     @classmethod
     def bind(cls, b, group):
-        first = _uniform_transfers(group, "src")
-        if first is None:
+        views = _bound_rows(b, group, "src", "dst")
+        if views is None:
             return None
-        src = b.dev_rows(first.src.symbol, [i.src.at(idx) for _, i, idx in group], first.rows, first.row_bytes,
-                         first.src_stride)
-        dst = b.sp_rows([(c, i.dst.at(idx)) for c, i, idx in group], first.rows, first.row_bytes, first.dst_stride)
+        first, src, dst = views
         pad = -first.row_bytes % STICK
         zero = b.sp_rows([(c, i.dst.at(idx) + first.row_bytes) for c, i, idx in group], first.rows, pad,
                          first.dst_stride) if pad else None
-        if src is None or dst is None or (pad and zero is None):
+        if pad and zero is None:
             return None
         if not pad:
             return lambda: dst.copy_(src)
@@ -218,15 +216,23 @@ class Load(Instruction):
                 ("dev_rows", self.src, self.rows, self.row_bytes, self.src_stride))
 
 
-def _uniform_transfers(group, device_side: str):
-    """The first of a batch's loads or stores if every one moves the same rows of the same device
-    buffer (`device_side`: the operand naming it) with the same strides, else None."""
+def _bound_rows(b, group, device_side: str, scratch_side: str):
+    """(first instruction, device rows, scratchpad rows) bound for a batch of loads or stores
+    (`device_side`/`scratch_side`: the operands naming each), or None when the batch does not move
+    the same rows of one device buffer with the same strides, or a view cannot be bound."""
     def shape(i):
         return getattr(i, device_side).symbol, i.rows, i.row_bytes, i.src_stride, i.dst_stride
 
     first = group[0][1]
     want = shape(first)
-    return first if all(shape(i) == want for _, i, _ in group) else None
+    if any(shape(i) != want for _, i, _ in group):
+        return None
+    dev_stride, sp_stride = getattr(first, f"{device_side}_stride"), getattr(first, f"{scratch_side}_stride")
+    dev = b.dev_rows(getattr(first, device_side).symbol, [getattr(i, device_side).at(idx) for _, i, idx in group],
+                     first.rows, first.row_bytes, dev_stride)
+    sp = b.sp_rows([(c, getattr(i, scratch_side).at(idx)) for c, i, idx in group], first.rows, first.row_bytes,
+                   sp_stride)
+    return None if dev is None or sp is None else (first, dev, sp)
 
 
 @instruction("store", ("ls",))
@@ -255,14 +261,10 @@ class Store(Instruction):
 
     @classmethod
     def bind(cls, b, group):
-        first = _uniform_transfers(group, "dst")
-        if first is None:
+        views = _bound_rows(b, group, "dst", "src")
+        if views is None:
             return None
-        dst = b.dev_rows(first.dst.symbol, [i.dst.at(idx) for _, i, idx in group], first.rows, first.row_bytes,
-                         first.dst_stride)
-        src = b.sp_rows([(c, i.src.at(idx)) for c, i, idx in group], first.rows, first.row_bytes, first.src_stride)
-        if src is None or dst is None:
-            return None
+        _, dst, src = views
         return lambda: dst.copy_(src)
 
     def cost(self, t, core, idx):
