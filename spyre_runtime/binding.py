@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _C
 from .queue import Range
 from .tensors import element_span, pieces_of, storage_ranges
 
@@ -74,6 +75,8 @@ class ArgTable:
         # Only a written argument can make an unsafe alias; pairs of inputs never conflict.
         self.alias_pairs = tuple((i, j) for i, a in enumerate(args) if a.written
                                  for j in range(len(args)) if j != i)
+        self._resolved: dict[tuple, tuple] = {}
+        self._epoch = -1
 
     def _arg(self, a: ArgSpec) -> _Arg:
         probe = torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device="meta")
@@ -83,60 +86,93 @@ class ArgTable:
 
     # ---- per launch ---------------------------------------------------------------------
 
-    def bind(self, args) -> tuple[tuple[int, ...], tuple[Range, ...], tuple[Range, ...]]:
-        """(slot words, ranges read, ranges written) of `args`, or LaunchError naming what is wrong.
+    def check(self, args) -> tuple:
+        """What a launch of `args` binds, as plain numbers, or LaunchError naming what is wrong.
 
-        The words are two per slot, (region, offset of the tensor's first element); the
-        ranges cover each tensor's span from its first to its last element.
+        Per argument (storage address, storage bytes, offset of its first element), or None
+        for an empty tensor: all a launch must read off the tensors while it holds them. The
+        slot words and footprints follow from these alone (resolve), later, by whoever
+        enqueues the launch; the tuple is also the key under which they are remembered.
         """
         if len(args) != len(self.args):
             self.explain(args)
         device = self.device
-        spans, addresses, reads, writes = [], [], [], []
-        add_read, add_write = reads.extend, writes.extend
+        bound = []
         for (dtype, shape, stride, numel, lo, hi, size, written), t in zip(self._fast, args):
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.shape != shape or t.device != device \
                     or (t.stride() != stride and numel > 1):
                 self.explain(args)  # raises, or accepts strides that differ only where they do not matter
             if numel == 0:
-                spans.append(None)
-                addresses.append(NOWHERE)
-                addresses.append(0)
+                bound.append(None)
                 continue
             storage = t.untyped_storage()
-            base, have = storage.data_ptr(), storage.nbytes()
-            first = t.storage_offset()
+            base, have, first = storage.data_ptr(), storage.nbytes(), t.storage_offset()
             if have < (first + hi + 1) * size:
                 self.explain(args)
+            bound.append((base, have, first))
+        for i, j in self.alias_pairs:
+            a, b = bound[i], bound[j]
+            if a is not None and b is not None and self._overlap(i, a, j, b) and not self._same(args[i], args[j], j):
+                self.explain(args)
+        return tuple(bound)
+
+    def _overlap(self, i: int, a, j: int, b) -> bool:
+        x, y = self.args[i], self.args[j]
+        return (a[0] + (a[2] + x.lo) * x.itemsize < b[0] + (b[2] + y.hi + 1) * y.itemsize
+                and b[0] + (b[2] + y.lo) * y.itemsize < a[0] + (a[2] + x.hi + 1) * x.itemsize)
+
+    def resolve(self, bound: tuple) -> tuple[tuple[int, ...], tuple[Range, ...], tuple[Range, ...]]:
+        """(slot words, ranges read, ranges written) of what check() returned.
+
+        The words are two per slot, (region, offset of the tensor's first element); the
+        ranges cover each tensor's span from its first to its last element. Remembered per
+        `bound` while no region is released (a released region's address may come back
+        under another handle)."""
+        epoch = _C.region_epoch()
+        if epoch != self._epoch:
+            self._resolved.clear()
+            self._epoch = epoch
+        found = self._resolved.get(bound)
+        if found is None:
+            found = self._resolve(bound)
+            if len(self._resolved) >= 256:
+                self._resolved.clear()
+            self._resolved[bound] = found
+        return found
+
+    def _resolve(self, bound: tuple):
+        addresses, reads, writes = [], [], []
+        for a, b in zip(self.args, bound):
+            if b is None:
+                addresses += (NOWHERE, 0)
+                continue
+            base, have, first = b
             pieces = pieces_of(base, have)
-            spans.append((base + (first + lo) * size, base + (first + hi + 1) * size, t))
             region, offset, _ = pieces[0]
-            addresses.append(region)
-            addresses.append(offset + first * size)
-            if len(pieces) != 1 or lo < 0:
+            size = a.itemsize
+            addresses += (region, offset + first * size)
+            if len(pieces) != 1 or a.lo < 0:
                 touched = pieces  # several pieces, or negative strides: the whole storage
             else:
-                touched = (Range(region, offset + (first + lo) * size, (hi - lo + 1) * size),)
-            (add_write if written else add_read)(touched)
-        for i, j in self.alias_pairs:
-            a, b = spans[i], spans[j]
-            if a is not None and b is not None and a[0] < b[1] and b[0] < a[1] and not self._same(i, j, spans):
-                self.explain(args)
-        if self._in_slot_order:
-            return tuple(addresses), tuple(reads), tuple(writes)
-        return tuple(w for arg in self.slot_of for w in addresses[2 * arg: 2 * arg + 2]), tuple(reads), tuple(writes)
+                touched = (Range(region, offset + (first + a.lo) * size, (a.hi - a.lo + 1) * size),)
+            (writes if a.spec.written else reads).extend(touched)
+        if not self._in_slot_order:
+            addresses = [w for arg in self.slot_of for w in addresses[2 * arg: 2 * arg + 2]]
+        return tuple(addresses), tuple(reads), tuple(writes)
+
+    def bind(self, args) -> tuple[tuple[int, ...], tuple[Range, ...], tuple[Range, ...]]:
+        """check() and resolve() at once."""
+        return self.resolve(self.check(args))
 
     @staticmethod
     def _strides_agree(a: _Arg, t: torch.Tensor) -> bool:
         # The stride of a dim of one element (or of an empty tensor) does not matter.
         return a.numel <= 1 or all(x == y for x, y, n in zip(t.stride(), a.spec.stride, a.spec.shape) if n > 1)
 
-    def _same(self, i: int, j: int, spans) -> bool:
+    def _same(self, a: torch.Tensor, b: torch.Tensor, j: int) -> bool:
         """An in-place update: the written argument is the input itself, in the same layout."""
-        other = self.specs[j]
-        if other.role != "input":
+        if self.specs[j].role != "input":
             return False
-        a, b = spans[i][2], spans[j][2]
         return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
     # ---- the slow path: say what is wrong ---------------------------------------------

@@ -12,8 +12,12 @@ correction area's address and footprints; the names of the operations).
 ``launch_jobplan(plan, args)`` only binds: it checks the arguments against
 the launch spec (raising, naming the argument and both values, before
 anything is enqueued: a bad call leaves the device untouched), reads each
-argument's (region, offset), and enqueues four typed operations without
-waiting:
+argument's storage address, and hands the launch to the device's queue
+(DeviceQueue.submit: its sequence numbers are taken then, so the allocator
+keeps a tensor freed after the call until the launch is done). Whoever
+enqueues it next (a thread that waits or enqueues, or the queue's
+submission worker) resolves the addresses to (region, offset) slot words,
+remembered per binding, and enqueues four typed operations:
 
 1. a HostCallback writes the addresses into a pinned staging buffer
    (the runtime's one completion-gated pool, shared with eager copies;
@@ -37,10 +41,10 @@ waiting:
    footprint of what it reads and writes so the queue layer orders it
    against other streams' work.
 
-The four are enqueued under one hold of the queue (DeviceQueue.enqueue_runs):
-every launch of a plan patches the same two areas, so another thread's launch
-between this one's patch and its fetch would hand this compute the other's
-addresses. ``set_preparation_streams(0)`` (or SPYRE_PREPARATION_STREAMS=0)
+The four are enqueued under one hold of the queue, one launch after another
+in the order they were handed over: every launch of a plan patches the same
+two areas, so another thread's launch between this one's patch and its fetch
+would hand this compute the other's addresses. ``set_preparation_streams(0)`` (or SPYRE_PREPARATION_STREAMS=0)
 puts all four on the launch's own stream, as one stream; results are the same.
 
 A launch that fails on the device stops its stream like any failed
@@ -438,47 +442,71 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     if _prepare_each_launch:
         plan = prepare_kernel(plan.artifact_dir, plan.device)
     if plan.sizes or sizes:
-        bound = bind_sizes(plan, sizes)
-        words, reads, writes = _table_at(plan, bound).bind(args)
-        words += size_words(plan.program, bound)
+        values = bind_sizes(plan, sizes)
+        table = _table_at(plan, values)
+        bound, extra = table.check(args), tuple(size_words(plan.program, values))
     else:
-        words, reads, writes = plan.table.bind(args)
-    turn = next(plan.turns) % len(plan.areas)
-    area = plan.areas[turn]
+        table, bound, extra = plan.table, plan.table.check(args), ()
     device = plan.device
-    runtime = current()
     stream = _C.current_stream_id(device)
     prep = preparation_stream(device, stream)
-    staging = runtime.staging
-    staged = staging.acquire(plan.patch_bytes, stream=(device, prep), filled_in_stream_order=True)
-    # The operations are immutable: a launch whose staging buffer, area or arguments are the
-    # previous one's reuses them (a loop relaunching on the same buffers builds only the callback).
-    memo = plan.memo
-    patch_and_fetch = memo.get((staged.address, turn))
-    if patch_and_fetch is None:
-        patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
-                         keepalive=staged.memory, label=plan.patch_name)
-        patch_and_fetch = (patch, Barrier(name=plan.fetch_name, footprint=area.fetch_footprint, requires=(patch,)))
-        if len(memo) < 64:
-            memo[(staged.address, turn)] = patch_and_fetch
-    last = plan.last_compute[turn]  # (words, reads, writes, Compute) of the area's previous launch
-    if last is not None and last[0] == words and last[1] == reads and last[2] == writes:
-        compute = last[3]
-    else:
-        compute = Compute(plan.executor, area.artifact,
-                          Footprint(reads=reads + area.program_reads, writes=writes + plan.temp_writes),
-                          name=plan.name)
-        plan.last_compute[turn] = (words, reads, writes, compute)
-    patch, fetch = patch_and_fetch
-    fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name,
-                        cost_ns=HARDWARE.host_patch_ns)
-    runs = ((stream, (fill, patch, fetch, compute)),) if prep == stream else \
-        ((prep, (fill, patch)), (stream, (fetch, compute)))
-    # If this raises, the buffer is not returned to the pool: it may have come with an
-    # earlier transfer of this stream still to read it, which only the pool's record of that
-    # transfer protects (the transfer itself keeps its memory alive).
-    tickets = runtime.queue(device).enqueue_runs(runs, run_ready=True)
-    staging.release(staged, tickets[1], (device, prep))
+    launch = _Launch(plan, next(plan.turns) % len(plan.areas), stream, prep, table, bound, extra)
+    current().queue(device).submit(launch, (stream,) * 4 if prep == stream else (prep, prep, stream, stream))
+
+
+class _Launch:
+    """One launch handed to the queue (DeviceQueue.submit): its operations are made, and its
+    staging buffer drawn, by whoever enqueues it, holding the queue."""
+
+    __slots__ = ("plan", "turn", "stream", "prep", "table", "bound", "extra", "staged")
+
+    def __init__(self, plan: JobPlan, turn: int, stream: int, prep: int, table: ArgTable, bound: tuple,
+                 extra: tuple):
+        self.plan, self.turn, self.stream, self.prep = plan, turn, stream, prep
+        self.table, self.bound, self.extra = table, bound, extra  # extra: the size words, if any
+        self.staged = None
+
+    def runs(self):
+        plan, turn = self.plan, self.turn
+        area = plan.areas[turn]
+        staged = self.staged = current().staging.acquire(plan.patch_bytes, stream=(plan.device, self.prep),
+                                                          filled_in_stream_order=True)
+        # The operations are immutable: a launch whose staging buffer, area or arguments are the
+        # previous one's reuses them (a loop relaunching on the same buffers builds only the callback).
+        memo = plan.memo
+        patch_and_fetch = memo.get((staged.address, turn))
+        if patch_and_fetch is None:
+            patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
+                             keepalive=staged.memory, label=plan.patch_name)
+            patch_and_fetch = (patch, Barrier(name=plan.fetch_name, footprint=area.fetch_footprint,
+                                              requires=(patch,)))
+            if len(memo) < 64:
+                memo[(staged.address, turn)] = patch_and_fetch
+        resolved = self.table.resolve(self.bound)  # the same object while the binding is the same
+        last = plan.last_compute[turn]  # (resolved, size words, slot words, Compute) of the area's last launch
+        if last is not None and last[0] is resolved and last[1] == self.extra:
+            words, compute = last[2], last[3]
+        else:
+            words, reads, writes = resolved
+            words += self.extra
+            compute = Compute(plan.executor, area.artifact,
+                              Footprint(reads=reads + area.program_reads, writes=writes + plan.temp_writes),
+                              name=plan.name)
+            plan.last_compute[turn] = (resolved, self.extra, words, compute)
+        patch, fetch = patch_and_fetch
+        fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name,
+                            cost_ns=HARDWARE.host_patch_ns)
+        if self.prep == self.stream:
+            return ((self.stream, (fill, patch, fetch, compute)),)
+        return ((self.prep, (fill, patch)), (self.stream, (fetch, compute)))
+
+    def enqueued(self, tickets) -> None:
+        # Not enqueued (an error on the way): the buffer is not returned to the pool, since it
+        # may have come with an earlier transfer of this stream still to read it, which only the
+        # pool's record of that transfer protects (the transfer itself keeps its memory alive).
+        if self.staged is not None and len(tickets) > 1:
+            current().staging.release(self.staged, tickets[1], (self.plan.device, self.prep))
+        self.staged = None
 
 
 class _Fill:

@@ -3,9 +3,10 @@
 PyTorch code is called from several threads (data loaders, serving workers).
 A prepared kernel has two correction areas that every launch of it shares, so
 a launch (patch an area, hold the fetch, compute) is only correct as one
-unbroken run; the queue layer enqueues it as one (DeviceQueue.enqueue_runs,
-over the preparation stream and the launching stream), with no global lock
-around the rest of the launch. The stress test runs a few seconds here
+unbroken run; the queue layer enqueues it as one (a launch is handed over
+whole, DeviceQueue.submit, and enqueued in one piece over the preparation
+stream and the launching stream), with no global lock around the rest of the
+launch. The stress test runs a few seconds here
 and as long as asked with `benchmarks/stress.py --seconds N`.
 """
 
@@ -50,28 +51,21 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
     out1, out2 = torch.zeros(SHAPE).to("spyre"), torch.zeros(SHAPE).to("spyre")
     other = torch.spyre.Stream() if intruder_stream == "another stream" else torch.spyre.current_stream()
     intruded = []
-    real_enqueue, real_enqueue_runs = DeviceQueue.enqueue, DeviceQueue.enqueue_runs
+    real_enqueue_locked = DeviceQueue._enqueue_locked
 
-    def after(ops):
-        if not intruded and any(isinstance(op, Transfer) for op in ops):
+    def enqueue_locked(self, stream_id, op, inline, checked=False, seq=None):
+        # Right after the first launch's patch is enqueued, from inside the queue: the second
+        # launch is handed over then, and must not land before the first launch's fetch.
+        ticket = real_enqueue_locked(self, stream_id, op, inline, checked, seq)
+        if not intruded and isinstance(op, Transfer):
             intruded.append(True)
             with torch.spyre.stream(other):
                 launch_jobplan(plan, [dc, dd, out2])
-
-    def enqueue(self, stream_id, op, inline=False):
-        ticket = real_enqueue(self, stream_id, op, inline)
-        after([op])
         return ticket
 
-    def enqueue_runs(self, runs, run_ready=False):
-        runs = [(sid, list(ops)) for sid, ops in runs]
-        tickets = real_enqueue_runs(self, runs, run_ready)
-        after([op for _, ops in runs for op in ops])
-        return tickets
-
-    monkeypatch.setattr(DeviceQueue, "enqueue", enqueue)
-    monkeypatch.setattr(DeviceQueue, "enqueue_runs", enqueue_runs)
+    monkeypatch.setattr(DeviceQueue, "_enqueue_locked", enqueue_locked)
     launch_jobplan(plan, [da, db, out1])
+    torch.spyre.synchronize()  # (whoever enqueues the handed-over launch meets the hook)
     monkeypatch.undo()
     torch.spyre.synchronize()
     assert intruded

@@ -26,12 +26,18 @@ timeline: the later of its dependencies' simulated ends and its pipeline's
 previous end, plus its cost (the executor's or the data-movement engine's
 cost_ns; a host callback's declared cost_ns, or else its host wall time).
 
+Launches are handed over without taking the queue (submit), as a host rings
+a device's doorbell: they own their sequence numbers from then on, and are
+enqueued in order by the next thread that holds the queue for anything, or
+else by the queue's submission worker, which the doorbell wakes.
+
 Who runs an operation: its pipeline's worker; the thread that enqueued it,
 for inline operations and for the host callbacks and transfers of an
-enqueue_runs(run_ready=True) that are ready at once (a launch's patch); or a
-thread that waits (wait, synchronize) and finds ready computes and transfers
-it is waiting for. The worker of a pipeline is woken only when the pipeline
-has work and the worker is idle.
+enqueue_runs(run_ready=True) or a submission that are ready at once (a
+launch's patch); or a thread that waits (wait, synchronize) and finds ready
+computes and transfers it is waiting for. The worker of a pipeline is woken
+only when the pipeline has work, the worker is idle, and the work is not
+what the waking thread waits for and will run itself.
 
 Across devices: a Wait may name a signal of another device's queue (an
 event recorded on spyre:0, waited for on spyre:1). The owner of the signal
@@ -52,7 +58,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import itertools
 import queue as queue_module
 import threading
 import time
@@ -60,7 +65,7 @@ import traceback
 from typing import Callable
 
 from . import signals
-from .operations import Barrier, Compute, DataMovement, HostCallback, Signal, Transfer, Wait
+from .operations import NO_FOOTPRINT, Barrier, Compute, DataMovement, HostCallback, Signal, Transfer, Wait
 from .signals import SoftSignal
 
 PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
@@ -71,6 +76,29 @@ _KNOWN_PIPELINES = frozenset(PIPELINES) | {"control"}
 _CLAIMABLE = frozenset(("host", "h2d", "d2h", "d2d"))  # what enqueue_runs(run_ready=True) may run itself
 
 _local = threading.local()
+
+
+class _helping:
+    """While a thread waits for the device (holding the queue's lock when entered and left):
+    the tickets it waits for, which it runs itself when their pipeline is free
+    (DeviceQueue._help_or_wait), so their workers are not woken. Whatever it leaves ready
+    when it stops waiting (it stopped early, or readied what it did not wait for) goes to the
+    workers then."""
+
+    __slots__ = ("queue", "wants", "outer")
+
+    def __init__(self, queue: DeviceQueue, wants):
+        self.queue, self.wants = queue, wants
+
+    def __enter__(self):
+        self.outer = getattr(_local, "wants", None)
+        _local.wants = self.wants
+
+    def __exit__(self, *exc):
+        _local.wants = self.outer
+        if self.outer is None:
+            self.queue._wake(self.queue.pipelines.values())
+        return False
 
 
 def in_host_operation() -> bool:
@@ -153,6 +181,17 @@ def _drop(queue: collections.deque, t: Ticket) -> None:
         queue.remove(t)
 
 
+class _FailedSubmission:
+    """Stands for the operations of a submission that could not be enqueued (see submit)."""
+
+    pipeline = "control"
+    footprint = NO_FOOTPRINT
+    name = "a submitted launch that could not be enqueued"
+
+
+_FAILED_SUBMISSION = _FailedSubmission()
+
+
 class _Finished:
     """What remains of a finished operation: its name and footprint."""
 
@@ -224,7 +263,14 @@ class DeviceQueue:
         self.inflight: dict[int, Ticket] = {}
         self.unsignaled: set[Ticket] = set()
         self.recorders: list[list[Ticket]] = []
-        self._seq = itertools.count(1)
+        # Sequence numbers, and the submissions (launches handed over without holding the
+        # queue, see submit) that already own some of them; both under _submit_lock, a leaf.
+        self._submit_lock = threading.Lock()
+        self._next_seq = 1
+        self._submitted: collections.deque = collections.deque()
+        self._doorbell: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._doorbell_idle = True  # the submission worker waits for the doorbell
+        self._submitter: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         self._closing = False  # set by shutdown(): workers finish their heaps and exit
         # Simulated time the host has observed (by synchronizing or waiting):
@@ -242,6 +288,7 @@ class DeviceQueue:
 
     def enqueue(self, stream_id: int, op, inline: bool = False) -> Ticket:
         with self.lock:
+            self._drain()
             ticket = self._enqueue_locked(stream_id, op, inline)
         self._on_enqueued(stream_id, ticket.seq)
         return ticket
@@ -273,6 +320,7 @@ class DeviceQueue:
         try:
             try:
                 with self.lock:
+                    self._drain()
                     self._batch = {}
                     self._claim = claimed
                     defers = claimed is not None and self._wake_later is None
@@ -327,6 +375,115 @@ class DeviceQueue:
             finally:
                 pipe.running.release()
 
+    # ---- submissions: handed over without holding the queue ------------------------------
+
+    def submit(self, record, streams: tuple[int, ...]) -> None:
+        """Hand over a launch without taking the queue, as a host rings a device's doorbell.
+
+        `streams`: the stream of each operation the record will enqueue, in order. Their
+        sequence numbers are taken now, in the order of every other enqueue, and the
+        allocator is told now (a tensor freed after this returns stays allocated until the
+        launch is done). The record is enqueued by the next thread that holds the queue (an
+        enqueue, a wait, a synchronize) or else by this device's submission worker, which
+        the doorbell wakes: `record.runs()` returns its ((stream id, ops), ...) as
+        enqueue_runs(run_ready=True) takes them, and `record.enqueued(tickets)` hears which
+        tickets they got. Both run holding the queue, so they must not call into it. If
+        runs() raises, the record's streams stop with that error."""
+        newest: dict[int, int] = {}
+        with self._submit_lock:
+            first = self._next_seq
+            self._next_seq = first + len(streams)
+            for k, sid in enumerate(streams):
+                newest[sid] = first + k
+            for sid, seq in newest.items():
+                self._on_enqueued(sid, seq)
+            self._submitted.append((record, streams, first))
+        if self._doorbell_idle:
+            self._doorbell_idle = False
+            if self._submitter is None:
+                self._start_submitter()
+            self._doorbell.put(True)
+
+    def _take_seq(self) -> int:
+        """The next sequence number, for an operation enqueued now (lock held): submissions
+        that own earlier numbers are enqueued first, so each stream's numbers grow in its order."""
+        while True:
+            with self._submit_lock:
+                if not self._submitted:
+                    seq = self._next_seq
+                    self._next_seq = seq + 1
+                    return seq
+            self._drain()
+
+    def _drain(self) -> None:
+        """Enqueue the submissions handed over so far, in order (lock held)."""
+        wake = self._wake_later is None
+        if wake:
+            self._wake_later = set()
+        try:
+            while True:
+                with self._submit_lock:
+                    if not self._submitted:
+                        break
+                    record, streams, first = self._submitted.popleft()
+                self._enqueue_submission(record, streams, first)
+        finally:
+            if wake:
+                pipes, self._wake_later = self._wake_later, None
+                self._wake(pipes)
+
+    def _enqueue_submission(self, record, streams: tuple[int, ...], first: int) -> None:
+        tickets: list[Ticket] = []
+        claimed: list[Ticket] = []
+        outer = self._batch, self._claim  # an enqueue_runs call that found it handed over meanwhile
+        try:
+            runs = record.runs()
+            self._batch, self._claim = {}, claimed
+            for sid, ops in runs:
+                for op in ops:
+                    if len(tickets) == len(streams) or sid != streams[len(tickets)]:
+                        raise RuntimeError(f"spyre:{self.device}: a submission enqueued {getattr(op, 'name', op)!r} "
+                                           f"on stream {sid}, not on the streams it declared {streams}")
+                    self._check_operation(op)
+                    ticket = self._enqueue_locked(sid, op, False, checked=True, seq=first + len(tickets))
+                    self._batch[id(op)] = ticket
+                    tickets.append(ticket)
+            if len(tickets) != len(streams):
+                raise RuntimeError(f"spyre:{self.device}: a submission declared {len(streams)} operations "
+                                   f"and enqueued {len(tickets)}")
+        except BaseException as error:  # noqa: BLE001 - reported through the record's streams
+            # The numbers it owns still complete (the allocator waits for them), failing: its
+            # streams stop with the error, and what follows on them is skipped.
+            for k in range(len(tickets), len(streams)):
+                failed = Ticket(_FAILED_SUBMISSION, self._stream(streams[k]), first + k, False, self.device)
+                failed.pending_error = error
+                self._add_dependencies(failed, failed.stream)
+                self._add_ticket(failed)
+        finally:
+            self._batch, self._claim = outer
+            for t in claimed:  # their pipeline was busy: its worker runs them
+                t.claimant = None
+                self._push(t)
+            for t in tickets:
+                t.claimant = None
+        record.enqueued(tickets)
+
+    def _start_submitter(self) -> None:
+        with self._submit_lock:
+            if self._submitter is None:
+                self._submitter = threading.Thread(target=self._submit_forever, name=f"spyre{self.device}-submit",
+                                                   daemon=True)
+                self._submitter.start()
+
+    def _submit_forever(self) -> None:
+        while self._doorbell.get():
+            with self.lock:
+                self._drain()
+            self._doorbell_idle = True
+            if self._submitted and self._doorbell_idle:  # handed over meanwhile: no ring was left
+                self._doorbell_idle = False
+                self._doorbell.put(True)
+
     def _required(self, ticket: Ticket, deps: list) -> None:
         """A Barrier's `requires`: tickets of this enqueue_runs call it holds for and fails with."""
         found = []
@@ -358,11 +515,12 @@ class DeviceQueue:
             raise TypeError(f"spyre:{self.device}: cannot enqueue {type(op).__name__}; operations are "
                             f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
 
-    def _enqueue_locked(self, stream_id: int, op, inline: bool, checked: bool = False) -> Ticket:
+    def _enqueue_locked(self, stream_id: int, op, inline: bool, checked: bool = False,
+                        seq: int | None = None) -> Ticket:
         if not checked:
             self._check_operation(op)
         stream = self._stream(stream_id)
-        ticket = Ticket(op, stream, next(self._seq), inline, self.device)
+        ticket = Ticket(op, stream, self._take_seq() if seq is None else seq, inline, self.device)
         if self._claim is not None and ticket.pipeline in _CLAIMABLE:
             ticket.claimant = self._claim
         previous = stream.last
@@ -374,19 +532,23 @@ class DeviceQueue:
                 ticket.prefetch_on_ready = True
             else:
                 self._prefetch(ticket)
+        self._add_ticket(ticket)
+        return ticket
+
+    def _add_ticket(self, ticket: Ticket) -> None:
+        stream = ticket.stream
         stream.last = ticket
         if not stream.pending:
             self._busy[stream] = None
         stream.pending.append(ticket)
-        if op.footprint.writes:
+        if ticket.op.footprint.writes:
             stream.writers.append(ticket)
         self.inflight[ticket.seq] = ticket
         if ticket.deps_left == 0:
-            if inline and stream.error is None and ticket.pipeline != "control" and ticket.pending_error is None:
+            if ticket.inline and stream.error is None and ticket.pipeline != "control" and ticket.pending_error is None:
                 ticket.ready = True  # nobody waits for it yet: no need to notify
             else:
                 self._make_ready([ticket])
-        return ticket
 
     def _add_dependencies(self, ticket: Ticket, stream: _Stream) -> None:
         op = ticket.op
@@ -573,25 +735,32 @@ class DeviceQueue:
             self.changed.notify_all()
 
     def _push(self, t: Ticket) -> None:
-        """Hand a ready ticket to its pipeline's worker."""
+        """Hand a ready ticket to its pipeline's worker (or to the thread waiting for it)."""
         pipe = self.pipelines[t.pipeline]
         key = t.priority if t.pipeline == "compute" else 0
         heapq.heappush(pipe.heap, (key, t.seq, t))
         if self._wake_later is not None:
             self._wake_later.add(pipe)
         elif pipe.thread is None:
-            self._start_worker(pipe)
-        elif pipe.idle:
+            if not self._helper_runs(pipe, (t,)):
+                self._start_worker(pipe)
+        elif pipe.idle and not self._helper_runs(pipe, (t,)):
             pipe.cond.notify()
 
     def _wake(self, pipes) -> None:
         """Wake the workers of `pipes` that have work (lock held)."""
         for pipe in pipes:
-            if pipe.heap:
+            if pipe.heap and not self._helper_runs(pipe, [t for _, _, t in pipe.heap]):
                 if pipe.thread is None:
                     self._start_worker(pipe)
                 elif pipe.idle:
                     pipe.cond.notify()
+
+    def _helper_runs(self, pipe: _Pipeline, tickets) -> bool:
+        """True if this thread waits for every one of `tickets` and will run them itself
+        (_help_or_wait): waking the worker would only make it contend for the GIL and the queue."""
+        wants = getattr(_local, "wants", None)
+        return wants is not None and pipe.name in self._STEALABLE and all(wants(t) for t in tickets)
 
     @staticmethod
     def _prefetch(t: Ticket) -> bool:
@@ -690,6 +859,7 @@ class DeviceQueue:
         process. Errors are not raised (nobody is left to see them). True if all finished."""
         deadline = time.monotonic() + timeout
         with self.lock:
+            self._drain()
             for t in list(self.inflight.values()):
                 while not t.done and time.monotonic() < deadline:
                     self._wait_for_change(max(0.0, deadline - time.monotonic()))
@@ -699,9 +869,11 @@ class DeviceQueue:
             self._closing = True
             for pipe in self.pipelines.values():
                 pipe.cond.notify_all()
-        for pipe in self.pipelines.values():
-            if pipe.thread is not None and pipe.thread is not threading.current_thread():
-                pipe.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._doorbell.put(False)
+        threads = [pipe.thread for pipe in self.pipelines.values()] + [self._submitter]
+        for thread in threads:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return True
 
     def _run_on_pipeline(self, t: Ticket) -> None:
@@ -739,6 +911,7 @@ class DeviceQueue:
             # is already established; run directly.
             return op.fn() if isinstance(op, HostCallback) else self._execute_direct(op)
         with self.lock:
+            self._drain()
             t = self._enqueue_locked(stream_id, op, True)
         self._on_enqueued(stream_id, t.seq)
         with self.lock:
@@ -780,9 +953,10 @@ class DeviceQueue:
         """Block until `t` is done; return its result or raise its error."""
         if in_host_operation() and not t.done:
             raise RuntimeError(f"spyre: waiting for {t!r} from inside a host operation would deadlock")
-        with self.lock:
+        with self.lock, _helping(self, lambda ready: ready is t):
+            self._drain()
             while not t.done:
-                self._help_or_wait(lambda ready: ready is t)
+                self._help_or_wait(_local.wants)
             self.sim_floor = max(self.sim_floor, t.sim_end)
         return self._outcome(t)
 
@@ -820,6 +994,7 @@ class DeviceQueue:
 
     def query_stream(self, stream_id: int) -> bool:
         with self.lock:
+            self._drain()
             stream = self._stream(stream_id)
             if stream.error is not None:
                 raise stream.error
@@ -828,11 +1003,13 @@ class DeviceQueue:
     def synchronize_stream(self, stream_id: int) -> None:
         if in_host_operation():
             return
-        with self.lock:
+        stream = None
+        with self.lock, _helping(self, lambda ready: ready.stream is stream):
             stream = self._stream(stream_id)
+            self._drain()
             target = stream.last
             while target is not None and not target.done:
-                self._help_or_wait(lambda ready: ready.stream is stream)
+                self._help_or_wait(_local.wants)
             if target is not None:
                 self.sim_floor = max(self.sim_floor, target.sim_end)
             if stream.error is not None:
@@ -841,12 +1018,14 @@ class DeviceQueue:
     def synchronize(self) -> None:
         if in_host_operation():
             return
-        with self.lock:
+        last = None  # everything enqueued so far, once the handed-over launches are enqueued too
+        with self.lock, _helping(self, lambda ready: last is None or ready.seq <= last):
+            self._drain()
             targets = list(self.inflight.values())
             last = max((t.seq for t in targets), default=0)
             for t in targets:
                 while not t.done:
-                    self._help_or_wait(lambda ready: ready.seq <= last)
+                    self._help_or_wait(_local.wants)
             self.sim_floor = max([self.sim_floor] + [p.sim_free for p in self.pipelines.values()])
             for stream in self.streams.values():
                 if stream.error is not None:
@@ -854,6 +1033,7 @@ class DeviceQueue:
 
     def clear_error(self, stream_id: int | None = None) -> None:
         with self.lock:
+            self._drain()
             for stream in self.streams.values():
                 if stream_id is None or stream.id == stream_id:
                     stream.error = None
@@ -896,6 +1076,7 @@ class DeviceQueue:
 
     def sim_busy_ns(self) -> dict[str, float]:
         with self.lock:
+            self._drain()
             return {name: p.sim_busy for name, p in self.pipelines.items()}
 
 
