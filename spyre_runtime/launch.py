@@ -17,35 +17,36 @@ argument's storage address, and hands the launch to the device's queue
 keeps a tensor freed after the call until the launch is done). Whoever
 enqueues it next (a thread that waits or enqueues, or the queue's
 submission worker) resolves the addresses to (region, offset) slot words,
-remembered per binding, and enqueues four typed operations:
+remembered per binding, and enqueues two typed operations for the four
+steps of the execution plan:
 
-1. a HostCallback writes the addresses into a pinned staging buffer
-   (the runtime's one completion-gated pool, shared with eager copies;
-   filled in its stream's order, so a buffer whose last transfer is earlier
-   on the same stream is safe to reuse). On the simulated timeline it costs
-   what a native runtime's would (HardwareConfig.host_patch_ns), not the
-   wall time of our Python;
-2. a Transfer copies the staging buffer into one of the plan's two
-   correction areas (launches alternate): both on a preparation stream of
-   the launch's stream (preparation_stream), so a launch's patch overlaps
-   the previous launch's compute. The patch of an area waits, by footprint,
-   until the compute that last read it has finished;
-3. a Barrier on the launch's stream holds program distribution: the device
-   fetches a program and its correction area ahead of execution, and
-   without the Barrier the fetch could read the previous launch's
-   addresses. It holds the fetch of this program only (its footprint is the
-   image and the area), and it requires the patch: if the patch failed, the
-   barrier fails and the compute is skipped, never run on stale addresses;
-4. a Compute runs the program (the simulated device's
-   device.programs.ProgramExecutor, whose prefetch is that fetch), with a
-   footprint of what it reads and writes so the queue layer orders it
-   against other streams' work.
+1. resolve addresses and patch the correction area: one Transfer copies a
+   pinned staging buffer (the runtime's one completion-gated pool, shared
+   with eager copies) into one of the plan's two correction areas (launches
+   alternate), its fill -- the host callback of the step before -- writing
+   the slot words into the buffer right before the copy, so in its stream's
+   order (a buffer whose last transfer is earlier on the same stream is safe
+   to reuse). On the simulated timeline the fill costs what a native
+   runtime's would (HardwareConfig.host_patch_ns), not the wall time of our
+   Python. It runs on a preparation stream of the launch's stream
+   (preparation_stream), so a launch's patch overlaps the previous launch's
+   compute; the patch of an area waits, by footprint, until the compute
+   that last read it has finished;
+2. hold the fetch and run the program: one Compute on the launch's stream
+   runs it (the simulated device's device.programs.ProgramExecutor, whose
+   prefetch is that fetch), with a footprint of what it reads and writes so
+   the queue layer orders it against other streams' work. Program
+   distribution fetches a program and its correction area ahead of
+   execution; the Compute holds its fetch until it is ready (hold_fetch),
+   and it requires the patch: if the patch failed, the compute fails
+   without running, never on stale addresses.
 
-The four are enqueued under one hold of the queue, one launch after another
+The two are enqueued under one hold of the queue, one launch after another
 in the order they were handed over: every launch of a plan patches the same
 two areas, so another thread's launch between this one's patch and its fetch
-would hand this compute the other's addresses. ``set_preparation_streams(0)`` (or SPYRE_PREPARATION_STREAMS=0)
-puts all four on the launch's own stream, as one stream; results are the same.
+would hand this compute the other's addresses. ``set_preparation_streams(0)``
+(or SPYRE_PREPARATION_STREAMS=0) puts both on the launch's own stream, as one
+stream; results are the same.
 
 A launch that fails on the device stops its stream like any failed
 operation (the error names the kernel); ``torch.spyre.clear_errors()``
@@ -77,7 +78,7 @@ from .program.operands import DTYPES, sticks
 from .program.program import SIZE_BYTES, SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
 from .program.validate import validate_once
-from .queue import (Barrier, Compute, DeviceAddress, Footprint, HostAddress, HostCallback, Range, Transfer,
+from .queue import (Compute, DeviceAddress, Footprint, HostAddress, Range, Transfer,
                     TransferKind)
 from .queue.runtime import current
 from .sizes import SizeSpec, bind_sizes, dim_at, dim_max, dim_symbol, parse_dim, parse_sizes, size_words
@@ -134,7 +135,6 @@ class CorrectionArea:
 
     address: DeviceAddress      # where the patch lands
     artifact: Artifact          # the Compute's bindings: the allocation, fetched through this area
-    fetch_footprint: Footprint  # the fetch reads the program image and this area
     program_reads: tuple[Range, ...]  # the run reads those and its temporaries
 
 
@@ -148,19 +148,18 @@ class JobPlan:
     steps: tuple[Step, ...]
     executor: ProgramExecutor  # what the queue layer runs for the plan's Compute
     artifact: Artifact
-    allocation: torch.Tensor  # the program's device memory (kept alive by the plan)
+    # the program's device memory (kept alive by the plan; not in the repr, which would read it)
+    allocation: torch.Tensor = field(repr=False)
     # Resolved once, when the plan is prepared, so a launch only binds:
     table: ArgTable | None = field(repr=False)  # None with sizes: _table_at
     areas: tuple[CorrectionArea, ...] = field(repr=False)
     temp_writes: tuple[Range, ...] = field(repr=False)  # the temporaries, if any: one launch at a time
     patch_bytes: int = field(repr=False)
     word_format: str = field(repr=False)  # struct format of the slot words
-    resolve_name: str = field(repr=False)
-    fetch_name: str = field(repr=False)
     patch_name: str = field(repr=False)
     turns: itertools.count = field(repr=False, compare=False)  # which area the next launch uses
-    # launch_jobplan's reusable operations: (staging buffer, area) -> (patch, fetch), and per area
-    # the previous launch's compute with its slot words
+    # launch_jobplan's reusable operations: (staging buffer, area, slot words) -> patch, and per
+    # area the previous launch's compute with its slot words
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     last_compute: list = field(default_factory=lambda: [None] * CORRECTION_AREAS, repr=False, compare=False)
     sizes: tuple[SizeSpec, ...] = ()  # the size symbols (issue 18) and the bounds the artifact serves
@@ -382,15 +381,14 @@ def _plan(name: str, root: Path, device: int, program: Program, args, steps, siz
         patched = Range(region, base + offset, program.correction_bytes)
         areas.append(CorrectionArea(DeviceAddress(region, base + offset),
                                     Artifact(device, region, base, correction=base + offset),
-                                    Footprint(reads=(image, patched)), (image, patched, *temp_ranges)))
+                                    (image, patched, *temp_ranges)))
     resolve = steps[0]
     nwords = 2 * len(resolve.slots) + len(sizes)
     table = ArgTable(name, device, args, resolve.slots) if not sizes else None
     return JobPlan(name, root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
                    artifact, alloc, table, tuple(areas), temp_ranges,
                    steps[1].nbytes, f"<{nwords}q{steps[1].nbytes - 8 * nwords}x",
-                   f"{name}: resolve addresses",
-                   f"{name}: hold program fetch", f"{name}: patch correction area", itertools.count(),
+                   f"{name}: patch correction area", itertools.count(),
                    sizes=tuple(sizes))
 
 
@@ -451,7 +449,7 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     stream = _C.current_stream_id(device)
     prep = preparation_stream(device, stream)
     launch = _Launch(plan, next(plan.turns) % len(plan.areas), stream, prep, table, bound, extra)
-    current().queue(device).submit(launch, (stream,) * 4 if prep == stream else (prep, prep, stream, stream))
+    current().queue(device).submit(launch, (prep, stream))
 
 
 class _Launch:
@@ -466,22 +464,13 @@ class _Launch:
         self.table, self.bound, self.extra = table, bound, extra  # extra: the size words, if any
         self.staged = None
 
+    # The compute (operation 1) holds for the patch (operation 0), on whichever stream that runs,
+    # and is skipped if the patch failed: never run on another launch's addresses.
+    requires = {1: (0,)}
+
     def runs(self):
         plan, turn = self.plan, self.turn
         area = plan.areas[turn]
-        staged = self.staged = current().staging.acquire(plan.patch_bytes, stream=(plan.device, self.prep),
-                                                          filled_in_stream_order=True)
-        # The operations are immutable: a launch whose staging buffer, area or arguments are the
-        # previous one's reuses them (a loop relaunching on the same buffers builds only the callback).
-        memo = plan.memo
-        patch_and_fetch = memo.get((staged.address, turn))
-        if patch_and_fetch is None:
-            patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
-                             keepalive=staged.memory, label=plan.patch_name)
-            patch_and_fetch = (patch, Barrier(name=plan.fetch_name, footprint=area.fetch_footprint,
-                                              requires=(patch,)))
-            if len(memo) < 64:
-                memo[(staged.address, turn)] = patch_and_fetch
         resolved = self.table.resolve(self.bound)  # the same object while the binding is the same
         last = plan.last_compute[turn]  # (resolved, size words, slot words, Compute) of the area's last launch
         if last is not None and last[0] is resolved and last[1] == self.extra:
@@ -491,21 +480,31 @@ class _Launch:
             words += self.extra
             compute = Compute(plan.executor, area.artifact,
                               Footprint(reads=reads + area.program_reads, writes=writes + plan.temp_writes),
-                              name=plan.name)
+                              name=plan.name, hold_fetch=True)
             plan.last_compute[turn] = (resolved, self.extra, words, compute)
-        patch, fetch = patch_and_fetch
-        fill = HostCallback(_Fill(staged, plan.word_format, words), name=plan.resolve_name,
-                            cost_ns=HARDWARE.host_patch_ns)
+        staged = self.staged = current().staging.acquire(plan.patch_bytes, stream=(plan.device, self.prep),
+                                                          filled_in_stream_order=True)
+        # The operations are immutable: a launch with the previous one's staging buffer, area and
+        # slot words reuses its patch (a loop relaunching on the same buffers builds nothing).
+        key = (staged.address, turn, words)
+        patch = plan.memo.get(key)
+        if patch is None:
+            patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
+                             keepalive=staged.memory, label=plan.patch_name,
+                             fill=_Fill(staged, plan.word_format, words), fill_cost_ns=HARDWARE.host_patch_ns)
+            if len(plan.memo) >= 64:
+                plan.memo.clear()
+            plan.memo[key] = patch
         if self.prep == self.stream:
-            return ((self.stream, (fill, patch, fetch, compute)),)
-        return ((self.prep, (fill, patch)), (self.stream, (fetch, compute)))
+            return ((self.stream, (patch, compute)),)
+        return ((self.prep, (patch,)), (self.stream, (compute,)))
 
     def enqueued(self, tickets) -> None:
         # Not enqueued (an error on the way): the buffer is not returned to the pool, since it
         # may have come with an earlier transfer of this stream still to read it, which only the
         # pool's record of that transfer protects (the transfer itself keeps its memory alive).
-        if self.staged is not None and len(tickets) > 1:
-            current().staging.release(self.staged, tickets[1], (self.plan.device, self.prep))
+        if self.staged is not None and tickets:
+            current().staging.release(self.staged, tickets[0], (self.plan.device, self.prep))
         self.staged = None
 
 

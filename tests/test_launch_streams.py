@@ -82,6 +82,7 @@ def test_an_area_is_patched_again_only_after_the_compute_that_read_it(add_plan):
     start = next(add_plan.turns)  # launches k = 1, 2, 3 use area (start + k) % 2
     for *_, xs, ys, out in runs:
         launch_jobplan(add_plan, [xs, ys, out])
+    assert not q.query_stream(stream)  # (enqueues the launches handed over: the patches that can run do)
     reused = (start + 1) % 2
     words = [slot_words(r[2:]) for r in runs]
     assert _area(add_plan, reused).tolist() == words[0]  # launch 3 has not overwritten launch 1's
@@ -104,7 +105,7 @@ def test_a_failed_patch_skips_the_compute_instead_of_running_it_on_stale_address
 
     current().queue(0).enqueue(prep, HostCallback(boom, name="broken"))  # the patch behind it is skipped
     launch_jobplan(add_plan, [xs, ys, out])
-    with pytest.raises(StreamError, match="hold program fetch.*did not complete"):
+    with pytest.raises(StreamError, match=r"\(add_fp32\) failed: .*patch correction area.* did not complete"):
         torch.spyre.current_stream().synchronize()
     assert torch.count_nonzero(_C.host_alias(out)) == 0  # the program never ran
     torch.spyre.clear_errors()

@@ -1053,6 +1053,40 @@ def test_a_barrier_ahead_holds_the_prefetch_until_it_is_done():
     assert [call for call, *_ in log] == ["prefetch", "run", "cost"]
 
 
+def test_a_compute_that_holds_its_fetch_prefetches_only_once_ready():
+    """hold_fetch: the Compute itself holds program distribution until its dependencies are
+    done (a launch's compute, whose correction area the patch before it is still writing)."""
+    log: list = []
+    q = FakeDevice().queue()
+    gate, held = hold_compute(q, 1)
+    try:
+        t = q.enqueue(1, Compute(Recorder(log, "k"), None, hold_fetch=True))
+        time.sleep(0.05)
+        assert log == []  # not fetched while what it follows runs
+    finally:
+        gate.open()
+    q.wait(t)
+    assert [call for call, *_ in log] == ["prefetch", "run", "cost"]
+
+
+def test_a_transfers_fill_runs_right_before_its_copy_and_is_priced():
+    """A Transfer's fill (a host callback folded into it) writes its staging source in stream
+    order, just before the bytes move, and adds its declared price to the transfer's."""
+    device = FakeDevice()
+    q = device.queue()
+    buf, src = host_buffer(16)
+    plain = q.enqueue(1, Transfer(H2D, src, DeviceAddress(1, 0), 16))
+    q.wait(plain)
+
+    def fill():
+        ctypes.memset(buf, 7, 16)
+
+    t = q.enqueue(1, Transfer(H2D, src, DeviceAddress(1, 0), 16, keepalive=buf, fill=fill, fill_cost_ns=500.0))
+    q.wait(t)
+    assert device.read(Range(1, 0, 16)) == bytes([7] * 16)
+    assert (t.sim_end - t.sim_start) - (plain.sim_end - plain.sim_start) == 500.0
+
+
 class BadPrefetch(Executor):
     def __init__(self, ran: list):
         self.ran = ran

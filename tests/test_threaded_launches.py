@@ -53,10 +53,10 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
     intruded = []
     real_enqueue_locked = DeviceQueue._enqueue_locked
 
-    def enqueue_locked(self, stream_id, op, inline, checked=False, seq=None):
+    def enqueue_locked(self, stream_id, op, inline, **how):
         # Right after the first launch's patch is enqueued, from inside the queue: the second
         # launch is handed over then, and must not land before the first launch's fetch.
-        ticket = real_enqueue_locked(self, stream_id, op, inline, checked, seq)
+        ticket = real_enqueue_locked(self, stream_id, op, inline, **how)
         if not intruded and isinstance(op, Transfer):
             intruded.append(True)
             with torch.spyre.stream(other):

@@ -387,8 +387,10 @@ class DeviceQueue:
         enqueue, a wait, a synchronize) or else by this device's submission worker, which
         the doorbell wakes: `record.runs()` returns its ((stream id, ops), ...) as
         enqueue_runs(run_ready=True) takes them, and `record.enqueued(tickets)` hears which
-        tickets they got. Both run holding the queue, so they must not call into it. If
-        runs() raises, the record's streams stop with that error."""
+        tickets they got. Both run holding the queue, so they must not call into it.
+        `record.requires`, if it has one, maps an operation's index to the indices of earlier
+        ones it holds for and fails with (as Barrier.requires). If runs() raises, the
+        record's streams stop with that error."""
         newest: dict[int, int] = {}
         with self._submit_lock:
             first = self._next_seq
@@ -438,6 +440,7 @@ class DeviceQueue:
         outer = self._batch, self._claim  # an enqueue_runs call that found it handed over meanwhile
         try:
             runs = record.runs()
+            requires = getattr(record, "requires", None) or {}
             self._batch, self._claim = {}, claimed
             for sid, ops in runs:
                 for op in ops:
@@ -445,7 +448,9 @@ class DeviceQueue:
                         raise RuntimeError(f"spyre:{self.device}: a submission enqueued {getattr(op, 'name', op)!r} "
                                            f"on stream {sid}, not on the streams it declared {streams}")
                     self._check_operation(op)
-                    ticket = self._enqueue_locked(sid, op, False, checked=True, seq=first + len(tickets))
+                    k = len(tickets)
+                    needs = tuple(tickets[j] for j in requires.get(k, ()))
+                    ticket = self._enqueue_locked(sid, op, False, checked=True, seq=first + k, requires=needs)
                     self._batch[id(op)] = ticket
                     tickets.append(ticket)
             if len(tickets) != len(streams):
@@ -493,6 +498,12 @@ class DeviceQueue:
                 raise ValueError(f"spyre:{self.device}: {ticket.name} requires {getattr(op, 'name', op)!r}, "
                                  f"which was not enqueued before it in the same enqueue_runs call")
             found.append(dep)
+        self._require(ticket, found, deps)
+
+    @staticmethod
+    def _require(ticket: Ticket, found, deps: list) -> None:
+        """`ticket` holds for the tickets `found` and fails (its stream stops) if one failed."""
+        for dep in found:
             if dep.done:
                 ticket.ready_sim = max(ticket.ready_sim, dep.sim_end)
             else:
@@ -516,7 +527,7 @@ class DeviceQueue:
                             f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
 
     def _enqueue_locked(self, stream_id: int, op, inline: bool, checked: bool = False,
-                        seq: int | None = None) -> Ticket:
+                        seq: int | None = None, requires: tuple[Ticket, ...] = ()) -> Ticket:
         if not checked:
             self._check_operation(op)
         stream = self._stream(stream_id)
@@ -524,11 +535,11 @@ class DeviceQueue:
         if self._claim is not None and ticket.pipeline in _CLAIMABLE:
             ticket.claimant = self._claim
         previous = stream.last
-        self._add_dependencies(ticket, stream)
+        self._add_dependencies(ticket, stream, requires)
         if type(op) is Compute:
             # The executor may read ahead of execution (prefetch), unless a
             # Barrier ahead of it on the stream holds it back until it is done.
-            if previous is not None and not previous.done and type(previous.op) is Barrier:
+            if op.hold_fetch or (previous is not None and not previous.done and type(previous.op) is Barrier):
                 ticket.prefetch_on_ready = True
             else:
                 self._prefetch(ticket)
@@ -550,7 +561,7 @@ class DeviceQueue:
             else:
                 self._make_ready([ticket])
 
-    def _add_dependencies(self, ticket: Ticket, stream: _Stream) -> None:
+    def _add_dependencies(self, ticket: Ticket, stream: _Stream, requires: tuple[Ticket, ...] = ()) -> None:
         op = ticket.op
         deps: list[tuple[Ticket, str]] = []
         if stream.last is not None:
@@ -570,7 +581,9 @@ class DeviceQueue:
                     if footprint.conflicts(pending.op.footprint):
                         deps.append((pending, "derived"))
                         break
-        if type(op) is Barrier and op.requires:
+        if requires:
+            self._require(ticket, requires, deps)
+        elif type(op) is Barrier and op.requires:
             self._required(ticket, deps)
         if isinstance(op, Barrier) and footprint.empty:
             # A device-wide barrier: everything enqueued before it, on any stream.
@@ -888,8 +901,10 @@ class DeviceQueue:
         t.host_start = time.perf_counter_ns()
         try:
             if isinstance(op, Transfer):
+                if op.fill is not None:
+                    op.fill()
                 self.data_movement.run(op)
-                cost = float(self.data_movement.cost_ns(op))
+                cost = float(self.data_movement.cost_ns(op)) + op.fill_cost_ns
             elif isinstance(op, Compute):
                 op.executor.run(op.bindings)
                 cost = float(op.executor.cost_ns(op.bindings))
