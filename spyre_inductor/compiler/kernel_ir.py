@@ -404,7 +404,9 @@ class Kernel:
                     raise ValueError(f"kernel {self.name!r}: value {i} indexes with a "
                                      f"{self.values[v.arg].dtype} value")
             elif isinstance(v, SizeValue):
-                sizes = [n for n, _, _ in self.symbolic.sizes] if self.symbolic is not None else []
+                # (while symbolic.py captures a kernel, it has no SymbolicSizes yet: the size's
+                # name is checked once it has)
+                sizes = [n for n, _, _ in self.symbolic.sizes] if self.symbolic is not None else [v.symbol]
                 if v.symbol not in sizes or v.dtype != "int64" or v.coef < 1:
                     raise ValueError(f"kernel {self.name!r}: value {i} is {v!r}, not an int64 multiple of one "
                                      f"of the kernel's sizes {sizes}")

@@ -347,6 +347,7 @@ COLUMN_REDUCTIONS = {
     "amax_amin": lambda x: x.amax(0) + x.amin(0),
     "argmax": lambda x: x.argmax(0),
     "prod": lambda x: x.prod(0),
+    "mean": lambda x: x.mean(0),  # (its divisor is the size, read at launch: a SizeValue)
 }
 
 
@@ -363,6 +364,26 @@ def test_a_reduction_over_a_dynamic_dim_serves_its_bucket(counted, name):
         torch.testing.assert_close(compiled(xs).cpu(), fn(x), rtol=1e-5, atol=1e-5)
     assert _graphs() == 1 and len(counted) == 1
     assert counted[0].reduction_ranges == (64,) and counted[0].symbolic.sizes[0][1:] == (33, 64)
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("pointwise", lambda x, w: x / x.shape[0] + x.shape[0]),
+    ("matmul_epilogue", lambda x, w: (x @ w[:64]) * x.shape[0]),
+    pytest.param("mean_across_buckets", lambda x, w: x.mean(0), marks=pytest.mark.slow),
+])
+def test_a_size_inside_a_value_is_read_at_launch(counted, name, fn):
+    # x.shape[0] in the arithmetic is the launch's size, not the capture's (the bucket's
+    # maximum): one artifact per bucket, right at every size
+    sizes = (40, 100, 20) if name == "mean_across_buckets" else (33, 50, 64)
+    compiled = torch.compile(fn)
+    for k, n in enumerate(sizes):
+        x = torch.randn(n, 64)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 0)
+        torch.testing.assert_close(compiled(xs, W.t().to(SPYRE)).cpu(), fn(x, W.t()), rtol=1e-5, atol=1e-4)
+    assert _graphs() == 1 and len(counted) == (3 if name == "mean_across_buckets" else 1)
+    assert any(type(v).__name__ == "SizeValue" for v in counted[0].values)
 
 
 def test_welford_over_a_dynamic_dim_stays_visibly_on_the_cpu(counted):
