@@ -17,6 +17,9 @@ that the elements past the size must not change a reduction's result:
   the size are stored past the outputs' bytes (clipped), as every symbolic store is checked.
 * welford (var, layer_norm) counts its elements: a mask cannot say "not an element", so it is
   refused.
+
+``fill_of`` is how every family fills a SizeValue's tile (the mask's bound here; a size in a
+value, such as a mean's divisor, anywhere).
 """
 
 from __future__ import annotations
