@@ -72,6 +72,10 @@ def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Pro
     notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), {layout.relayout} relayout, tiles {tiling.tile_rows}x"
              f"{tiling.tile_cols} streamed along dim {tiling.stream_dim}, {division.cores} core(s)")
     program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
+    if getattr(kernel, "symbolic", None) is not None:  # (candidates are validated when timed: sizes first)
+        from .symbolic import program_with_sizes
+
+        program = program_with_sizes(program, kernel)
     if not check:  # a candidate, only timed; the chosen program is built again and validated
         return program
     return kept(kernel, program)
@@ -264,19 +268,9 @@ def compile_kernel(kernel: Kernel, artifact_root: Path, *, cores: int | None = N
     if corrupt is None:
         artifact_stats["reused"] += 1
         return final
+    # (a symbolic kernel is planned at its bucket's maximum; its program declares the size and
+    # its symbolic dims where every family's program is validated: passes/keep.py)
     compiled = plan_kernel(kernel, cores=cores, max_cores=max_cores)
-    if getattr(kernel, "symbolic", None) is not None:
-        # Planned at the bucket's maximum; the program declares the size and its symbolic dims.
-        from spyre_runtime.program.validate import ProgramError, validate_once
-
-        from .symbolic import program_with_sizes
-
-        program = program_with_sizes(compiled.program, kernel)
-        try:
-            validate_once(program)
-        except ProgramError as e:
-            raise PlanError(f"the bucketed program is invalid: {e}") from e
-        compiled = Compiled(compiled.plans, program)
     artifact_stats["planned"] += 1
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))

@@ -57,6 +57,7 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from torch._inductor.utils import sympy_index_symbol
 
+from . import indexing
 from .fallback_policy import origin_ops
 from .indexing import (
     NotCapturable,
@@ -86,6 +87,7 @@ from .kernel_ir import (
     Kernel,
     Reduction,
     Scan,
+    SizeValue,
     Store,
 )
 
@@ -249,6 +251,12 @@ class CaptureHandler(DefaultHandler):
         expr = sympy.sympify(expr)
         if isinstance(expr, sympy.Integer):
             return self.constant(int(expr), dtype)
+        sized = self._size_term(expr)
+        if sized is not None:
+            rest, size = sized
+            value = self.g.add(Op("add", (self.index_expr(rest, torch.int64).pos, size.pos), "int64"), torch.int64)
+            # (rest == 0: a Constant 0 added; the sfp adds it, once per tile)
+            return value if dtype == torch.int64 else self.to_dtype(value, dtype)
         index = affine_index(expr, self.g.vars, f"the index value {expr}", self.g.var_ranges)
         if dtype in (torch.int64, torch.int32):
             return self.g.add(IndexValue(index, dtype_name(dtype, "an index value")), dtype)
@@ -258,6 +266,23 @@ class CaptureHandler(DefaultHandler):
         return self.to_dtype(value, dtype)
 
     value_expr = index_expr
+
+    def _size_term(self, expr):
+        """(expr without it, its SizeValue) when `expr` adds coef * size to what the loop indices
+        give (a mean's divisor, x.shape[0] in a value) while symbolic.py captures over that size
+        (issue 18): the size is read at launch, not baked at the capture's value. None otherwise."""
+        values = indexing.SIZE_VALUES.get()
+        if not values:
+            return None
+        expr = sympy.expand(expr)
+        sizes = [x for x in expr.free_symbols if x in values]
+        if len(sizes) != 1:
+            return None
+        (size,) = sizes
+        coef = expr.coeff(size, 1)
+        if not (isinstance(coef, sympy.Integer) and coef >= 1) or size in sympy.expand(expr - coef * size).free_symbols:
+            return None  # (a size times a loop index is a symbolic stride: refused where indices are captured)
+        return sympy.expand(expr - coef * size), self.g.add(SizeValue(str(size), int(coef)), torch.int64)
 
     def to_dtype(self, x, dtype: torch.dtype, src_dtype=None, use_compute_types=True) -> _V:
         x = self._as_value(x)

@@ -61,6 +61,10 @@ Load has them, a scatter when a Store has them. A ``Store`` with mode
 accumulate, scatter_add, index_add): every contribution, duplicates
 included. A kernel with indirect terms is an ``IndirectKernel``.
 
+Sizes known only at launch (issue 18): a ``SizeValue`` is ``coef * size + const`` of the
+kernel's size symbol, a scalar the program reads from its size words; symbolic.py compares the
+reduced index with one to mask a reduction over a symbolic range.
+
 The kernel's type names what it is (``Kernel.of`` picks it from the
 content, ``check`` insists on it): a ``PointwiseKernel`` has no reduction
 ranges, a ``ReductionKernel`` reduces or scans over them, a
@@ -201,7 +205,19 @@ class Indirect:
     dtype: str = "int64"
 
 
-Value = Load | Constant | IndexValue | Op | Cast | Reduction | Scan | Indirect
+@dataclass(frozen=True)
+class SizeValue:
+    """``coef * size + const`` of the kernel's size symbol `symbol` (issue 18): a scalar known only
+    at launch, read from its size words. symbolic.py builds it for the mask ``r < size`` of a
+    reduction over a symbolic range (the reduced elements past the size take the identity)."""
+
+    symbol: str
+    coef: int = 1
+    const: int = 0
+    dtype: str = "int64"
+
+
+Value = Load | Constant | IndexValue | Op | Cast | Reduction | Scan | Indirect | SizeValue
 
 
 def operands(v) -> set[int]:
@@ -242,7 +258,7 @@ class SymbolicSizes:
     bucket [lo, hi] of each size the artifact serves."""
 
     sizes: tuple[tuple[str, int, int], ...]  # (name, lo, hi)
-    ranges: tuple[tuple[int, str, int, int], ...]  # (outer range index, size, coef, const)
+    ranges: tuple[tuple[int, str, int, int], ...]  # (index into ranges + reduction_ranges, size, coef, const)
     buffers: tuple[tuple[str, int, str, int, int], ...]  # (buffer, dim, size, coef, const)
     # Per size, what Dynamo's guards admit (name, min, max; max None: unbounded): every bucket
     # stays inside it, so an artifact never claims a size Dynamo would not hand it.
@@ -297,7 +313,7 @@ class Kernel:
         for v in self.values:
             if isinstance(v, Reduction):
                 flags.append(True)
-            elif isinstance(v, Constant):
+            elif isinstance(v, (Constant, SizeValue)):
                 flags.append(True)
             elif isinstance(v, (Load, IndexValue)):
                 flags.append(all(s == 0 for s in v.index.strides[n_outer:]))
@@ -387,6 +403,13 @@ class Kernel:
                 if self.values[v.arg].dtype not in ("int64", "int32", "int16", "int8", "uint8"):
                     raise ValueError(f"kernel {self.name!r}: value {i} indexes with a "
                                      f"{self.values[v.arg].dtype} value")
+            elif isinstance(v, SizeValue):
+                # (while symbolic.py captures a kernel, it has no SymbolicSizes yet: the size's
+                # name is checked once it has)
+                sizes = [n for n, _, _ in self.symbolic.sizes] if self.symbolic is not None else [v.symbol]
+                if v.symbol not in sizes or v.dtype != "int64" or v.coef < 1:
+                    raise ValueError(f"kernel {self.name!r}: value {i} is {v!r}, not an int64 multiple of one "
+                                     f"of the kernel's sizes {sizes}")
             elif not isinstance(v, Constant):
                 raise ValueError(f"kernel {self.name!r}: value {i} is not an IR value: {v!r}")
             if v.dtype not in TORCH_DTYPES:
@@ -437,7 +460,7 @@ class Kernel:
     def from_json(cls, text: str) -> "Kernel":
         d = json.loads(text)
         kinds = {"Load": Load, "Constant": Constant, "IndexValue": IndexValue, "Op": Op, "Cast": Cast,
-                 "Reduction": Reduction, "Scan": Scan, "Indirect": Indirect}
+                 "Reduction": Reduction, "Scan": Scan, "Indirect": Indirect, "SizeValue": SizeValue}
 
         def index(x):
             return Index(tuple(x["strides"]), x["offset"], tuple(tuple(t) for t in x.get("indirect", ())))

@@ -41,7 +41,7 @@ from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
-from .kernel_ir import AttentionKernel, Indirect, IndirectKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan
+from .kernel_ir import AttentionKernel, Indirect, IndirectKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue
 from .version import compiler_version
 
 
@@ -124,6 +124,7 @@ def positional_names(kernel: Kernel) -> Kernel:
     if all(old == new for old, new in names.items()) and (
             symbolic is None or all(n == f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes))):
         return kernel
+    sizes = {}
     if symbolic is not None:
         # Sizes by position too (z0): the launch passes them in order, and the same kernel in
         # another graph (where Dynamo named the size s27, not s77) is the same artifact.
@@ -138,7 +139,8 @@ def positional_names(kernel: Kernel) -> Kernel:
         kernel,
         symbolic=symbolic,
         buffers=tuple(replace(b, name=names[b.name]) for b in kernel.buffers),
-        values=tuple(replace(v, buffer=names[v.buffer]) if isinstance(v, Load) else v for v in kernel.values),
+        values=tuple(replace(v, buffer=names[v.buffer]) if isinstance(v, Load) else
+                     replace(v, symbol=sizes[v.symbol]) if isinstance(v, SizeValue) else v for v in kernel.values),
         stores=tuple(replace(st, buffer=names[st.buffer]) for st in kernel.stores),
     )
 

@@ -8,13 +8,17 @@ of a buffer with a symbolic dim is clipped to the bytes it has at those sizes (t
 proved the maximum in bounds), so a kernel never runs past a buffer, and the rows past the
 size compute nothing that lands anywhere.
 
-Which kernels: the symbolic dim must be an OUTER range that every output row depends on only
-through the same row of its inputs (pointwise work, reductions over static dims, a matmul's M).
-``check`` proves, per load and store, from the kernel IR alone, that at every size of the
-bucket the iterations inside the size read only bytes the inputs have, and the iterations past
-it store only past the outputs' bytes (so clipping drops exactly them). Anything else (a
-symbolic reduction range, a symbolic stride, a size inside an index or a value, gathers) stays
-visibly on the CPU: NotCapturable with the reason, an error under SPYRE_STRICT=1.
+Which kernels: the symbolic dim is one range of the kernel, the outermost dim of every buffer
+it walks (so a buffer's bytes past the size are a suffix, which clipping removes). An OUTER
+range: every output row depends only on the same row of its inputs (pointwise work, reductions
+over static dims, a matmul's M or N). A REDUCED range (a softmax over a KV length, a matmul's
+K): each reduction is masked past the size or is a dot of operands that are zero there
+(symbolic_reduce.py). ``check`` proves, per load and store, from the kernel IR alone, that at
+every size of the bucket the iterations inside the size read only bytes the inputs have, the
+iterations past it store only past the outputs' bytes (so clipping drops exactly them), and the
+reductions ignore what lies past it. Anything else (a symbolic stride, a size inside an index
+or a value, welford over a symbolic range, gathers) stays visibly on the CPU: NotCapturable
+with the reason, an error under SPYRE_STRICT=1.
 
 How the symbolic parts are found: the group is captured twice, with each size symbol at the
 bucket's maximum and at one less (odd: a power of two does not hide a divisibility that another
@@ -38,7 +42,7 @@ from pathlib import Path
 import sympy
 import torch
 
-from . import indexing
+from . import indexing, symbolic_reduce
 from .indexing import NotCapturable
 from .kernel_ir import Buffer, Kernel, Load, Store, SymbolicSizes
 
@@ -206,14 +210,12 @@ def _fit(a: int, b: int, hi: int, what: str):
 def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int) -> Kernel:
     """`planned` (captured at hi) with the SymbolicSizes that its difference from `probe`
     (captured at hi - 1) shows; NotCapturable if they differ in anything but ranges and dims."""
-    if planned.reduction_ranges != probe.reduction_ranges:
-        raise NotCapturable(f"a reduction over symbolic size {name} (its reduced range depends on it: rows "
-                            f"past the size would need masks, not clipped transfers)")
-    if (type(planned), planned.values, planned.stores, len(planned.ranges), len(planned.buffers)) != (
-            type(probe), probe.values, probe.stores, len(probe.ranges), len(probe.buffers)):
+    if (type(planned), planned.values, planned.stores, len(planned.ranges), len(planned.buffers),
+            len(planned.reduction_ranges)) != (type(probe), probe.values, probe.stores, len(probe.ranges),
+                                               len(probe.buffers), len(probe.reduction_ranges)):
         raise NotCapturable(f"symbolic size {name} reaches the kernel's indices or values")
-    ranges = []
-    for d, (a, b) in enumerate(zip(planned.ranges, probe.ranges)):
+    ranges = []  # (a range of ranges + reduction_ranges: a symbolic reduced range is masked, below)
+    for d, (a, b) in enumerate(zip(planned.ranges + planned.reduction_ranges, probe.ranges + probe.reduction_ranges)):
         if a != b:
             ranges.append((d, name, *_fit(a, b, hi, f"loop range {d}")))
     buffers = []
@@ -228,7 +230,10 @@ def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int
                 buffers.append((x.name, d, name, *_fit(a, b, hi, f"dim {d} of {x.name}")))
     if not ranges:
         raise NotCapturable(f"symbolic size {name} changes no loop range of the kernel")
-    return dataclasses.replace(planned, symbolic=SymbolicSizes(((name, lo, hi),), tuple(ranges), tuple(buffers)))
+    kernel = dataclasses.replace(planned, symbolic=SymbolicSizes(((name, lo, hi),), tuple(ranges), tuple(buffers)))
+    if len(ranges) == 1 and ranges[0][0] >= len(planned.ranges):
+        kernel = symbolic_reduce.mask(kernel, *ranges[0])
+    return kernel
 
 
 # ---- what makes clipping right ------------------------------------------------------------
@@ -239,9 +244,9 @@ def _affine_at(coef: int, const: int, s: int) -> int:
 
 
 def shapes_at(kernel: Kernel, s: int) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
-    """The kernel's (ranges, buffer shapes by name) at size s of its one symbol."""
+    """The kernel's (ranges + reduction_ranges, buffer shapes by name) at size s of its one symbol."""
     sym = kernel.symbolic
-    ranges = list(kernel.ranges)
+    ranges = list(kernel.ranges + kernel.reduction_ranges)
     for d, _, c, k in sym.ranges:
         ranges[d] = _affine_at(c, k, s)
     shapes = {b.name: list(b.shape) for b in kernel.buffers}
@@ -252,7 +257,8 @@ def shapes_at(kernel: Kernel, s: int) -> tuple[tuple[int, ...], dict[str, tuple[
 
 def check(kernel: Kernel, error=NotCapturable) -> None:
     """Raise `error` unless clipping every transfer to the buffers' bytes at the launch's size
-    computes the kernel exactly, at every size of its bucket (the module docstring)."""
+    computes the kernel exactly, at every size of its bucket (the module docstring; a symbolic
+    reduced range: symbolic_reduce.py)."""
     sym = kernel.symbolic
     (name, lo, hi), = sym.sizes
     if any(isinstance(v, Load) and v.index.indirect for v in kernel.values) or any(
@@ -261,6 +267,7 @@ def check(kernel: Kernel, error=NotCapturable) -> None:
     if len(sym.ranges) != 1:
         raise error(f"{len(sym.ranges)} loop ranges depend on size {name}; one may")
     d, _, rc, rk = sym.ranges[0]
+    reduced = d >= len(kernel.ranges)
     sized = {}
     for b, dim, _, c, k in sym.buffers:
         buf = kernel.buffer(b)
@@ -269,30 +276,42 @@ def check(kernel: Kernel, error=NotCapturable) -> None:
             raise error(f"buffer {b}'s symbolic dim {dim} is not its outermost (its bytes past the size are "
                         f"not a suffix)")
         sized[b] = dim
-    accesses = [(v.buffer, v.index, False) for v in kernel.values if isinstance(v, Load)] + \
-        [(st.buffer, st.index, True) for st in kernel.stores]
+    outer = kernel.outer()
+    accesses = [(v.buffer, v.index, None) for v in kernel.values if isinstance(v, Load)] + \
+        [(st.buffer, st.index, st.value) for st in kernel.stores]
     for s in sorted({lo, hi}):
-        ranges, shapes = shapes_at(kernel, s)
-        full = ranges + kernel.reduction_ranges
-        for bname, index, is_store in accesses:
-            buf = kernel.buffer(bname)
+        full, shapes = shapes_at(kernel, s)
+
+        def span_of(bname):
             shape = shapes[bname]
-            span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, buf.strides))
+            return 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, kernel.buffer(bname).strides))
+
+        def past_of(bname, index):
+            """The lowest element an iteration past the size (along d) reaches."""
+            others = [(st, n) for j, (st, n) in enumerate(zip(index.strides, full)) if j != d]
+            return index.offset + index.strides[d] * full[d] + sum(min(0, st * (n - 1)) for st, n in others)
+
+        for bname, index, stored in accesses:
+            span = span_of(bname)
             a = index.strides[d]
             if a < 0:
                 raise error(f"{bname} is walked backwards along the symbolic dim")
             others = [(st, n) for j, (st, n) in enumerate(zip(index.strides, full)) if j != d]
-            top = index.offset + a * (ranges[d] - 1) + sum(max(0, st * (n - 1)) for st, n in others)
-            if ranges[d] > 0 and top >= span:
-                what = "stores to" if is_store else "reads"
+            top = index.offset + a * (full[d] - 1) + sum(max(0, st * (n - 1)) for st, n in others)
+            if full[d] > 0 and top >= span:
+                what = "reads" if stored is None else "stores to"
                 raise error(f"at size {name}={s} the kernel {what} element {top} of {bname}, which has {span}")
-            if is_store:
-                if bname not in sized:
-                    raise error(f"{bname} has static size but is stored along symbolic size {name} (rows past "
-                                f"the size would land in it)")
-                past = index.offset + a * ranges[d] + sum(min(0, st * (n - 1)) for st, n in others)
-                if a == 0 or past < span:
-                    raise error(f"at size {name}={s} rows past the size would store into {bname}'s bytes")
+            if stored is None or (reduced and a == 0 and outer[stored]):
+                continue  # (a reduction's result: one per row, whatever the size)
+            if bname not in sized:
+                raise error(f"{bname} has static size but is stored along symbolic size {name} (rows past "
+                            f"the size would land in it)")
+            if a == 0 or past_of(bname, index) < span:
+                raise error(f"at size {name}={s} rows past the size would store into {bname}'s bytes")
+        if reduced:
+            why = symbolic_reduce.problem(kernel, d, name, rc, rk, span_of, past_of)
+            if why is not None:
+                raise error(f"at size {name}={s}: {why}")
 
 
 def rebucket(kernel: Kernel, n: int) -> Kernel:
@@ -305,9 +324,10 @@ def rebucket(kernel: Kernel, n: int) -> Kernel:
         lo, hi = bucket_of(n, limits)
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    ranges, shapes = shapes_at(kernel, hi)
+    full, shapes = shapes_at(kernel, hi)
+    outer = len(kernel.ranges)
     out = dataclasses.replace(
-        kernel, ranges=ranges,
+        kernel, ranges=full[:outer], reduction_ranges=full[outer:],
         buffers=tuple(dataclasses.replace(b, shape=shapes[b.name]) for b in kernel.buffers),
         symbolic=dataclasses.replace(kernel.symbolic, sizes=((name, lo, hi),)))
     check(out, Unsupported)

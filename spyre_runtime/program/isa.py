@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, SizeExpr, Tile, clipped_rows, sticks
+from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, SizeExpr, Tile, clipped_rows, count_at, sticks
 
 UNITS = ("ls", "pe", "sfp")
 REGISTRY: dict[str, type] = {}
@@ -690,15 +690,21 @@ class Scan(Instruction):
 @instruction("fill", ("sfp",))
 @dataclass(frozen=True)
 class Fill(Instruction):
+    """dst = value everywhere. A SizeExpr value (issue 18) is read from the launch's size words
+    (its static maximum when the program runs without sizes): how a mask compares loop indices
+    with a size known only at launch (the reduced elements past a symbolic length)."""
+
     dst: Tile
-    value: float
+    value: float | SizeExpr
 
     def run(self, m, core, idx):
-        m.view(core, self.dst, idx).fill_(self.value)
+        m.view(core, self.dst, idx).fill_(count_at(self.value, m.sizes))
 
     @classmethod
     def bind(cls, b, group):
         first = group[0][1]
+        if isinstance(first.value, SizeExpr):
+            return None  # (a program with sizes runs on the general interpreter: run reads them)
         if any((i.value, i.dst.shape_key) != (first.value, first.dst.shape_key) for _, i, _ in group):
             return None
         dst = b.tile([(c, i.dst, idx) for c, i, idx in group])

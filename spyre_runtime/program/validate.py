@@ -120,6 +120,12 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
                     raise ProgramError(f"{where}: {problem}")
             elif ins.count < 1:
                 raise ProgramError(f"{where}: loop count must be at least 1, got {ins.count}")
+        elif isinstance(ins, isa.Fill) and isinstance(ins.value, SizeExpr):
+            problem = _size_problem(program, ins.value)
+            if problem:
+                raise ProgramError(f"{where}: {problem}")
+            if ins.dst.dtype not in ("int32", "int64"):
+                raise ProgramError(f"{where}: a size fills an integer tile, not {ins.dst.dtype}")
         elif isinstance(ins, isa.EndLoop):
             depth -= 1
             if depth < 0:

@@ -43,7 +43,8 @@ from dataclasses import replace
 from spyre_runtime.program import isa
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel, needed
+from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel, SizeValue, needed
+from ..symbolic_reduce import fill_of
 from .layout import FLOATS, Access, LayoutPlan, operand_value
 from .tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel
 
@@ -131,6 +132,14 @@ class ValueTiles:
             if key not in self._consts:
                 self._consts[key] = self.new("k", dtype, Role.CONSTANT, frozenset())
                 self.constants.append((self._consts[key], value))
+            self.value_tile[i] = self._consts[key]
+        elif isinstance(v, SizeValue):
+            # a size known only at launch (issue 18): a constant tile filled from the size words
+            fill = fill_of(self.kernel, v)
+            key = (fill, dtype)
+            if key not in self._consts:
+                self._consts[key] = self.new("z", dtype, Role.CONSTANT, frozenset())
+                self.constants.append((self._consts[key], fill))
             self.value_tile[i] = self._consts[key]
         elif isinstance(v, IndexValue):
             # computed on chip from the tile's position, never loaded (Step.value: the counting)

@@ -31,7 +31,13 @@ def kept(kernel, program: Program, traffic: Traffic | None = None) -> Program:
 
 
 def validated(kernel, program: Program) -> Program:
-    """`program`, validated once (Unsupported naming the kernel if it does not validate)."""
+    """`program`, validated once (Unsupported naming the kernel if it does not validate). A kernel
+    over symbolic sizes (issue 18) declares them on its program first (its size fills and
+    symbolic dims are then checked against them, whatever the family)."""
+    if getattr(kernel, "symbolic", None) is not None:
+        from ..symbolic import program_with_sizes
+
+        program = program_with_sizes(program, kernel)
     try:
         validate_once(program)
     except ProgramError as e:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndexValue, Load, MatmulKernel, Op, Reduction
+from ..kernel_ir import Cast, Constant, IndexValue, Load, MatmulKernel, Op, Reduction, SizeValue
+from ..symbolic_reduce import fill_of
 from ._dump import Describable
 from .fusion import _isa_op
 from .layout import FLOATS, on_chip_dtype, operand_value
@@ -185,9 +186,10 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
                 loads_seen[key] = new("e", v.dtype, sp, Role.INPUT)
                 epi_loads.append((loads_seen[key], acc_))
             value_tile[i] = loads_seen[key]
-        elif isinstance(v, Constant):
+        elif isinstance(v, (Constant, SizeValue)):
             dtype = on_chip_dtype(v.dtype, f"{where} value {i}")
-            value = operand_value(v.value, dtype)
+            # (a size known only at launch, issue 18: filled from the size words)
+            value = fill_of(kernel, v) if isinstance(v, SizeValue) else operand_value(v.value, dtype)
             key = (repr(value), dtype)
             if key not in consts:
                 consts[key] = new("k", dtype, space(), Role.CONSTANT)

@@ -272,7 +272,7 @@ def plan(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | 
     """The fastest (by the timing model, or by `estimate` of whole programs) verified reduction
     plan of `kernel` and its program, validated once (Unsupported if it does not validate)."""
     t, division, program = _plan(kernel, cores, max_cores, estimate)
-    validated(kernel, program)
+    program = validated(kernel, program)  # (a symbolic kernel's program declares its sizes there)
     return plans_of(t.low, t.plan, division, buffers_of(kernel)), program
 
 

@@ -48,7 +48,8 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, Index, IndexValue, Load, Op, PointwiseKernel, Reduction, ReductionKernel, Scan
+from ..kernel_ir import (Cast, Constant, Index, IndexValue, Load, Op, PointwiseKernel, Reduction, ReductionKernel,
+                         Scan, SizeValue)
 from ._dump import Describable, plain
 from .layout import TILE_DTYPES
 from .reduction_ops import IDENTITY, op_of
@@ -176,6 +177,8 @@ def lower(kernel: ReductionKernel, mode: str, columns: bool = False) -> Reductio
             load_k += 1
         elif isinstance(v, Constant):
             b.constant(i, v)
+        elif isinstance(v, SizeValue):
+            b.size(i, v)
         elif isinstance(v, Cast):
             b.cast(i, v)
         elif isinstance(v, Op):

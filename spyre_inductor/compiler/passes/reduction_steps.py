@@ -35,7 +35,8 @@ import math
 from dataclasses import replace
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, Reduction
+from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, Reduction, SizeValue
+from ..symbolic_reduce import fill_of
 from . import reduction_argreduce, reduction_welford
 from .fusion import _isa_op
 from .layout import FLOATS, TILE_DTYPES, operand_value
@@ -90,6 +91,16 @@ class StepBuilder:
             self.shared[key] = self.new(dtype, SCALAR, Role.CONSTANT)
             self.constants.append((self.shared[key], value))
         return self.shared[key]
+
+    def size(self, i, v: SizeValue) -> None:
+        # A size known only at launch (issue 18: a mask's bound): a constant tile the program fills
+        # from its size words (symbolic_reduce.fill_of), once per core like every constant.
+        fill = fill_of(self.kernel, v)
+        key = ("size", fill)
+        if key not in self.shared:
+            self.shared[key] = self.new(v.dtype, SCALAR, Role.CONSTANT)
+            self.constants.append((self.shared[key], fill))
+        self.vtile[i], self.vspace[i], self.depth[i], self.deps[i] = self.shared[key], SCALAR, 0, ()
 
     def chunk_constant(self, value: ChunkValue) -> str:
         if value not in self.chunk_consts:
