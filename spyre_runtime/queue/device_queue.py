@@ -73,6 +73,10 @@ PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
 # simulated time (see DeviceQueue._follow_finished).
 RECENT = 16
 _KNOWN_PIPELINES = frozenset(PIPELINES) | {"control"}
+# How often the submission worker looks for launches handed over while it is awake, and for
+# how many empty looks it stays awake (see DeviceQueue._submit_forever).
+SUBMIT_POLL_S = 0.001
+SUBMIT_POLL_ROUNDS = 20
 _CLAIMABLE = frozenset(("host", "h2d", "d2h", "d2d"))  # what enqueue_runs(run_ready=True) may run itself
 
 _local = threading.local()
@@ -481,9 +485,25 @@ class DeviceQueue:
                 self._submitter.start()
 
     def _submit_forever(self) -> None:
+        """Enqueue what is handed over. Once rung, the worker keeps looking every SUBMIT_POLL_S
+        for launches handed over without a ring, until SUBMIT_POLL_ROUNDS looks found none:
+        a launch then costs the host no thread wake-up (which costs a context switch, tens of
+        microseconds on a loaded machine), and a launch no thread waits for is enqueued
+        within SUBMIT_POLL_S all the same."""
         while self._doorbell.get():
-            with self.lock:
-                self._drain()
+            quiet = 0
+            while quiet < SUBMIT_POLL_ROUNDS:
+                if self._submitted:
+                    with self.lock:
+                        self._drain()
+                    quiet = 0
+                else:
+                    quiet += 1
+                try:
+                    if not self._doorbell.get(timeout=SUBMIT_POLL_S):
+                        return
+                except queue_module.Empty:
+                    pass
             self._doorbell_idle = True
             if self._submitted and self._doorbell_idle:  # handed over meanwhile: no ring was left
                 self._doorbell_idle = False
