@@ -1036,33 +1036,20 @@ def test_the_queue_calls_prefetch_run_and_cost_in_that_order():
     assert t.sim_start >= held.sim_end
 
 
-def test_a_barrier_ahead_holds_the_prefetch_until_it_is_done():
-    """Behind a Barrier that has not completed, the prefetch waits until the Compute is
-    ready (program distribution must not read a correction area still being patched)."""
+@pytest.mark.parametrize("hold", ["a barrier ahead", "the compute's own hold_fetch"])
+def test_a_held_fetch_waits_until_the_compute_is_ready(hold):
+    """Behind a Barrier that has not completed, or with hold_fetch (a launch's compute, whose
+    correction area the patch it follows is still writing), the prefetch waits until the
+    Compute is ready: program distribution must not read a correction area being patched."""
     log: list = []
     q = FakeDevice().queue()
     gate, held = hold_compute(q, 1)
     try:
-        q.enqueue(1, Barrier())
-        t = q.enqueue(1, Compute(Recorder(log, "k"), None))
+        if hold == "a barrier ahead":
+            q.enqueue(1, Barrier())
+        t = q.enqueue(1, Compute(Recorder(log, "k"), None, hold_fetch=hold != "a barrier ahead"))
         time.sleep(0.05)
-        assert log == []  # not fetched while the barrier holds it
-    finally:
-        gate.open()
-    q.wait(t)
-    assert [call for call, *_ in log] == ["prefetch", "run", "cost"]
-
-
-def test_a_compute_that_holds_its_fetch_prefetches_only_once_ready():
-    """hold_fetch: the Compute itself holds program distribution until its dependencies are
-    done (a launch's compute, whose correction area the patch before it is still writing)."""
-    log: list = []
-    q = FakeDevice().queue()
-    gate, held = hold_compute(q, 1)
-    try:
-        t = q.enqueue(1, Compute(Recorder(log, "k"), None, hold_fetch=True))
-        time.sleep(0.05)
-        assert log == []  # not fetched while what it follows runs
+        assert log == []  # not fetched while it is held
     finally:
         gate.open()
     q.wait(t)
