@@ -1,0 +1,265 @@
+"""Random fills on the device generator (issue 19): Philox in spyre programs.
+
+Everything here runs under SPYRE_STRICT=1 (autouse fixture), so a fill that fell back to the
+CPU would raise instead of passing. Statistical bounds are 5 standard errors of the estimate
+(a correct generator fails one of them about once in a million runs; a broken one, e.g. a
+constant, a repeated offset or a wrong scale, fails them outright).
+
+Tolerances against the host reference (compiler/random.philox_reference): uniform, integers
+and bernoulli are integer arithmetic and a compare, so bit-exact; normal goes through fp32
+log, sqrt and cos, which torch's vectorized and scalar loops may round differently in the
+last bit: fp32's rtol 1.3e-6, atol 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from spyre_inductor.compiler.random import philox_reference
+from spyre_inductor.device import random as device_random
+from spyre_runtime.program.philox import philox, philox4x32
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+
+
+def _key(seed: int) -> int:
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _reference(seed, offset, shape, mode, low=0, high=0):
+    return philox_reference(torch.tensor([_key(seed), offset, low, high]), list(shape), mode)
+
+
+# ---- the generator itself ------------------------------------------------------------------
+
+
+def test_philox_known_answer_and_a_plain_integer_implementation():
+    # Random123's known-answer test for Philox-4x32-10, counter 0 and key 0.
+    words = [int(w) for w in philox4x32(torch.tensor([0]), torch.tensor([0]))]
+    assert words == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+    def plain(key, ctr):
+        m = 0xFFFFFFFF
+        k0, k1, c = key & m, key >> 32 & m, [ctr & m, ctr >> 32 & m, 0, 0]
+        for _ in range(10):
+            p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+            c = [(p1 >> 32) ^ c[1] ^ k0, p1 & m, (p0 >> 32) ^ c[3] ^ k1, p0 & m]
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        return c
+
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randint(0, 2 ** 62, (64,), generator=g)
+    ctrs = torch.randint(0, 2 ** 40, (64,), generator=g)
+    got = torch.stack(philox4x32(keys, ctrs), dim=1).tolist()
+    assert got == [plain(int(k), int(c)) for k, c in zip(keys, ctrs)]
+
+
+def test_the_fills_are_the_reference_draws_at_the_generator_offset(spyre):
+    torch.spyre.manual_seed(11)
+    u = torch.rand(300, device=spyre).cpu()
+    n = torch.randn(7, 9, device=spyre).cpu()
+    i = torch.randint(-5, 17, (40,), device=spyre).cpu()
+    assert torch.equal(u, _reference(11, 0, (300,), "uniform"))
+    torch.testing.assert_close(n, _reference(11, 300, (7, 9), "normal"), rtol=1.3e-6, atol=1e-6)
+    assert torch.equal(i, _reference(11, 363, (40,), "randint", -5, 17))
+    # the offset advanced by the numbers drawn, nothing else
+    assert device_random.philox_state(0) == (11, 403)
+
+
+def test_seeded_reproducible_and_advancing(spyre):
+    torch.spyre.manual_seed(1234)
+    a = torch.randn(64, device=spyre).cpu()
+    b = torch.randn(64, device=spyre).cpu()
+    torch.spyre.manual_seed(1234)
+    assert torch.equal(torch.randn(64, device=spyre).cpu(), a)
+    assert torch.equal(torch.randn(64, device=spyre).cpu(), b)
+    assert not torch.equal(a, b)
+    torch.spyre.manual_seed(1235)
+    assert not torch.equal(torch.randn(64, device=spyre).cpu(), a)
+
+
+def test_independent_of_the_cpu_generator(spyre):
+    torch.spyre.manual_seed(3)
+    a = torch.rand(100, device=spyre).cpu()
+    torch.spyre.manual_seed(3)
+    torch.default_generator.manual_seed(999)  # the CPU generator only
+    torch.rand(1000)  # draws on the CPU
+    assert torch.equal(torch.rand(100, device=spyre).cpu(), a)
+    # and not the CPU's numbers for the same seed (a different generator)
+    assert not torch.equal(a, torch.rand(100, generator=torch.Generator().manual_seed(3)))
+
+
+def test_torch_manual_seed_seeds_spyre_too(spyre):
+    torch.manual_seed(7)
+    a = torch.randint(0, 100, (16,), device=spyre).cpu()
+    torch.manual_seed(7)
+    assert torch.equal(a, torch.randint(0, 100, (16,), device=spyre).cpu())
+
+
+# ---- statistics -----------------------------------------------------------------------------
+
+N = 1 << 17
+
+
+def _within(value, expected, stderr, what):
+    assert abs(value - expected) < 5 * stderr, f"{what}: {value} is not within 5 x {stderr} of {expected}"
+
+
+def test_normal_statistics(spyre):
+    torch.spyre.manual_seed(0)
+    x = torch.randn(N, device=spyre).cpu().double()
+    _within(x.mean().item(), 0.0, 1 / math.sqrt(N), "mean")
+    _within(x.var().item(), 1.0, math.sqrt(2 / N), "variance")
+    _within((x.abs() < 1).double().mean().item(), 0.682689, math.sqrt(0.2166 / N), "P(|x| < 1)")
+    # neighbouring counters are uncorrelated
+    _within(torch.corrcoef(torch.stack([x[:-1], x[1:]]))[0, 1].item(), 0.0, 1 / math.sqrt(N), "lag-1 correlation")
+    y = torch.empty(N, device=spyre).normal_(2.0, 3.0).cpu().double()
+    _within(y.mean().item(), 2.0, 3 / math.sqrt(N), "normal_(2, 3) mean")
+    _within(y.std().item(), 3.0, 3 / math.sqrt(2 * N), "normal_(2, 3) std")
+
+
+def test_uniform_statistics(spyre):
+    torch.spyre.manual_seed(1)
+    x = torch.rand(N, device=spyre).cpu().double()
+    assert 0 <= x.min() and x.max() < 1
+    _within(x.mean().item(), 0.5, math.sqrt(1 / 12 / N), "mean")
+    _within(x.var().item(), 1 / 12, math.sqrt(1 / 180 / N), "variance")
+    y = torch.empty(N, device=spyre).uniform_(-2.0, 6.0).cpu().double()
+    assert -2 <= y.min() and y.max() < 6
+    _within(y.mean().item(), 2.0, 8 * math.sqrt(1 / 12 / N), "uniform_(-2, 6) mean")
+
+
+def test_integer_and_bernoulli_statistics(spyre):
+    torch.spyre.manual_seed(2)
+    k = torch.randint(3, 13, (N,), device=spyre).cpu()
+    assert k.dtype == torch.int64 and 3 <= k.min() and k.max() <= 12
+    counts = torch.bincount(k - 3, minlength=10).double()
+    chi2 = ((counts - N / 10) ** 2 / (N / 10)).sum().item()
+    assert chi2 < 9 + 5 * math.sqrt(18), chi2  # 9 degrees of freedom
+    b = torch.bernoulli(torch.full((N,), 0.3).to(spyre)).cpu()  # (fill_ itself is not a spyre kernel yet)
+    _within(b.mean().item(), 0.3, math.sqrt(0.21 / N), "bernoulli(0.3)")
+    c = torch.empty(N, device=spyre).bernoulli_(0.8).cpu()
+    assert set(c.unique().tolist()) <= {0.0, 1.0}
+    _within(c.mean().item(), 0.8, math.sqrt(0.16 / N), "bernoulli_(0.8)")
+
+
+def test_random_ranges_follow_the_cpu(spyre):
+    torch.spyre.manual_seed(4)
+    assert 0 <= torch.empty(4096, device=spyre).random_(10).cpu().max() < 10
+    h = torch.empty(4096, dtype=torch.float16, device=spyre).random_().cpu()
+    assert 0 <= h.min() and h.max() <= 2 ** 11
+    u8 = torch.empty(4096, dtype=torch.uint8, device=spyre).random_().cpu()
+    assert u8.max() > 200  # the whole byte range
+    full = torch.empty(4096, dtype=torch.int64, device=spyre).random_(-(1 << 63), (1 << 63) - 1).cpu()
+    assert full.min() < -(1 << 62) and full.max() > 1 << 62  # both halves of the int64 range
+
+
+# ---- state ----------------------------------------------------------------------------------
+
+
+def test_rng_state_round_trip_carries_the_offset(spyre):
+    torch.spyre.manual_seed(9)
+    torch.rand(10, device=spyre)
+    state = torch.spyre.get_rng_state()
+    assert state.dtype == torch.uint8
+    a = torch.randn(5, device=spyre).cpu()
+    torch.randn(50, device=spyre)
+    torch.spyre.set_rng_state(state)
+    assert torch.equal(torch.randn(5, device=spyre).cpu(), a)
+    torch.spyre.manual_seed(10)
+    torch.spyre.set_rng_state(state)  # also restores the seed
+    assert torch.equal(torch.randn(5, device=spyre).cpu(), a)
+    bad = state.clone()
+    bad[:8] = torch.tensor([12345], dtype=torch.int64).view(torch.uint8)
+    with pytest.raises(ValueError, match="inconsistent"):
+        torch.spyre.set_rng_state(bad)
+
+
+def test_fork_rng_restores_spyre_state(spyre):
+    torch.spyre.manual_seed(0)
+    with torch.random.fork_rng(devices=[0], device_type="spyre"):
+        torch.rand(10, device=spyre)
+    after_fork = torch.rand(3, device=spyre).cpu()
+    torch.spyre.manual_seed(0)
+    assert torch.equal(after_fork, torch.rand(3, device=spyre).cpu())
+
+
+def test_explicit_generators_have_their_own_state(spyre):
+    g = torch.Generator(device="spyre").manual_seed(3)
+    a = torch.rand(8, device=spyre, generator=g).cpu()
+    b = torch.rand(8, device=spyre, generator=torch.Generator(device="spyre").manual_seed(3)).cpu()
+    assert torch.equal(a, b)
+    assert not torch.equal(torch.rand(8, device=spyre, generator=g).cpu(), a)
+    g.manual_seed(4)  # a new seed restarts its offset
+    assert torch.equal(torch.rand(8, device=spyre, generator=g).cpu(), _reference(4, 0, (8,), "uniform"))
+
+
+def test_the_default_generator_passed_explicitly_is_the_default(spyre):
+    torch.spyre.manual_seed(21)
+    a = torch.rand(8, device=spyre).cpu()
+    b = torch.rand(8, device=spyre, generator=torch.spyre.default_generators[0]).cpu()
+    assert torch.equal(b, _reference(21, 8, (8,), "uniform")) and not torch.equal(a, b)
+
+
+def test_each_device_has_its_own_state():
+    torch.spyre.manual_seed_all(5)
+    a = torch.rand(4, device="spyre:0").cpu()
+    b = torch.rand(4, device="spyre:1").cpu()
+    assert torch.equal(a, b)
+    with torch.spyre.device(1):
+        torch.spyre.manual_seed(6)
+    assert not torch.equal(torch.rand(4, device="spyre:0").cpu(), torch.rand(4, device="spyre:1").cpu())
+
+
+# ---- in spyre programs ----------------------------------------------------------------------
+
+
+def test_fills_run_as_spyre_programs_in_every_float_dtype(spyre):
+    torch.spyre.reset_kernel_reports()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        torch.spyre.manual_seed(8)
+        x = torch.randn(33, 65, dtype=dtype, device=spyre).cpu()
+        assert x.dtype == dtype
+        torch.testing.assert_close(x, _reference(8, 0, (33, 65), "normal").to(dtype), rtol=1.3e-6, atol=1e-6)
+    names = [r.name for r in torch.spyre.kernel_reports()]
+    assert sum("randn" in n for n in names) >= 3, names
+
+
+def test_non_contiguous_fill_draws_in_logical_order(spyre):
+    torch.spyre.manual_seed(12)
+    base = torch.zeros(6, 8).to(spyre)
+    view = base.t()  # 8 x 6, strides (1, 8)
+    view.uniform_()
+    assert torch.equal(view.cpu(), _reference(12, 0, (8, 6), "uniform"))
+
+
+def test_dropout_forward_and_backward(spyre):
+    torch.spyre.manual_seed(13)
+    x = torch.randn(64, 64, device=spyre, requires_grad=True)
+    y = torch.nn.functional.dropout(x, 0.25, training=True)
+    y.backward(torch.ones(64, 64).to(spyre))  # (sum's backward would fill_, not a spyre kernel yet)
+    yc, xc, gc = y.detach().cpu(), x.detach().cpu(), x.grad.cpu()
+    kept = yc != 0
+    _within(kept.double().mean().item(), 0.75, math.sqrt(0.1875 / kept.numel()), "kept fraction")
+    torch.testing.assert_close(yc[kept], xc[kept] / 0.75)
+    torch.testing.assert_close(gc, kept.float() / 0.75)
+    # evaluation mode is the identity
+    assert torch.equal(torch.nn.functional.dropout(x.detach(), 0.25, training=False).cpu(), xc)
+
+
+def test_randperm_stays_a_visible_cpu_fallback(spyre, monkeypatch):
+    with pytest.raises(NotImplementedError, match="randperm"):
+        torch.randperm(10, device=spyre)
+    monkeypatch.setenv("SPYRE_STRICT", "0")
+    torch.spyre.manual_seed(1)
+    with pytest.warns(UserWarning, match="randperm"):
+        p = torch.randperm(10, device=spyre).cpu()
+    assert sorted(p.tolist()) == list(range(10))
+    torch.spyre.manual_seed(1)
+    assert torch.equal(torch.randperm(10, device=spyre).cpu(), p)  # seeded all the same
