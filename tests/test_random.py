@@ -263,3 +263,33 @@ def test_randperm_stays_a_visible_cpu_fallback(spyre, monkeypatch):
     assert sorted(p.tolist()) == list(range(10))
     torch.spyre.manual_seed(1)
     assert torch.equal(torch.randperm(10, device=spyre).cpu(), p)  # seeded all the same
+
+
+def test_dtypes_without_programs_keep_the_visible_cpu_fallback(spyre, monkeypatch):
+    with pytest.raises(NotImplementedError, match="normal_"):
+        torch.randn(3, dtype=torch.float64, device=spyre)
+    monkeypatch.setenv("SPYRE_STRICT", "0")
+    with pytest.warns(UserWarning, match="normal_"):
+        x = torch.randn(3, dtype=torch.float64, device=spyre).cpu()
+    assert x.dtype == torch.float64 and x.isfinite().all()
+
+
+def test_integer_and_bool_fills(spyre):
+    torch.spyre.manual_seed(6)
+    b = torch.randint(0, 2, (256,), dtype=torch.bool, device=spyre).cpu()
+    assert b.dtype == torch.bool and b.any() and not b.all()
+    i = torch.empty(256, dtype=torch.int32, device=spyre).random_().cpu()
+    assert i.min() >= 0 and i.max() > 1 << 29
+    torch.spyre.manual_seed(6)
+    assert torch.equal(torch.randint(0, 2, (256,), dtype=torch.bool, device=spyre).cpu(), b)
+
+
+def test_compiled_kernels_are_cached_per_shape(spyre):
+    from spyre_inductor.compiler.random import cache_stats
+
+    torch.rand(5, 7, device=spyre)
+    before = cache_stats()
+    for _ in range(3):
+        torch.rand(5, 7, device=spyre)
+    after = cache_stats()
+    assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 3

@@ -30,6 +30,7 @@ and SPYRE_STRICT=1 refuses it by name.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import sympy
 import torch
@@ -130,14 +131,19 @@ def lower_philox(state, size, mode: str):
 
 # ---- compiled kernels -------------------------------------------------------------------------
 
-_cache: dict[tuple, object] = {}
+# Compiled kernels by specialisation, least recently used first; bounded so a program that fills
+# tensors of ever new shapes does not keep every kernel (an evicted one is compiled again, from
+# Inductor's FX graph cache when it is on).
+CACHE_SIZE = 256
+_cache: "OrderedDict[tuple, object]" = OrderedDict()
 _cache_lock = threading.Lock()
-_stats = {"hits": 0, "misses": 0}
+_stats = {"hits": 0, "misses": 0, "evictions": 0}
 
 
 def cache_stats() -> dict[str, int]:
-    """Hits and misses of the compiled random kernels (a miss compiles)."""
-    return dict(_stats, size=len(_cache))
+    """Hits, misses (each a compile) and evictions of the compiled random kernels, and the size."""
+    with _cache_lock:
+        return dict(_stats, size=len(_cache))
 
 
 def _spec(t: torch.Tensor) -> tuple:
@@ -149,18 +155,19 @@ def _spec(t: torch.Tensor) -> tuple:
 def _launch(kind: str, build, tensors: tuple[torch.Tensor, ...], extra=()):
     """Run the graph `build()` returns on `tensors`, compiling it once per specialisation."""
     key = (kind, tuple(extra)) + tuple(_spec(t) for t in tensors)
-    fn = _cache.get(key)
-    if fn is None:
-        with _cache_lock:
-            fn = _cache.get(key)
-            if fn is None:
-                from torch._inductor import compile as inductor_compile
+    with _cache_lock:  # (held while compiling: two threads never compile one kernel twice)
+        fn = _cache.get(key)
+        if fn is not None:
+            _stats["hits"] += 1
+            _cache.move_to_end(key)
+        else:
+            from torch._inductor import compile as inductor_compile
 
-                _stats["misses"] += 1
-                gm = torch.fx.symbolic_trace(build())
-                fn = _cache[key] = inductor_compile(gm, list(tensors))
-    else:
-        _stats["hits"] += 1
+            _stats["misses"] += 1
+            fn = _cache[key] = inductor_compile(torch.fx.symbolic_trace(build()), list(tensors))
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+                _stats["evictions"] += 1
     return fn(*tensors)
 
 
@@ -220,8 +227,8 @@ def bernoulli_(self: torch.Tensor, p=0.5, generator=None) -> torch.Tensor:
     shape, dtype = list(self.shape), self.dtype
     state = _state(generator, self.device, self.numel())
     if isinstance(p, torch.Tensor):
-        if p.device != self.device:
-            p = p.to(self.device)
+        if p.device != self.device or p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            p = p.to(self.device, torch.float32)  # (a program reads fp32, fp16 or bf16 probabilities)
 
         def build():
             def fill(out, state, prob):

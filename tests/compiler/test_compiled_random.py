@@ -95,3 +95,16 @@ def test_the_program_uses_the_philox_instruction():
     (out,), _, records, _, _ = compile_on_spyre(lambda x: torch.rand_like(x) * x, torch.ones(16, 64))
     listings = [Program.from_json((r.artifact / "program.json").read_text()).listing() for r in records]
     assert any("philox" in text and "uniform" in text for text in listings)
+
+
+def test_fallback_random_gives_the_eager_numbers():
+    # config.fallback_random keeps aten's random ops in the graph: they run as the eager spyre
+    # kernels (programs too), so a compiled graph draws exactly what eager draws.
+    x = torch.ones(16, 64).to("spyre")
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        f = torch.compile(lambda x: x * torch.randn_like(x))
+        torch.spyre.manual_seed(3)
+        a = f(x).cpu()
+    torch.spyre.manual_seed(3)
+    assert torch.equal(a, torch.randn(16, 64, device="spyre").cpu())
