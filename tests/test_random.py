@@ -293,3 +293,49 @@ def test_compiled_kernels_are_cached_per_shape(spyre):
         torch.rand(5, 7, device=spyre)
     after = cache_stats()
     assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 3
+
+
+# ---- the instruction, hand-written --------------------------------------------------------------
+
+
+def _philox_program(mode="uniform", key_dtype="int64", cores=2, n=64):
+    """Each core draws `n` values at counters 1000 + core * n + c under key -7 (a broadcast)."""
+    from spyre_runtime.program import isa
+    from spyre_runtime.program.operands import Addr, DevAddr, Tile
+    from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+
+    out_dtype = "fp32" if mode in ("uniform", "normal") else "int64"
+    size = 4 if out_dtype == "fp32" else 8
+    syms = (Symbol("out", "output", out_dtype, (cores * n,), (1,)),)
+    cps, queues = [], []
+    for c in range(cores):
+        done = f"c{c}.done"
+        queues.append(Queue(done, (c, "sfp"), (c, "ls"), 1))
+        key = Tile(Addr(0), key_dtype, 1, n, 128, "scalar")
+        counter = Tile(Addr(1024), "int64", 1, n, 1024)
+        dst = Tile(Addr(2048), out_dtype, 1, n, 1024)
+        sfp = (isa.Fill(key, -7), isa.Iota(counter, 1000 + c * n, (), 0, 1), isa.Philox(mode, dst, key, counter),
+               isa.Push(done))
+        ls = (isa.Pop(done), isa.Store(DevAddr("out", c * n * size), Addr(2048), 1, n * size, 0, 1024))
+        cps.append(CoreProgram(c, (("ls", ls), ("sfp", sfp))))
+    return Program(f"philox_{mode}", syms, tuple(cps), tuple(queues))
+
+
+@pytest.mark.parametrize("mode", ["uniform", "normal", "bits63"])
+def test_the_philox_instruction_is_the_reference(mode):
+    from spyre_runtime.launch import run_program
+
+    out = run_program(_philox_program(mode))["out"].cpu()
+    want = philox(torch.tensor(-7), 1000 + torch.arange(128), mode)
+    torch.testing.assert_close(out, want, rtol=1.3e-6 if mode == "normal" else 0, atol=1e-6 if mode == "normal" else 0)
+    report = torch.spyre.kernel_reports()[-1]
+    assert report.bottleneck == "compute"  # 80 rounds of passes: the sfp, not memory, bounds a draw
+
+
+def test_the_validator_refuses_a_bad_philox():
+    from spyre_runtime.program.validate import ProgramError, validate
+
+    with pytest.raises(ProgramError, match="philox"):
+        validate(_philox_program(key_dtype="fp32"))
+    with pytest.raises(ProgramError, match="philox mode"):
+        validate(_philox_program(mode="gumbel"))
