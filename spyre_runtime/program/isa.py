@@ -755,7 +755,9 @@ class Philox(Instruction):
     seed, a counter an iota plus the generator's offset). ``uniform`` and ``normal`` give fp32
     (rounded to dst's float dtype on write), ``bits63`` int64. A pure function of
     its operands: no state on chip, so cores draw disjoint counters independently (issue 19).
-    Costed in timing.philox: the rounds as elementwise integer passes."""
+    Costed in timing.philox: the rounds as elementwise integer passes, normal's log and cos as
+    the sfp's own transcendental passes (the simulator evaluates them as fp64 polynomials only
+    so that every tile gets the same bits, philox.py)."""
 
     mode: str
     dst: Tile
@@ -770,10 +772,10 @@ class Philox(Instruction):
     def bind(cls, b, group):
         first = group[0][1]
         key = (first.mode, first.dst.shape_key, first.key.shape_key, first.counter.shape_key)
-        # The integer rounds are exact wherever they run; normal's log and cos are
-        # transcendentals (one core at a time, as Unary's are).
-        if len(group) > 1 and (first.mode == "normal" or any(
-                (i.mode, i.dst.shape_key, i.key.shape_key, i.counter.shape_key) != key for _, i, _ in group)):
+        # Every mode is exact wherever it runs (integer rounds; normal's log and cos are polynomials
+        # of correctly rounded ops, philox.py), so cores' tiles may be drawn in one operation.
+        if len(group) > 1 and any(
+                (i.mode, i.dst.shape_key, i.key.shape_key, i.counter.shape_key) != key for _, i, _ in group):
             return None
         dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
         k = b.tile([(c, i.key, idx) for c, i, idx in group])
