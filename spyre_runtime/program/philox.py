@@ -46,8 +46,11 @@ def philox4x32(key: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, 
     shape = key.shape
     # NumPy's uint64: a 32x32-bit product is exact in it (no signed overflow to reason about),
     # and its per-call cost is a fraction of torch's on the small tiles a core draws.
-    k = key.reshape(-1).numpy().view(np.uint64)
     n = counter.reshape(-1).numpy().view(np.uint64)
+    if all(st == 0 for st in key.stride()):  # one key (a broadcast seed): its schedule in scalars
+        k = np.uint64(int(key.reshape(-1)[0]) % (1 << 64)) if key.numel() else np.uint64(0)
+    else:
+        k = key.reshape(-1).numpy().view(np.uint64)
     k0, k1 = k & _MASK, k >> _SHIFT
     c0, c1 = n & _MASK, n >> _SHIFT
     c2 = np.zeros_like(c0)
