@@ -129,3 +129,31 @@ def test_autocast_inside_torch_compile_runs_in_spyre_programs(monkeypatch):
     y32 = y.detach().cpu().float()
     torch.testing.assert_close(s.detach().cpu(), torch.softmax(y32, -1), **FP32_TOL)
     torch.testing.assert_close(n.detach().cpu(), F.layer_norm(y32, (32,)), **FP32_TOL)
+
+
+def test_a_compiled_training_step_under_autocast_with_dropout(monkeypatch):
+    # Parts of issue 19 together, under SPYRE_STRICT=1: autocast's casts, dropout's Philox mask,
+    # cross_entropy in fp32, and the backward, all in spyre programs; gradients come back fp32.
+    from spyre_inductor.compiler.scheduling import record_kernels
+
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(64, 8)).to("spyre")
+    x, target = _data(16, 32, seed=5).to("spyre"), torch.arange(16).remainder(8).to("spyre")
+
+    def step(x, target):
+        with torch.autocast("spyre", dtype=torch.float16):
+            logits = model(x)
+            loss = F.cross_entropy(logits, target)
+        return loss, logits.detach()
+
+    with record_kernels() as records:
+        loss, logits = torch.compile(step)(x, target)
+        loss.backward(torch.tensor(1.0).to("spyre"))  # (backward's own ones_like would be an eager fill_)
+    assert records and all(r.artifact is not None for r in records), records
+    assert (logits.dtype, loss.dtype) == (torch.float16, torch.float32)
+    for p in model.parameters():
+        assert p.grad.dtype == torch.float32 and p.grad.cpu().isfinite().all()
+    assert 0 < loss.item() < 10
