@@ -339,3 +339,15 @@ def test_the_validator_refuses_a_bad_philox():
         validate(_philox_program(key_dtype="fp32"))
     with pytest.raises(ProgramError, match="philox mode"):
         validate(_philox_program(mode="gumbel"))
+
+
+def test_the_kernel_functions_are_callable_directly(spyre):
+    # what a compile-backed eager dispatcher routes to (spyre_inductor/compiler/random.py)
+    from spyre_inductor.compiler import random as kernels
+
+    torch.spyre.manual_seed(30)
+    k = kernels.randint(-3, 3, (50,), device=spyre).cpu()
+    assert torch.equal(k, _reference(30, 0, (50,), "randint", -3, 3))
+    out, mask = kernels.native_dropout(torch.ones(40).to(spyre), 0.5, True)
+    assert torch.equal(out.cpu(), mask.cpu().float() * 2)
+    assert torch.equal(mask.cpu(), _reference(30, 50, (40,), "uniform") < 0.5)

@@ -22,6 +22,9 @@ Two routes reach the ISA's ``philox`` instruction (spyre_runtime/program/philox.
   launched per call. ``spyre_inductor.device.random_ops`` registers them as the PrivateUse1
   kernels; a compile-backed eager dispatcher can call the same functions.
 
+The kernel functions are for real tensors, outside a trace (they draw from the generator and
+launch): inside torch.compile, Inductor's own random lowering above is what applies.
+
 ``randperm`` needs a sort, which the compiler does not have: it stays on the CPU fallback (it
 draws from the C++ generator's Mersenne Twister there, still seeded by torch.spyre.manual_seed),
 and SPYRE_STRICT=1 refuses it by name.
@@ -299,6 +302,13 @@ def random_(self: torch.Tensor, low: int | None = None, high: int | None = None,
     return self
 
 
+def randint(low: int, high: int, size, *, generator=None, dtype: torch.dtype = torch.int64,
+            device: torch.device | str = "spyre") -> torch.Tensor:
+    """torch.randint on spyre: what its composite does (an empty tensor, then random_)."""
+    out = torch.empty(size, dtype=dtype, device=device)
+    return random_(out, low, high, generator)
+
+
 def native_dropout(input: torch.Tensor, p: float, train: bool | None = True):
     """(output, mask): mask keeps an element where a uniform draw is below 1 - p, output is
     input * mask / (1 - p) (0 for p = 1), as the CPU's dropout computes it."""
@@ -333,4 +343,4 @@ def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale
 
 
 __all__ = ["OP", "bernoulli", "bernoulli_", "cache_stats", "lower_philox", "native_dropout",
-           "native_dropout_backward", "normal_", "philox", "philox_reference", "random_", "uniform_"]
+           "native_dropout_backward", "normal_", "philox", "philox_reference", "randint", "random_", "uniform_"]
