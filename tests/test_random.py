@@ -156,6 +156,9 @@ def test_random_ranges_follow_the_cpu(spyre):
     assert 0 <= h.min() and h.max() <= 2 ** 11
     u8 = torch.empty(4096, dtype=torch.uint8, device=spyre).random_().cpu()
     assert u8.max() > 200  # the whole byte range
+    i64 = torch.empty(4096, dtype=torch.int64, device=spyre).random_().cpu()  # [0, 2**63 - 1]
+    assert i64.min() >= 0 and i64.max() > 1 << 62
+    assert torch.equal(i64, _reference(4, 3 * 4096, (4096,), "span63"))
     full = torch.empty(4096, dtype=torch.int64, device=spyre).random_(-(1 << 63), (1 << 63) - 1).cpu()
     assert full.min() < -(1 << 62) and full.max() > 1 << 62  # both halves of the int64 range
 

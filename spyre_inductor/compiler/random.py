@@ -42,7 +42,7 @@ from spyre_runtime.program.philox import philox as philox_values
 
 from ..device import random as device_random
 
-MODES = ("uniform", "normal", "randint", "bits64")
+MODES = ("uniform", "normal", "randint", "span63", "bits64")
 _TWO32 = 1 << 32
 
 
@@ -51,7 +51,7 @@ _TWO32 = 1 << 32
 
 def philox_reference(state: torch.Tensor, size, mode: str) -> torch.Tensor:
     """What ``spyre::philox`` computes, on the host (the op's default implementation and the
-    tests' reference): element i (row-major) drawn at counter offset + i (bits64: two 32-bit
+    tests' reference): element i (row-major) drawn at counter offset + i (span63 and bits64: two
     draws at offset + 2i and offset + 2i + 1)."""
     key, offset, low, high = (int(v) for v in state.cpu().tolist())
     n = 1
@@ -63,10 +63,12 @@ def philox_reference(state: torch.Tensor, size, mode: str) -> torch.Tensor:
         out = philox_values(key_t, offset + pos, mode)
     elif mode == "randint":
         out = low + philox_values(key_t, offset + pos, "bits63") % (high - low)
-    elif mode == "bits64":
+    elif mode in ("span63", "bits64"):
         lo = philox_values(key_t, offset + 2 * pos, "bits63") % _TWO32
-        hi = philox_values(key_t, offset + 2 * pos + 1, "bits63") % _TWO32
-        out = (hi - (1 << 31)) * _TWO32 + lo
+        if mode == "span63":
+            out = low + (philox_values(key_t, offset + 2 * pos + 1, "bits63") % (1 << 31)) * _TWO32 + lo
+        else:
+            out = (philox_values(key_t, offset + 2 * pos + 1, "bits63") % _TWO32 - (1 << 31)) * _TWO32 + lo
     else:
         raise ValueError(f"spyre::philox mode {mode!r} is not one of {MODES}")
     return out.reshape([int(s) for s in size])
@@ -79,7 +81,8 @@ def _result_dtype(mode: str) -> torch.dtype:
 @torch.library.custom_op("spyre::philox", mutates_args=())
 def philox(state: torch.Tensor, size: list[int], mode: str) -> torch.Tensor:
     """Philox draws of `size` from ``state = [key, offset, low, high]`` (int64): fp32 for
-    uniform/normal, int64 for randint ([low, high)) and bits64 (the whole int64 range). On
+    uniform/normal, int64 for randint ([low, high)), span63 ([low, low + 2**63)) and bits64 (the
+    whole int64 range). On
     spyre it is lowered into the surrounding program (lower_philox); this host implementation
     is the reference (and what runs if it is ever called eagerly)."""
     return philox_reference(state, size, mode).to(state.device)
@@ -122,9 +125,15 @@ def lower_philox(state, size, mode: str):
             return ops.randn(key, ops.add(offset, pos))
         if mode == "randint":
             return ops.randint64(key, ops.add(offset, pos), word(2), word(3))
+        # Ranges of 2**63 or more values, from two draws of 32 and 31 (span63: [low, low + 2**63))
+        # or 32 bits (bits64: the whole int64 range), at counters offset + 2i and offset + 2i + 1.
         two = ops.mul(pos, const(2))
         lo = ops.randint64(key, ops.add(offset, two), const(0), const(_TWO32))
-        hi = ops.randint64(key, ops.add(offset, ops.add(two, const(1))), const(0), const(_TWO32))
+        hi_counter = ops.add(offset, ops.add(two, const(1)))
+        if mode == "span63":
+            hi = ops.randint64(key, hi_counter, const(0), const(1 << 31))
+            return ops.add(word(2), ops.add(ops.mul(hi, const(_TWO32)), lo))
+        hi = ops.randint64(key, hi_counter, const(0), const(_TWO32))
         return ops.add(ops.mul(ops.sub(hi, const(1 << 31)), const(_TWO32)), lo)
 
     node = Pointwise.create(device=device, dtype=dtype, inner_fn=inner_fn, ranges=size)
@@ -284,6 +293,8 @@ def random_(self: torch.Tensor, low: int | None = None, high: int | None = None,
     span = high - low
     if span < 1 << 63:
         mode, counters = "randint", self.numel()
+    elif span == 1 << 63:  # random_() on int64: [0, 2**63 - 1]; 63 random bits, two draws each
+        mode, counters, high = "span63", 2 * self.numel(), 0
     elif low == -(1 << 63) and high >= (1 << 63) - 1:
         # The whole int64 range (Inductor's seeds: [min, max)): 64 random bits, two draws each.
         # (For [min, max) the top value max itself comes out with probability 2**-64.)
