@@ -149,6 +149,22 @@ def test_integer_and_bernoulli_statistics(spyre):
     _within(c.mean().item(), 0.8, math.sqrt(0.16 / N), "bernoulli_(0.8)")
 
 
+def test_other_distributions_from_the_same_draws(spyre):
+    torch.spyre.manual_seed(7)
+    e = torch.empty(N, device=spyre).exponential_(2.0).cpu().double()
+    assert e.min() >= 0
+    _within(e.mean().item(), 0.5, 0.5 / math.sqrt(N), "exponential_(2) mean")
+    ln = torch.empty(N, device=spyre).log_normal_(0.0, 0.5).cpu().double().log()
+    _within(ln.mean().item(), 0.0, 0.5 / math.sqrt(N), "log_normal_(0, 0.5): mean of the log")
+    _within(ln.std().item(), 0.5, 0.5 / math.sqrt(2 * N), "log_normal_(0, 0.5): std of the log")
+    c = torch.empty(N, device=spyre).cauchy_(1.0, 2.0).cpu().double()
+    _within(c.median().item(), 1.0, math.pi * 2.0 / (2 * math.sqrt(N)), "cauchy_(1, 2) median")
+    _within((c.sub(1).abs() < 2).double().mean().item(), 0.5, math.sqrt(0.25 / N), "cauchy_: P(|x - m| < s)")
+    g = torch.empty(N, device=spyre).geometric_(0.25).cpu().double()
+    assert g.min() >= 1 and torch.equal(g, g.round())
+    _within(g.mean().item(), 4.0, math.sqrt(12 / N), "geometric_(0.25) mean")
+
+
 def test_random_ranges_follow_the_cpu(spyre):
     torch.spyre.manual_seed(4)
     assert 0 <= torch.empty(4096, device=spyre).random_(10).cpu().max() < 10

@@ -11,7 +11,8 @@ Two routes reach the ISA's ``philox`` instruction (spyre_runtime/program/philox.
   state; ``ops.rand(seed, index)`` inside the pointwise kernel is captured as an IR op and
   becomes a ``philox`` instruction (capture.py, fusion.isa_op). Nothing here is needed for that
   beyond the eager ``random_``.
-* Eager fills (``normal_``, ``uniform_``, ``bernoulli_``, ``random_``, ``native_dropout``):
+* Eager fills (``normal_``, ``uniform_``, ``bernoulli_``, ``random_``, ``native_dropout``, and
+  ``exponential_``, ``log_normal_``, ``cauchy_``, ``geometric_`` from the same draws):
   ``spyre::philox(state, size, mode)`` draws element i at (key, offset + i) where
   ``state = [key, offset, low, high]`` is a small int64 tensor on the device; it lowers
   (``lower_philox``) to a pointwise node over ``ops.rand``/``ops.randn``/``ops.randint64`` of
@@ -32,6 +33,7 @@ and SPYRE_STRICT=1 refuses it by name.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 
@@ -197,39 +199,67 @@ def _check_floating(self: torch.Tensor, op: str) -> None:
         raise RuntimeError(f"{op} expects floating-point outputs but got {self.dtype}")
 
 
-def normal_(self: torch.Tensor, mean: float = 0.0, std: float = 1.0, generator=None) -> torch.Tensor:
-    _check_floating(self, "normal_")
-    if std < 0:
-        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+# Each float fill: the philox mode it draws and its value from the draw `u` and its parameters
+# `p` (an fp32 tensor on the device, so values travel at launch), as the CPU computes it.
+_FILLS = {
+    "normal": ("normal", lambda u, p: u * p[1] + p[0]),                      # p: mean, std
+    "uniform": ("uniform", lambda u, p: u * p[1] + p[0]),                    # p: from, to - from
+    "exponential": ("uniform", lambda u, p: p[0] * torch.log1p(-u)),         # p: -1 / lambd
+    "log_normal": ("normal", lambda u, p: torch.exp(u * p[1] + p[0])),       # p: mean, std
+    # tan as sin / cos: the sfp has no tan
+    "cauchy": ("uniform", lambda u, p: p[0] + p[1] * (torch.sin((u - 0.5) * math.pi) / torch.cos((u - 0.5) * math.pi))),
+    "geometric": ("uniform", lambda u, p: torch.ceil(torch.log(u) / p[0])),  # p: log1p(-p)
+}
+
+
+def _float_fill(kind: str, self: torch.Tensor, generator, *params: float) -> torch.Tensor:
+    _check_floating(self, f"{kind}_")
     if self.numel() == 0:
         return self
+    mode, value = _FILLS[kind]
     shape, dtype = list(self.shape), self.dtype
 
     def build():
-        def fill(out, state, params):
-            out.copy_((philox(state, shape, "normal") * params[1] + params[0]).to(dtype))
+        def fill(out, state, p):
+            out.copy_(value(philox(state, shape, mode), p).to(dtype))
         return fill
 
-    _launch("normal", build, (self, _state(generator, self.device, self.numel()), _params(self.device, mean, std)))
+    _launch(kind, build, (self, _state(generator, self.device, self.numel()), _params(self.device, *params)))
     return self
+
+
+def normal_(self: torch.Tensor, mean: float = 0.0, std: float = 1.0, generator=None) -> torch.Tensor:
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    return _float_fill("normal", self, generator, mean, std)
 
 
 def uniform_(self: torch.Tensor, low: float = 0.0, high: float = 1.0, generator=None) -> torch.Tensor:
-    _check_floating(self, "uniform_")
     if low > high:
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
-    if self.numel() == 0:
-        return self
-    shape, dtype = list(self.shape), self.dtype
+    return _float_fill("uniform", self, generator, low, high - low)
 
-    def build():
-        def fill(out, state, params):
-            out.copy_((philox(state, shape, "uniform") * params[1] + params[0]).to(dtype))
-        return fill
 
-    _launch("uniform", build,
-            (self, _state(generator, self.device, self.numel()), _params(self.device, low, high - low)))
-    return self
+def exponential_(self: torch.Tensor, lambd: float = 1.0, generator=None) -> torch.Tensor:
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    return _float_fill("exponential", self, generator, -1.0 / lambd)
+
+
+def log_normal_(self: torch.Tensor, mean: float = 1.0, std: float = 2.0, generator=None) -> torch.Tensor:
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    return _float_fill("log_normal", self, generator, mean, std)
+
+
+def cauchy_(self: torch.Tensor, median: float = 0.0, sigma: float = 1.0, generator=None) -> torch.Tensor:
+    return _float_fill("cauchy", self, generator, median, sigma)
+
+
+def geometric_(self: torch.Tensor, p: float, generator=None) -> torch.Tensor:
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    return _float_fill("geometric", self, generator, math.log1p(-p))
 
 
 def bernoulli_(self: torch.Tensor, p=0.5, generator=None) -> torch.Tensor:
@@ -353,5 +383,6 @@ def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale
     return _launch("dropout_backward", build, (grad_output, mask, _params(grad_output.device, scale)))
 
 
-__all__ = ["OP", "bernoulli", "bernoulli_", "cache_stats", "lower_philox", "native_dropout",
-           "native_dropout_backward", "normal_", "philox", "philox_reference", "randint", "random_", "uniform_"]
+__all__ = ["OP", "bernoulli", "bernoulli_", "cache_stats", "cauchy_", "exponential_", "geometric_", "log_normal_",
+           "lower_philox", "native_dropout", "native_dropout_backward", "normal_", "philox", "philox_reference",
+           "randint", "random_", "uniform_"]

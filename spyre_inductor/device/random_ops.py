@@ -1,8 +1,8 @@
 """The spyre kernels of the random fills: PrivateUse1 registrations that run them in spyre programs.
 
 ``normal_``, ``uniform_``, ``bernoulli_`` (float and tensor p), ``bernoulli``, ``random_`` (all
-three overloads; ``randint`` reaches it through its composite), ``native_dropout`` and its
-backward are compiled kernels drawing from the device generator's Philox state
+three overloads; ``randint`` reaches it through its composite), ``exponential_``,
+``log_normal_``, ``cauchy_``, ``geometric_``, ``native_dropout`` and its backward are compiled kernels drawing from the device generator's Philox state
 (spyre_inductor/compiler/random.py). Factories (``torch.randn(4, device="spyre")``, ``rand``,
 ``randint``, ``*_like``) are composites over these, so they run in programs too, under
 SPYRE_STRICT=1 as well.
@@ -42,6 +42,15 @@ def _uniform_(self, low=0.0, high=1.0, *, generator=None):
     if self.dtype not in FLOATS:
         return run_on_host(aten.uniform_.default, aten.uniform_.default, self, low, high, generator=generator)
     return _kernels().uniform_(self, low, high, generator)
+
+
+def _distribution(name: str, op):
+    # exponential_, log_normal_, cauchy_, geometric_: float fills of one uniform or normal draw
+    def kernel(self, *params, generator=None):
+        if self.dtype not in FLOATS:
+            return run_on_host(op, op, self, *params, generator=generator)
+        return getattr(_kernels(), name)(self, *params, generator=generator)
+    return kernel
 
 
 def _bernoulli_float(self, p=0.5, *, generator=None):
@@ -102,6 +111,10 @@ KERNELS = {
     "random_": _random_,
     "random_.to": _random_to,
     "random_.from": _random_from,
+    "exponential_": _distribution("exponential_", aten.exponential_.default),
+    "log_normal_": _distribution("log_normal_", aten.log_normal_.default),
+    "cauchy_": _distribution("cauchy_", aten.cauchy_.default),
+    "geometric_": _distribution("geometric_", aten.geometric_.default),
     "native_dropout": _native_dropout,
     "native_dropout_backward": _native_dropout_backward,
 }
