@@ -364,3 +364,20 @@ def test_the_kernel_functions_are_callable_directly(spyre):
     out, mask = kernels.native_dropout(torch.ones(40).to(spyre), 0.5, True)
     assert torch.equal(out.cpu(), mask.cpu().float() * 2)
     assert torch.equal(mask.cpu(), _reference(30, 50, (40,), "uniform") < 0.5)
+
+
+def test_threads_draw_disjoint_counters(spyre):
+    from conftest import run_in_threads
+
+    torch.spyre.manual_seed(40)
+    torch.rand(256, device=spyre)  # compiled once before the threads race
+    torch.spyre.manual_seed(40)
+    got = {}
+
+    def draw(k):
+        got[k] = [torch.rand(256, device=spyre).cpu() for _ in range(3)]
+
+    run_in_threads(draw, 4)
+    blocks = sorted((tuple(b.tolist()) for bs in got.values() for b in bs))
+    want = sorted(tuple(_reference(40, 256 * i, (256,), "uniform").tolist()) for i in range(12))
+    assert blocks == want  # each call got its own 256 counters: none shared, none skipped
