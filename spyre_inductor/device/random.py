@@ -64,7 +64,7 @@ def default_generator(device=None) -> torch.Generator:
     """The device's default generator, always the same Python object."""
     index = device_index(device)
     with _lock:
-        return default_generator_locked(index)
+        return _default_generator_locked(index)
 
 
 def _fresh(state: PhiloxState | None, gen: torch.Generator) -> PhiloxState:
@@ -78,7 +78,7 @@ def _fresh(state: PhiloxState | None, gen: torch.Generator) -> PhiloxState:
 def _state_of(generator: torch.Generator | None, index: int) -> PhiloxState:
     """(under _lock) The Philox state an op on spyre:`index` draws from, stored back."""
     if generator is None:
-        state = _default_states[index] = _fresh(_default_states.get(index), default_generator_locked(index))
+        state = _default_states[index] = _fresh(_default_states.get(index), _default_generator_locked(index))
         return state
     if generator.device.type != "spyre":
         raise RuntimeError(f"Expected a 'spyre' device type for generator but found '{generator.device.type}'")
@@ -99,7 +99,7 @@ def _state_of(generator: torch.Generator | None, index: int) -> PhiloxState:
     return state
 
 
-def default_generator_locked(index: int) -> torch.Generator:
+def _default_generator_locked(index: int) -> torch.Generator:
     gen = _default_wrappers.get(index)
     if gen is None:
         gen = _default_wrappers[index] = _C.default_generator(index)
@@ -111,7 +111,7 @@ def _is_default(generator: torch.Generator, index: int) -> bool:
     crosses the binding, so it is probed: the default generator is the one whose seed changes
     when the default's does (its state restored after). Once per wrapper, only for wrappers
     with the default's seed."""
-    default = default_generator_locked(index)
+    default = _default_generator_locked(index)
     if generator.initial_seed() != default.initial_seed():
         return False
     saved = default.get_state()
@@ -142,13 +142,13 @@ def philox_state(device=None) -> tuple[int, int]:
     """(seed, offset) of a device's default generator, without drawing (tests, debugging)."""
     index = device_index(device)
     with _lock:
-        state = _default_states[index] = _fresh(_default_states.get(index), default_generator_locked(index))
+        state = _default_states[index] = _fresh(_default_states.get(index), _default_generator_locked(index))
         return state.seed, state.offset
 
 
 def _restart(index: int, offset: int = 0) -> None:
     with _lock:
-        _default_states[index] = PhiloxState(default_generator_locked(index).initial_seed(), int(offset))
+        _default_states[index] = PhiloxState(_default_generator_locked(index).initial_seed(), int(offset))
 
 
 def manual_seed(seed: int) -> None:
