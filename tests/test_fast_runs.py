@@ -284,7 +284,7 @@ def _plans_after(fn, *args):
     return out, [o for o in gc.get_objects() if type(o) is JobPlan and id(o) not in before]
 
 
-@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding"])
+@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn"])
 def test_compiled_programs_give_the_interpreters_bits(case):
     g = torch.Generator().manual_seed(7)
     a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
@@ -294,6 +294,9 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         "sum": (lambda a, b: (a * b).sum(-1), (a, b)),
         "softmax": (lambda a, b: torch.softmax(a, -1) + b, (a, b)),
         "embedding": (lambda a, i: a[i] * 2, (a, torch.randint(0, 64, (16,), generator=g))),
+        # philox (issue 19): uniform binds across cores, normal runs one core at a time
+        "rand": (lambda a, b: a + torch.rand_like(b), (a, b)),
+        "randn": (lambda a, b: a * torch.randn_like(b), (a, b)),
     }[case]
     dev = [t.to("spyre") for t in args]
     _, plans = _plans_after(fn, *dev)

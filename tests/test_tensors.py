@@ -26,15 +26,15 @@ def test_arange_and_tensor_literal(spyre):
 
 
 @pytest.mark.parametrize("factory", [torch.rand, torch.randn])
-def test_random_factories_are_reproducible_and_match_cpu(spyre, factory):
+def test_random_factories_are_reproducible(spyre, factory):
     torch.spyre.manual_seed(1234)
     a = factory(64, device=spyre).cpu()
     torch.spyre.manual_seed(1234)
     b = factory(64, device=spyre).cpu()
     assert torch.equal(a, b)
-    # Same Mersenne Twister as the CPU: the same seed draws the same numbers.
-    assert torch.equal(a, factory(64, generator=torch.Generator().manual_seed(1234)))
     assert not torch.equal(a, factory(64, device=spyre).cpu())
+    # (The device generator is Philox in spyre programs, not the CPU's Mersenne Twister:
+    # tests/test_random.py.)
 
 
 def test_torch_manual_seed_seeds_spyre(spyre):

@@ -101,6 +101,32 @@ def compiled_mlp_strict() -> None:
     print(f"  MLP forward: {total:.1f} us simulated")
 
 
+def random_and_autocast_strict() -> None:
+    section("random numbers on the device generator and torch.autocast, under SPYRE_STRICT=1")
+    os.environ["SPYRE_STRICT"] = "1"  # every fill below runs as a spyre program, or raises
+    try:
+        torch.spyre.manual_seed(0)
+        a = torch.randn(2, 4, device="spyre").cpu()
+        state = torch.spyre.get_rng_state()
+        b = torch.rand(3, device="spyre").cpu()
+        torch.spyre.set_rng_state(state)
+        again = torch.equal(torch.rand(3, device="spyre").cpu(), b)
+        first = ", ".join(f"{v:.4f}" for v in a.flatten().tolist()[:4])
+        print(f"  torch.randn(2, 4) (Philox, seed 0): {first}, ...; rng state restored, same draw: {again}")
+        torch.spyre.reset_kernel_reports()
+        x = torch.ones(256, 256).to("spyre")
+        kept = (torch.compile(lambda x: torch.nn.functional.dropout(x, 0.25))(x).cpu() != 0).float().mean().item()
+        reports = [r for r in torch.spyre.kernel_reports() if "rand" in r.name]
+        print(f"  compiled dropout(p=0.25) kept {kept:.3f}; mask drawn and applied in one program:")
+        print(f"    {reports[-1].describe()}")
+        lin = torch.nn.Linear(64, 64).to("spyre")
+        with torch.autocast("spyre", dtype=torch.float16):
+            y, s = torch.compile(lambda t: (lin(t), torch.softmax(lin(t), -1)))(torch.randn(8, 64).to("spyre"))
+        print(f"  under torch.autocast('spyre'): linear -> {y.dtype}, softmax -> {s.dtype} (compiled)")
+    finally:
+        del os.environ["SPYRE_STRICT"]
+
+
 def _kernel_table(reports, indent="    ") -> float:
     """Per-kernel lines (simulated time and share) of one call; returns its total us."""
     total = sum(r.simulated_us for r in reports)
@@ -261,6 +287,7 @@ def main() -> None:
     compiled_mlp_strict()
     compiled_model_piece()
     compiled_small_model()
+    random_and_autocast_strict()
 
     section("tensors to the device and back")
     x = torch.randn(4, 6)

@@ -311,6 +311,35 @@ class CaptureHandler(DefaultHandler):
         # operands, reduced by "dot"); pointwise it is a multiply, the "dot" reduction sums it.
         return self._default("mul", (a, b), {})
 
+    # ---- random values (issue 19) -------------------------------------------------------
+
+    def load_seed(self, name: str, offset) -> _V:
+        # Inductor's inductor_lookup_seed: element `offset` of the seeds buffer its RandomSeeds
+        # extern kernel filled (aten.randint.low_out on the device generator), read as a scalar.
+        return self.load(name, sympy.Integer(int(offset)))
+
+    def rand(self, seed, offset) -> _V:
+        return self._random("rand", seed, offset)
+
+    def randn(self, seed, offset) -> _V:
+        return self._random("randn", seed, offset)
+
+    def randint64(self, seed, offset, low, high) -> _V:
+        # low + bits % (high - low): 63 random bits reduced to the range (a bias of at most
+        # range / 2**63, as CUDA's randint has).
+        bits = self._random("random_bits63", seed, offset)
+        low, high = self._as_value(low), self._as_value(high)
+        span = self._default("sub", (high, low), {})
+        return self._default("add", (low, self._default("remainder", (bits, span), {})), {})
+
+    def _random(self, op: str, seed, offset) -> _V:
+        seed, offset = self._as_value(seed), self._as_value(offset)
+        for what, v in (("seed", seed), ("offset", offset)):
+            if v.dtype.is_floating_point or v.dtype == torch.bool:
+                raise NotCapturable(f"op {op} with a {v.dtype} {what}")
+        dtype = torch.float32 if op in ("rand", "randn") else torch.int64
+        return self.g.add(Op(op, (seed.pos, offset.pos), dtype_name(dtype, f"op {op}")), dtype)
+
     def _default(self, name: str, args, kwargs):
         if kwargs:
             raise NotCapturable(f"op {name} with keyword arguments")

@@ -42,6 +42,10 @@ of its argument, a product of two operands (Inductor's native-matmul form:
 ``ops.dot`` of the two loads, reduced by "dot"); a kernel that has one is a
 matmul, planned on the PE arrays.
 
+Random values (issue 19): ``rand``, ``randn`` and ``random_bits63`` are
+binary ops of an integer key and counter (RANDOM_OPS): a pure function, so they are ordinary
+pointwise values (a dropout mask fuses with its multiply).
+
 Values from indices (issue 16): an ``IndexValue`` is an integer affine in the
 iteration variables (Inductor's ``index_expr``: arange, the compares of
 masks). Inductor's ``masked(mask, body, other)`` is captured as
@@ -106,6 +110,12 @@ BINARY_OPS = frozenset({
     "fmod", "truncdiv", "bitwise_left_shift", "bitwise_right_shift", "div_rn",
 })
 TERNARY_OPS = frozenset({"where"})  # where(cond, a, b)
+# Random values (issue 19): op(key, counter), one value per element from Philox-4x32-10
+# (spyre_runtime/program/philox.py) with those integers; names are Inductor's (rand, randn)
+# where it has them, and the integer draw Inductor's randint64 is made of (capture.py).
+# IR op -> philox mode.
+RANDOM_OPS = {"rand": "uniform", "randn": "normal", "random_bits63": "bits63"}
+BINARY_OPS = BINARY_OPS | frozenset(RANDOM_OPS)
 # Reductions over all reduction ranges. argmax/argmin give int64 indices into the
 # flattened reduced dims (first occurrence on ties, NaN counts as the maximum, as PyTorch).
 REDUCTION_OPS = frozenset({

@@ -216,4 +216,7 @@ def install() -> None:
         from .attention_op import OP
 
         L.register_lowering(OP, type_promotion_kind=None)(lower_attention)
+        from .random import OP as PHILOX, lower_philox
+
+        L.register_lowering(PHILOX, type_promotion_kind=None)(lower_philox)  # random fills (issue 19)
         _installed = True

@@ -19,7 +19,7 @@ def register() -> None:
     from spyre_runtime import _C
     from spyre_runtime.hardware import HARDWARE, device_count_from_env, mode_from_env, region_handles
 
-    from . import api, copies, fallback, queues, routes
+    from . import api, autocast, copies, fallback, queues, random_ops, routes
 
     mode = mode_from_env()
     _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes, region_handles(mode), mode)
@@ -34,4 +34,6 @@ def register() -> None:
     copies.install()
     fallback.install()
     routes.install()
+    random_ops.install()  # random fills in spyre programs (issue 19)
+    autocast.install()  # cast rules for torch.autocast("spyre") (issue 19)
     _registered = True

@@ -138,7 +138,9 @@ _INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "W
 
 def __getattr__(name: str):
     if name == "default_generators":
-        return tuple(_C.default_generator(i) for i in range(_C.device_count()))
+        from .random import default_generator
+
+        return tuple(default_generator(i) for i in range(_C.device_count()))
     if name in _INDUCTOR_NAMES:
         from spyre_inductor.compiler.registration import inductor_attribute
 

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from .philox import MODES as PHILOX_MODES, philox as philox_values, philox_result_dtype
 from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, SizeExpr, Tile, clipped_rows, count_at, sticks
 
 UNITS = ("ls", "pe", "sfp")
@@ -749,6 +750,64 @@ class Iota(Instruction):
     def problem(self):
         if self.dst.dtype not in ("int32", "int64"):
             return f"iota writes integers: its destination must be int32 or int64, not {self.dst.dtype}"
+        return None
+
+
+@instruction("philox", ("sfp",))
+@dataclass(frozen=True)
+class Philox(Instruction):
+    """dst = philox.philox(key, counter, mode): one random value per element from Philox-4x32-10
+    (philox.py), key and counter integer tiles read as int64 (a key is usually one broadcast
+    seed, a counter an iota plus the generator's offset). ``uniform`` and ``normal`` give fp32
+    (rounded to dst's float dtype on write), ``bits63`` int64. A pure function of
+    its operands: no state on chip, so cores draw disjoint counters independently (issue 19).
+    Costed in timing.philox: the rounds as elementwise integer passes, normal's log and cos as
+    the sfp's own transcendental passes (the simulator evaluates them as fp64 polynomials only
+    so that every tile gets the same bits, philox.py)."""
+
+    mode: str
+    dst: Tile
+    key: Tile
+    counter: Tile
+
+    def run(self, m, core, idx):
+        key, counter = m.read(core, self.key, idx, torch.int64), m.read(core, self.counter, idx, torch.int64)
+        m.write(core, self.dst, idx, philox_values(key, counter, self.mode))
+
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        key = (first.mode, first.dst.shape_key, first.key.shape_key, first.counter.shape_key)
+        # Every mode is exact wherever it runs (integer rounds; normal's log and cos are polynomials
+        # of correctly rounded ops, philox.py), so cores' tiles may be drawn in one operation.
+        if len(group) > 1 and any(
+                (i.mode, i.dst.shape_key, i.key.shape_key, i.counter.shape_key) != key for _, i, _ in group):
+            return None
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        k = b.tile([(c, i.key, idx) for c, i, idx in group])
+        n = b.tile([(c, i.counter, idx) for c, i, idx in group])
+        if dst is None or k is None or n is None:
+            return None
+        read_k, read_n = b.reader(k, first.key, torch.int64), b.reader(n, first.counter, torch.int64)
+        return lambda: dst.copy_(philox_values(read_k(), read_n(), first.mode))
+
+    def cost(self, t, core, idx):
+        return t.philox(self.dst.rows, self.dst.cols, self.mode)
+
+    def touches(self):
+        return (("tile", self.dst), ("tile", self.key), ("tile", self.counter))
+
+    def problem(self):
+        if self.mode not in PHILOX_MODES:
+            return f"philox mode {self.mode!r} is not one of {PHILOX_MODES}"
+        for name in ("key", "counter"):
+            if getattr(self, name).dtype not in ("int32", "int64"):
+                return f"a philox {name} is an int32 or int64 tile, not {getattr(self, name).dtype}"
+        want = philox_result_dtype(self.mode)
+        if want == "int64" and self.dst.dtype != "int64":
+            return f"philox {self.mode} writes int64, not {self.dst.dtype}"
+        if want == "fp32" and self.dst.dtype not in ("fp32", "fp16", "bf16"):
+            return f"philox {self.mode} writes floats, not {self.dst.dtype}"
         return None
 
 

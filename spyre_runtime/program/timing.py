@@ -263,11 +263,15 @@ def _fixed_cost_instructions() -> frozenset:
 
     # Their cost is a function of operand shapes (ring sends: of the two cores), not of addresses.
     return frozenset({isa.MatMul, isa.Unary, isa.Binary, isa.Select, isa.Reduce, isa.Fill, isa.Iota, isa.Copy,
-                      isa.Send, isa.Transpose})
+                      isa.Send, isa.Transpose, isa.Philox})
 
 
 _FIXED_COST = _fixed_cost_instructions()
 FENCE = object()  # what Fence.cost returns
+# Elementwise passes that turn Philox words into the mode's values (timing.philox): a shift and a
+# multiply for uniform; Box-Muller's two conversions, log, sqrt, cos and two multiplies for
+# normal; a shift, mask and or for the integer modes. An assumption (kind E), like the scan's.
+PHILOX_CONVERT = {"uniform": 2, "normal": 8, "bits63": 3}
 
 
 @dataclass(frozen=True)
@@ -434,6 +438,14 @@ class Timing:
         lanes = STICK // itemsize
         passes = 1 + lanes.bit_length() - 1
         return passes * self.sfp(rows, cols, itemsize)  # the tile's sticks counted once, timed `passes` times
+
+    def philox(self, rows: int, cols: int, mode: str) -> float:
+        """Philox-4x32-10 over a tile (the ``philox`` instruction). No figure was published for it,
+        so it is costed as the sfp would do it with elementwise passes over 32-bit lanes: per
+        round, two 32x32 multiplies for both words (4 passes), three xors and the key bump
+        (4 passes), i.e. 8 passes x 10 rounds, plus the conversion (PHILOX_CONVERT)."""
+        passes = 8 * 10 + PHILOX_CONVERT[mode]
+        return passes * self.sfp(rows, cols, 4)  # the tile's sticks counted once, timed `passes` times
 
     def ring(self, src: int, dst: int, nbytes: int) -> float:
         hops = min((dst - src) % self.hw.cores, (src - dst) % self.hw.cores)

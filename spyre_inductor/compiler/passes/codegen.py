@@ -41,7 +41,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, Fence, Fill, Gather, Iota, Load, Scatter, Select, Store, Transpose, Unary
+from spyre_runtime.program.isa import (Binary, Fence, Fill, Gather, Iota, Load, Philox, Scatter, Select, Store, Transpose,
+                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, RowIndex
 from spyre_runtime.program.program import CoreProgram, Program, Symbol
 
@@ -234,7 +235,7 @@ def _blocks(ls: Unit, sfp: Unit, rows: int, block: int, dim: int, counters, rows
 
 
 def emit_elementwise(unit, step, tile) -> None:
-    """One unary, binary or select step on the sfp, its tiles resolved by `tile(name)` (every
+    """One unary, binary, select or random step on the sfp, its tiles resolved by `tile(name)` (every
     family's elementwise steps are emitted here)."""
     dst, args = tile(step.dst), [tile(x) for x in step.args]
     if step.kind == "unary":
@@ -243,5 +244,7 @@ def emit_elementwise(unit, step, tile) -> None:
         unit.emit(Binary(step.op, dst, args[0], args[1]))
     elif step.kind == "select":
         unit.emit(Select(dst, args[0], args[1], args[2]))
+    elif step.kind == "random":  # args: key, counter; the op is the philox mode (fusion.isa_op)
+        unit.emit(Philox(step.op, dst, args[0], args[1]))
     else:
         raise PlanError(f"step {step.kind} {step.op} is not an elementwise step")

@@ -43,7 +43,7 @@ from dataclasses import replace
 from spyre_runtime.program import isa
 
 from ..errors import Unsupported
-from ..kernel_ir import Cast, Constant, IndexValue, Load, Op, PointwiseKernel, SizeValue, needed
+from ..kernel_ir import RANDOM_OPS, Cast, Constant, IndexValue, Load, Op, PointwiseKernel, SizeValue, needed
 from ..symbolic_reduce import fill_of
 from .layout import FLOATS, Access, LayoutPlan, operand_value
 from .tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel
@@ -239,6 +239,10 @@ def isa_op(where, i, v: Op, args, dtypes):
         return "binary", "mul", (args[0], args[0])
     if name == "where":
         return "select", "where", args
+    if name in RANDOM_OPS:  # the ISA's philox instruction (issue 19), its mode the step's op
+        if any(d in FLOATS or d == "bool" for d in dtypes):
+            raise Unsupported(f"{where} value {i}: {name} of a {'/'.join(dtypes)} key or counter")
+        return "random", RANDOM_OPS[name], args
     if name in INTEGER_ONLY:
         if any(d in FLOATS for d in dtypes):
             raise Unsupported(f"{where} value {i}: {name} on {'/'.join(dtypes)} (integers and bools only)")

@@ -47,7 +47,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues, split_evenly
-from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
+from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Philox, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
 from spyre_runtime.program.program import CoreProgram, Program, Queue
@@ -177,6 +177,8 @@ class _Core:
                 u.emit(Binary(st.op, dst, args[0], args[1]))
             elif st.kind == "select":
                 u.emit(Select(dst, *args))
+            elif st.kind == "random":  # a philox draw (fusion.isa_op): args key, counter
+                u.emit(Philox(st.op, dst, *args))
             else:  # fill
                 u.emit(Fill(dst, self.fill_value(st.value, kc)))
 

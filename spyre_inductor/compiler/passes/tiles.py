@@ -122,7 +122,7 @@ class Step:
 
     kind: unary, binary, select (args: cond, a, b), fill (value), reduce (along the stick
     axis; accumulate into dst), scan (args: src[, carry]), matmul (args: a, b; accumulate),
-    transpose (args: src).
+    transpose (args: src), random (a philox draw, op its mode; args: key, counter).
     """
 
     kind: str
