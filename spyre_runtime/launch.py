@@ -448,7 +448,7 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     device = plan.device
     stream = _C.current_stream_id(device)
     prep = preparation_stream(device, stream)
-    launch = _Launch(plan, next(plan.turns) % len(plan.areas), stream, prep, table, bound, extra)
+    launch = _Launch(plan, next(plan.turns) % len(plan.areas), stream, prep, table, bound, extra, tuple(args))
     current().queue(device).submit(launch, (prep, stream))
 
 
@@ -456,12 +456,15 @@ class _Launch:
     """One launch handed to the queue (DeviceQueue.submit): its operations are made, and its
     staging buffer drawn, by whoever enqueues it, holding the queue."""
 
-    __slots__ = ("plan", "turn", "stream", "prep", "table", "bound", "extra", "staged")
+    __slots__ = ("plan", "turn", "stream", "prep", "table", "bound", "extra", "args", "staged")
 
     def __init__(self, plan: JobPlan, turn: int, stream: int, prep: int, table: ArgTable, bound: tuple,
-                 extra: tuple):
+                 extra: tuple, args: tuple):
         self.plan, self.turn, self.stream, self.prep = plan, turn, stream, prep
         self.table, self.bound, self.extra = table, bound, extra  # extra: the size words, if any
+        # Held until enqueued: an argument freed meanwhile keeps its block, which `bound` names,
+        # even when the allocator would not wait for this stream (one it was not allocated on).
+        self.args = args
         self.staged = None
 
     # The compute (operation 1) holds for the patch (operation 0), on whichever stream that runs,
@@ -505,7 +508,7 @@ class _Launch:
         # pool's record of that transfer protects (the transfer itself keeps its memory alive).
         if self.staged is not None and tickets:
             current().staging.release(self.staged, tickets[0], (self.plan.device, self.prep))
-        self.staged = None
+        self.staged = self.args = None
 
 
 class _Fill:

@@ -43,17 +43,25 @@ def test_a_launch_runs_without_the_host_waiting_for_it(add_plan):
 
 
 def test_an_input_freed_right_after_its_launch_stays_allocated_until_the_launch_is_done(add_plan):
+    from spyre_runtime.queue import Signal, SoftSignal, Wait
+
     x, y = torch.randn(SHAPE), torch.randn(SHAPE)
     ys, out = y.to("spyre"), torch.empty(SHAPE, device="spyre")
     xs = x.to("spyre")
     torch.spyre.synchronize()
-    queue = current().queue(0)
+    queue, stream = current().queue(0), _C.current_stream_id(0)
+    release = SoftSignal()
+    queue.enqueue(stream, Wait(release))  # the launch cannot run yet
+    allocated = torch.spyre.memory_allocated()
     with queue.lock:  # hold the queue: the launch stays handed over, not enqueued
         launch_jobplan(add_plan, [xs, ys, out])
         assert queue._submitted
         del xs
-        # The launch owns its sequence numbers already, so the freed block waits for it.
-        assert _C.pending_free_bytes(0) >= x.numel() * 4
+        assert torch.spyre.memory_allocated() == allocated  # the handed-over launch holds it
+    assert not queue.query_stream(stream)  # enqueued now, and it lets go of its arguments
+    # Freed, but kept for the launch: it owns sequence numbers the block waits for.
+    assert _C.pending_free_bytes(0) >= x.numel() * 4
+    queue.enqueue(torch.spyre.Stream().stream_id, Signal(release))
     torch.spyre.synchronize()
     assert _C.pending_free_bytes(0) == 0
     assert torch.equal(out.cpu(), x + y)
@@ -86,3 +94,100 @@ def test_a_launch_that_cannot_be_enqueued_stops_its_streams_and_the_device_stays
     assert torch.equal(out.cpu(), torch.zeros(SHAPE))  # it never ran
     launch_jobplan(add_plan, [xs, ys, out])
     assert torch.equal(out.cpu(), x + y)
+
+
+def test_an_argument_freed_on_another_stream_before_the_launch_is_enqueued_is_still_bound(add_plan):
+    """The allocator keeps a freed block only for the streams it was used on; a launch on
+    another stream holds its arguments itself until it is enqueued (review finding)."""
+    from spyre_runtime import tensors
+
+    x, y = torch.randn(SHAPE), torch.randn(SHAPE)
+    xs, ys = x.to("spyre"), y.to("spyre")  # allocated on the default stream
+    torch.spyre.synchronize()
+    side = torch.spyre.Stream()
+    queue = current().queue(0)
+    with torch.spyre.stream(side):
+        out = torch.empty(SHAPE, device="spyre")
+        with queue.lock:
+            launch_jobplan(add_plan, [xs, ys, out])
+            del xs
+            tensors._pieces_cache.clear()  # the launch must look its block up as it is now
+    torch.spyre.synchronize()
+    assert torch.equal(out.cpu(), x + y)
+
+
+# ---- the queue's side, on a fake device ---------------------------------------------------
+
+
+def _fake_queue():
+    from test_queue_layer import FakeDevice
+
+    return FakeDevice().queue()
+
+
+class _Record:
+    """A submission of one host callback that logs its name."""
+
+    def __init__(self, log, name, stream=1):
+        self.log, self.name, self.stream = log, name, stream
+
+    def runs(self):
+        from spyre_runtime.queue import HostCallback
+
+        return ((self.stream, (HostCallback(lambda: self.log.append(self.name), name=self.name, cost_ns=1.0),)),)
+
+    def enqueued(self, tickets):
+        pass
+
+
+def test_a_launch_handed_over_during_enqueue_runs_lands_before_its_runs_not_between_them():
+    from spyre_runtime.queue import HostCallback
+
+    q, log = _fake_queue(), []
+    real = q._take_seq
+
+    def take(n=1):
+        q.submit(_Record(log, "other"), (1,))  # another thread hands a launch over right now
+        q._take_seq = real
+        return real(n)
+
+    q._take_seq = take
+    tickets = q.enqueue_runs(((1, [HostCallback(lambda: log.append("a")), HostCallback(lambda: log.append("b"))]),))
+    q.synchronize()
+    assert log == ["other", "a", "b"]
+    assert tickets[1].seq == tickets[0].seq + 1
+
+
+def test_an_interrupt_while_enqueueing_a_launch_reaches_the_thread_and_fails_the_launchs_stream():
+    from spyre_runtime.queue import StreamError
+
+    q = _fake_queue()
+
+    class Interrupted(_Record):
+        def runs(self):
+            raise KeyboardInterrupt
+
+    with q.lock:
+        q.submit(Interrupted([], "interrupted"), (1,))
+    with pytest.raises(KeyboardInterrupt):
+        q.synchronize()
+    with pytest.raises(StreamError, match="could not be enqueued"):
+        q.synchronize()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies of it
+def test_the_submission_worker_comes_back_after_a_failure():
+    q, log = _fake_queue(), []
+
+    class Broken(_Record):
+        def enqueued(self, tickets):
+            raise RuntimeError("enqueued failed (test)")
+
+    q.submit(Broken([], "broken"), (1,))
+    deadline = time.monotonic() + 10
+    while q._submitted and time.monotonic() < deadline:
+        time.sleep(0.001)
+    q.submit(_Record(log, "good"), (1,))
+    while log != ["good"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert log == ["good"], "a launch handed over after the failure was never enqueued"

@@ -83,8 +83,8 @@ _local = threading.local()
 
 
 class _helping:
-    """While a thread waits for the device (holding the queue's lock when entered and left):
-    the tickets it waits for, which it runs itself when their pipeline is free
+    """While a thread waits for a device (holding its queue's lock when entered and left): the
+    tickets of that queue it waits for, which it runs itself when their pipeline is free
     (DeviceQueue._help_or_wait), so their workers are not woken. Whatever it leaves ready
     when it stops waiting (it stopped early, or readied what it did not wait for) goes to the
     workers then."""
@@ -95,13 +95,12 @@ class _helping:
         self.queue, self.wants = queue, wants
 
     def __enter__(self):
-        self.outer = getattr(_local, "wants", None)
-        _local.wants = self.wants
+        self.outer = getattr(_local, "helping", None)
+        _local.helping = (self.queue, self.wants)
 
     def __exit__(self, *exc):
-        _local.wants = self.outer
-        if self.outer is None:
-            self.queue._wake(self.queue.pipelines.values())
+        _local.helping = self.outer
+        self.queue._wake(self.queue.pipelines.values())
         return False
 
 
@@ -324,7 +323,9 @@ class DeviceQueue:
         try:
             try:
                 with self.lock:
-                    self._drain()
+                    # All the numbers at once: a launch handed over meanwhile (submit takes no
+                    # lock) is enqueued before the first, not between two of them.
+                    seq = self._take_seq(sum(len(ops) for _, ops in runs))
                     self._batch = {}
                     self._claim = claimed
                     defers = claimed is not None and self._wake_later is None
@@ -333,7 +334,8 @@ class DeviceQueue:
                     try:
                         for sid, ops in runs:
                             for op in ops:
-                                ticket = self._enqueue_locked(sid, op, False, checked=True)
+                                ticket = self._enqueue_locked(sid, op, False, checked=True, seq=seq)
+                                seq += 1
                                 self._batch[id(op)] = ticket
                                 tickets.append(ticket)
                     finally:
@@ -403,21 +405,27 @@ class DeviceQueue:
                 newest[sid] = first + k
             for sid, seq in newest.items():
                 self._on_enqueued(sid, seq)
-            self._submitted.append((record, streams, first))
+            # What the host had observed when it handed the launch over: its operations start no
+            # earlier, and no later for being enqueued after a later observation.
+            self._submitted.append((record, streams, first, self.sim_floor))
         if self._doorbell_idle:
-            self._doorbell_idle = False
-            if self._submitter is None:
-                self._start_submitter()
-            self._doorbell.put(True)
+            self._ring()
 
-    def _take_seq(self) -> int:
-        """The next sequence number, for an operation enqueued now (lock held): submissions
-        that own earlier numbers are enqueued first, so each stream's numbers grow in its order."""
+    def _ring(self) -> None:
+        self._doorbell_idle = False
+        if self._submitter is None:
+            self._start_submitter()
+        self._doorbell.put(True)
+
+    def _take_seq(self, n: int = 1) -> int:
+        """The first of `n` consecutive sequence numbers, for operations enqueued now (lock
+        held): submissions that own earlier numbers are enqueued first, so each stream's
+        numbers grow in its order."""
         while True:
             with self._submit_lock:
                 if not self._submitted:
                     seq = self._next_seq
-                    self._next_seq = seq + 1
+                    self._next_seq = seq + n
                     return seq
             self._drain()
 
@@ -427,22 +435,22 @@ class DeviceQueue:
         if wake:
             self._wake_later = set()
         try:
-            while True:
-                with self._submit_lock:
-                    if not self._submitted:
-                        break
-                    record, streams, first = self._submitted.popleft()
-                self._enqueue_submission(record, streams, first)
+            while self._submitted:
+                self._enqueue_submission()
         finally:
             if wake:
                 pipes, self._wake_later = self._wake_later, None
                 self._wake(pipes)
 
-    def _enqueue_submission(self, record, streams: tuple[int, ...], first: int) -> None:
+    def _enqueue_submission(self) -> None:
+        """Enqueue the oldest submission (lock held; only drains take them, so it is there)."""
         tickets: list[Ticket] = []
         claimed: list[Ticket] = []
         outer = self._batch, self._claim  # an enqueue_runs call that found it handed over meanwhile
+        record, streams, first, floor = self._submitted[0]
         try:
+            with self._submit_lock:  # taken here: an interrupt before this leaves it to the next drain
+                self._submitted.popleft()
             runs = record.runs()
             requires = getattr(record, "requires", None) or {}
             self._batch, self._claim = {}, claimed
@@ -454,20 +462,24 @@ class DeviceQueue:
                     self._check_operation(op)
                     k = len(tickets)
                     needs = tuple(tickets[j] for j in requires.get(k, ()))
-                    ticket = self._enqueue_locked(sid, op, False, checked=True, seq=first + k, requires=needs)
+                    ticket = self._enqueue_locked(sid, op, False, checked=True, seq=first + k, requires=needs,
+                                                  floor=floor)
                     self._batch[id(op)] = ticket
                     tickets.append(ticket)
             if len(tickets) != len(streams):
                 raise RuntimeError(f"spyre:{self.device}: a submission declared {len(streams)} operations "
                                    f"and enqueued {len(tickets)}")
-        except BaseException as error:  # noqa: BLE001 - reported through the record's streams
+        except BaseException as error:
             # The numbers it owns still complete (the allocator waits for them), failing: its
-            # streams stop with the error, and what follows on them is skipped.
+            # streams stop with the error, and what follows on them is skipped. An interrupt
+            # (KeyboardInterrupt, SystemExit) also goes on to the thread it interrupted.
             for k in range(len(tickets), len(streams)):
                 failed = Ticket(_FAILED_SUBMISSION, self._stream(streams[k]), first + k, False, self.device)
                 failed.pending_error = error
                 self._add_dependencies(failed, failed.stream)
                 self._add_ticket(failed)
+            if not isinstance(error, Exception):
+                raise
         finally:
             self._batch, self._claim = outer
             for t in claimed:  # their pipeline was busy: its worker runs them
@@ -475,39 +487,49 @@ class DeviceQueue:
                 self._push(t)
             for t in tickets:
                 t.claimant = None
+        # Outside the guard: a failure here is a bug of the record's, raised to whoever drained
+        # (a submission worker that dies of it is started again by the next submission).
         record.enqueued(tickets)
 
     def _start_submitter(self) -> None:
         with self._submit_lock:
             if self._submitter is None:
-                self._submitter = threading.Thread(target=self._submit_forever, name=f"spyre{self.device}-submit",
-                                                   daemon=True)
-                self._submitter.start()
+                thread = threading.Thread(target=self._submit_forever, name=f"spyre{self.device}-submit", daemon=True)
+                thread.start()
+                self._submitter = thread
 
     def _submit_forever(self) -> None:
         """Enqueue what is handed over. Once rung, the worker keeps looking every SUBMIT_POLL_S
         for launches handed over without a ring, until SUBMIT_POLL_ROUNDS looks found none:
         a launch then costs the host no thread wake-up (which costs a context switch, tens of
         microseconds on a loaded machine), and a launch no thread waits for is enqueued
-        within SUBMIT_POLL_S all the same."""
-        while self._doorbell.get():
-            quiet = 0
-            while quiet < SUBMIT_POLL_ROUNDS:
-                if self._submitted:
-                    with self.lock:
-                        self._drain()
-                    quiet = 0
-                else:
-                    quiet += 1
-                try:
-                    if not self._doorbell.get(timeout=SUBMIT_POLL_S):
-                        return
-                except queue_module.Empty:
-                    pass
+        within SUBMIT_POLL_S all the same. If it fails, the next submission starts another."""
+        try:
+            while self._doorbell.get():
+                quiet = 0
+                while quiet < SUBMIT_POLL_ROUNDS:
+                    if self._submitted:
+                        with self.lock:
+                            self._drain()
+                        quiet = 0
+                    else:
+                        quiet += 1
+                    try:
+                        if not self._doorbell.get(timeout=SUBMIT_POLL_S):
+                            return
+                    except queue_module.Empty:
+                        pass
+                self._doorbell_idle = True
+                if self._submitted and self._doorbell_idle:  # handed over meanwhile: no ring was left
+                    self._doorbell_idle = False
+                    self._doorbell.put(True)
+        finally:
+            with self._submit_lock:
+                if self._submitter is threading.current_thread():
+                    self._submitter = None
             self._doorbell_idle = True
-            if self._submitted and self._doorbell_idle:  # handed over meanwhile: no ring was left
-                self._doorbell_idle = False
-                self._doorbell.put(True)
+            if self._submitted and not self._closing:
+                self._ring()
 
     def _required(self, ticket: Ticket, deps: list) -> None:
         """A Barrier's `requires`: tickets of this enqueue_runs call it holds for and fails with."""
@@ -547,7 +569,8 @@ class DeviceQueue:
                             f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
 
     def _enqueue_locked(self, stream_id: int, op, inline: bool, checked: bool = False,
-                        seq: int | None = None, requires: tuple[Ticket, ...] = ()) -> Ticket:
+                        seq: int | None = None, requires: tuple[Ticket, ...] = (),
+                        floor: float | None = None) -> Ticket:
         if not checked:
             self._check_operation(op)
         stream = self._stream(stream_id)
@@ -555,7 +578,7 @@ class DeviceQueue:
         if self._claim is not None and ticket.pipeline in _CLAIMABLE:
             ticket.claimant = self._claim
         previous = stream.last
-        self._add_dependencies(ticket, stream, requires)
+        self._add_dependencies(ticket, stream, requires, floor)
         if type(op) is Compute:
             # The executor may read ahead of execution (prefetch), unless a
             # Barrier ahead of it on the stream holds it back until it is done.
@@ -581,7 +604,8 @@ class DeviceQueue:
             else:
                 self._make_ready([ticket])
 
-    def _add_dependencies(self, ticket: Ticket, stream: _Stream, requires: tuple[Ticket, ...] = ()) -> None:
+    def _add_dependencies(self, ticket: Ticket, stream: _Stream, requires: tuple[Ticket, ...] = (),
+                          floor: float | None = None) -> None:
         op = ticket.op
         deps: list[tuple[Ticket, str]] = []
         if stream.last is not None:
@@ -589,7 +613,7 @@ class DeviceQueue:
                 ticket.ready_sim = stream.last.sim_end
             else:
                 deps.append((stream.last, "stream"))
-        ticket.ready_sim = max(ticket.ready_sim, self.sim_floor)
+        ticket.ready_sim = max(ticket.ready_sim, self.sim_floor if floor is None else floor)
         footprint = op.footprint
         others = [s for s in self._busy if s is not stream]
         if not footprint.empty:
@@ -792,8 +816,9 @@ class DeviceQueue:
     def _helper_runs(self, pipe: _Pipeline, tickets) -> bool:
         """True if this thread waits for every one of `tickets` and will run them itself
         (_help_or_wait): waking the worker would only make it contend for the GIL and the queue."""
-        wants = getattr(_local, "wants", None)
-        return wants is not None and pipe.name in self._STEALABLE and all(wants(t) for t in tickets)
+        helping = getattr(_local, "helping", None)
+        return (helping is not None and helping[0] is self and pipe.name in self._STEALABLE
+                and all(helping[1](t) for t in tickets))
 
     @staticmethod
     def _prefetch(t: Ticket) -> bool:
@@ -991,7 +1016,7 @@ class DeviceQueue:
         with self.lock, _helping(self, lambda ready: ready is t):
             self._drain()
             while not t.done:
-                self._help_or_wait(_local.wants)
+                self._help_or_wait(_local.helping[1])
             self.sim_floor = max(self.sim_floor, t.sim_end)
         return self._outcome(t)
 
@@ -1044,7 +1069,7 @@ class DeviceQueue:
             self._drain()
             target = stream.last
             while target is not None and not target.done:
-                self._help_or_wait(_local.wants)
+                self._help_or_wait(_local.helping[1])
             if target is not None:
                 self.sim_floor = max(self.sim_floor, target.sim_end)
             if stream.error is not None:
@@ -1060,7 +1085,7 @@ class DeviceQueue:
             last = max((t.seq for t in targets), default=0)
             for t in targets:
                 while not t.done:
-                    self._help_or_wait(_local.wants)
+                    self._help_or_wait(_local.helping[1])
             self.sim_floor = max([self.sim_floor] + [p.sim_free for p in self.pipelines.values()])
             for stream in self.streams.values():
                 if stream.error is not None:
