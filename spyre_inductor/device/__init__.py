@@ -34,4 +34,7 @@ def register() -> None:
     copies.install()
     fallback.install()
     routes.install()
+    from spyre_inductor import eager  # compile-backed eager kernels (no Inductor import until a first call)
+
+    eager.install()
     _registered = True

@@ -1,0 +1,146 @@
+"""The PrivateUse1 kernel of a compile-backed op: key, cache, compile on a miss, launch.
+
+Per call (the warm path): bind the arguments in schema order, build the key
+(key.py), look it up (cache.py) and run the entry (launch.py). On a miss the
+call is traced and compiled (compile.py) under the compile lock, and whatever
+came of it is cached: a compiled graph, a CPU route when the compiler
+declined (so the decline is not retried per call), or a resize of out=.
+
+Inside a trace: Dynamo and AOTAutograd trace spyre code on fake tensors, which
+never reach a backend kernel, so what a torch.compile'd graph captures of an
+op is Inductor's decomposition of it by construction, and it is fused with its
+neighbours. Should this kernel still be reached while Dynamo is tracing
+(torch.compiler.is_compiling(): an op run on real spyre tensors during the
+trace), it calls the decomposition directly and never compiles. An op reached
+while this thread runs an eager compile or a compiled graph (an extern ATen
+kernel inside the graph, Inductor evaluating a constant) is nested: it runs
+through the CPU fallback, never a compile inside a compile.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from spyre_inductor.device import fallback
+
+from . import compile as compiling
+from .cache import CACHE
+from .key import make_key, tensors_of
+from .launch import STATE, CompiledEntry, CpuRoute, Resize
+from .signature import Mode, Signature
+
+__all__ = ["entry_for", "make_kernel"]
+
+
+def make_kernel(sig: Signature):
+    """The PrivateUse1 kernel for `sig`'s op."""
+    op = sig.op
+    generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
+    is_compiling = torch.compiler.is_compiling
+
+    def kernel(*args, **kwargs):
+        if getattr(STATE, "busy", False):
+            return fallback.run(op, args, kwargs, "reached inside an eager compile or a compiled graph")
+        if is_compiling():
+            return _in_trace(op, args, kwargs)
+        values = sig.bind(args, kwargs)
+        key = make_key(sig, values)
+        if key is None:
+            return fallback.run(op, args, kwargs, "an argument is not a spyre tensor")
+        if generator_at and any(values[i] is not None for i in generator_at):
+            # The program draws from the device generator's state Inductor passes in (its seeds
+            # input); an explicit generator's state cannot travel into it yet.
+            return fallback.run(op, args, kwargs, "an explicit generator")
+        entry = CACHE.get(key)
+        if entry is None:
+            entry = entry_for(sig, key, values, kernel)
+        return entry.run(sig, values, args, kwargs)
+
+    kernel.__name__ = f"spyre_eager_{sig.name.replace('::', '_').replace('.', '_')}"
+    return kernel
+
+
+def _in_trace(op, args, kwargs):
+    from torch._inductor.decomposition import select_decomp_table
+
+    decomposition = select_decomp_table().get(op)
+    if decomposition is None:
+        return fallback.run(op, args, kwargs, "reached while Dynamo traces")
+    return decomposition(*args, **kwargs)
+
+
+def _aliased_write(sig: Signature, tensors, values) -> bool:
+    """Whether a tensor the op writes shares memory with another of its tensors. The compiled
+    graph treats its inputs as distinct buffers (a program reading what it overwrites
+    elsewhere would read the new values): such calls go to the CPU fallback."""
+    written = [values[i] for i in sig.written if values[i] is not None]
+    ids = {id(t) for t in written}
+    storages = {t.untyped_storage().data_ptr() for t in written}
+    seen_written = 0
+    for t in tensors:
+        if id(t) in ids:
+            seen_written += 1
+            if seen_written > len(written):
+                return True  # one written tensor passed twice
+            continue
+        if t.untyped_storage().data_ptr() in storages:
+            return True
+    return False
+
+
+def entry_for(sig: Signature, key, values, kernel):
+    """Compile (or decline) the call; cache and return its entry."""
+    with compiling.COMPILE_LOCK:
+        entry = CACHE.peek(key)  # another thread may have compiled it meanwhile
+        if entry is not None:
+            return entry
+        STATE.busy = True
+        try:
+            entry, compiled = _build(sig, values, kernel)
+        except compiling.TraceError as e:
+            entry, compiled = None, None
+            trace_error = e
+        finally:
+            STATE.busy = False
+        if entry is None:
+            if fallback.strict():
+                raise RuntimeError(f"spyre: {sig.name} rejects its inputs: {trace_error}") from trace_error
+            return CpuRoute(f"tracing it raised {trace_error}")  # (not cached: PyTorch's error follows)
+        kind = "compiled" if compiled is not None else "cpu" if isinstance(entry, CpuRoute) else "other"
+        CACHE.put(key, entry, kind=kind, seconds=compiled.seconds if compiled else 0.0)
+        return entry
+
+
+def _build(sig: Signature, values, kernel):
+    tensors = tensors_of(sig, values)
+    try:
+        compiling.check_dtypes(tensors)
+        if sig.mode is not Mode.FUNCTIONAL and _aliased_write(sig, tensors, values):
+            raise compiling.Declined("a tensor it writes shares memory with another of its arguments")
+        if sig.mode is Mode.OUT:
+            shapes = compiling.resized_outputs(sig, values, tensors)
+            if shapes is not None:
+                return Resize(shapes, kernel), None
+        gm, fakes = compiling.trace(sig, values, tensors)
+        try:
+            compiled = compiling.compile_graph(gm, fakes)
+        except compiling.TraceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
+            if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
+                # strict mode refused a CPU part of the graph: not a decline to cache (the same
+                # call compiles, with a CPU part, once strict mode is off)
+                raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
+            raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
+        if compiled.programs == 0 and compiled.cpu_calls:
+            raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
+        return CompiledEntry(sig, compiled), compiled
+    except compiling.Declined as e:
+        return CpuRoute(str(e)), None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""

@@ -1,0 +1,82 @@
+"""The eager cache key: what a compiled op depends on, computed on every call (keep it lean).
+
+A tensor contributes its dtype, shape, strides, device index and its start's
+phase within a stick (the compiled program takes any address, but a start
+inside a stick is a different plan's report; cheap to keep apart). Values that
+are not tensors (a Python scalar, dims, a dtype, a rounding mode) are baked into
+the traced graph as constants, so they are keyed on their VALUE, with their type
+(1, 1.0 and True are different constants). Scalars cannot yet travel at launch:
+the launch layer binds tensor addresses and symbolic sizes only, so a scalar
+would need the correction area to carry a value word and the compiler to read
+it; until then each distinct scalar is its own compile (the cache is bounded).
+
+``None`` as the key means "not for the compiled path": a CPU tensor among the
+arguments (a CPU 0-d tensor with a spyre one, as PyTorch allows), a tensor on
+another device type, or a conjugate/negative view bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .signature import Kind, Signature
+
+_STICK = 128
+
+
+def _tensor_key(t):
+    index = t.get_device()
+    if index < 0:  # a CPU tensor: the program cannot read host memory
+        return None
+    return (t.dtype, t.shape, t.stride(), index, (t.storage_offset() * t.element_size()) % _STICK)
+
+
+def _value_key(v):
+    if isinstance(v, float):
+        return (float, "nan") if math.isnan(v) else (float, v)
+    if isinstance(v, (list, tuple)):
+        return tuple(_value_key(x) for x in v)
+    return (type(v), v)
+
+
+_NOT = object()
+
+
+def make_key(sig: Signature, values: tuple):
+    """The cache key of one call (a tuple), or None if the call is not for the compiled path."""
+    parts = [sig.op]
+    for value, kind in zip(values, sig.kinds):
+        if kind is Kind.TENSOR:
+            if value is None:
+                parts.append(None)
+                continue
+            k = _tensor_key(value)
+            if k is None:
+                return None
+            parts.append(k)
+        elif kind is Kind.TENSOR_LIST:
+            ks = []
+            for t in value:
+                if t is None:
+                    ks.append(None)
+                    continue
+                k = _tensor_key(t)
+                if k is None:
+                    return None
+                ks.append(k)
+            parts.append(tuple(ks))
+        else:
+            parts.append(_value_key(value))
+    return tuple(parts)
+
+
+def tensors_of(sig: Signature, values: tuple) -> list:
+    """The call's tensors in the order the traced graph takes them (lists flattened, Nones skipped)."""
+    out = []
+    for value, kind in zip(values, sig.kinds):
+        if kind is Kind.TENSOR:
+            if value is not None:
+                out.append(value)
+        elif kind is Kind.TENSOR_LIST:
+            out.extend(t for t in value if t is not None)
+    return out
