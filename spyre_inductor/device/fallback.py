@@ -318,6 +318,19 @@ def run(op, args, kwargs, reason: str | None = None):
     return _on_stream(plan, op, args, kwargs)
 
 
+def run_checking_inputs(op, args, kwargs, reason: str):
+    """Like run(), for inputs the compiled path could not even trace (most often the caller's
+    mistake: shapes that do not broadcast): the CPU kernel runs first, so PyTorch's own error
+    reaches the caller, in strict mode too; only a call that succeeds is announced."""
+    plan = _plan_for(op)
+    if strict():
+        # nothing may run on the CPU: the trace's error (a fake tensor's: same check, own words)
+        raise RuntimeError(f"spyre: {plan.name} rejects its inputs: {reason}")
+    result = _on_stream(plan, op, args, kwargs)
+    _announce(plan, reason, stacklevel=4)
+    return result
+
+
 def run_on_host(announced, host_op, *args, **kwargs):
     """Run `host_op` on host aliases as the fallback for `announced`.
 

@@ -71,9 +71,9 @@ def _rebuild(sig: Signature, values: tuple, tensors) -> tuple[list, dict]:
     out = []
     for value, kind in zip(values, sig.kinds):
         if kind is Kind.TENSOR:
-            out.append(None if value is None else next(it))
+            out.append(next(it) if isinstance(value, torch.Tensor) else value)
         elif kind is Kind.TENSOR_LIST:
-            out.append([None if t is None else next(it) for t in value])
+            out.append([next(it) if isinstance(t, torch.Tensor) else t for t in value])
         else:
             out.append(value)
     return out[: sig.positional], dict(zip(sig.names[sig.positional:], out[sig.positional:]))
@@ -114,12 +114,12 @@ def _written_tensor_positions(sig: Signature, values: tuple) -> list[int]:
     positions, n = [], 0
     for i, (value, kind) in enumerate(zip(values, sig.kinds)):
         if kind is Kind.TENSOR:
-            if value is not None:
+            if isinstance(value, torch.Tensor):
                 if i in sig.written:
                     positions.append(n)
                 n += 1
         elif kind is Kind.TENSOR_LIST:
-            n += sum(t is not None for t in value)
+            n += sum(isinstance(t, torch.Tensor) for t in value)
     return positions
 
 

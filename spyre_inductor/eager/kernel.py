@@ -28,7 +28,7 @@ from spyre_inductor.device import fallback
 from . import compile as compiling
 from .cache import CACHE
 from .key import make_key, tensors_of
-from .launch import STATE, CompiledEntry, CpuRoute, Resize
+from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize
 from .signature import Mode, Signature
 
 __all__ = ["entry_for", "make_kernel"]
@@ -105,9 +105,7 @@ def entry_for(sig: Signature, key, values, kernel):
         finally:
             STATE.busy = False
         if entry is None:
-            if fallback.strict():
-                raise RuntimeError(f"spyre: {sig.name} rejects its inputs: {trace_error}") from trace_error
-            return CpuRoute(f"tracing it raised {trace_error}")  # (not cached: PyTorch's error follows)
+            return InputsRejected(str(trace_error))  # (not cached: the caller's error, usually)
         kind = "compiled" if compiled is not None else "cpu" if isinstance(entry, CpuRoute) else "other"
         CACHE.put(key, entry, kind=kind, seconds=compiled.seconds if compiled else 0.0)
         return entry

@@ -1,6 +1,8 @@
 """The eager cache key: what a compiled op depends on, computed on every call (keep it lean).
 
-A tensor contributes its dtype, shape, strides, device index and its start's
+A Tensor argument may arrive as a Python scalar (the dispatcher hands a
+wrapped number to a Python kernel as the number): it is keyed, and traced, as
+the value it is. A tensor contributes its dtype, shape, strides, device index and its start's
 phase within a stick (the compiled program takes any address, but a start
 inside a stick is a different plan's report; cheap to keep apart). Values that
 are not tensors (a Python scalar, dims, a dtype, a rounding mode) are baked into
@@ -18,6 +20,8 @@ another device type, or a conjugate/negative view bit.
 from __future__ import annotations
 
 import math
+
+from torch import Tensor
 
 from .signature import Kind, Signature
 
@@ -47,8 +51,8 @@ def make_key(sig: Signature, values: tuple):
     parts = [sig.op]
     for value, kind in zip(values, sig.kinds):
         if kind is Kind.TENSOR:
-            if value is None:
-                parts.append(None)
+            if not isinstance(value, Tensor):  # None, or a wrapped number handed over as a Python scalar
+                parts.append(_value_key(value))
                 continue
             k = _tensor_key(value)
             if k is None:
@@ -57,8 +61,8 @@ def make_key(sig: Signature, values: tuple):
         elif kind is Kind.TENSOR_LIST:
             ks = []
             for t in value:
-                if t is None:
-                    ks.append(None)
+                if not isinstance(t, Tensor):
+                    ks.append(_value_key(t))
                     continue
                 k = _tensor_key(t)
                 if k is None:
@@ -75,8 +79,8 @@ def tensors_of(sig: Signature, values: tuple) -> list:
     out = []
     for value, kind in zip(values, sig.kinds):
         if kind is Kind.TENSOR:
-            if value is not None:
+            if isinstance(value, Tensor):
                 out.append(value)
         elif kind is Kind.TENSOR_LIST:
-            out.extend(t for t in value if t is not None)
+            out.extend(t for t in value if isinstance(t, Tensor))
     return out

@@ -79,6 +79,19 @@ class CpuRoute:
         return f"CPU fallback: {self.reason}"
 
 
+class InputsRejected:
+    """Tracing the call on fake tensors raised (not cached): the CPU kernel runs it, so PyTorch's
+    own error reaches the caller; strict mode raises the trace's error."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def run(self, sig, values, args, kwargs):
+        return fallback.run_checking_inputs(sig.op, args, kwargs, f"tracing it raised {self.reason}")
+
+
 class Resize:
     __slots__ = ("shapes", "dispatch")
 
