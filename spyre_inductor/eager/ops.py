@@ -58,6 +58,9 @@ REDUCTIONS = (
     "var_mean", "std_mean", "logsumexp", "_softmax", "_log_softmax", "_softmax_backward_data",
     "_log_softmax_backward_data", "cumsum", "cumprod", "cumsum_", "cumprod_", "norm", "linalg_vector_norm",
     "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+    # losses and their backward (what training a model calls)
+    "mse_loss", "mse_loss_backward", "nll_loss_forward", "nll_loss_backward", "smooth_l1_loss",
+    "huber_loss", "binary_cross_entropy", "binary_cross_entropy_backward",
 )
 
 MATMULS = ("mm", "bmm", "addmm", "addmm_", "baddbmm", "baddbmm_", "dot", "mv", "addmv")
