@@ -18,6 +18,14 @@ from __future__ import annotations
 from .cache import CACHE, EagerCacheStats  # noqa: F401
 
 
+def set_enabled(on: bool) -> None:
+    """Turn compiled eager ops on or off (off: every op runs through the CPU fallback, as before;
+    ``SPYRE_EAGER_COMPILE=0`` at start-up)."""
+    from .kernel import set_enabled as set_kernels
+
+    set_kernels(on)
+
+
 def install() -> None:
     from . import ops
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .cache import CACHE
-from .kernel import entry_for
+from .kernel import ENABLED, entry_for
 from .key import make_key
 from .launch import STATE, CompiledEntry
 from .signature import signature_of
@@ -26,7 +26,7 @@ def try_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Copy `src` into `dst` (same spyre device) with a compiled program; False if it was not
     (the caller copies another way)."""
     global _SIG
-    if getattr(STATE, "busy", False) or torch.compiler.is_compiling():
+    if not ENABLED[0] or getattr(STATE, "busy", False) or torch.compiler.is_compiling():
         return False
     sig = _SIG
     if sig is None:

@@ -19,7 +19,7 @@ through the CPU fallback, never a compile inside a compile.
 
 from __future__ import annotations
 
-import warnings
+import os
 
 import torch
 
@@ -31,7 +31,17 @@ from .key import make_key, tensors_of
 from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize
 from .signature import Mode, Signature
 
-__all__ = ["entry_for", "make_kernel"]
+__all__ = ["ENABLED", "entry_for", "make_kernel", "set_enabled"]
+
+
+# Off: every routed op runs through the CPU fallback, as before issue 19 (benchmarks compare the
+# two; SPYRE_EAGER_COMPILE=0 sets it at start-up). One list so the kernels read it without a lookup.
+ENABLED = [os.environ.get("SPYRE_EAGER_COMPILE", "1") not in ("0", "")]
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the compile-backed eager path on or off (off: the CPU fallback runs every op)."""
+    ENABLED[0] = bool(on)
 
 
 def make_kernel(sig: Signature):
@@ -40,7 +50,11 @@ def make_kernel(sig: Signature):
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
     is_compiling = torch.compiler.is_compiling
 
+    enabled = ENABLED
+
     def kernel(*args, **kwargs):
+        if not enabled[0]:
+            return fallback.run(op, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
         if getattr(STATE, "busy", False):
             return fallback.run(op, args, kwargs, "reached inside an eager compile or a compiled graph")
         if is_compiling():

@@ -25,57 +25,51 @@ from torch import Tensor
 
 from .signature import Kind, Signature
 
-_STICK = 128
-
-
-def _tensor_key(t):
-    index = t.get_device()
-    if index < 0:  # a CPU tensor: the program cannot read host memory
-        return None
-    return (t.dtype, t.shape, t.stride(), index, (t.storage_offset() * t.element_size()) % _STICK)
-
-
 def _value_key(v):
-    if isinstance(v, float):
-        return (float, "nan") if math.isnan(v) else (float, v)
+    if type(v) is float:
+        return (float, "nan") if v != v else (float, v)
     if isinstance(v, (list, tuple)):
         return tuple(_value_key(x) for x in v)
     return (type(v), v)
 
 
-_NOT = object()
-
-
 def make_key(sig: Signature, values: tuple):
-    """The cache key of one call (a tuple), or None if the call is not for the compiled path."""
-    parts = [sig.op]
-    for value, kind in zip(values, sig.kinds):
-        if kind is Kind.TENSOR:
-            if not isinstance(value, Tensor):  # None, or a wrapped number handed over as a Python scalar
-                parts.append(_value_key(value))
+    """The cache key of one call (a flat tuple: the signature, then per tensor its dtype, shape,
+    strides, device index and stick phase, per other value its (type, value)), or None if the call
+    is not for the compiled path. Unambiguous read left to right: a tensor's entries start with a
+    torch.dtype, a value's entry is a tuple."""
+    parts = [sig]
+    for i in sig.tensor_at:
+        t = values[i]
+        if not isinstance(t, Tensor):  # None, or a wrapped number handed over as a Python scalar
+            parts.append(_value_key(t))
+            continue
+        index = t.get_device()
+        if index < 0:  # a CPU tensor: the program cannot read host memory
+            return None
+        offset = t.storage_offset()
+        parts += (t.dtype, t.shape, t.stride(), index, (offset * t.element_size()) & 127 if offset else 0)
+    for i in sig.lists_at:
+        for t in values[i]:
+            if not isinstance(t, Tensor):
+                parts.append(_value_key(t))
                 continue
-            k = _tensor_key(value)
-            if k is None:
+            index = t.get_device()
+            if index < 0:
                 return None
-            parts.append(k)
-        elif kind is Kind.TENSOR_LIST:
-            ks = []
-            for t in value:
-                if not isinstance(t, Tensor):
-                    ks.append(_value_key(t))
-                    continue
-                k = _tensor_key(t)
-                if k is None:
-                    return None
-                ks.append(k)
-            parts.append(tuple(ks))
-        else:
-            parts.append(_value_key(value))
+            offset = t.storage_offset()
+            parts += (t.dtype, t.shape, t.stride(), index, (offset * t.element_size()) & 127 if offset else 0)
+        parts.append(len(values[i]))
+    for i in sig.others_at:
+        parts.append(_value_key(values[i]))
     return tuple(parts)
 
 
 def tensors_of(sig: Signature, values: tuple) -> list:
-    """The call's tensors in the order the traced graph takes them (lists flattened, Nones skipped)."""
+    """The call's tensors in the order the traced graph takes them (schema order, lists
+    flattened, Nones and Python scalars skipped)."""
+    if not sig.lists_at:
+        return [values[i] for i in sig.tensor_at if isinstance(values[i], Tensor)]
     out = []
     for value, kind in zip(values, sig.kinds):
         if kind is Kind.TENSOR:

@@ -30,7 +30,7 @@ class Mode(enum.Enum):
 _MISSING = object()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: it leads every cache key (kept cheap)
 class Signature:
     op: torch._ops.OpOverload
     name: str                       # "aten::add.Tensor": what errors and warnings name
@@ -42,6 +42,9 @@ class Signature:
     written: tuple[int, ...]        # positions of the arguments the op writes
     returns: int                    # how many tensors it returns
     has_generator: bool
+    tensor_at: tuple[int, ...] = ()  # positions of Tensor arguments, of Tensor[] ones, of the rest
+    lists_at: tuple[int, ...] = ()
+    others_at: tuple[int, ...] = ()
 
     def bind(self, args: tuple, kwargs: dict) -> tuple:
         """The arguments in schema order, defaults filled in."""
@@ -116,4 +119,7 @@ def signature_of(op: torch._ops.OpOverload) -> Signature | None:
     name = schema.name if overload == "default" else f"{schema.name}.{overload}"
     positional = sum(not a.kwarg_only for a in schema.arguments)
     return Signature(op, name, tuple(a.name for a in schema.arguments), positional, tuple(_default(a) for a in schema.arguments),
-                     tuple(kinds), mode, tuple(written), len(schema.returns), has_generator)
+                     tuple(kinds), mode, tuple(written), len(schema.returns), has_generator,
+                     tuple(i for i, k in enumerate(kinds) if k is Kind.TENSOR),
+                     tuple(i for i, k in enumerate(kinds) if k is Kind.TENSOR_LIST),
+                     tuple(i for i, k in enumerate(kinds) if k is Kind.OTHER))

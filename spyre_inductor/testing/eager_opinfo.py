@@ -70,26 +70,56 @@ CLAIMS: dict[str, tuple[torch.dtype, ...]] = {
     **{name: NUMBERS for name in ("index_add", "index_copy", "scatter", "scatter_add")},
 }
 
-# The one list of expected failures: (OpInfo name, dtype) -> why. Run as strict xfails.
-_NO_LOG10 = "the compiler has no log10 (not in the spyre kernel IR): it runs through the CPU fallback"
-_ZERO_D_INDEX_ADD = ("index_add into a 0-d tensor with alpha loses the destination's value (-3 for 2 + -1 * 3), "
-                     "compiled the same under torch.compile: a compiler bug in the 0-d scatter")
-XFAIL: dict[tuple[str, torch.dtype], str] = {
+# The one list of expected failures: (OpInfo name, dtype) -> (why, the first sample count it fails
+# at: an entry applies to a check of more samples than `after`; the default tier checks
+# FAST_SAMPLES). Run as strict xfails: an entry whose case passes fails the test.
+@dataclass(frozen=True)
+class Xfail:
+    reason: str
+    after: int = 0  # it fails once more than this many samples are checked
+
+
+_NO_LOG10 = Xfail("the compiler has no log10 (not in the spyre kernel IR): it runs through the CPU fallback")
+_ZERO_D_SCATTER = Xfail("index_add / scatter_add into a 0-d tensor lose the destination's value (index_add: -3 for "
+                        "2 + -1 * 3), compiled the same by torch.compile: a compiler bug in the 0-d scatter")
+_FP16_ONE_ULP = ("one ulp from eager: both round the same fp32 math once, the fp32 results differ in their last "
+                 "bits (another order of the exp-sum), which moves the rounding by one ulp, over assert_close's "
+                 "rtol for values in [0.5, 1)")
+_TRUNC = ("trunc division rounds the fp32 quotient (Inductor's contract: fp32 inside, one rounding at the store); "
+          "eager rounds the quotient to the dtype first (-8.4766 / -0.0610: eager 139, spyre 138)")
+XFAIL: dict[tuple[str, torch.dtype], Xfail] = {
     ("log10", F32): _NO_LOG10,
     ("log10", F16): _NO_LOG10,
     ("log10", BF16): _NO_LOG10,
-    ("index_add", F32): _ZERO_D_INDEX_ADD,
-    ("index_add", F16): _ZERO_D_INDEX_ADD,
-    ("index_add", I32): _ZERO_D_INDEX_ADD,
-    ("index_add", BF16): "the compiled graph runs part of a bf16 index_add on the CPU (a host kernel)",
-    ("index_add", I64): "Inductor keeps an int64 accumulating index_put_ as an extern ATen call (CPU fallback)",
-    ("scatter", F16): "scatter with reduce= in fp16 has a host kernel in its compiled graph (CPU)",
-    ("scatter", BF16): "scatter with reduce= in bf16 has a host kernel in its compiled graph (CPU)",
-    ("scatter", I64): "scatter with reduce= in int64 runs part of itself on the CPU",
-    ("scatter_add", F16): "fp16 scatter_add has a host kernel in its compiled graph (CPU)",
-    ("scatter_add", BF16): "bf16 scatter_add has a host kernel in its compiled graph (CPU)",
-    ("scatter_add", I64): "Inductor keeps an int64 scatter_reduce_ as an extern ATen call (CPU fallback)",
+    ("index_add", F32): _ZERO_D_SCATTER,
+    ("index_add", F16): _ZERO_D_SCATTER,
+    ("index_add", I32): _ZERO_D_SCATTER,
+    ("index_add", BF16): Xfail("the compiled graph runs part of a bf16 index_add on the CPU (a host kernel)"),
+    ("index_add", I64): Xfail("Inductor keeps an int64 accumulating index_put_ as an extern ATen call (CPU)"),
+    ("scatter", F16): Xfail("scatter with reduce= in fp16 has a host kernel in its compiled graph (CPU)"),
+    ("scatter", BF16): Xfail("scatter with reduce= in bf16 has a host kernel in its compiled graph (CPU)"),
+    ("scatter", I64): Xfail("scatter with reduce= in int64 runs part of itself on the CPU"),
+    ("scatter", F32): Xfail("scatter with reduce= keeps Inductor's extern scatter_reduce_ (CPU)", after=2),
+    ("scatter_add", F16): Xfail("fp16 scatter_add has a host kernel in its compiled graph (CPU)"),
+    ("scatter_add", BF16): Xfail("bf16 scatter_add has a host kernel in its compiled graph (CPU)"),
+    ("scatter_add", I64): Xfail("Inductor keeps an int64 scatter_reduce_ as an extern ATen call (CPU)"),
+    ("scatter_add", F32): Xfail(_ZERO_D_SCATTER.reason, after=2),
+    ("scatter_add", I32): Xfail(_ZERO_D_SCATTER.reason, after=2),
+    ("log_softmax", F16): Xfail(_FP16_ONE_ULP, after=2),
+    ("log_softmax", BF16): Xfail(_FP16_ONE_ULP, after=2),
+    ("div.trunc_rounding", F16): Xfail(_TRUNC, after=2),
+    ("div.trunc_rounding", BF16): Xfail(_TRUNC, after=2),
+    **{("gather", d): Xfail("a sample gathers with a uint8 tensor: uint8 is not a dtype spyre programs compute",
+                            after=2) for d in ALL},
+    **{("nn.functional.embedding", d): Xfail("max_norm samples call aten::embedding_renorm_, which has no "
+                                             "compile-backed kernel (CPU fallback)", after=2) for d in FLOATS},
 }
+
+
+def expected_failure(name: str, dtype: torch.dtype, samples: int) -> Xfail | None:
+    entry = XFAIL.get((name, dtype))
+    return entry if entry is not None and samples > entry.after else None
+
 
 # The first dtypes (and how many samples) the default tier checks; the slow tier checks every
 # claimed dtype and up to SLOW_SAMPLES samples.

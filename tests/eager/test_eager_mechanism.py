@@ -39,7 +39,7 @@ def _programs_launched(fn):
 
 
 def _entry(op):
-    return [e for k, e in CACHE.entries() if k[0] is op]
+    return [e for k, e in CACHE.entries() if k[0].op is op]
 
 
 def test_an_eager_op_compiles_once_then_launches(spyre, strict, fresh_cache):
@@ -67,7 +67,7 @@ def test_the_key_has_dtypes_shapes_strides_and_scalar_values(spyre, fresh_cache)
     x + 1
     x + 1  # hit
     x + 2  # scalars are keyed on their value (they cannot travel at launch yet)
-    adds = [k for k, _ in CACHE.entries() if k[0] is torch.ops.aten.add.Tensor]
+    adds = [k for k, _ in CACHE.entries() if k[0].op is torch.ops.aten.add.Tensor]
     assert len(adds) == 6
     assert torch.spyre.eager_cache_stats().hits >= 2
 
@@ -81,7 +81,7 @@ def test_a_bounded_cache_evicts_the_least_recently_used(spyre, fresh_cache):
     x - x  # evicts mul
     stats = torch.spyre.eager_cache_stats()
     assert stats.evictions == 1 and stats.entries == 2 and stats.capacity == 2
-    assert {k[0] for k, _ in CACHE.entries()} == {torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor}
+    assert {k[0].op for k, _ in CACHE.entries()} == {torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor}
     with pytest.raises(ValueError, match="positive integer"):
         torch.spyre.set_eager_cache_capacity(0)
 

@@ -29,11 +29,11 @@ def _grade(op, dtype, samples):
         pytest.skip(f"{name} is not claimed in {dtype}")
     outcome = E.check(op, dtype, samples)
     problems = outcome.failures + ([f"{outcome.cpu} run(s) needed the CPU fallback"] if outcome.cpu else [])
-    reason = E.XFAIL.get((name, dtype))
-    if reason is not None:
+    xfail = E.expected_failure(name, dtype, samples)
+    if xfail is not None:
         if outcome.passed:
-            pytest.fail(f"{name} {dtype} passes now: remove it from eager_opinfo.XFAIL ({reason})")
-        pytest.xfail(reason)
+            pytest.fail(f"{name} {dtype} passes now: remove it from eager_opinfo.XFAIL ({xfail.reason})")
+        pytest.xfail(xfail.reason)
     assert outcome.passed, f"{name} {dtype}: " + "; ".join(problems)
     assert outcome.spyre > 0
 
