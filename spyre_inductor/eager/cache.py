@@ -1,8 +1,11 @@
 """The bounded cache of eager entries, and its statistics (exposed as torch.spyre.eager_cache_*).
 
-Least recently used entries are evicted once more than ``capacity`` are held
-(an evicted compiled entry drops its prepared plans with it; compiling the same
-key again is a miss, and usually an artifact reuse on disk). Every entry counts:
+Least recently used entries are evicted once more than ``capacity`` are held.
+Eviction bounds the entries, not device memory: a compiled entry's prepared
+programs belong to the Python module Inductor generated and keeps loaded (as
+for every torch.compile'd graph), so they stay resident on their device for
+the process; compiling an evicted key again is a miss that reloads that module
+from the FX graph cache (no new plan, no new program memory). Every entry counts:
 a compiled one and a CPU route (an op x inputs the compiler declined, cached so
 the decline is not recompiled per call).
 

@@ -23,12 +23,11 @@ import os
 
 import torch
 
-from spyre_inductor.device import fallback
 
 from . import compile as compiling
 from .cache import CACHE
 from .key import make_key, tensors_of
-from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize
+from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, not_compiled
 from .signature import Mode, Signature
 
 __all__ = ["ENABLED", "entry_for", "make_kernel", "set_enabled"]
@@ -54,19 +53,19 @@ def make_kernel(sig: Signature):
 
     def kernel(*args, **kwargs):
         if not enabled[0]:
-            return fallback.run(op, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
+            return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
         if getattr(STATE, "busy", False):
-            return fallback.run(op, args, kwargs, "reached inside an eager compile or a compiled graph")
+            return not_compiled(sig, args, kwargs, "reached inside an eager compile or a compiled graph")
         if is_compiling():
-            return _in_trace(op, args, kwargs)
+            return _in_trace(sig, args, kwargs)
         values = sig.bind(args, kwargs)
         key = make_key(sig, values)
         if key is None:
-            return fallback.run(op, args, kwargs, "an argument is not a spyre tensor")
+            return not_compiled(sig, args, kwargs, "an argument is not a spyre tensor")
         if generator_at and any(values[i] is not None for i in generator_at):
             # The program draws from the device generator's state Inductor passes in (its seeds
             # input); an explicit generator's state cannot travel into it yet.
-            return fallback.run(op, args, kwargs, "an explicit generator")
+            return not_compiled(sig, args, kwargs, "an explicit generator")
         entry = CACHE.get(key)
         if entry is None:
             entry = entry_for(sig, key, values, kernel)
@@ -76,12 +75,12 @@ def make_kernel(sig: Signature):
     return kernel
 
 
-def _in_trace(op, args, kwargs):
+def _in_trace(sig, args, kwargs):
     from torch._inductor.decomposition import select_decomp_table
 
-    decomposition = select_decomp_table().get(op)
+    decomposition = select_decomp_table().get(sig.op)
     if decomposition is None:
-        return fallback.run(op, args, kwargs, "reached while Dynamo traces")
+        return not_compiled(sig, args, kwargs, "reached while Dynamo traces")
     return decomposition(*args, **kwargs)
 
 

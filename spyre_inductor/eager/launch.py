@@ -5,7 +5,8 @@
   current stream) and return what the op returns: the new tensors, or self /
   the out= tensors it wrote.
 * CpuRoute: the call runs through the eager CPU fallback (warned once per op,
-  forbidden under SPYRE_STRICT=1, naming the op and why).
+  forbidden under SPYRE_STRICT=1, naming the op and why), or through PyTorch's
+  composite kernel for ops that have one (not_compiled).
 * Resize: an out= call whose out= tensors have the wrong shape: resize them
   as PyTorch does (warning when one had elements), then dispatch again with
   the key of the resized call.
@@ -19,6 +20,7 @@ import warnings
 import torch
 
 from spyre_inductor.device import fallback
+from spyre_runtime.binding import LaunchError
 
 from .key import tensors_of
 from .signature import Mode, Signature
@@ -27,6 +29,18 @@ from .signature import Mode, Signature
 # (an extern ATen kernel inside the graph, Inductor evaluating a constant) is nested, and
 # goes to the CPU fallback rather than compiling inside a compile or a launch.
 STATE = threading.local()
+
+
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+
+
+def not_compiled(sig: Signature, args, kwargs, reason: str):
+    """Run a call the compiled path does not take: through PyTorch's composite kernel when the op
+    has one (its pieces dispatch to spyre kernels again), else through the CPU fallback (warned
+    once per op; strict mode raises naming the op and `reason`)."""
+    if sig.composite:
+        return sig.op._op_dk(_COMPOSITE, *args, **kwargs)
+    return fallback.run(sig.op, args, kwargs, reason)
 
 
 class CompiledEntry:
@@ -49,6 +63,11 @@ class CompiledEntry:
         STATE.busy = True
         try:
             outs = self.fn(tensors)
+        except LaunchError as e:
+            # an argument the launch refuses (a storage resized under its tensor): the caller's
+            # error, as a RuntimeError like the CPU kernel's (a LaunchError is a TypeError too,
+            # which Tensor.__add__ would turn into NotImplemented)
+            raise RuntimeError(f"spyre: {sig.name}: {e}") from e
         finally:
             STATE.busy = False
         mode = self.mode
@@ -73,7 +92,7 @@ class CpuRoute:
         self.reason = reason
 
     def run(self, sig, values, args, kwargs):
-        return fallback.run(sig.op, args, kwargs, self.reason)
+        return not_compiled(sig, args, kwargs, self.reason)
 
     def describe(self) -> str:
         return f"CPU fallback: {self.reason}"
@@ -89,6 +108,8 @@ class InputsRejected:
         self.reason = reason
 
     def run(self, sig, values, args, kwargs):
+        if sig.composite:  # PyTorch's own kernel checks the inputs (and runs what it can on spyre)
+            return not_compiled(sig, args, kwargs, self.reason)
         return fallback.run_checking_inputs(sig.op, args, kwargs, f"tracing it raised {self.reason}")
 
 

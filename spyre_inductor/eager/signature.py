@@ -42,6 +42,11 @@ class Signature:
     written: tuple[int, ...]        # positions of the arguments the op writes
     returns: int                    # how many tensors it returns
     has_generator: bool
+    # PyTorch's own kernel for every backend (CompositeExplicitAutograd: clone = empty_like + copy_,
+    # add.Scalar = add.Tensor...); our kernel replaces it on spyre, so a call we do not compile
+    # runs it (its pieces dispatch to spyre kernels again), not the CPU fallback: the CPU kernel
+    # over host aliases would not keep what the composite does (a conjugate view's bit...).
+    composite: bool
     tensor_at: tuple[int, ...] = ()  # positions of Tensor arguments, of Tensor[] ones, of the rest
     lists_at: tuple[int, ...] = ()
     others_at: tuple[int, ...] = ()
@@ -118,8 +123,9 @@ def signature_of(op: torch._ops.OpOverload) -> Signature | None:
     overload = op._overloadname
     name = schema.name if overload == "default" else f"{schema.name}.{overload}"
     positional = sum(not a.kwarg_only for a in schema.arguments)
+    composite = torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")
     return Signature(op, name, tuple(a.name for a in schema.arguments), positional, tuple(_default(a) for a in schema.arguments),
-                     tuple(kinds), mode, tuple(written), len(schema.returns), has_generator,
+                     tuple(kinds), mode, tuple(written), len(schema.returns), has_generator, composite,
                      tuple(i for i, k in enumerate(kinds) if k is Kind.TENSOR),
                      tuple(i for i, k in enumerate(kinds) if k is Kind.TENSOR_LIST),
                      tuple(i for i, k in enumerate(kinds) if k is Kind.OTHER))
