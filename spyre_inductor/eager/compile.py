@@ -109,6 +109,23 @@ def resized_outputs(sig: Signature, values: tuple, tensors) -> dict[int, torch.S
     return changed or None
 
 
+def runs_on_fake(sig: Signature, values: tuple, tensors) -> bool:
+    """Whether the op itself accepts these inputs (run on fake tensors, nothing traced): tells a
+    caller's mistake (it does not) from a failure of our tracing (it does)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t.detach()) for t in tensors]
+    try:
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args, kwargs = _rebuild(sig, values, fakes)
+            sig.op(*args, **kwargs)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _written_tensor_positions(sig: Signature, values: tuple) -> list[int]:
     """Positions in tensors_of(...) of the tensors the op writes."""
     positions, n = [], 0
@@ -123,9 +140,24 @@ def _written_tensor_positions(sig: Signature, values: tuple) -> list[int]:
     return positions
 
 
+_TABLE = None
+
+
+def _decompositions() -> dict:
+    """Inductor's decomposition table without its out= entries: functionalization turns an out=
+    call into the functional op plus a copy_ first, and the packet-wide registrations
+    (``register_decomposition(aten.mm)``) also name ``mm.out`` with a function that takes no out=."""
+    global _TABLE
+    if _TABLE is None:
+        from torch._inductor.decomposition import select_decomp_table
+
+        _TABLE = {op: fn for op, fn in select_decomp_table().items()
+                  if not (isinstance(op, torch._ops.OpOverload) and any(a.is_out for a in op._schema.arguments))}
+    return _TABLE
+
+
 def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule, list]:
     """The op's functionalized, decomposed graph over fake copies of `tensors`, and the fakes."""
-    from torch._inductor.decomposition import select_decomp_table
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -135,7 +167,7 @@ def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule,
     try:
         with mode, torch.no_grad():
             gm = make_fx(torch.func.functionalize(_graph_fn(sig, values), remove="mutations"),
-                         decomposition_table=select_decomp_table())(*fakes)
+                         decomposition_table=_decompositions())(*fakes)
     except Exception as e:  # noqa: BLE001
         raise TraceError(f"{type(e).__name__}: {e}") from e
     return gm, fakes

@@ -9,9 +9,11 @@ declined (so the decline is not retried per call), or a resize of out=.
 Inside a trace: Dynamo and AOTAutograd trace spyre code on fake tensors, which
 never reach a backend kernel, so what a torch.compile'd graph captures of an
 op is Inductor's decomposition of it by construction, and it is fused with its
-neighbours. Should this kernel still be reached while Dynamo is tracing
-(torch.compiler.is_compiling(): an op run on real spyre tensors during the
-trace), it calls the decomposition directly and never compiles. An op reached
+neighbours. Should this kernel still be reached during a torch.compile
+(torch.compiler.is_compiling(), or a TracingContext is active: an op run on
+real spyre tensors while Dynamo traces, or Inductor's constant folding
+evaluating `full` on spyre), it runs the op's composite kernel or the CPU
+fallback, as before issue 19, and never compiles inside a compile. An op reached
 while this thread runs an eager compile or a compiled graph (an extern ATen
 kernel inside the graph, Inductor evaluating a constant) is nested: it runs
 through the CPU fallback, never a compile inside a compile.
@@ -48,6 +50,9 @@ def make_kernel(sig: Signature):
     op = sig.op
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
     is_compiling = torch.compiler.is_compiling
+    from torch._guards import TracingContext
+
+    tracing = TracingContext.try_get
 
     enabled = ENABLED
 
@@ -56,7 +61,9 @@ def make_kernel(sig: Signature):
             return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
         if getattr(STATE, "busy", False):
             return not_compiled(sig, args, kwargs, "reached inside an eager compile or a compiled graph")
-        if is_compiling():
+        if is_compiling() or tracing() is not None:
+            # Dynamo tracing, or a torch.compile's Inductor evaluating a constant on spyre
+            # (constant folding runs `full`/`scalar_tensor` eagerly): never compile inside a compile
             return _in_trace(sig, args, kwargs)
         values = sig.bind(args, kwargs)
         key = make_key(sig, values)
@@ -76,12 +83,11 @@ def make_kernel(sig: Signature):
 
 
 def _in_trace(sig, args, kwargs):
-    from torch._inductor.decomposition import select_decomp_table
-
-    decomposition = select_decomp_table().get(sig.op)
-    if decomposition is None:
-        return not_compiled(sig, args, kwargs, "reached while Dynamo traces")
-    return decomposition(*args, **kwargs)
+    # Not the decomposition run eagerly here: its own ops would come back to this kernel inside
+    # the same compile (fill_ -> full_like -> fill_ ...). What the trace captures of the op is
+    # already the decomposition (fake tensors never reach this kernel); a real tensor reaching it
+    # is Inductor's own business (constant folding), run as before issue 19.
+    return not_compiled(sig, args, kwargs, "reached inside a torch.compile")
 
 
 def _aliased_write(sig: Signature, tensors, values) -> bool:
@@ -118,7 +124,11 @@ def entry_for(sig: Signature, key, values, kernel):
         finally:
             STATE.busy = False
         if entry is None:
-            return InputsRejected(str(trace_error))  # (not cached: the caller's error, usually)
+            tensors = tensors_of(sig, values)
+            if not compiling.runs_on_fake(sig, values, tensors):
+                return InputsRejected(str(trace_error))  # the caller's error (not cached)
+            # the op takes these inputs; our trace of it failed: a decline like any other
+            entry, compiled = CpuRoute(f"tracing its decomposition failed: {_first_line(trace_error)}"), None
         kind = "compiled" if compiled is not None else "cpu" if isinstance(entry, CpuRoute) else "other"
         CACHE.put(key, entry, kind=kind, seconds=compiled.seconds if compiled else 0.0)
         return entry

@@ -194,15 +194,15 @@ def test_torch_compile_captures_the_decomposition_not_the_eager_cache(spyre, fre
 def test_eager_compiles_do_not_share_dynamos_recompile_limit(spyre, monkeypatch, fresh_cache):
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    torch._dynamo.reset()
-    for n in range(1, 8):  # seven eager compiles of one op
-        torch.relu(torch.randn(n, 3, device=spyre))
-    fn = torch.compile(lambda t: torch.relu(t) * 3, dynamic=False)
-    monkeypatch.setenv("SPYRE_STRICT", "1")
-    for n in (4, 5):  # two compiles: within the limit of 2, so still compiled for spyre
-        t = torch.randn(n, 3)
-        torch.testing.assert_close(fn(t.to(spyre)).cpu(), torch.relu(t) * 3)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        torch._dynamo.reset()
+        for n in range(1, 8):  # seven eager compiles of one op
+            torch.relu(torch.randn(n, 3).to(spyre))
+        fn = torch.compile(lambda t: torch.relu(t) * 3, dynamic=False)
+        monkeypatch.setenv("SPYRE_STRICT", "1")
+        for n in (4, 5):  # two compiles: within the limit of 2, so still compiled for spyre
+            t = torch.randn(n, 3)
+            torch.testing.assert_close(fn(t.to(spyre)).cpu(), torch.relu(t) * 3)
 
 
 def test_threads_compile_a_key_once(spyre, fresh_cache):

@@ -79,3 +79,29 @@ def test_mlp_inference_smoke_under_strict_mode(spyre, strict):
         top = probs.argmax(-1)
     torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1.3e-6, atol=1e-5)
     assert torch.equal(top.cpu(), expected.argmax(-1))
+
+
+def test_greedy_decoding_host_ops_under_strict_mode(spyre, strict):
+    """What a generation loop calls between forwards: argmax over logits, isin against stop
+    tokens, cat of the new ids, where, comparisons, all/any. The forward here is a stand-in (a
+    linear head over an embedding); every op of the loop is a spyre program."""
+    torch.manual_seed(3)
+    vocab, dim = 32, 16
+    emb, head = torch.randn(vocab, dim), torch.randn(vocab, dim)
+    ids = torch.tensor([[1, 5, 7], [2, 3, 4]])
+    stop = torch.tensor([0, 9])
+
+    def step(ids, emb, head, stop, finished):
+        logits = F.linear(F.embedding(ids[:, -1], emb), head)
+        nxt = logits.argmax(-1)
+        nxt = torch.where(finished, torch.zeros_like(nxt), nxt)
+        finished = finished | torch.isin(nxt, stop)
+        return torch.cat([ids, nxt[:, None]], dim=1), finished
+
+    cpu = (ids, torch.zeros(2, dtype=torch.bool))
+    dev = (ids.to(spyre), torch.zeros(2, dtype=torch.bool).to(spyre))
+    for _ in range(4):
+        cpu = step(cpu[0], emb, head, stop, cpu[1])
+        dev = step(dev[0], emb.to(spyre), head.to(spyre), stop.to(spyre), dev[1])
+        assert bool(dev[1].all()) == bool(cpu[1].all()) and bool((dev[0] > 0).any()) == bool((cpu[0] > 0).any())
+    assert torch.equal(dev[0].cpu(), cpu[0]) and torch.equal(dev[1].cpu(), cpu[1])
