@@ -12,6 +12,7 @@ callback (a copy is never an "op without a kernel": no warning, no strict error)
 from __future__ import annotations
 
 import torch
+from torch._guards import TracingContext
 
 from .cache import CACHE
 from .kernel import ENABLED, entry_for
@@ -26,7 +27,8 @@ def try_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Copy `src` into `dst` (same spyre device) with a compiled program; False if it was not
     (the caller copies another way)."""
     global _SIG
-    if not ENABLED[0] or getattr(STATE, "busy", False) or torch.compiler.is_compiling():
+    if (not ENABLED[0] or getattr(STATE, "busy", False) or torch.compiler.is_compiling()
+            or TracingContext.try_get() is not None):  # never compile inside a compile (kernel.py)
         return False
     sig = _SIG
     if sig is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 import torch
-
+from torch._guards import TracingContext
 
 from . import compile as compiling
 from .cache import CACHE
@@ -50,10 +50,7 @@ def make_kernel(sig: Signature):
     op = sig.op
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
     is_compiling = torch.compiler.is_compiling
-    from torch._guards import TracingContext
-
     tracing = TracingContext.try_get
-
     enabled = ENABLED
 
     def kernel(*args, **kwargs):
