@@ -9,6 +9,7 @@ import compiled_pointwise
 import compiled_reductions
 import data_movement
 import device_overhead
+import eager
 import launch
 import launch_cost
 import models
@@ -30,3 +31,4 @@ if __name__ == "__main__":
     compiled_matmul.main()
     data_movement.main()
     models.main()
+    eager.main([])

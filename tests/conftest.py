@@ -1,4 +1,6 @@
-"""Shared set-up: two simulated devices, so multi-device behaviour is testable.
+"""Shared set-up: three simulated devices, so multi-device behaviour is testable (devices 0 and 1;
+device 2 is test_regions.py's alone: compiled eager ops keep their prepared programs resident on
+the device they ran on, so only a device no test computes on stays empty between tests).
 
 SPYRE_NUM_DEVICES is read once, when the device registers (on `import torch`
 through autoload), so it is set here before anything imports torch.
@@ -9,7 +11,7 @@ import subprocess
 import sys
 import threading
 
-os.environ.setdefault("SPYRE_NUM_DEVICES", "2")
+os.environ.setdefault("SPYRE_NUM_DEVICES", "3")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -46,3 +48,20 @@ def run_in_threads(fn, count: int, timeout: float = 60.0) -> None:
     assert not any(t.is_alive() for t in threads), "a thread did not finish"
     if errors:
         raise errors[0]
+
+
+# The OpInfo tests' tiers (tests/eager/test_opinfo.py): fp32 and int64, first samples, by default;
+# the other dtypes and the longer sample runs are marked slow here, at collection, because
+# instantiate_device_type_tests generates the tests (one per op x dtype) where no decorator can
+# mark them. (Here and not in a tests/eager/conftest.py: a second module named conftest would
+# shadow this one for the `from conftest import ...` of the tests.)
+_FAST_OPINFO_SUFFIXES = ("_float32", "_int64")  # spyre_inductor.testing.eager_opinfo.FAST_DTYPES
+
+
+@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects "slow"
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "test_opinfo.py" not in item.nodeid:
+            continue
+        if "_more_samples_" in item.name or not item.name.endswith(_FAST_OPINFO_SUFFIXES):
+            item.add_marker(pytest.mark.slow)

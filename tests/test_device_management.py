@@ -7,7 +7,7 @@ import torch
 def test_accelerator_is_spyre():
     assert torch.accelerator.current_accelerator() == torch.device("spyre")
     assert torch.accelerator.is_available()
-    assert torch.accelerator.device_count() == torch.spyre.device_count() == 2
+    assert torch.accelerator.device_count() == torch.spyre.device_count() == 3  # tests/conftest.py
 
 
 def test_set_device_through_either_api():
@@ -31,7 +31,7 @@ def test_device_context_manager_restores():
 
 
 def test_bad_device_index_names_the_limit():
-    with pytest.raises(IndexError, match="device index 5 is out of range; there are 2"):
+    with pytest.raises(IndexError, match="device index 5 is out of range; there are 3"):
         torch.spyre.set_device(5)
     with pytest.raises(IndexError, match="device index 7 is out of range"):
         torch.empty(1, device="spyre:7")

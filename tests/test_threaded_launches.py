@@ -80,6 +80,14 @@ def _stress(seconds: float, threads: int = 4) -> int:
     shared = _kernel()
     own = [torch.compile(lambda a, b, k=k: (a - b) * (k + 1), dynamic=False) for k in range(threads)]
     checked = [0] * threads
+    # The eager ops' programs compiled before the threads start: an eager compile traces with
+    # make_fx, whose "FX is tracing" flag is process-wide, and a torch.compile'd function entered
+    # meanwhile on another thread refuses to run (Dynamo: "using FX to symbolically trace a
+    # dynamo-optimized function"). A known limit of compiling eager ops (README); the threads
+    # here exercise launches, copies and streams.
+    warm = torch.zeros(32, 64).to("spyre")
+    (warm + warm).neg(), warm.clone()
+    torch.spyre.synchronize()
     stop = time.monotonic() + seconds
 
     def work(k):

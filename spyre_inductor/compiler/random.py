@@ -168,8 +168,12 @@ def _spec(t: torch.Tensor) -> tuple:
 
 def _launch(kind: str, build, tensors: tuple[torch.Tensor, ...], extra=()):
     """Run the graph `build()` returns on `tensors`, compiling it once per specialisation."""
+    from spyre_inductor.eager.launch import nested
+
     key = (kind, tuple(extra)) + tuple(_spec(t) for t in tensors)
-    with _cache_lock:  # (held while compiling: two threads never compile one kernel twice)
+    # nested(): what Inductor runs on spyre tensors while it compiles this (its pattern set-up,
+    # constant folding) must not itself be compiled by the eager path, inside this compile
+    with _cache_lock, nested():  # (the lock is held while compiling: a kernel is compiled once)
         fn = _cache.get(key)
         if fn is not None:
             _stats["hits"] += 1

@@ -36,4 +36,7 @@ def register() -> None:
     routes.install()
     random_ops.install()  # random fills in spyre programs (issue 19)
     autocast.install()  # cast rules for torch.autocast("spyre") (issue 19)
+    from spyre_inductor import eager  # compile-backed eager kernels (no Inductor import until a first call)
+
+    eager.install()
     _registered = True

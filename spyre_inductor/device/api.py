@@ -192,6 +192,30 @@ def set_kernel_report_window(n: int | None) -> None:
     set_window(n)
 
 
+def eager_cache_stats():
+    """Statistics of the compile-backed eager ops' cache (spyre_inductor/eager): hits, misses,
+    compiles (entries compiled into spyre programs), cpu_routes (entries that run through the
+    CPU fallback), evictions, entries, capacity, compile_seconds."""
+    from spyre_inductor.eager.cache import CACHE
+
+    return CACHE.stats()
+
+
+def eager_cache_clear() -> None:
+    """Drop every cached eager entry (and its prepared plans) and zero the statistics."""
+    from spyre_inductor.eager.cache import CACHE
+
+    CACHE.clear()
+
+
+def set_eager_cache_capacity(n: int) -> None:
+    """Keep at most ``n`` eager entries (least recently used evicted first; default 1024, or
+    ``SPYRE_EAGER_CACHE_SIZE``)."""
+    from spyre_inductor.eager.cache import CACHE
+
+    CACHE.set_capacity(n)
+
+
 def clear_errors(device=None) -> None:
     """Clear the sticky errors of a device's streams (after a failed operation)."""
     from . import queues

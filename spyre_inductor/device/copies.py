@@ -1,7 +1,9 @@
 """Copies to, from and within spyre, as typed operations on the current stream.
 
-Dense copies of one dtype are Transfers (h2d, d2h, d2d pipelines); anything
-strided or converting runs as a host operation over the device bytes. A copy
+Dense copies of one dtype are Transfers (h2d, d2h, d2d pipelines); a
+converting or strided copy within a device is a compiled program (the eager
+path's copy_, spyre_inductor/eager/device_copy.py) when the compiler takes it;
+anything else strided or converting runs as a host operation over the device bytes. A copy
 that is not non_blocking waits for what it reads and writes. Non-blocking
 host-to-device copies from pageable memory snapshot the source into a pinned
 staging buffer first, as CUDA does; to pageable host memory they are
@@ -167,10 +169,18 @@ def _device_to_device(src: torch.Tensor, dst: torch.Tensor) -> None:
     if _dense_same_layout(src, dst):
         nbytes = src.numel() * src.element_size()
         q.enqueue(stream, Transfer(TransferKind.D2D, queues.address(src), queues.address(dst), nbytes))
+    elif _compiled_copy(src, dst):
+        pass  # a cast or relayout: one compiled program (spyre_inductor/eager/device_copy.py)
     else:
         src, dst = src.detach(), dst.detach()  # fixed to today's storages
         q.enqueue(stream, HostCallback(lambda: _C.host_alias(dst).copy_(_C.host_alias(src)),
                                        queues.footprint(reads=(src,), writes=(dst,)), name="d2d (strided)"))
+
+
+def _compiled_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    from spyre_inductor.eager.device_copy import try_copy
+
+    return try_copy(src, dst)
 
 
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

@@ -159,19 +159,22 @@ def _inside_inductor_constant_folding() -> bool:
     return False
 
 
-def _announce(plan: _OpPlan) -> None:
+def _announce(plan: _OpPlan, reason: str | None = None, stacklevel: int = 3) -> None:
+    # `reason`: why an op that has a compile-backed kernel (spyre_inductor/eager) still runs here.
     if strict() and not _inside_inductor_constant_folding():
+        what = "has no spyre kernel" if reason is None else f"has no spyre program for these inputs ({reason})"
         raise NotImplementedError(
-            f"spyre: {plan.name} has no spyre kernel and SPYRE_STRICT=1 forbids "
+            f"spyre: {plan.name} {what} and SPYRE_STRICT=1 forbids "
             f"running it through the CPU fallback"
         )
     if plan.operator in _warned or _inside_tensor_printing() or not first_warning((plan.operator,)):
         return
+    what = "has no spyre kernel yet" if reason is None else f"could not run as a spyre program ({reason})"
     warnings.warn(
-        f"spyre: {plan.name} has no spyre kernel yet; it runs on the CPU over the "
+        f"spyre: {plan.name} {what}; it runs on the CPU over the "
         f"device bytes (this warning is shown once per op)",
         SpyreFallbackWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 
@@ -304,6 +307,28 @@ def _fallback(keyset, op, *args, **kwargs):
     plan = _plan_for(op)
     _announce(plan)
     return _on_stream(plan, op, args, kwargs)
+
+
+def run(op, args, kwargs, reason: str | None = None):
+    """Run `op` through the CPU fallback, as if it had no spyre kernel: for the compile-backed
+    eager kernels (spyre_inductor/eager), on inputs they do not compile. `reason` says why (in
+    the once-per-op warning, and in strict mode's error)."""
+    plan = _plan_for(op)
+    _announce(plan, reason, stacklevel=4)
+    return _on_stream(plan, op, args, kwargs)
+
+
+def run_checking_inputs(op, args, kwargs, reason: str):
+    """Like run(), for inputs the compiled path could not even trace (most often the caller's
+    mistake: shapes that do not broadcast): the CPU kernel runs first, so PyTorch's own error
+    reaches the caller, in strict mode too; only a call that succeeds is announced."""
+    plan = _plan_for(op)
+    if strict():
+        # nothing may run on the CPU: the trace's error (a fake tensor's: same check, own words)
+        raise RuntimeError(f"spyre: {plan.name} rejects its inputs: {reason}")
+    result = _on_stream(plan, op, args, kwargs)
+    _announce(plan, reason, stacklevel=4)
+    return result
 
 
 def run_on_host(announced, host_op, *args, **kwargs):

@@ -1,0 +1,205 @@
+"""Compiling one eager call: trace the op's decomposition into an FX graph, hand it to Inductor.
+
+The graph is what torch.compile would hand our backend for the same op: the
+op traced on fake tensors with functionalization (in-place and out= ops
+become their functional form plus a ``copy_`` into the written input, which
+Inductor keeps as an input mutation) and Inductor's own decomposition table
+(select_decomp_table: the decompositions every spyre graph is lowered
+through). It goes to ``compile_fx_inner`` -- the same Inductor entry
+AOTAutograd calls for a torch.compile'd graph -- so lowering, our scheduling,
+the planner, the artifact cache on disk and the FX graph cache are the ones
+compiled code uses. Dynamo is not involved: an eager compile never counts
+against, or shares, Dynamo's recompile limit (torch._dynamo.config
+.recompile_limit is about user frames), and there is no frame to graph-break.
+
+What comes back is classified from its generated wrapper: how many spyre
+programs it launches, and which calls run on the CPU (a host kernel, an extern
+ATen kernel). A graph that launches no program at all is not worth keeping
+compiled: the call goes to the eager CPU fallback instead (one warning, and
+strict mode's error, naming the op).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .signature import Kind, Mode, Signature
+
+# The dtypes the ISA computes (compiler: passes/layout): anything else goes to the CPU fallback
+# without trying (float64, complex, int16, uint8 would only fail in the planner).
+COMPILED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                             torch.int8, torch.bool})
+
+# Inductor is not thread-safe; one eager compile at a time (a call that finds its entry
+# compiled meanwhile uses it).
+COMPILE_LOCK = threading.Lock()
+
+
+class Declined(Exception):
+    """The call is not compiled; the message says why (the CPU fallback runs it)."""
+
+
+class TraceError(Exception):
+    """Tracing the op on fake tensors raised: most often the user's inputs are wrong (shapes
+    that do not broadcast, a dtype an out= cannot take). Not cached: the CPU fallback runs
+    the call and raises PyTorch's own error, or strict mode raises this one's cause."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    fn: object                      # Inductor's CompiledFxGraph: fn(list of tensors) -> outputs
+    programs: int                   # spyre programs it launches per call
+    cpu_calls: tuple[str, ...]      # calls in its wrapper that run on the CPU
+    seconds: float
+
+
+def check_dtypes(tensors) -> None:
+    for t in tensors:
+        if t.dtype not in COMPILED_DTYPES:
+            raise Declined(f"{t.dtype} is not a dtype spyre programs compute")
+
+
+def _rebuild(sig: Signature, values: tuple, tensors) -> tuple[list, dict]:
+    """The op's (args, kwargs) with `tensors` (in tensors_of order) in place of the call's."""
+    it = iter(tensors)
+    out = []
+    for value, kind in zip(values, sig.kinds):
+        if kind is Kind.TENSOR:
+            out.append(next(it) if isinstance(value, torch.Tensor) else value)
+        elif kind is Kind.TENSOR_LIST:
+            out.append([next(it) if isinstance(t, torch.Tensor) else t for t in value])
+        else:
+            out.append(value)
+    return out[: sig.positional], dict(zip(sig.names[sig.positional:], out[sig.positional:]))
+
+
+def _graph_fn(sig: Signature, values: tuple):
+    def fn(*tensors):
+        args, kwargs = _rebuild(sig, values, tensors)
+        result = sig.op(*args, **kwargs)
+        if sig.mode is not Mode.FUNCTIONAL:
+            return ()  # the writes are the graph's input mutations
+        return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    return fn
+
+
+def resized_outputs(sig: Signature, values: tuple, tensors) -> dict[int, torch.Size] | None:
+    """For an out= call: the shapes its out= tensors must be resized to (by position in
+    `tensors`), or None if they already have them. Runs the op on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) for t in tensors]
+    written = set(_written_tensor_positions(sig, values))
+    before = {i: fakes[i].shape for i in written}
+    try:
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the resize warning is Resize.run's, once per call)
+            args, kwargs = _rebuild(sig, values, fakes)
+            sig.op(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's inputs, reported by the CPU fallback
+        raise TraceError(f"{type(e).__name__}: {e}") from e
+    changed = {i: fakes[i].shape for i in written if fakes[i].shape != before[i]}
+    return changed or None
+
+
+def runs_on_fake(sig: Signature, values: tuple, tensors) -> bool:
+    """Whether the op itself accepts these inputs (run on fake tensors, nothing traced): tells a
+    caller's mistake (it does not) from a failure of our tracing (it does)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t.detach()) for t in tensors]
+    try:
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args, kwargs = _rebuild(sig, values, fakes)
+            sig.op(*args, **kwargs)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _written_tensor_positions(sig: Signature, values: tuple) -> list[int]:
+    """Positions in tensors_of(...) of the tensors the op writes."""
+    positions, n = [], 0
+    for i, (value, kind) in enumerate(zip(values, sig.kinds)):
+        if kind is Kind.TENSOR:
+            if isinstance(value, torch.Tensor):
+                if i in sig.written:
+                    positions.append(n)
+                n += 1
+        elif kind is Kind.TENSOR_LIST:
+            n += sum(isinstance(t, torch.Tensor) for t in value)
+    return positions
+
+
+_TABLE = None
+
+
+def _decompositions() -> dict:
+    """Inductor's decomposition table without its out= entries: functionalization turns an out=
+    call into the functional op plus a copy_ first, and the packet-wide registrations
+    (``register_decomposition(aten.mm)``) also name ``mm.out`` with a function that takes no out=."""
+    global _TABLE
+    if _TABLE is None:
+        from torch._inductor.decomposition import select_decomp_table
+
+        _TABLE = {op: fn for op, fn in select_decomp_table().items()
+                  if not (isinstance(op, torch._ops.OpOverload) and any(a.is_out for a in op._schema.arguments))}
+    return _TABLE
+
+
+def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule, list]:
+    """The op's functionalized, decomposed graph over fake copies of `tensors`, and the fakes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = FakeTensorMode()
+    # detached: the kernel runs below autograd; the graph is the op's forward only
+    fakes = [mode.from_tensor(t.detach()) for t in tensors]
+    try:
+        with mode, torch.no_grad():
+            gm = make_fx(torch.func.functionalize(_graph_fn(sig, values), remove="mutations"),
+                         decomposition_table=_decompositions())(*fakes)
+    except Exception as e:  # noqa: BLE001
+        raise TraceError(f"{type(e).__name__}: {e}") from e
+    return gm, fakes
+
+
+_LAUNCH = re.compile(r"\blaunch_(jobplan|bucketed)\(")
+_CPU = re.compile(r"\b(spyre_cpu_kernel_\w+|extern_kernels\.\w+|aten\.\w+(\.\w+)?|torch\.ops\.\w+\.\w+)\(")
+
+
+def classify(source: str) -> tuple[int, tuple[str, ...]]:
+    """(spyre programs launched, CPU calls) of a generated wrapper's ``call``."""
+    body = source.partition("def call(")[2].partition("\ndef ")[0]
+    programs, cpu = 0, []
+    for line in body.splitlines():
+        if _LAUNCH.search(line):
+            programs += 1
+            continue
+        m = _CPU.search(line)
+        if m is not None:
+            cpu.append(m.group(1))
+    return programs, tuple(cpu)
+
+
+def compile_graph(gm: torch.fx.GraphModule, fakes: list) -> Compiled:
+    """Inductor (with our backend registered) on the traced graph."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    from spyre_inductor.compiler import registration
+
+    registration.register()
+    start = time.perf_counter()
+    fn = compile_fx_inner(gm, fakes)
+    seconds = time.perf_counter() - start
+    programs, cpu = classify(getattr(fn, "source_code", "") or "")
+    return Compiled(fn, programs, cpu, seconds)

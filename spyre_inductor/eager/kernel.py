@@ -1,0 +1,164 @@
+"""The PrivateUse1 kernel of a compile-backed op: key, cache, compile on a miss, launch.
+
+Per call (the warm path): bind the arguments in schema order, build the key
+(key.py), look it up (cache.py) and run the entry (launch.py). On a miss the
+call is traced and compiled (compile.py) under the compile lock, and whatever
+came of it is cached: a compiled graph, a CPU route when the compiler
+declined (so the decline is not retried per call), or a resize of out=.
+
+Inside a trace: Dynamo and AOTAutograd trace spyre code on fake tensors, which
+never reach a backend kernel, so what a torch.compile'd graph captures of an
+op is Inductor's decomposition of it by construction, and it is fused with its
+neighbours. Should this kernel still be reached during a torch.compile
+(torch.compiler.is_compiling(), or a TracingContext is active: an op run on
+real spyre tensors while Dynamo traces, or Inductor's constant folding
+evaluating `full` on spyre), it runs the op's composite kernel or the CPU
+fallback, as before issue 19, and never compiles inside a compile. An op reached
+while this thread runs an eager compile or a compiled graph (an extern ATen
+kernel inside the graph, Inductor evaluating a constant) is nested: it runs
+through the CPU fallback, never a compile inside a compile.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch._guards import TracingContext
+
+from . import compile as compiling
+from .cache import CACHE
+from .key import make_key, tensors_of
+from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, not_compiled
+from .signature import Mode, Signature
+
+__all__ = ["ENABLED", "entry_for", "make_kernel", "set_enabled"]
+
+
+# Off: every routed op runs through the CPU fallback, as before issue 19 (benchmarks compare the
+# two; SPYRE_EAGER_COMPILE=0 sets it at start-up). One list so the kernels read it without a lookup.
+ENABLED = [os.environ.get("SPYRE_EAGER_COMPILE", "1") not in ("0", "")]
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the compile-backed eager path on or off (off: the CPU fallback runs every op)."""
+    ENABLED[0] = bool(on)
+
+
+def make_kernel(sig: Signature):
+    """The PrivateUse1 kernel for `sig`'s op."""
+    op = sig.op
+    generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
+    is_compiling = torch.compiler.is_compiling
+    tracing = TracingContext.try_get
+    enabled = ENABLED
+
+    def kernel(*args, **kwargs):
+        if not enabled[0]:
+            return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
+        if getattr(STATE, "busy", False):
+            return not_compiled(sig, args, kwargs, "reached inside an eager compile or a compiled graph")
+        if is_compiling() or tracing() is not None:
+            # Dynamo tracing, or a torch.compile's Inductor evaluating a constant on spyre
+            # (constant folding runs `full`/`scalar_tensor` eagerly): never compile inside a compile
+            return _in_trace(sig, args, kwargs)
+        values = sig.bind(args, kwargs)
+        key = make_key(sig, values)
+        if key is None:
+            return not_compiled(sig, args, kwargs, "an argument is not a spyre tensor")
+        if generator_at and any(values[i] is not None for i in generator_at):
+            # The program draws from the device generator's state Inductor passes in (its seeds
+            # input); an explicit generator's state cannot travel into it yet.
+            return not_compiled(sig, args, kwargs, "an explicit generator")
+        entry = CACHE.get(key)
+        if entry is None:
+            entry = entry_for(sig, key, values, kernel)
+        return entry.run(sig, values, args, kwargs)
+
+    kernel.__name__ = f"spyre_eager_{sig.name.replace('::', '_').replace('.', '_')}"
+    return kernel
+
+
+def _in_trace(sig, args, kwargs):
+    # Not the decomposition run eagerly here: its own ops would come back to this kernel inside
+    # the same compile (fill_ -> full_like -> fill_ ...). What the trace captures of the op is
+    # already the decomposition (fake tensors never reach this kernel); a real tensor reaching it
+    # is Inductor's own business (constant folding), run as before issue 19.
+    return not_compiled(sig, args, kwargs, "reached inside a torch.compile")
+
+
+def _aliased_write(sig: Signature, tensors, values) -> bool:
+    """Whether a tensor the op writes shares memory with another of its tensors. The compiled
+    graph treats its inputs as distinct buffers (a program reading what it overwrites
+    elsewhere would read the new values): such calls go to the CPU fallback."""
+    written = [values[i] for i in sig.written if values[i] is not None]
+    ids = {id(t) for t in written}
+    storages = {t.untyped_storage().data_ptr() for t in written}
+    seen_written = 0
+    for t in tensors:
+        if id(t) in ids:
+            seen_written += 1
+            if seen_written > len(written):
+                return True  # one written tensor passed twice
+            continue
+        if t.untyped_storage().data_ptr() in storages:
+            return True
+    return False
+
+
+def entry_for(sig: Signature, key, values, kernel):
+    """Compile (or decline) the call; cache and return its entry."""
+    with compiling.COMPILE_LOCK:
+        entry = CACHE.peek(key)  # another thread may have compiled it meanwhile
+        if entry is not None:
+            return entry
+        STATE.busy = True
+        try:
+            entry, compiled = _build(sig, values, kernel)
+        except compiling.TraceError as e:
+            entry, compiled = None, None
+            trace_error = e
+        finally:
+            STATE.busy = False
+        if entry is None:
+            tensors = tensors_of(sig, values)
+            if not compiling.runs_on_fake(sig, values, tensors):
+                return InputsRejected(str(trace_error))  # the caller's error (not cached)
+            # the op takes these inputs; our trace of it failed: a decline like any other
+            entry, compiled = CpuRoute(f"tracing its decomposition failed: {_first_line(trace_error)}"), None
+        kind = "compiled" if compiled is not None else "cpu" if isinstance(entry, CpuRoute) else "other"
+        CACHE.put(key, entry, kind=kind, seconds=compiled.seconds if compiled else 0.0)
+        return entry
+
+
+def _build(sig: Signature, values, kernel):
+    tensors = tensors_of(sig, values)
+    try:
+        compiling.check_dtypes(tensors)
+        if sig.mode is not Mode.FUNCTIONAL and _aliased_write(sig, tensors, values):
+            raise compiling.Declined("a tensor it writes shares memory with another of its arguments")
+        if sig.mode is Mode.OUT:
+            shapes = compiling.resized_outputs(sig, values, tensors)
+            if shapes is not None:
+                return Resize(shapes, kernel), None
+        gm, fakes = compiling.trace(sig, values, tensors)
+        try:
+            compiled = compiling.compile_graph(gm, fakes)
+        except compiling.TraceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
+            if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
+                # strict mode refused a CPU part of the graph: not a decline to cache (the same
+                # call compiles, with a CPU part, once strict mode is off)
+                raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
+            raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
+        if compiled.programs == 0 and compiled.cpu_calls:
+            raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
+        return CompiledEntry(sig, compiled), compiled
+    except compiling.Declined as e:
+        return CpuRoute(str(e)), None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""

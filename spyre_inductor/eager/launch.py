@@ -1,0 +1,151 @@
+"""Cache entries: what a call does once its key is known. The warm path is ``CompiledEntry.run``.
+
+* CompiledEntry: launch the compiled graph (it allocates the outputs and
+  launches its prepared plans, spyre_runtime.launch.launch_jobplan, on the
+  current stream) and return what the op returns: the new tensors, or self /
+  the out= tensors it wrote.
+* CpuRoute: the call runs through the eager CPU fallback (warned once per op,
+  forbidden under SPYRE_STRICT=1, naming the op and why), or through PyTorch's
+  composite kernel for ops that have one (not_compiled).
+* Resize: an out= call whose out= tensors have the wrong shape: resize them
+  as PyTorch does (warning when one had elements), then dispatch again with
+  the key of the resized call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+
+import torch
+
+from spyre_inductor.device import fallback
+from spyre_runtime.binding import LaunchError
+
+from .key import tensors_of
+from .signature import Mode, Signature
+
+# Set while this thread runs a compiled graph or an eager compile: an eager op reached then
+# (an extern ATen kernel inside the graph, Inductor evaluating a constant) is nested, and
+# goes to the CPU fallback rather than compiling inside a compile or a launch.
+STATE = threading.local()
+
+
+@contextlib.contextmanager
+def nested():
+    """Mark this thread as compiling or running a graph of its own (the random-fill kernels'
+    Inductor compiles): eager ops reached meanwhile are nested, as inside an eager compile."""
+    outer = getattr(STATE, "busy", False)
+    STATE.busy = True
+    try:
+        yield
+    finally:
+        STATE.busy = outer
+
+
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+
+
+def not_compiled(sig: Signature, args, kwargs, reason: str):
+    """Run a call the compiled path does not take: through PyTorch's composite kernel when the op
+    has one (its pieces dispatch to spyre kernels again), else through the CPU fallback (warned
+    once per op; strict mode raises naming the op and `reason`)."""
+    if sig.composite:
+        return sig.op._op_dk(_COMPOSITE, *args, **kwargs)
+    return fallback.run(sig.op, args, kwargs, reason)
+
+
+class CompiledEntry:
+    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written")
+
+    def __init__(self, sig: Signature, compiled):
+        self.fn = compiled.fn
+        self.mode = sig.mode
+        self.programs = compiled.programs
+        self.cpu_calls = compiled.cpu_calls
+        self.written = sig.written
+        self.single = sig.returns == 1
+
+    def run(self, sig, values, args, kwargs):
+        if self.cpu_calls and fallback.strict():
+            raise NotImplementedError(
+                f"spyre: {sig.name} runs part of itself on the CPU ({', '.join(self.cpu_calls)}) and "
+                f"SPYRE_STRICT=1 forbids the CPU fallback")
+        tensors = tensors_of(sig, values)
+        STATE.busy = True
+        try:
+            outs = self.fn(tensors)
+        except LaunchError as e:
+            # an argument the launch refuses (a storage resized under its tensor): the caller's
+            # error, as a RuntimeError like the CPU kernel's (a LaunchError is a TypeError too,
+            # which Tensor.__add__ would turn into NotImplemented)
+            raise RuntimeError(f"spyre: {sig.name}: {e}") from e
+        finally:
+            STATE.busy = False
+        mode = self.mode
+        if mode is Mode.FUNCTIONAL:
+            return outs[0] if self.single else tuple(outs)
+        if mode is Mode.INPLACE:
+            return values[0]
+        written = tuple(values[i] for i in self.written)
+        if not sig.returns:
+            return None
+        return written[0] if len(written) == 1 else written
+
+    def describe(self) -> str:
+        cpu = f", on the CPU: {', '.join(self.cpu_calls)}" if self.cpu_calls else ""
+        return f"{self.programs} spyre program launch(es){cpu}"
+
+
+class CpuRoute:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def run(self, sig, values, args, kwargs):
+        return not_compiled(sig, args, kwargs, self.reason)
+
+    def describe(self) -> str:
+        return f"CPU fallback: {self.reason}"
+
+
+class InputsRejected:
+    """Tracing the call on fake tensors raised (not cached): the CPU kernel runs it, so PyTorch's
+    own error reaches the caller; strict mode raises the trace's error."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def run(self, sig, values, args, kwargs):
+        if sig.composite:  # PyTorch's own kernel checks the inputs (and runs what it can on spyre)
+            return not_compiled(sig, args, kwargs, self.reason)
+        return fallback.run_checking_inputs(sig.op, args, kwargs, f"tracing it raised {self.reason}")
+
+
+class Resize:
+    __slots__ = ("shapes", "dispatch")
+
+    def __init__(self, shapes: dict[int, torch.Size], dispatch):
+        self.shapes = shapes      # position in tensors_of order -> the shape it must have
+        self.dispatch = dispatch  # the kernel, called again once resized
+
+    def run(self, sig, values, args, kwargs):
+        tensors = tensors_of(sig, values)
+        for i, shape in self.shapes.items():
+            t = tensors[i]
+            if t.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape {list(t.shape)}, "
+                    f"which does not match the required output shape {list(shape)}. This behavior is "
+                    f"deprecated, and in a future PyTorch release outputs will not be resized unless they "
+                    f"have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+                    f"to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
+            t.resize_(shape)
+        return self.dispatch(*args, **kwargs)
+
+    def describe(self) -> str:
+        return f"resize out= to {[list(s) for s in self.shapes.values()]}, then dispatch again"

@@ -1,0 +1,240 @@
+"""The compile-backed eager path (spyre_inductor/eager): key, cache, compile, launch, fallbacks."""
+
+import threading
+import warnings
+
+import pytest
+import torch
+
+from spyre_inductor.eager import compile as compiling
+from spyre_inductor.eager.cache import CACHE
+from spyre_inductor.eager.launch import CompiledEntry, CpuRoute
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+
+
+@pytest.fixture
+def fresh_cache():
+    capacity = CACHE.capacity
+    CACHE.clear()
+    yield CACHE
+    CACHE.set_capacity(capacity)
+    CACHE.clear()
+
+
+def _programs_launched(fn):
+    """(result, how many spyre programs fn launched)."""
+    torch.spyre.synchronize()
+    before = len(torch.spyre.kernel_reports())
+    torch.spyre.set_kernel_report_window(None)
+    try:
+        result = fn()
+        torch.spyre.synchronize()
+        return result, len(torch.spyre.kernel_reports()) - before
+    finally:
+        torch.spyre.set_kernel_report_window(1024)
+
+
+def _entry(op):
+    return [e for k, e in CACHE.entries() if k[0].op is op]
+
+
+def test_an_eager_op_compiles_once_then_launches(spyre, strict, fresh_cache):
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    x, y = a.to(spyre), b.to(spyre)
+    z, programs = _programs_launched(lambda: x + y)
+    assert programs == 1 and torch.equal(z.cpu(), a + b)
+    stats = torch.spyre.eager_cache_stats()
+    assert (stats.misses, stats.compiles, stats.hits) == (1, 1, 0)
+    for _ in range(3):
+        assert torch.equal((x + y).cpu(), a + b)
+    stats = torch.spyre.eager_cache_stats()
+    assert (stats.misses, stats.compiles, stats.hits) == (1, 1, 3)
+    (entry,) = _entry(torch.ops.aten.add.Tensor)
+    assert isinstance(entry, CompiledEntry) and entry.programs == 1 and not entry.cpu_calls
+
+
+def test_the_key_has_dtypes_shapes_strides_and_scalar_values(spyre, fresh_cache):
+    x = torch.randn(8, 8, device=spyre)
+    x + x
+    x + x  # hit
+    x.half() + x.half()  # dtype (and the cast itself is a compiled copy)
+    x.t() + x  # strides
+    x[:4] + x[:4]  # shape
+    x + 1
+    x + 1  # hit
+    x + 2  # scalars are keyed on their value (they cannot travel at launch yet)
+    adds = [k for k, _ in CACHE.entries() if k[0].op is torch.ops.aten.add.Tensor]
+    assert len(adds) == 6
+    assert torch.spyre.eager_cache_stats().hits >= 2
+
+
+def test_a_bounded_cache_evicts_the_least_recently_used(spyre, fresh_cache):
+    torch.spyre.set_eager_cache_capacity(2)
+    x = torch.randn(4, 4, device=spyre)
+    x + x
+    x * x
+    x + x  # refreshes add
+    x - x  # evicts mul
+    stats = torch.spyre.eager_cache_stats()
+    assert stats.evictions == 1 and stats.entries == 2 and stats.capacity == 2
+    assert {k[0].op for k, _ in CACHE.entries()} == {torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor}
+    with pytest.raises(ValueError, match="positive integer"):
+        torch.spyre.set_eager_cache_capacity(0)
+
+
+def test_in_place_and_out_forms_write_their_tensors(spyre, strict, fresh_cache):
+    a, b = torch.randn(6, 5), torch.randn(6, 5)
+    x = a.to(spyre)
+    ptr = x.data_ptr()
+    assert x.mul_(b.to(spyre)) is x and x.data_ptr() == ptr
+    torch.testing.assert_close(x.cpu(), a * b)
+    out = torch.empty(0, device=spyre)
+    assert torch.add(a.to(spyre), b.to(spyre), alpha=2, out=out) is out
+    torch.testing.assert_close(out.cpu(), a + 2 * b)
+    wrong = torch.empty(3, device=spyre)
+    with pytest.warns(UserWarning, match="was resized"):
+        torch.sub(a.to(spyre), b.to(spyre), out=wrong)
+    assert wrong.shape == (6, 5)
+    torch.testing.assert_close(wrong.cpu(), a - b)
+    base = torch.zeros(5, 6, device=spyre)
+    torch.mul(a.to(spyre), 3, out=base.t())  # a non-contiguous out=
+    torch.testing.assert_close(base.cpu(), (a * 3).t())
+
+
+def test_fills_and_copies_across_dtypes_and_layouts_are_programs(spyre, strict, fresh_cache):
+    (z, o, f), programs = _programs_launched(lambda: (torch.zeros(5, 7, device=spyre), torch.ones(3, device=spyre),
+                                                      torch.full((4,), 2.5, device=spyre, dtype=torch.float16)))
+    assert programs == 3
+    assert torch.equal(z.cpu(), torch.zeros(5, 7)) and torch.equal(o.cpu(), torch.ones(3))
+    assert torch.equal(f.cpu(), torch.full((4,), 2.5, dtype=torch.float16))
+    a = torch.randn(16, 24)
+    x = a.to(spyre)
+    (h, t, i), programs = _programs_launched(lambda: (x.half(), x.t().contiguous(), x.to(torch.int32)))
+    assert programs == 3
+    assert torch.equal(h.cpu(), a.half()) and torch.equal(t.cpu(), a.t().contiguous())
+    assert torch.equal(i.cpu(), a.to(torch.int32))
+    dst = torch.empty(24, 16, dtype=torch.bfloat16, device=spyre)
+    dst.copy_(x.t())
+    assert torch.equal(dst.cpu(), a.t().to(torch.bfloat16))
+    assert _entry(torch.ops.aten.copy_.default)
+
+
+def test_an_op_outside_the_compiler_keeps_the_fallback_and_strict_mode_names_it(spyre, monkeypatch, fresh_cache):
+    x = torch.rand(5, device=spyre) + 0.5
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    with pytest.raises(NotImplementedError, match="log10"):
+        torch.log10(x)
+    monkeypatch.setenv("SPYRE_STRICT", "0")
+    torch.testing.assert_close(torch.log10(x).cpu(), torch.log10(x.cpu()))
+    with pytest.raises(NotImplementedError, match=r"aten::lgamma.*SPYRE_STRICT=1"):
+        monkeypatch.setenv("SPYRE_STRICT", "1")
+        torch.lgamma(x)  # not routed at all: the plain fallback
+
+
+def test_a_failed_compile_falls_back_and_leaves_the_device_usable(spyre, monkeypatch, fresh_cache):
+    def broken(gm, fakes):
+        raise RuntimeError("planner exploded")
+
+    monkeypatch.setattr(compiling, "compile_graph", broken)
+    a = torch.randn(4, 4)
+    x = a.to(spyre)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        from spyre_inductor.device import fallback
+
+        fallback.reset_warnings()
+        got = torch.sigmoid(x)
+    torch.testing.assert_close(got.cpu(), torch.sigmoid(a))
+    assert any("aten::sigmoid" in str(w.message) and "planner exploded" in str(w.message) for w in seen)
+    (entry,) = _entry(torch.ops.aten.sigmoid.default)
+    assert isinstance(entry, CpuRoute) and torch.spyre.eager_cache_stats().cpu_routes == 1
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    with pytest.raises(NotImplementedError, match=r"aten::sigmoid.*planner exploded"):
+        torch.sigmoid(x)
+    monkeypatch.undo()
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    torch.testing.assert_close((x * 2).cpu(), a * 2)  # the device, and other ops, still work
+    torch.spyre.synchronize()
+
+
+def test_bad_inputs_get_pytorchs_error(spyre, monkeypatch, fresh_cache):
+    with pytest.raises(RuntimeError, match="size of tensor a"):
+        torch.ones(2, device=spyre) + torch.ones(3, device=spyre)
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    with pytest.raises(RuntimeError, match=r"aten::add.Tensor rejects its inputs.*broadcast"):
+        torch.ones(2, device=spyre) + torch.ones(3, device=spyre)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(2, device=spyre) + torch.ones(2, device="spyre:1")
+    assert torch.equal((torch.ones(2, device=spyre) * 3).cpu(), torch.full((2,), 3.0))
+
+
+def test_torch_compile_captures_the_decomposition_not_the_eager_cache(spyre, fresh_cache):
+    from torch._dynamo.utils import counters
+
+    x = torch.randn(8, 8, device=spyre)
+    torch._dynamo.reset()
+    counters.clear()
+    fn = torch.compile(lambda t: torch.softmax(t * 2, -1) + 1, dynamic=False)
+    torch.testing.assert_close(fn(x).cpu(), torch.softmax(x.cpu() * 2, -1) + 1)
+    stats = torch.spyre.eager_cache_stats()
+    assert stats.misses == 0 and stats.compiles == 0  # the graph ran its own programs
+    frames = counters["frames"]["total"]
+    # eager ops compile through compile_fx_inner: no Dynamo frame, no graph break, no recompile
+    for n in range(1, 6):
+        torch.softmax(torch.randn(n, 8, device=spyre), -1)
+    assert counters["frames"]["total"] == frames
+    assert not counters["graph_break"]
+    assert torch.spyre.eager_cache_stats().compiles >= 5
+
+
+def test_eager_compiles_do_not_share_dynamos_recompile_limit(spyre, monkeypatch, fresh_cache):
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(recompile_limit=2):
+        torch._dynamo.reset()
+        for n in range(1, 8):  # seven eager compiles of one op
+            torch.relu(torch.randn(n, 3).to(spyre))
+        fn = torch.compile(lambda t: torch.relu(t) * 3, dynamic=False)
+        monkeypatch.setenv("SPYRE_STRICT", "1")
+        for n in (4, 5):  # two compiles: within the limit of 2, so still compiled for spyre
+            t = torch.randn(n, 3)
+            torch.testing.assert_close(fn(t.to(spyre)).cpu(), torch.relu(t) * 3)
+
+
+def test_threads_compile_a_key_once(spyre, fresh_cache):
+    a = torch.randn(32, 32)
+    x = a.to(spyre)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(5):
+                torch.testing.assert_close(torch.tanh(x).cpu(), torch.tanh(a))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(_entry(torch.ops.aten.tanh.default)) == 1
+
+
+def test_cpu_scalar_tensors_keep_the_fallback(spyre, fresh_cache):
+    # PyTorch lets a CPU 0-d tensor meet a spyre tensor; a program cannot read host memory
+    assert torch.equal((torch.ones(2, device=spyre) * torch.tensor(3.0)).cpu(), torch.full((2,), 3.0))
+
+
+def test_random_ops_are_routable_once_compiled():
+    from spyre_inductor.eager import ops
+    from spyre_inductor.eager.signature import Mode, signature_of
+
+    sig = signature_of(torch.ops.aten.normal_.default)
+    assert sig is not None and sig.mode is Mode.INPLACE and sig.has_generator
+    assert "normal_" not in ops.ROUTED  # another branch's (RNG); the table entry is all it takes

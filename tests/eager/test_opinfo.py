@@ -1,0 +1,51 @@
+"""PyTorch's OpInfo suite on the spyre device: eager on spyre against the CPU over the OpInfo
+sample inputs, for every op we claim and every dtype we support (spyre_inductor/testing/eager_opinfo.py:
+CLAIMS, and the one XFAIL list). A claimed op x dtype passes only if every checked sample, its
+in-place variant and its out= form run entirely in spyre programs (SPYRE_STRICT=1) and match the CPU.
+An XFAIL entry must still fail: one that passes fails the test (strict), so the list only shrinks.
+
+Tiers (tests/eager/conftest.py): fp32 and int64, first samples, by default; every other claimed
+dtype, and up to SLOW_SAMPLES samples of each, are `slow`. `python -m spyre_inductor.eager.coverage`
+prints the summary.
+"""
+
+import pytest
+
+from spyre_inductor.testing import eager_opinfo as E
+
+E.ensure_importable()
+
+from torch.testing._internal.common_device_type import instantiate_device_type_tests, ops  # noqa: E402
+from torch.testing._internal.common_utils import TestCase  # noqa: E402
+
+_BY_NAME = E.opinfos()
+_NAMES = {id(op): name for name, op in _BY_NAME.items()}
+OPS = [_BY_NAME[name] for name in sorted(_BY_NAME)]
+
+
+def _grade(op, dtype, samples):
+    name = _NAMES[id(op)]
+    if dtype not in E.dtypes_of(op, name):
+        pytest.skip(f"{name} is not claimed in {dtype}")
+    outcome = E.check(op, dtype, samples)
+    problems = outcome.failures + ([f"{outcome.cpu} run(s) needed the CPU fallback"] if outcome.cpu else [])
+    xfail = E.expected_failure(name, dtype, samples)
+    if xfail is not None:
+        if outcome.passed:
+            pytest.fail(f"{name} {dtype} passes now: remove it from eager_opinfo.XFAIL ({xfail.reason})")
+        pytest.xfail(xfail.reason)
+    assert outcome.passed, f"{name} {dtype}: " + "; ".join(problems)
+    assert outcome.spyre > 0
+
+
+class TestEagerOpInfo(TestCase):
+    @ops(OPS, allowed_dtypes=E.ALL)
+    def test_eager_matches_cpu(self, device, dtype, op):
+        _grade(op, dtype, E.FAST_SAMPLES)
+
+    @ops(OPS, allowed_dtypes=E.ALL)
+    def test_eager_matches_cpu_more_samples(self, device, dtype, op):
+        _grade(op, dtype, E.SLOW_SAMPLES)
+
+
+instantiate_device_type_tests(TestEagerOpInfo, globals(), only_for="privateuse1")
