@@ -175,19 +175,23 @@ def test_an_interrupt_while_enqueueing_a_launch_reaches_the_thread_and_fails_the
         q.synchronize()
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies of it
-def test_the_submission_worker_comes_back_after_a_failure():
+def test_the_submission_worker_comes_back_after_a_failure(monkeypatch):
+    import threading
+
     q, log = _fake_queue(), []
 
     class Broken(_Record):
         def enqueued(self, tickets):
             raise RuntimeError("enqueued failed (test)")
 
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)  # the worker dies of it, on purpose
     q.submit(Broken([], "broken"), (1,))
-    deadline = time.monotonic() + 10
-    while q._submitted and time.monotonic() < deadline:
-        time.sleep(0.001)
+    first = q._submitter
+    first.join(10)
+    assert not first.is_alive() and "enqueued failed" in str(died[0].exc_value)
     q.submit(_Record(log, "good"), (1,))
+    deadline = time.monotonic() + 10
     while log != ["good"] and time.monotonic() < deadline:
         time.sleep(0.001)
     assert log == ["good"], "a launch handed over after the failure was never enqueued"

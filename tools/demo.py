@@ -296,17 +296,32 @@ def main() -> None:
     print(f"  transposed view shares storage: {d.t().untyped_storage().data_ptr() == d.untyped_storage().data_ptr()}")
     print(f"  {d[:2, :3]}")
 
-    section("a small model in eager mode on spyre vs CPU (eager ops run through the CPU fallback)")
+    section("a small model in eager mode on spyre vs CPU, under SPYRE_STRICT=1: every eager op, forward "
+            "and backward, is compiled once into a spyre program and then only launched")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 10))
     batch = torch.randn(32, 64)
     expected = model(batch)
     model_s = model.to("spyre")
-    got = model_s(batch.to("spyre"))
-    got.sum().backward()
+    os.environ["SPYRE_STRICT"] = "1"  # an eager op on the CPU fallback would raise
+    try:
+        got = model_s(batch.to("spyre"))
+        got.sum().backward()
+        first = torch.spyre.eager_cache_stats()
+        start = time.perf_counter()
+        again = model_s(batch.to("spyre"))
+        again.sum().backward()
+        torch.spyre.synchronize()
+        warm_ms = (time.perf_counter() - start) * 1e3
+    finally:
+        del os.environ["SPYRE_STRICT"]
     err = (got.detach().cpu() - expected.detach()).abs().max().item()
+    stats = torch.spyre.eager_cache_stats()
     print(f"  output {tuple(got.shape)} on {got.device}; max |spyre - cpu| = {err:.2e}")
     print(f"  gradients on device: {all(p.grad.device.type == 'spyre' for p in model_s.parameters())}")
+    print(f"  first step: {first.compiles} eager programs compiled ({first.compile_seconds:.1f} s), "
+          f"{first.cpu_routes} CPU routes; second step: {stats.hits - first.hits} cache hits, "
+          f"{stats.compiles - first.compiles} compiles, {warm_ms:.1f} ms")
 
     section("streams, events and the simulated timeline")
     side = torch.spyre.Stream(priority=-1)
