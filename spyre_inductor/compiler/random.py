@@ -168,7 +168,7 @@ def _spec(t: torch.Tensor) -> tuple:
 
 def _launch(kind: str, build, tensors: tuple[torch.Tensor, ...], extra=()):
     """Run the graph `build()` returns on `tensors`, compiling it once per specialisation."""
-    from spyre_inductor.eager.launch import nested
+    from .nesting import nested
 
     key = (kind, tuple(extra)) + tuple(_spec(t) for t in tensors)
     # nested(): what Inductor runs on spyre tensors while it compiles this (its pattern set-up,

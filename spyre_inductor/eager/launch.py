@@ -14,34 +14,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import warnings
 
 import torch
 
+from spyre_inductor.compiler.nesting import STATE  # set while this thread compiles or runs a graph
 from spyre_inductor.device import fallback
 from spyre_runtime.binding import LaunchError
 
 from .key import tensors_of
 from .signature import Mode, Signature
-
-# Set while this thread runs a compiled graph or an eager compile: an eager op reached then
-# (an extern ATen kernel inside the graph, Inductor evaluating a constant) is nested, and
-# goes to the CPU fallback rather than compiling inside a compile or a launch.
-STATE = threading.local()
-
-
-@contextlib.contextmanager
-def nested():
-    """Mark this thread as compiling or running a graph of its own (the random-fill kernels'
-    Inductor compiles): eager ops reached meanwhile are nested, as inside an eager compile."""
-    outer = getattr(STATE, "busy", False)
-    STATE.busy = True
-    try:
-        yield
-    finally:
-        STATE.busy = outer
 
 
 _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd

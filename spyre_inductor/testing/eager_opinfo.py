@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -129,10 +127,11 @@ SLOW_SAMPLES = 8
 
 
 def ensure_importable() -> None:
-    """torch.testing._internal needs ``expecttest``; where it is not installed, a stand-in that
-    has what op_db's import needs (spyre_inductor/testing/_shims/expecttest.py)."""
+    """torch.testing._internal needs ``expecttest`` (a pinned test dependency: Makefile DEPS,
+    pyproject's test extra); say so by name where it is missing."""
     if importlib.util.find_spec("expecttest") is None:
-        sys.path.append(str(Path(__file__).parent / "_shims"))
+        raise ImportError("the OpInfo tests need the expecttest package (torch.testing._internal imports it): "
+                          "`make test` installs it, or pip install expecttest==0.3.0")
 
 
 def opinfos() -> dict[str, object]:
