@@ -42,6 +42,7 @@ import torch
 
 from spyre_runtime.program.philox import philox as philox_values
 
+from ..device import fallback
 from ..device import random as device_random
 
 MODES = ("uniform", "normal", "randint", "span63", "bits64")
@@ -86,7 +87,11 @@ def philox(state: torch.Tensor, size: list[int], mode: str) -> torch.Tensor:
     uniform/normal, int64 for randint ([low, high)), span63 ([low, low + 2**63)) and bits64 (the
     whole int64 range). On
     spyre it is lowered into the surrounding program (lower_philox); this host implementation
-    is the reference (and what runs if it is ever called eagerly)."""
+    is the reference (and what runs if it is ever called eagerly: on the host, so refused on
+    spyre under SPYRE_STRICT=1 like any CPU fallback)."""
+    if state.device.type == "spyre" and fallback.strict():
+        raise NotImplementedError("spyre: spyre::philox called eagerly runs on the CPU (it is meant to be lowered "
+                                  "into a compiled program) and SPYRE_STRICT=1 forbids the CPU fallback")
     return philox_reference(state, size, mode).to(state.device)
 
 
