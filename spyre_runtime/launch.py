@@ -41,6 +41,11 @@ steps of the execution plan:
    and it requires the patch: if the patch failed, the compute fails
    without running, never on stale addresses.
 
+A launch whose correction area already holds its slot words (each area's
+last patch, done, wrote the same words, and every launch of that area since
+had them too: a loop relaunching on the same buffers) is its Compute alone:
+only this plan's patches write its areas, so there is nothing to transfer.
+
 The two are enqueued under one hold of the queue, one launch after another
 in the order they were handed over: every launch of a plan patches the same
 two areas, so another thread's launch between this one's patch and its fetch
@@ -162,6 +167,10 @@ class JobPlan:
     # area the previous launch's compute with its slot words
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     last_compute: list = field(default_factory=lambda: [None] * CORRECTION_AREAS, repr=False, compare=False)
+    # per area, the last launch that patched it (what the area holds once its patch is done), and
+    # the lock under which a launch decides whether to patch and is handed over
+    last_patched: list = field(default_factory=lambda: [None] * CORRECTION_AREAS, repr=False, compare=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     sizes: tuple[SizeSpec, ...] = ()  # the size symbols (issue 18) and the bounds the artifact serves
     tables: dict = field(default_factory=dict, repr=False, compare=False)  # with sizes: ArgTable per sizes
 
@@ -448,28 +457,47 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     device = plan.device
     stream = _C.current_stream_id(device)
     prep = preparation_stream(device, stream)
-    launch = _Launch(plan, next(plan.turns) % len(plan.areas), stream, prep, table, bound, extra, tuple(args))
-    current().queue(device).submit(launch, (prep, stream))
+    words_key = (bound, extra, _C.region_epoch())  # the slot words follow from these alone
+    queue = current().queue(device)
+    with plan.lock:
+        turn = next(plan.turns) % len(plan.areas)
+        last = plan.last_patched[turn]
+        if last is not None and last.words_key == words_key and last.patch_done():
+            # The area already holds these words (nothing but this plan's patches writes it, and
+            # every launch of this area since that patch had the same ones): no patch to enqueue.
+            launch = _Launch(plan, turn, stream, prep, table, bound, extra, tuple(args), words_key, False)
+            queue.submit(launch, (stream,))
+        else:
+            launch = plan.last_patched[turn] = _Launch(plan, turn, stream, prep, table, bound, extra,
+                                                       tuple(args), words_key, True)
+            queue.submit(launch, (prep, stream))
 
 
 class _Launch:
     """One launch handed to the queue (DeviceQueue.submit): its operations are made, and its
-    staging buffer drawn, by whoever enqueues it, holding the queue."""
+    staging buffer drawn, by whoever enqueues it, holding the queue. A launch whose area
+    already holds its slot words (`patches` False) is its compute alone."""
 
-    __slots__ = ("plan", "turn", "stream", "prep", "table", "bound", "extra", "args", "staged")
+    __slots__ = ("plan", "turn", "stream", "prep", "table", "bound", "extra", "args", "staged", "words_key",
+                 "patches", "patch_ticket", "requires")
 
     def __init__(self, plan: JobPlan, turn: int, stream: int, prep: int, table: ArgTable, bound: tuple,
-                 extra: tuple, args: tuple):
+                 extra: tuple, args: tuple, words_key: tuple, patches: bool):
         self.plan, self.turn, self.stream, self.prep = plan, turn, stream, prep
         self.table, self.bound, self.extra = table, bound, extra  # extra: the size words, if any
         # Held until enqueued: an argument freed meanwhile keeps its block, which `bound` names,
         # even when the allocator would not wait for this stream (one it was not allocated on).
         self.args = args
         self.staged = None
+        self.words_key, self.patches, self.patch_ticket = words_key, patches, None
+        # The compute (operation 1) holds for the patch (operation 0), on whichever stream that
+        # runs, and is skipped if the patch failed: never run on another launch's addresses.
+        self.requires = _COMPUTE_REQUIRES_PATCH if patches else None
 
-    # The compute (operation 1) holds for the patch (operation 0), on whichever stream that runs,
-    # and is skipped if the patch failed: never run on another launch's addresses.
-    requires = {1: (0,)}
+    def patch_done(self) -> bool:
+        """Its patch ran to completion: the area holds its words."""
+        t = self.patch_ticket
+        return t is not None and t.done and t.error is None and not t.skipped
 
     def runs(self):
         plan, turn = self.plan, self.turn
@@ -485,6 +513,8 @@ class _Launch:
                               Footprint(reads=reads + area.program_reads, writes=writes + plan.temp_writes),
                               name=plan.name, hold_fetch=True)
             plan.last_compute[turn] = (resolved, self.extra, words, compute)
+        if not self.patches:
+            return ((self.stream, (compute,)),)
         staged = self.staged = current().staging.acquire(plan.patch_bytes, stream=(plan.device, self.prep),
                                                           filled_in_stream_order=True)
         # The operations are immutable: a launch with the previous one's staging buffer, area and
@@ -508,7 +538,11 @@ class _Launch:
         # pool's record of that transfer protects (the transfer itself keeps its memory alive).
         if self.staged is not None and tickets:
             current().staging.release(self.staged, tickets[0], (self.plan.device, self.prep))
+            self.patch_ticket = tickets[0]
         self.staged = self.args = None
+
+
+_COMPUTE_REQUIRES_PATCH = {1: (0,)}
 
 
 class _Fill:

@@ -348,3 +348,21 @@ def test_a_schedule_too_long_to_bind_runs_the_interpreter_with_the_cached_report
     assert len(reports) == 2 and _figures(reports[0]) == _figures(reports[1]) == _figures(_fresh(program, {}))
     state = next(iter(program.__dict__["_run_states"].values()))
     assert not state.bound  # nothing was bound
+
+
+def test_a_binary_writes_its_tile_in_place_only_where_no_operand_is_partly_overwritten():
+    # Bound over many cores' tiles, a binary op computes straight into its destination (out=)
+    # when each operand is either the destination itself or has no element in common with it;
+    # the views of many cores' tiles look overlapping to torch, but their per-core blocks are apart.
+    bank = torch.zeros(5 * 1024, dtype=torch.float32)
+
+    def tiles(start, rows=2, cols=8, row_stride=16):  # one tile per core, cores 1024 floats apart
+        return torch.as_strided(bank, (4, rows, cols), (1024, row_stride, 1), start)
+
+    dst = tiles(0)
+    assert isa._writable_over(dst, tiles(0))            # the same elements: read before written
+    assert isa._writable_over(dst, tiles(64))           # each core's tile apart from the other
+    assert not isa._writable_over(dst, tiles(8))        # rows interleaved: taken as overlapping (safe)
+    assert not isa._writable_over(dst, tiles(16))       # shifted by a row: a partial overlap
+    assert not isa._writable_over(dst, tiles(1016))     # ends in the next core's destination
+    assert not isa._writable_over(dst, torch.as_strided(bank, (4, 2, 8), (1024, 16, 1), 4))

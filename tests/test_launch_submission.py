@@ -195,3 +195,66 @@ def test_the_submission_worker_comes_back_after_a_failure(monkeypatch):
     while log != ["good"] and time.monotonic() < deadline:
         time.sleep(0.001)
     assert log == ["good"], "a launch handed over after the failure was never enqueued"
+
+
+def _names_of_launches(plan, calls):
+    """The names of the operations `calls` launches of `plan` enqueue, in order."""
+    from spyre_runtime.queue.timeline import Timeline
+
+    queue = current().queue(0)
+    torch.spyre.synchronize()
+    with Timeline([queue]) as timeline:
+        for args in calls:
+            launch_jobplan(plan, args)
+            torch.spyre.synchronize()
+    return ["patch" if t.name.startswith(plan.patch_name) else t.name for _, t in timeline.tickets]
+
+
+def test_a_relaunch_on_the_same_buffers_does_not_patch_again(add_plan):
+    # Each correction area already holds the slot words once its patch is done: a loop that
+    # relaunches on the same buffers is its computes alone, after one patch per area.
+    x, y = torch.randn(SHAPE), torch.randn(SHAPE)
+    xs, ys, out = x.to("spyre"), y.to("spyre"), torch.empty(SHAPE, device="spyre")
+    names = _names_of_launches(add_plan, [[xs, ys, out]] * 6)
+    assert names.count(add_plan.name) == 6
+    assert 1 <= names.count("patch") <= len(add_plan.areas)  # (they may hold an earlier test's words)
+    computes = [k for k, n in enumerate(names) if n == add_plan.name]
+    assert "patch" not in names[computes[len(add_plan.areas) - 1]:]  # none after each area's first
+    assert torch.equal(out.cpu(), x + y)
+
+
+def test_other_buffers_patch_the_area_again_and_each_launch_reads_its_own(add_plan):
+    xs = [torch.randn(SHAPE).to("spyre") for _ in range(3)]
+    outs = [torch.empty(SHAPE, device="spyre") for _ in range(3)]
+    torch.spyre.synchronize()
+    calls = [[xs[k % 3], xs[(k + 1) % 3], outs[k % 3]] for k in range(9)]
+    names = _names_of_launches(add_plan, calls)
+    # No two launches in a row share an area with the same words: every one patches.
+    assert names.count("patch") == 9
+    for k in range(3):
+        assert torch.equal(outs[k].cpu(), xs[k].cpu() + xs[(k + 1) % 3].cpu())
+
+
+def test_a_relaunch_after_a_failed_patch_patches_again(add_plan, monkeypatch):
+    x, y = torch.randn(SHAPE), torch.randn(SHAPE)
+    xs, ys, out = x.to("spyre"), y.to("spyre"), torch.empty(SHAPE, device="spyre")
+    launch_jobplan(add_plan, [xs, ys, out])  # both areas hold these words
+    launch_jobplan(add_plan, [xs, ys, out])
+    torch.spyre.synchronize()
+    boom = RuntimeError("injected fill failure")
+
+    def failing_fill(self):
+        raise boom
+    monkeypatch.setattr(launch._Fill, "__call__", failing_fill)
+    other = torch.empty(SHAPE, device="spyre")
+    for _ in range(2):  # patch both areas with other words, failing
+        launch_jobplan(add_plan, [xs, ys, other])
+    with pytest.raises(StreamError):
+        torch.spyre.synchronize()
+    torch.spyre.clear_errors()
+    monkeypatch.undo()
+    out.zero_()
+    # The areas may hold anything now: the same words as before must be patched again.
+    names = _names_of_launches(add_plan, [[xs, ys, out]] * 2)
+    assert names.count("patch") == 2
+    assert torch.equal(out.cpu(), x + y)

@@ -492,6 +492,35 @@ INDEX_REDUCE = ("argmax", "argmin")
 # returns another NaN's bits than the scalar one: checked, a NaN is a NaN but not the same bits).
 EXACT_UNARY = frozenset({"copy", "neg", "abs", "relu", "floor", "ceil", "trunc", "round", "sign", "sqrt", "not",
                          "isnan", "isinf", "bitwise_not"})
+# Those whose result has their operands' dtype (div: of floats only), so `out=` writes the tile.
+OUT_BINARY = frozenset({"add", "sub", "mul", "div", "max", "min", "bitwise_and", "bitwise_or", "bitwise_xor"})
+
+
+def _writable_over(dst, src) -> bool:
+    """`out=dst` may read `src`: the very same elements (an elementwise op reads each before it
+    writes it), or none in common; a partial overlap would need the temporary. Views of many
+    cores' tiles interleave in the bank (torch's own check sees their spans overlap): with the
+    same spacing of members, each member's elements lie in one block per spacing, so the two are
+    apart if their blocks are, wherever each starts within the spacing."""
+    if dst.numel() == 0 or src.numel() == 0 or (
+            dst.data_ptr() == src.data_ptr() and dst.shape == src.shape and dst.stride() == src.stride()):
+        return True
+    if not torch._C._overlaps(dst, src):
+        return True
+    if (dst.dim() < 2 or dst.shape[0] != src.shape[0] or dst.stride(0) != src.stride(0)
+            or dst.element_size() != src.element_size() or min(dst.stride()) < 0 or min(src.stride()) < 0):
+        return False
+    size = dst.element_size()
+    step = dst.stride(0) * size
+
+    def block(t):  # bytes of one member, from its first element
+        return (sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:])) + 1) * size
+
+    a, b = block(dst), block(src)
+    r = (src.data_ptr() - dst.data_ptr()) % step
+    return a <= r and r + b <= step
+
+
 EXACT_BINARY = frozenset({"add", "sub", "mul", "div", "and", "or", "xor", "eq", "ne", "lt", "le",
                           "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor", "shl", "shr"})
 
@@ -553,7 +582,14 @@ class Binary(Instruction):
         bb = b.tile([(c, i.b, idx) for c, i, idx in group])
         if dst is None or a is None or bb is None:
             return None
-        fn, read_a, read_b = BINARY[first.op], b.reader(a, first.a), b.reader(bb, first.b)
+        fn = BINARY[first.op]
+        if first.op in OUT_BINARY:
+            x, y = b.operand(a, first.a), b.operand(bb, first.b)
+            if x is not None and y is not None and x.dtype == y.dtype == dst.dtype and \
+                    (x.is_floating_point() or first.op != "div") and _writable_over(dst, x) and _writable_over(dst, y):
+                # The result straight into the tile: the same kernel, with no temporary and no copy.
+                return lambda: fn(x, y, out=dst)
+        read_a, read_b = b.reader(a, first.a), b.reader(bb, first.b)
         return lambda: dst.copy_(fn(read_a(), read_b()))
 
     def cost(self, t, core, idx):

@@ -141,6 +141,14 @@ class Binder:
                                 (step, tile.row_stride // size, 1), starts[0])
 
     @staticmethod
+    def operand(view: torch.Tensor, tile) -> torch.Tensor | None:
+        """What Machine.read gives for `tile` over a bound view if that is the view itself (its
+        dtype is the arithmetic type; broadcasts expanded), else None: a conversion per run."""
+        if view.dtype != COMPUTE[tile.dtype]:
+            return None
+        return view.expand(view.shape[:-2] + (tile.rows, tile.cols)) if tile.broadcast != "none" else view
+
+    @staticmethod
     def reader(view: torch.Tensor, tile, dtype: torch.dtype | None = None):
         """What Machine.read gives for `tile` over a bound view: its arithmetic type, broadcasts expanded."""
         dtype = dtype or COMPUTE[tile.dtype]

@@ -834,8 +834,8 @@ class DeviceQueue:
 
     def _complete(self, t: Ticket, error: BaseException | None) -> list[Ticket]:
         """Mark done; returns dependents that became ready (the caller readies them)."""
+        t.error = error  # before done: a reader without the lock that sees done sees its error
         t.done = True
-        t.error = error
         self.inflight.pop(t.seq, None)
         stream = t.stream
         _drop(stream.pending, t)
