@@ -112,7 +112,9 @@ class ArgTable:
             bound.append((base, have, first))
         for i, j in self.alias_pairs:
             a, b = bound[i], bound[j]
-            if a is not None and b is not None and self._overlap(i, a, j, b) and not self._same(args[i], args[j], j):
+            # (storages apart, the usual case, cannot overlap: one comparison before the exact test)
+            if a is not None and b is not None and a[0] < b[0] + b[1] and b[0] < a[0] + a[1] and \
+                    self._overlap(i, a, j, b) and not self._same(args[i], args[j], j):
                 self.explain(args)
         return tuple(bound)
 

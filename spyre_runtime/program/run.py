@@ -50,6 +50,13 @@ class Artifact:
     offset: int
     correction: int | None = None
 
+    # Hashed once: a launch looks its artifact up several times (fetch, report, binding).
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.device, self.region, self.offset, self.correction)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
 
 class ProgramExecutable:
     """The executor the queue layer runs for a Compute operation.
