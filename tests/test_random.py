@@ -322,6 +322,18 @@ def test_randperm_is_always_a_permutation(seed, offset, n):
     assert torch.equal(p, randperm.reference(_key(seed), offset, n))
 
 
+def test_randperm_puts_every_value_at_every_position_alike(spyre):
+    # 400 draws of randperm(8): each (position, value) cell is Binomial(400, 1/8)
+    torch.spyre.manual_seed(5)
+    draws = torch.stack([torch.randperm(8, device=spyre).cpu() for _ in range(400)])
+    counts = torch.zeros(8, 8)
+    for position in range(8):
+        counts[position] = torch.bincount(draws[:, position], minlength=8).float()
+    expected, stderr = 400 / 8, math.sqrt(400 * (1 / 8) * (7 / 8))
+    worst = (counts - expected).abs().max().item()
+    assert worst < 5 * stderr, f"a (position, value) count is {worst} from {expected} (5 x {stderr:.2f} allowed)"
+
+
 def _rng_state_at(seed: int, offset: int) -> torch.Tensor:
     # torch.spyre's state tensor with the Philox offset moved (the first 16 bytes: seed, offset)
     state = torch.spyre.get_rng_state().clone()
