@@ -18,7 +18,11 @@ import math
 import pytest
 import torch
 
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from spyre_inductor.compiler import randperm
 from spyre_inductor.compiler.random import philox_reference
+from spyre_inductor.device import fallback
 from spyre_inductor.device import random as device_random
 from spyre_runtime.program.philox import philox, philox4x32
 
@@ -266,16 +270,143 @@ def test_dropout_forward_and_backward(spyre):
     assert torch.equal(torch.nn.functional.dropout(x.detach(), 0.25, training=False).cpu(), xc)
 
 
-def test_randperm_stays_a_visible_cpu_fallback(spyre, monkeypatch):
-    with pytest.raises(NotImplementedError, match="randperm"):
-        torch.randperm(10, device=spyre)
+# ---- randperm: ranked by counting in a program (compiler/randperm.py) --------------------------
+
+
+def test_randperm_is_the_stable_argsort_of_keys_drawn_at_the_generator_offset(spyre):
+    torch.spyre.manual_seed(21)
+    torch.rand(5, device=spyre)  # the offset is not 0
+    assert device_random.philox_state(0) == (21, 5)
+    p = torch.randperm(50, device=spyre).cpu()
+    assert p.dtype == torch.int64
+    assert torch.equal(p, randperm.reference(21, 5, 50))
+    assert device_random.philox_state(0) == (21, 55)  # one counter per element
+
+
+def test_randperm_seeded_reproducible_and_independent_of_the_cpu_generator(spyre):
+    torch.manual_seed(4)  # seeds spyre too
+    a = torch.randperm(50, device=spyre).cpu()
+    b = torch.randperm(50, device=spyre).cpu()
+    assert not torch.equal(a, b)
+    torch.manual_seed(4)
+    torch.default_generator.manual_seed(999)  # the CPU generator only
+    torch.randperm(50)  # draws on the CPU
+    assert torch.equal(torch.randperm(50, device=spyre).cpu(), a)
+    assert torch.equal(torch.randperm(50, device=spyre).cpu(), b)
+    # and not the CPU's permutation for the same seed (another generator)
+    assert not torch.equal(a, torch.randperm(50, generator=torch.Generator().manual_seed(4)))
+
+
+def test_randperm_with_an_explicit_generator_draws_from_its_own_state(spyre):
+    torch.spyre.manual_seed(2)
+    before = device_random.philox_state(0)
+    g = torch.Generator(device=spyre).manual_seed(77)
+    a = torch.randperm(50, generator=g, device=spyre).cpu()
+    assert torch.equal(a, randperm.reference(77, 0, 50))
+    assert torch.equal(torch.randperm(50, generator=g, device=spyre).cpu(), randperm.reference(77, 50, 50))
+    assert device_random.philox_state(0) == before  # the default generator did not move
+    with pytest.raises(RuntimeError, match="Expected a 'spyre' device type for generator"):
+        torch.randperm(50, generator=torch.Generator(), device=spyre)
+
+
+# (the autouse strict fixture holds for every example: its env var is set once per test)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2 ** 63 - 1), offset=st.integers(0, 2 ** 40), n=st.sampled_from([1, 2, 3, 50]))
+def test_randperm_is_always_a_permutation(seed, offset, n):
+    # (few distinct n: each is its own compiled program; seeds and offsets travel at launch)
+    spyre = torch.device("spyre", 0)
+    torch.spyre.manual_seed(seed)
+    torch.spyre.set_rng_state(_rng_state_at(seed, offset))
+    p = torch.randperm(n, device=spyre).cpu()
+    assert sorted(p.tolist()) == list(range(n))
+    assert torch.equal(p, randperm.reference(_key(seed), offset, n))
+
+
+def test_randperm_puts_every_value_at_every_position_alike(spyre):
+    # 400 draws of randperm(8): each (position, value) cell is Binomial(400, 1/8)
+    torch.spyre.manual_seed(5)
+    draws = torch.stack([torch.randperm(8, device=spyre).cpu() for _ in range(400)])
+    counts = torch.zeros(8, 8)
+    for position in range(8):
+        counts[position] = torch.bincount(draws[:, position], minlength=8).float()
+    expected, stderr = 400 / 8, math.sqrt(400 * (1 / 8) * (7 / 8))
+    worst = (counts - expected).abs().max().item()
+    assert worst < 5 * stderr, f"a (position, value) count is {worst} from {expected} (5 x {stderr:.2f} allowed)"
+
+
+def _rng_state_at(seed: int, offset: int) -> torch.Tensor:
+    # torch.spyre's state tensor with the Philox offset moved (the first 16 bytes: seed, offset)
+    state = torch.spyre.get_rng_state().clone()
+    state[8:16] = torch.tensor([offset], dtype=torch.int64).view(torch.uint8)
+    return state
+
+
+def test_randperm_of_zero_and_one_elements(spyre):
+    torch.spyre.manual_seed(0)
+    empty = torch.randperm(0, device=spyre)
+    assert empty.shape == (0,) and empty.dtype == torch.int64
+    assert device_random.philox_state(0) == (0, 0)  # nothing drawn
+    assert torch.randperm(1, device=spyre).cpu().tolist() == [0]
+    assert torch.randperm(1, dtype=torch.float32, device=spyre).cpu().tolist() == [0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.int8, torch.uint8, torch.float32, torch.float16,
+                                   torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
+def test_randperm_honours_its_dtype(spyre, dtype):
+    torch.spyre.manual_seed(9)
+    p = torch.randperm(50, dtype=dtype, device=spyre).cpu()
+    assert p.dtype == dtype
+    assert torch.equal(p, randperm.reference(9, 0, 50).to(dtype))
+
+
+def test_randperm_out_is_resized_and_may_be_strided(spyre):
+    torch.spyre.manual_seed(6)
+    out = torch.empty(3, dtype=torch.int64, device=spyre)
+    assert torch.randperm(50, out=out) is out
+    assert out.shape == (50,) and torch.equal(out.cpu(), randperm.reference(6, 0, 50))
+    base = torch.full((100,), -1, dtype=torch.int64).to(spyre)
+    torch.randperm(50, out=base[::2])
+    assert torch.equal(base[::2].cpu(), randperm.reference(6, 50, 50))
+    assert (base[1::2].cpu() == -1).all()  # the gaps are untouched
+
+
+def test_randperm_refuses_what_the_cpu_refuses(spyre):
+    with pytest.raises(NotImplementedError, match="'Bool'"):
+        torch.randperm(5, dtype=torch.bool, device=spyre)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.randperm(257, dtype=torch.uint8, device=spyre)
+    with pytest.raises(RuntimeError, match="2049"):
+        torch.randperm(2050, dtype=torch.float16, device=spyre)
+    with pytest.raises(RuntimeError, match="negative"):
+        torch.randperm(-1, device=spyre)
+
+
+def test_randperm_above_its_limit_is_a_visible_cpu_fallback(spyre, monkeypatch):
+    n = randperm.MAX_N + 1
+    with pytest.raises(NotImplementedError, match=f"randperm.*above its in-program limit of {randperm.MAX_N}"):
+        torch.randperm(n, device=spyre)
+    with pytest.raises(NotImplementedError, match="randperm.*float64"):
+        torch.randperm(5, dtype=torch.float64, device=spyre)
     monkeypatch.setenv("SPYRE_STRICT", "0")
+    fallback.reset_warnings()
+    with pytest.warns(UserWarning, match=f"randperm.*{randperm.MAX_N}"):
+        p = torch.randperm(n, device=spyre).cpu()
+    assert sorted(p.tolist()) == list(range(n))
+
+
+def test_randperm_at_its_limit_runs_in_a_program(spyre):
     torch.spyre.manual_seed(1)
-    with pytest.warns(UserWarning, match="randperm"):
-        p = torch.randperm(10, device=spyre).cpu()
-    assert sorted(p.tolist()) == list(range(10))
-    torch.spyre.manual_seed(1)
-    assert torch.equal(torch.randperm(10, device=spyre).cpu(), p)  # seeded all the same
+    p = torch.randperm(randperm.MAX_N, device=spyre).cpu()
+    assert torch.equal(p, randperm.reference(1, 0, randperm.MAX_N))
+
+
+def test_randperm_inside_a_compiled_graph_draws_the_same(spyre):
+    # Inductor calls randperm as an extern kernel: the same program, from the same generator
+    x = torch.arange(50.0).to(spyre)
+    f = torch.compile(lambda x: x + torch.randperm(50, device=x.device))
+    torch.spyre.manual_seed(8)
+    got = f(x).cpu()
+    assert torch.equal(got, torch.arange(50.0) + randperm.reference(8, 0, 50))
 
 
 def test_dtypes_without_programs_keep_the_visible_cpu_fallback(spyre, monkeypatch):

@@ -26,9 +26,10 @@ Two routes reach the ISA's ``philox`` instruction (spyre_runtime/program/philox.
 The kernel functions are for real tensors, outside a trace (they draw from the generator and
 launch): inside torch.compile, Inductor's own random lowering above is what applies.
 
-``randperm`` needs a sort, which the compiler does not have: it stays on the CPU fallback (it
-draws from the C++ generator's Mersenne Twister there, still seeded by torch.spyre.manual_seed),
-and SPYRE_STRICT=1 refuses it by name.
+``randperm`` has no sort to use: compiler/randperm.py ranks philox keys by counting (O(n**2),
+up to its MAX_N) and scatters; above that limit it keeps the CPU fallback (the C++ generator's
+Mersenne Twister there, still seeded by torch.spyre.manual_seed), refused by name under
+SPYRE_STRICT=1.
 """
 
 from __future__ import annotations

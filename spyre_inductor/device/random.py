@@ -11,7 +11,7 @@ Mersenne Twister that says it belongs to a spyre device) cannot learn a Philox o
 a rebuild. So (seed, offset) live here, in Python, beside it: the seed is always the C++
 generator's ``initial_seed()`` (what ``manual_seed``/``seed`` set, whichever API set it), the
 offset is ours. The C++ generator keeps serving the ops that still run on the CPU fallback
-(randperm, multinomial, ...): they draw from its Mersenne Twister, and the state tensors below
+(multinomial, randperm above its in-program limit, ...): they draw from its Mersenne Twister, and the state tensors below
 carry both, so save/restore covers every op.
 
 * ``torch.spyre.manual_seed``/``manual_seed_all``/``seed``/``seed_all``/``set_rng_state`` and

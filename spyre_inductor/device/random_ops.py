@@ -9,7 +9,10 @@ SPYRE_STRICT=1 as well.
 
 Dtypes the programs do not have (fp64, complex) keep the CPU fallback, visibly (warned once,
 refused under SPYRE_STRICT=1), drawing from the C++ generator's Mersenne Twister as before.
-``randperm`` is not here: it needs a sort the compiler lacks, and stays on the CPU fallback.
+``randperm`` (every overload reaches ``randperm.generator_out``) runs in a program too, without
+a sort (compiler/randperm.py: random keys ranked by counting, then a scatter), up to
+``randperm.MAX_N`` elements (O(n**2) work); above it, and for float64, it keeps the CPU
+fallback, visibly (SPYRE_STRICT=1 refuses it naming randperm and the limit).
 
 Registered at device registration (cheap: nothing imports Inductor until the first fill).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fallback
 from .fallback import run_on_host
 
 aten = torch.ops.aten
@@ -102,6 +106,24 @@ def _native_dropout_backward(grad_output, mask, scale):
     return _kernels().native_dropout_backward(grad_output, mask, scale)
 
 
+def _randperm_out(n, *, generator=None, out):
+    from spyre_inductor.compiler import randperm
+
+    n = int(n)
+    if n < 0:
+        raise RuntimeError(f"randperm: n must be non-negative, got {n}")
+    randperm.check_dtype(n, out.dtype)
+    op = aten.randperm.generator_out
+    if out.dtype not in randperm.DTYPES:
+        return fallback.run(op, (n,), {"generator": generator, "out": out},
+                            f"randperm into {out.dtype}: no program stores that dtype")
+    if n > randperm.MAX_N:
+        return fallback.run(op, (n,), {"generator": generator, "out": out},
+                            f"randperm of n = {n} is above its in-program limit of {randperm.MAX_N} "
+                            f"(it ranks by O(n**2) compares)")
+    return randperm.randperm_(out, n, generator)
+
+
 KERNELS = {
     "normal_": _normal_,
     "uniform_": _uniform_,
@@ -117,6 +139,7 @@ KERNELS = {
     "geometric_": _distribution("geometric_", aten.geometric_.default),
     "native_dropout": _native_dropout,
     "native_dropout_backward": _native_dropout_backward,
+    "randperm.generator_out": _randperm_out,
 }
 
 

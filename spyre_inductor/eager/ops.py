@@ -32,7 +32,7 @@ POINTWISE = (
     "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal",
     "sigmoid", "tanh", "relu", "leaky_relu", "hardtanh", "hardsigmoid", "hardswish", "gelu", "silu",
     "softplus", "mish", "elu", "sin", "cos", "tan", "erf", "floor", "ceil", "round", "trunc", "frac", "sign",
-    "sgn", "isnan", "isinf", "isfinite", "nan_to_num", "logical_not", "bitwise_not", "square",
+    "sgn", "isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num", "logical_not", "bitwise_not", "square",
     "add", "sub", "rsub", "mul", "div", "remainder", "fmod", "pow", "minimum", "maximum", "fmax", "fmin",
     "clamp", "clamp_min", "clamp_max", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
@@ -55,7 +55,7 @@ POINTWISE = (
 
 REDUCTIONS = (
     "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "any", "all", "var", "std",
-    "var_mean", "std_mean", "logsumexp", "_softmax", "_log_softmax", "_softmax_backward_data",
+    "var_mean", "std_mean", "logsumexp", "_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
     "_log_softmax_backward_data", "cumsum", "cumprod", "cumsum_", "cumprod_", "norm", "linalg_vector_norm",
     "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
     # losses and their backward (what training a model calls)

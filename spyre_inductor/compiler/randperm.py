@@ -1,0 +1,84 @@
+"""``randperm`` in a spyre program, without a sort: rank random keys by counting, then scatter.
+
+The compiler has no sort, but it has what a counting rank needs. One compiled graph per
+(n, dtype, out's layout):
+
+1. ``keys = philox(state, [n], "randint")``: n int64 keys in [0, 2**62) from the device
+   generator's Philox state (compiler/random.py), so a randperm is seeded and reproducible from
+   ``torch.manual_seed`` / ``torch.spyre`` generator state and independent of the CPU generator;
+   it advances the generator by n counters, like any fill of n elements.
+2. ``rank[i] = #{j : key[j] < key[i] or (key[j] == key[i] and j < i)}``: an (n, n) compare and a
+   sum over j, one reduction program. Ties are broken by index, so the ranks are exactly
+   0 .. n-1 whatever the keys are: the result is always a permutation. (With keys from 2**62
+   values a tie is about n**2 / 2**63 likely, so the tie-break biases nothing measurable.)
+3. ``out[rank[i]] = i``: a scatter of the index at a loaded rank (``index_put_``), cast to out's
+   dtype. The result is ``argsort(keys, stable=True)``, which is what the tests check it against.
+
+That is O(n**2) compares, so ``MAX_N`` bounds it (4096: 16.8M compares, about 0.4 .. 1.4 s host
+time in the simulator, against ~0.1 s for 1024); above it the op keeps the CPU fallback, visibly
+(warned once; SPYRE_STRICT=1 raises naming randperm and the limit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import random
+
+MAX_N = 4096
+
+# Dtypes a program stores the permutation in; the others (float64) keep the CPU fallback.
+DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                    torch.float32, torch.float16, torch.bfloat16})
+_KEY_RANGE = 1 << 62
+
+
+def _iota(like: torch.Tensor) -> torch.Tensor:
+    # 0 .. n-1 on like's device. Wrapped for torch.fx.symbolic_trace (an arange of plain ints
+    # would run eagerly while tracing, not become part of the graph); Inductor's trace of the
+    # graph goes through it and gets an iota.
+    return torch.arange(like.shape[0], device=like.device)
+
+
+torch.fx.wrap("_iota")
+
+
+def check_dtype(n: int, dtype: torch.dtype) -> None:
+    """The CPU's checks of randperm's result dtype (so a bad call raises the same error here)."""
+    if dtype == torch.bool:
+        raise NotImplementedError("\"randperm\" not implemented for 'Bool'")
+    if not dtype.is_floating_point and n > 0 and n - 1 > torch.iinfo(dtype).max:
+        raise RuntimeError(f"randperm: n = {n} does not fit {dtype}: value cannot be converted to type "
+                           f"{str(dtype).removeprefix('torch.')} without overflow")
+    if dtype == torch.float16 and n > 2049:
+        raise RuntimeError("n cannot be greater than 2049 for Half type.")
+
+
+def randperm_(out: torch.Tensor, n: int, generator=None) -> torch.Tensor:
+    """Fill `out` (resized to (n,)) with a random permutation of 0 .. n-1 drawn on the device.
+    The caller checks n <= MAX_N and the dtype (randperm_ops in device/random_ops.py)."""
+    if tuple(out.shape) != (n,):
+        out.resize_(n)
+    if n == 0:
+        return out
+    dtype = out.dtype
+
+    def build():
+        def perm(out, state):
+            keys = random.philox(state, [n], "randint")
+            idx = _iota(keys)
+            kj, ki = keys[None, :], keys[:, None]
+            before = (kj < ki) | ((kj == ki) & (idx[None, :] < idx[:, None]))
+            rank = before.sum(1)
+            out.index_put_((rank,), idx.to(dtype))
+        return perm
+
+    state = random._state(generator, out.device, n, 0, _KEY_RANGE)
+    random._launch("randperm", build, (out, state))
+    return out
+
+
+def reference(key: int, offset: int, n: int) -> torch.Tensor:
+    """What randperm_ computes for a generator at (key, offset), on the host (tests)."""
+    keys = random.philox_reference(torch.tensor([key, offset, 0, _KEY_RANGE]), [n], "randint")
+    return torch.argsort(keys, stable=True)
