@@ -136,8 +136,9 @@ def _timing_event() -> torch.Event:
     return torch.Event(device="spyre", enable_timing=True)
 
 
-def _idle_fraction(plan, args, launches: int) -> tuple[float, float]:
-    """(compute idle fraction, simulated us) of `launches` back-to-back launches of `plan`."""
+def _idle_fraction(plan, arg_sets, launches: int) -> tuple[float, float]:
+    """(compute idle fraction, simulated us) of `launches` back-to-back launches of `plan`, the
+    k-th on arg_sets[k % len(arg_sets)]."""
     from spyre_runtime.launch import launch_jobplan
     from spyre_runtime.queue.runtime import current
 
@@ -146,8 +147,8 @@ def _idle_fraction(plan, args, launches: int) -> tuple[float, float]:
     start, end = _timing_event(), _timing_event()
     busy0 = queue.sim_busy_ns()["compute"]
     start.record()
-    for _ in range(launches):
-        launch_jobplan(plan, args)
+    for k in range(launches):
+        launch_jobplan(plan, arg_sets[k % len(arg_sets)])
     end.record()
     torch.spyre.synchronize()
     span_ns = start.elapsed_time(end) * 1e6
@@ -169,21 +170,26 @@ def idle_table(launches: int = 200) -> dict:
                   Op("add", (0, 1), "fp32"))
         kernel = PointwiseKernel("add", shape, buffers, values, (Store("out", Index(strides, 0), 2),))
         plan = prepare_kernel(compile_kernel(kernel, tempfile.mkdtemp(prefix="spyre-bench-")))
-        args = [torch.randn(shape, dtype=torch.float16).to("spyre") for _ in range(2)]
-        args.append(torch.empty(shape, dtype=torch.float16, device="spyre"))
+        inputs = [torch.randn(shape, dtype=torch.float16).to("spyre") for _ in range(2)]
+        outputs = [torch.empty(shape, dtype=torch.float16, device="spyre") for _ in range(3)]
+        # A fresh output per launch (three, rotated: never the words its area holds) patches every
+        # launch; the same buffers every time patch each area once, then launch computes alone.
+        bindings = (("new output each", [inputs + [o] for o in outputs]), ("same each", [inputs + outputs[:1]]))
         before = launch.preparation_streams()
         try:
-            for streams, label in ((0, "one stream"), (1, "two streams")):
-                launch.set_preparation_streams(streams)
-                _idle_fraction(plan, args, 20)
-                idle, span = _idle_fraction(plan, args, launches)
-                per_kernel = torch.spyre.kernel_reports()[-1].simulated_ns / 1e3
-                rows.append([f"{shape[0]} x {shape[1]} fp16 add ({per_kernel:.2f} us each)", label, span, idle])
-                out[(shape, streams)] = idle
+            for buffers, arg_sets in bindings:
+                for streams, label in ((0, "one stream"), (1, "two streams")):
+                    launch.set_preparation_streams(streams)
+                    _idle_fraction(plan, arg_sets, 20)
+                    idle, span = _idle_fraction(plan, arg_sets, launches)
+                    per_kernel = torch.spyre.kernel_reports()[-1].simulated_ns / 1e3
+                    rows.append([f"{shape[0]} x {shape[1]} fp16 add ({per_kernel:.2f} us each)", buffers, label,
+                                 span, idle])
+                    out[(shape, buffers, streams)] = idle
         finally:
             launch.set_preparation_streams(before)
     print_table(f"{launches} launches back to back, no synchronize: simulated compute-pipeline idle",
-                ["kernel", "patch on", "simulated us", "idle fraction"], rows)
+                ["kernel", "buffers", "patch on", "simulated us", "idle fraction"], rows)
     return out
 
 

@@ -612,8 +612,8 @@ class DeviceQueue:
                 deps.append((stream.last, "stream"))
         ticket.ready_sim = max(ticket.ready_sim, self.sim_floor if floor is None else floor)
         footprint = op.footprint
-        others = [s for s in self._busy if s is not stream]
-        if not footprint.empty:
+        others = [s for s in self._busy if s is not stream] if self._busy else ()
+        if others and not footprint.empty:
             for other in others:
                 # A stream finishes in order: depending on its newest
                 # conflicting operation covers the older ones. A read-only
@@ -638,14 +638,20 @@ class DeviceQueue:
             self._attach_signal(ticket, op.signal)
         elif isinstance(op, Wait):
             self._add_wait(ticket, op.signal, deps)
-        seen = set()
-        for dep, why in deps:
-            if dep.seq in seen:
-                continue
-            seen.add(dep.seq)
+        if len(deps) == 1:
+            dep = deps[0][0]
             dep.dependents.append(ticket)
             ticket.deps_left += 1
-            ticket.edges.append((dep, why))
+            ticket.edges.append(deps[0])
+        elif deps:
+            seen = set()
+            for dep, why in deps:
+                if dep.seq in seen:
+                    continue
+                seen.add(dep.seq)
+                dep.dependents.append(ticket)
+                ticket.deps_left += 1
+                ticket.edges.append((dep, why))
 
     def _follow_finished(self, ticket: Ticket, stream: _Stream, footprint) -> None:
         """Simulated time also follows conflicting work that already finished.
