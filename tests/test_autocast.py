@@ -160,3 +160,36 @@ def test_a_compiled_training_step_under_autocast_with_dropout(monkeypatch):
     for p in model.parameters():
         assert p.grad.dtype == torch.float32 and p.grad.cpu().isfinite().all()
     assert 0 < loss.item() < 10
+
+
+def _cast_of(y, w):
+    """The autograd node that cast `w` on the way to `y` (it leads to w's AccumulateGrad)."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if type(nxt).__name__ == "AccumulateGrad" and nxt.variable is w:
+                return node
+            todo.append(nxt)
+    raise AssertionError("no cast of the weight in the graph")
+
+
+@pytest.mark.parametrize("cache_enabled", [True, False])
+def test_a_weight_used_twice_in_one_region_is_cast_once(eager, cache_enabled):
+    # As CUDA's: autocast's cache of casted weights (fp32 leaves that require grad) holds for one
+    # region, and torch.autocast clears it when the region exits.
+    w = torch.nn.Parameter(_data(8, 16).to("spyre"))
+    x = _data(4, 16)
+    xs = x.to("spyre")
+    with torch.autocast("spyre", dtype=torch.float16, cache_enabled=cache_enabled):
+        y1, y2 = F.linear(xs, w), F.linear(xs * 2, w)
+    with torch.autocast("spyre", dtype=torch.float16, cache_enabled=cache_enabled):
+        y3 = F.linear(xs, w)
+    one, two, three = (_cast_of(y, w) for y in (y1, y2, y3))
+    assert (one is two) == cache_enabled and one is not three
+    # the gradient reaches the weight through the one cast from both uses
+    (y1.float().sum() + y2.float().sum()).backward()
+    torch.testing.assert_close(w.grad.cpu(), (3 * x.half().float().sum(0)).expand(8, 16), **LOWER_TOL[torch.float16])

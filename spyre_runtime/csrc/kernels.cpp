@@ -18,6 +18,7 @@
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -159,10 +160,31 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("record_stream", record_stream);
 }
 
-// Autocast has no spyre cast rules yet: let every op fall through, so
-// torch.autocast("spyre") runs ops in the dtypes they were given.
+// The cast rules are Python kernels (spyre_inductor/device/autocast.py); every op without one
+// falls through and runs in the dtypes it was given.
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+namespace {
+
+// What a cast rule casts an argument with: autocast's own cached cast, so a weight (an fp32
+// leaf that requires grad) is cast to the autocast dtype once per autocast region, however many
+// ops use it, and the cache is the one torch.autocast clears when its outermost region exits.
+// It has no Python binding: hence this op.
+at::Tensor autocast_cast(const at::Tensor& self, at::ScalarType dtype) {
+  return at::autocast::cached_cast(dtype, self, c10::DeviceType::PrivateUse1);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spyre, m) {
+  m.def("autocast_cast(Tensor self, ScalarType dtype) -> Tensor");
+}
+
+// Composite: the cast inside (Tensor.to) is what autograd records.
+TORCH_LIBRARY_IMPL(spyre, CompositeImplicitAutograd, m) {
+  m.impl("autocast_cast", autocast_cast);
 }
 
 }  // namespace spyre
