@@ -268,14 +268,6 @@ def test_the_clipping_check_refuses_a_store_of_rows_past_the_size():
         symbolic.check(kernel(1))
 
 
-@pytest.mark.xfail(strict=True, reason="attention over a symbolic sequence length is not compiled yet (reductions "
-                   "over a symbolic range are: masked past the size). Missing: (1) the attention fusion's index "
-                   "maps and constant-mask folding need concrete sizes, so the SDPA is not fused, and unfused its "
-                   "[B*H, S, S] scores have strides quadratic in S; (2) in (batch, heads, seq, dim) the heads' "
-                   "stride is S * dim: program symbols, device addresses and the launch layer's argument strides "
-                   "are static (only a clipped outermost dim may be symbolic); (3) the rows past S of one head are "
-                   "the next head's bytes, so transfers need per-head row limits, not only clipping at the "
-                   "buffer's end; (4) the fused AttentionKernel has no SymbolicSizes")
 def test_attention_over_a_dynamic_sequence_length(counted):
     # The decoder's attention (issue 18): one compile serves 5 sequence lengths, one fused
     # attention artifact for their bucket (32, 64], under SPYRE_STRICT=1 (the fixture)
