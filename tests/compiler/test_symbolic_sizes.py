@@ -285,6 +285,120 @@ def test_attention_over_a_dynamic_sequence_length(counted):
     assert _graphs() == 1
     assert [type(k).__name__ for k in counted] == ["AttentionKernel"]
     assert all(r.fallback_reason is None for r in records)
+    # the heads' stride is the length times the features: symbolic, and the kernel says so
+    sym = counted[0].symbolic
+    assert sym.sizes[0][1:] == (33, 64) and ("q", 1, "z0", 64, 0) in sym.strides
+
+
+def _sdpa_records(fn, shapes, sizes, dynamic, ref):
+    """Call `fn` on random tensors of `shapes(n)` for each size (the dims in `dynamic` marked on the
+    first call), each result compared with `ref`; the kernel records."""
+    with record_kernels() as records:
+        for k, n in enumerate(sizes):
+            xs = [torch.randn(s) for s in shapes(n)]
+            dev = [x.to(SPYRE) for x in xs]
+            if k == 0:
+                for i, d in dynamic:
+                    torch._dynamo.mark_dynamic(dev[i], d)
+            torch.testing.assert_close(fn(*dev).cpu(), ref(*xs), rtol=1e-5, atol=2e-6)
+    return records
+
+
+def test_attention_without_a_causal_mask_drops_the_positions_past_the_length(counted):
+    # K and V rows past the length load as zeros (each head's rows clipped at its own end), which
+    # would score 0: the program compares each position with the length, read from its size words
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    # (self-attention: q, k and v of one length, as projections of one hidden state are; a query
+    # length and a kv length Dynamo sees as two sizes are not compiled yet)
+    fn = torch.compile(lambda x: sdpa(x, x, x))
+    records = _sdpa_records(fn, lambda n: [(2, 2, n, 64)], (33, 47, 64), [(0, 2)], lambda x: sdpa(x, x, x))
+    assert _graphs() == 1 and [type(k).__name__ for k in counted] == ["AttentionKernel"]
+    (rec,) = records
+    assert rec.fallback_reason is None
+    fills = [i for c in prepare_kernel(rec.artifact).program.cores for _, ins in c.units for i in ins
+             if isinstance(i, isa.Fill) and isinstance(i.value, SizeExpr)]
+    assert fills and all(f.value.symbol == "z0" for f in fills)
+
+
+def test_decode_attention_over_grouped_kv_heads_and_a_growing_kv_length(counted):
+    # One query row per step, 8 query heads over 2 kv heads (enable_gqa), the KV length dynamic:
+    # one graph; the KV cache's bucket (32, 64], then a length past it compiles the next bucket's
+    # artifact at run time, not a new graph
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    fn = torch.compile(lambda q, k, v: sdpa(q, k, v, enable_gqa=True))
+    records = _sdpa_records(fn, lambda n: [(1, 8, 1, 64), (1, 2, n, 64), (1, 2, n, 64)], (33, 40, 64, 65, 100),
+                            [(1, 2), (2, 2)], lambda q, k, v: sdpa(q, k, v, enable_gqa=True))
+    assert _graphs() == 1 and all(r.fallback_reason is None for r in records)
+    assert [type(k).__name__ for k in counted] == ["AttentionKernel"] * 2
+    assert [k.symbolic.sizes[0][1:] for k in counted] == [(33, 64), (65, 128)]
+    assert counted[0].dims == (1, 8, 2, 1, 64, 64, 64)  # (B, H, KVH, L, S, D, Dv): K and V never copied per head
+
+
+def _compiled_attention(counted, n=40):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    q = torch.randn(1, 4, n, 64).to(SPYRE)
+    torch._dynamo.mark_dynamic(q, 2)
+    with record_kernels() as records:
+        torch.compile(lambda q, k, v: sdpa(q, k, v))(q, q, q)
+    (rec,) = records
+    return rec
+
+
+def test_each_head_reads_and_writes_only_its_own_rows(counted):
+    # Each head of q, k, v and out is its own argument (rows past the length of one head are the
+    # next head's bytes): bound here to separate buffers whose rows past the length are NaN (an
+    # input read there would poison the result) or 7 (an output written there would change them)
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    rec = _compiled_attention(counted)
+    plan = prepare_kernel(rec.artifact)
+    assert [a.name for a in plan.args] == [f"{x}[0,{h}]" for x in ("q", "k", "v", "out") for h in range(4)]
+    n = 37
+    x = torch.randn(3, 4, n, 64)
+    padded = [torch.full((64, 64), float("nan")).to(SPYRE) for _ in range(12)] + \
+        [torch.full((64, 64), 7.0).to(SPYRE) for _ in range(4)]
+    for i, buf in enumerate(padded[:12]):
+        buf[:n].copy_(x[i // 4, i % 4].to(SPYRE))
+    launch_jobplan(plan, [b[:n] for b in padded], sizes=(n,))
+    out = torch.stack([b.cpu() for b in padded[12:]])
+    torch.testing.assert_close(out[:, :n], sdpa(x[0:1], x[1:2], x[2:3])[0], rtol=1e-5, atol=2e-6)
+    assert (out[:, n:] == 7.0).all()
+
+
+def test_an_attention_launch_checks_the_sizes_and_strides_it_binds(counted):
+    from spyre_inductor.compiler.symbolic import launch_bucketed, prepare_bucketed
+
+    rec = _compiled_attention(counted)
+    plan = prepare_bucketed(str(rec.artifact), 0)
+    q = torch.randn(1, 4, 40, 64).to(SPYRE)
+    out = torch.full((1, 4, 40, 64), 7.0).to(SPYRE)
+    # heads 40 * 64 apart: a tensor laid out (batch, seq, heads, dim) has the right shape, not the strides
+    moved = torch.randn(1, 40, 4, 64).to(SPYRE).transpose(1, 2)
+    with pytest.raises(LaunchError, match=r"argument 1 \('k'\): stride 1 is 64, expected 64\*z0 = 2560"):
+        launch_bucketed(plan, [q, moved, q, out], (40,))
+    with pytest.raises(LaunchError, match=r"argument 0 \('q'\): expected shape \[1, 4, 41, 64\] at size z0=41"):
+        launch_bucketed(plan, [q, q, q, out], (41,))
+    with pytest.raises(LaunchError, match=r"size z0=65 is outside the artifact's bounds \[33, 64\]"):
+        launch_jobplan(plan.plans[0], [t for t in (q, q, q, out) for t in (t[0, 0],) * 4], sizes=(65,))
+    torch.spyre.synchronize()
+    assert (out.cpu() == 7.0).all()  # nothing was launched
+
+
+def test_a_mask_read_from_data_over_a_dynamic_length_is_not_fused(counted):
+    # (not compiled yet: the mask's [L, S] layout is symbolic in both dims) it is said so, under strict
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    q = torch.randn(1, 4, 40, 64).to(SPYRE)
+    mask = torch.randn(40, 40).to(SPYRE)
+    torch._dynamo.mark_dynamic(q, 2)
+    torch._dynamo.mark_dynamic(mask, 0)
+    torch._dynamo.mark_dynamic(mask, 1)
+    with pytest.raises(Exception, match="SPYRE_STRICT=1"):
+        torch.compile(lambda q, m: sdpa(q, q, q, attn_mask=m))(q, mask)
+    assert not [k for k in counted if type(k).__name__ == "AttentionKernel"]
 
 
 @pytest.mark.slow
