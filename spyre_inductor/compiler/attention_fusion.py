@@ -423,6 +423,8 @@ class _Builder:
         self.graph, self.before, self.fake_mode = graph, before, fake_mode
         self.symbolic, self.dry, self.expect = symbolic, dry, expect
         self.made: list[fx.Node] = []
+        self.views: list = []  # (source, shape, strides, offset) of each operand, at this match's sizes
+        self.probe = None  # the dry match's builder (its views at one size less)
 
     def call(self, target, *args):
         with self.graph.inserting_before(self.before):
@@ -476,7 +478,9 @@ def _matched(graph, node, fake_mode):
             return None, None
         hi, probe = values
         dry = _Builder(graph, node, fake_mode, symbolic=True, dry=True)
-        runs = [(dry, probe), (_Builder(graph, node, fake_mode, symbolic=True), hi)]
+        real = _Builder(graph, node, fake_mode, symbolic=True)
+        real.probe = dry
+        runs = [(dry, probe), (real, hi)]
     found = None
     for build, sizes in runs:
         build.expect = found
@@ -523,15 +527,45 @@ def _hint(env, sym):
 
 
 def _source_view(build, source, shape, strides, offset):
-    """The 4-D operand: an as_strided view of its source, or (symbolic sizes) the source itself,
-    which must be that view (None otherwise)."""
+    """The 4-D operand: an as_strided view of its source, or (symbolic sizes) the source itself
+    when it is that view, else an as_strided whose sizes, strides and offset are affine in the
+    size (from this match's numbers and the probe's); None when they are not."""
+    k = len(build.views)
+    build.views.append((source, tuple(shape), tuple(strides), offset))
     if not build.symbolic:
         return build.call(aten.as_strided.default, source, list(shape), list(strides), offset)
     have_shape, have_strides, have_offset = _layout(_val(source))
     agree = all(a == b for a, b, n in zip(have_strides, strides, shape) if n > 1)
-    if have_shape != tuple(shape) or not agree or have_offset != offset:
+    if have_shape == tuple(shape) and agree and have_offset == offset:
+        return source
+    if build.dry:
+        return source  # (the probe only records the view)
+    if build.probe is None or len(build.probe.views) <= k or build.probe.views[k][0] is not source:
         return None
-    return source
+    _, pshape, pstrides, poffset = build.probe.views[k]
+    (sym, hi), = _SIZES.get().items()
+    args = [[_affine_size(build, sym, hi, a, b) for a, b in zip(shape, pshape)],
+            [_affine_size(build, sym, hi, a, b) for a, b in zip(strides, pstrides)],
+            _affine_size(build, sym, hi, offset, poffset)]
+    if any(x is None for x in (*args[0], *args[1], args[2])):
+        return None
+    return build.call(aten.as_strided.default, source, *args)
+
+
+def _affine_size(build, sym, hi: int, a: int, b: int):
+    """The size argument that is `a` at sym = hi and `b` at hi - 1: a number, or coef * sym + const
+    computed from the graph's node holding sym; None if there is none or it shrinks."""
+    coef, const = a - b, a - (a - b) * hi
+    if coef == 0:
+        return a
+    if coef < 0:
+        return None
+    holder = next((n for n in build.graph.nodes if n.op == "placeholder" and isinstance(_val(n), torch.SymInt)
+                   and _val(n).node.expr == sym), None)
+    if holder is None:
+        return None
+    x = holder if coef == 1 else build.call(operator.mul, holder, coef)
+    return x if const == 0 else build.call(operator.add, x, const)
 
 
 def _size_dims(build, out4, shape):

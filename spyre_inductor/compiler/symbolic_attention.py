@@ -6,13 +6,15 @@ other families' symbolic kernels (symbolic.py), and this module answers both:
 
 * The heads' stride is seq * dim: the symbolic dim is not the outermost, and a buffer's bytes
   past the size are not a suffix (the rows past S of one head are the next head's bytes).
-  So the program never addresses such a buffer as one: each (batch, head) of it is its own
+  So the program never addresses such a buffer as one (``split``): each (batch, head) of it is its own
   placeholder (``q[0,1]``: a 2-D [seq, dim] view whose row stride is static and whose symbolic
   dim is now its outermost), bound at launch to that head's view of the tensor. Clipping each
   transfer to the bytes of its head (symbolic.py's rule, per placeholder) is the per-head row
   limit: no transfer reads or writes the next head's rows. ``head_args`` makes the views at
   launch, after checking the tensor's strides against the kernel's symbolic strides (a
-  LaunchError naming the argument otherwise).
+  LaunchError naming the argument otherwise). A buffer whose rows are its outermost dim with
+  static strides (q, k, v as views of a projection [1, S, H * D], the output written back in
+  that layout) stays one placeholder, its rows its symbolic dim, as in symbolic.py.
 * Positions past the size: K and V rows there load as zeros (clipped), which would still score
   0, not -inf. Under a causal diagonal d <= 0 with L and S the same size, no row inside the size
   sees a position past it; otherwise the program compares each chunk's positions with the size
@@ -111,7 +113,7 @@ def check(kernel: AttentionKernel, error=NotCapturable) -> None:
         if d >= 2:
             raise error(f"{where}: the {'row' if d == 2 else 'feature'} stride of {b} depends on it (per head, "
                         f"the rows must be a static stride apart)")
-    rows = {b for b, *_ in sym.buffers}
+    rows = set(split(kernel))
     for b in kernel.buffers:
         if b.name in rows and b.shape[3] > 1 and b.strides[2] < b.strides[3] * b.shape[3]:
             raise error(f"{where}: {b.name}'s rows interleave (stride {b.strides[2]} for {b.shape[3]} features), so "
@@ -158,10 +160,23 @@ def kv_size(kernel: AttentionKernel):
 # ---- the head split: placeholders and arguments ----------------------------------------
 
 
-def split(kernel: AttentionKernel) -> dict[str, tuple[int, str, int, int]]:
-    """The buffers placed per (batch, head), by name: (their symbolic dim, size, coef, const)."""
+def sized(kernel: AttentionKernel) -> dict[str, tuple[int, str, int, int]]:
+    """The buffers with a symbolic dim, by name: (that dim, size, coef, const)."""
     sym = kernel.symbolic
     return {b: (d, s, c, k) for b, d, s, c, k in sym.buffers} if sym is not None else {}
+
+
+def split(kernel: AttentionKernel) -> dict[str, tuple[int, str, int, int]]:
+    """The sized buffers placed per (batch, head): those whose rows are not their outermost dim
+    with static strides (whose bytes past the size are then not a suffix)."""
+    strided = {b for b, *_ in kernel.symbolic.strides} if kernel.symbolic is not None else set()
+    out = {}
+    for name, (d, s, c, k) in sized(kernel).items():
+        b = kernel.buffer(name)
+        inner = 1 + sum((n - 1) * st for j, (n, st) in enumerate(zip(b.shape, b.strides)) if j != d)
+        if name in strided or b.strides[d] < inner:
+            out[name] = (d, s, c, k)
+    return out
 
 
 def head_name(buffer: str, b: int, h: int) -> str:
@@ -190,7 +205,7 @@ def symbols(kernel: AttentionKernel):
     from spyre_runtime.program.operands import SizeExpr
     from spyre_runtime.program.program import Symbol
 
-    heads = split(kernel)
+    heads, rows = split(kernel), sized(kernel)
     out = []
     for b in layouts(kernel):
         base = b.name.split("[")[0]
@@ -198,6 +213,9 @@ def symbols(kernel: AttentionKernel):
         if base in heads and b.name != base:
             _, s, c, k = heads[base]
             dims = (SizeExpr(s, hi=b.shape[0], coef=c, const=k), None)
+        elif b.name in rows:  # (one placeholder: its rows are its outermost dim)
+            d, s, c, k = rows[b.name]
+            dims = tuple(SizeExpr(s, hi=n, coef=c, const=k) if j == d else None for j, n in enumerate(b.shape))
         out.append(Symbol(b.name, b.role, b.dtype, b.shape, b.strides, dims=dims))
     return tuple(out)
 
@@ -205,10 +223,13 @@ def symbols(kernel: AttentionKernel):
 def launch_shape(kernel: AttentionKernel, name: str, shape) -> list:
     out = list(shape)
     base = name.split("[")[0]
-    heads = split(kernel)
+    heads, rows = split(kernel), sized(kernel)
     if base in heads and name != base:
         _, s, c, k = heads[base]
         out[0] = s if (c, k) == (1, 0) else {"size": s, "coef": c, "const": k}
+    elif name in rows:
+        d, s, c, k = rows[name]
+        out[d] = s if (c, k) == (1, 0) else {"size": s, "coef": c, "const": k}
     return out
 
 
@@ -285,4 +306,4 @@ def rebucket(kernel: AttentionKernel, n: int) -> AttentionKernel:
 
 
 __all__ = ["capture", "check", "head_args", "head_name", "kv_size", "launch_shape", "layouts", "rebucket",
-           "size_symbol", "split", "symbols"]
+           "size_symbol", "sized", "split", "symbols"]

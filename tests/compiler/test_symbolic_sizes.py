@@ -336,6 +336,34 @@ def test_decode_attention_over_grouped_kv_heads_and_a_growing_kv_length(counted)
     assert counted[0].dims == (1, 8, 2, 1, 64, 64, 64)  # (B, H, KVH, L, S, D, Dv): K and V never copied per head
 
 
+def test_an_attention_block_over_a_dynamic_sequence_length(counted):
+    # q, k, v as views of their projections ([1, S, H * D] seen as [1, H, S, D]) and the output
+    # written back next to the features for the output projection: one graph, the attention fused
+    # (each operand one placeholder: its rows are its outermost dim) between the four matmuls
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    w = [torch.randn(256, 256) / 16 for _ in range(4)]
+
+    def block(x, wq, wk, wv, wo):
+        B, S, _ = x.shape
+        q, k, v = ((x @ m.t()).view(B, S, 4, 64).transpose(1, 2) for m in (wq, wk, wv))
+        return sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(B, S, 256) @ wo.t()
+
+    fn = torch.compile(block)
+    with record_kernels() as records:
+        for k, n in enumerate((33, 47, 64)):
+            x = torch.randn(1, n, 256)
+            xs = x.to(SPYRE)
+            if k == 0:
+                torch._dynamo.mark_dynamic(xs, 1)
+            out = fn(xs, *(m.to(SPYRE) for m in w))
+            torch.testing.assert_close(out.cpu(), block(x, *w), rtol=1e-5, atol=1e-4)
+    assert _graphs() == 1 and all(r.fallback_reason is None for r in records)
+    assert sorted(type(k).__name__ for k in counted) == ["AttentionKernel"] + ["MatmulKernel"] * 4
+    (attn,) = [k for k in counted if type(k).__name__ == "AttentionKernel"]
+    assert not attn.symbolic.strides and {b for b, *_ in attn.symbolic.buffers} == {"q", "k", "v", "out"}
+
+
 def _compiled_attention(counted, n=40):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
