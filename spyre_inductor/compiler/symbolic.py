@@ -18,7 +18,9 @@ every size of the bucket the iterations inside the size read only bytes the inpu
 iterations past it store only past the outputs' bytes (so clipping drops exactly them), and the
 reductions ignore what lies past it. Anything else (a symbolic stride, a size inside an index
 or a value, welford over a symbolic range, gathers) stays visibly on the CPU: NotCapturable
-with the reason, an error under SPYRE_STRICT=1.
+with the reason, an error under SPYRE_STRICT=1. (Fused attention is the exception to the
+strides: its heads' stride is seq * dim, and each head becomes its own placeholder,
+symbolic_attention.py.)
 
 How the symbolic parts are found: the group is captured twice, with each size symbol at the
 bucket's maximum and at one less (odd: a power of two does not hide a divisibility that another

@@ -124,10 +124,6 @@ def check(kernel: AttentionKernel, error=NotCapturable) -> None:
                 if not _heads_apart(b, sym, s):
                     raise error(f"{where}: at {name}={s} the heads of {b.name} overlap or interleave in memory (each "
                                 f"head is written as its own argument)")
-    ranges = {DIMS[d]: (c, k) for d, _, c, k in sym.ranges}
-    if "S" in ranges and kv_size(kernel) is None and not (
-            kernel.causal is not None and kernel.causal <= 0 and ranges.get("L") == ranges["S"]):
-        raise error(f"{where}: internal: the positions past the size are neither masked nor unseen")  # (a bug)
 
 
 def _heads_apart(buf: Buffer, sym: SymbolicSizes, n: int) -> bool:

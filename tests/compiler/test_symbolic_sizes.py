@@ -5,7 +5,8 @@ the address slots; a placeholder's outermost dim and a loop's trip count may be 
 clamped to a static maximum, so the validator proves bounds once for every size; every transfer
 of a buffer with a symbolic dim is clipped to the bytes it has at the launch's sizes. Then the
 compiler: kernels over a dynamic outer dim are planned for a size bucket, and one compile
-serves every size in it."""
+serves every size in it; fused attention over a dynamic sequence length too, each head of a
+(batch, heads, seq, dim) buffer its own placeholder (compiler/symbolic_attention.py)."""
 
 from __future__ import annotations
 
