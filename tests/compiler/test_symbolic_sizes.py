@@ -365,6 +365,40 @@ def test_an_attention_block_over_a_dynamic_sequence_length(counted):
     assert not attn.symbolic.strides and {b for b, *_ in attn.symbolic.buffers} == {"q", "k", "v", "out"}
 
 
+def test_the_attention_check_refuses_what_the_head_split_cannot_compute():
+    # From the kernel IR alone: a symbolic AttentionKernel whose written heads interleave, whose
+    # rows' stride depends on the size, or that reads a mask, is refused; a size past Dynamo's
+    # range is refused when rebucketed, naming the size and the range
+    from spyre_inductor.compiler import symbolic_attention as sa
+    from spyre_inductor.compiler.errors import Unsupported
+    from spyre_inductor.compiler.kernel_ir import AttentionKernel, Buffer, SymbolicSizes
+
+    def kernel(out_strides, out_sym_strides=(), limits=(2, None), batch=1):
+        qkv = [Buffer(n, "fp32", (batch, 4, 64, 64), (16384, 4096, 64, 1)) for n in "qkv"]
+        out = Buffer("out", "fp32", (batch, 4, 64, 64), out_strides)
+        sym = SymbolicSizes((("z0", 33, 64),), ((3, "z0", 1, 0), (4, "z0", 1, 0)),
+                            tuple((n, 2, "z0", 1, 0) for n in ("q", "k", "v", "out")), (("z0", *limits),),
+                            tuple((n, d, "z0", c, 0) for n in "qkv" for d, c in ((0, 256), (1, 64)))
+                            + tuple(out_sym_strides))
+        return AttentionKernel("a", (*qkv, out), 0.125, causal=0, symbolic=sym)
+
+    good = kernel((16384, 4096, 64, 1), (("out", 0, "z0", 256, 0), ("out", 1, "z0", 64, 0)))
+    sa.check(good)
+    assert set(sa.split(good)) == {"q", "k", "v", "out"} and sa.kv_size(good) is None  # (the diagonal hides them)
+    assert AttentionKernel.from_json(good.to_json()) == good
+    # the output with its heads next to the features ([1, S, H, Dv]): its rows are its outermost dim
+    assert "out" not in sa.split(kernel((16384, 64, 256, 1)))
+    # ... but with 2 batches the batch stride is S * H * Dv: split per head, and written heads 64
+    # elements apart with rows 256 apart interleave (each head is written as its own argument)
+    with pytest.raises(symbolic.NotCapturable, match="heads of out overlap or interleave"):
+        sa.check(kernel((16384, 64, 256, 1), (("out", 0, "z0", 256, 0),), batch=2))
+    with pytest.raises(symbolic.NotCapturable, match="row stride of out depends on it"):
+        sa.check(kernel((16384, 4096, 64, 1), (("out", 2, "z0", 1, 0),)))
+    with pytest.raises(Unsupported, match=r"size 200 is outside the sizes Dynamo admits \[2, 90\]"):
+        sa.rebucket(kernel((16384, 64, 256, 1), limits=(2, 90)), 200)
+    assert sa.rebucket(good, 100).k.shape == (1, 4, 128, 64) and sa.rebucket(good, 100).k.strides[1] == 128 * 64
+
+
 def _compiled_attention(counted, n=40):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
