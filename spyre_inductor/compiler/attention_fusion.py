@@ -23,12 +23,24 @@ op's bias and keep inputs. A mask computed from constants only (``is_causal``'s 
 ``tril`` of ones) is evaluated here; when it is a lower triangle it becomes the op's causal
 diagonal and no mask is read at all. A pattern the pass does not recognise is left as it is
 (its matmuls and softmax still compile, apart).
+
+Symbolic sizes (issue 18): a graph over a dynamic sequence length has SymInt shapes, and the index
+maps and constant masks above need numbers. The pass then matches twice, with the size at its
+bucket's maximum and at one less (as symbolic.py captures kernels): every shape, view argument
+and constant mask is evaluated at that value (``_SIZES``), and the two matches must find the same
+attention (scale, causal diagonal, kv groups, dtypes). Under symbolic sizes the op reads q, k and
+v where they are, so each must be the very tensor its operand views ([B, H, rows, features] in
+its own layout, at both values: no as_strided with symbolic strides is made), and masks read
+from data (bias, keep, positions) are not fused yet.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import operator
+
+import sympy
 
 import torch
 import torch.fx as fx
@@ -55,6 +67,46 @@ CONSTANT_OPS = {prims.iota.default, aten.arange.default, aten.arange.start,
 
 def _val(node):
     return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+# ---- sizes: the numbers a symbolic shape has while a match is evaluated -----------------------
+
+_SIZES: contextvars.ContextVar[dict] = contextvars.ContextVar("attention_fusion_sizes", default={})
+
+
+class _NotConcrete(Exception):
+    """A shape or argument depends on a size the match is not evaluated at (not fused)."""
+
+
+def _int(x) -> int:
+    """x (an int, a SymInt, or a node holding one) at the sizes of the match in progress."""
+    if isinstance(x, fx.Node):
+        x = _val(x)
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, int):
+        return x
+    if isinstance(x, torch.SymInt):
+        x = x.node.expr
+    if isinstance(x, sympy.Expr):
+        v = x.subs(_SIZES.get())
+        if v.is_Integer:
+            return int(v)
+    raise _NotConcrete(x)
+
+
+def _shape(values) -> tuple[int, ...]:
+    return tuple(_int(v) for v in values)
+
+
+def _is_size(a) -> bool:
+    """An argument that is a size (a SymInt, or a node computing one), not a tensor."""
+    return isinstance(a, torch.SymInt) or (isinstance(a, fx.Node) and isinstance(_val(a), (int, torch.SymInt)))
+
+
+def _concrete_args(args):
+    """`args` with every size in them a number (a tensor node stays a node)."""
+    return fx.node.map_aggregate(args, lambda a: _int(a) if _is_size(a) else a)
 
 
 def _number(x) -> float | None:
@@ -90,13 +142,19 @@ def _chain(node):
     return node, ops[::-1], scale
 
 
+def _layout(meta) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(shape, strides, storage offset) of a tensor's meta at the match's sizes."""
+    return _shape(meta.shape), _shape(meta.stride()), _int(meta.storage_offset())
+
+
 def _storage_index(meta) -> torch.Tensor | None:
-    if not isinstance(meta, torch.Tensor) or any(not isinstance(s, int) for s in (*meta.shape, *meta.stride())):
+    if not isinstance(meta, torch.Tensor):
         return None
-    extent = meta.storage_offset() + sum((n - 1) * s for n, s in zip(meta.shape, meta.stride()) if n) + 1
-    if meta.numel() == 0 or extent > MAX_INDEX_ELEMENTS:
+    shape, stride, offset = _layout(meta)
+    extent = offset + sum((n - 1) * s for n, s in zip(shape, stride) if n) + 1
+    if math.prod(shape) == 0 or extent > MAX_INDEX_ELEMENTS:
         return None
-    return torch.arange(extent).as_strided(meta.shape, meta.stride(), meta.storage_offset())
+    return torch.arange(extent).as_strided(shape, stride, offset)
 
 
 def _index_map(source, ops) -> torch.Tensor | None:
@@ -110,13 +168,14 @@ def _index_map(source, ops) -> torch.Tensor | None:
     if x is None:
         return None
     for op in ops:
-        args = op.args[1:]
-        if any(isinstance(a, (fx.Node, torch.SymInt)) for a in fx.node.map_aggregate(args, lambda a: a)
-               if not isinstance(a, (list, tuple))):
-            return None
+        flat = []
+        fx.node.map_aggregate(op.args[1:], lambda a: flat.append(a))
+        if any(isinstance(a, fx.Node) and not _is_size(a) for a in flat):
+            return None  # (a tensor argument: not a view)
+        args = _concrete_args(op.args[1:])
         if op.target is operator.getitem:
             split = op.args[0]
-            x = split.target(x, *split.args[1:], **split.kwargs)[op.args[1]]
+            x = split.target(x, *_concrete_args(split.args[1:]), **split.kwargs)[op.args[1]]
         else:
             x = x.clone() if op.target is aten.clone.default else op.target(x, *args)
         if x.numel() > MAX_INDEX_ELEMENTS:
@@ -172,22 +231,21 @@ def _constant(node, memo):
         return memo[node]
     memo[node] = None
     meta = _val(node)
-    if node.op != "call_function" or not isinstance(meta, torch.Tensor) or meta.numel() > MAX_CONSTANT_ELEMENTS:
+    if node.op != "call_function" or not isinstance(meta, torch.Tensor) or \
+            math.prod(_shape(meta.shape)) > MAX_CONSTANT_ELEMENTS:
         return None
-    if node.target not in CONSTANT_OPS and not any(isinstance(a, fx.Node) for a in node.args):
+    if node.target not in CONSTANT_OPS and not any(isinstance(a, fx.Node) and not _is_size(a) for a in node.args):
         return None
     args = []
     for a in node.args:
-        if isinstance(a, fx.Node):
+        if isinstance(a, fx.Node) and not _is_size(a):
             v = _constant(a, memo)
             if v is None:
                 return None
             args.append(v)
-        elif isinstance(a, torch.SymInt):
-            return None
         else:
-            args.append(a)
-    kwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in node.kwargs.items()}
+            args.append(_concrete_args(a))  # (a size, or a list of them: at the match's sizes)
+    kwargs = {k: (torch.device("cpu") if k == "device" else _concrete_args(v)) for k, v in node.kwargs.items()}
     try:
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             value = node.target(*args, **kwargs)
@@ -298,7 +356,7 @@ def _scores(x, memo):
     while True:
         meta = _val(node)
         if meta is not None and meta.dim() == 4 and shape4 is None:
-            shape4 = tuple(meta.shape)
+            shape4 = _shape(meta.shape)
         if node.op != "call_function":
             return None
         t = node.target
@@ -358,9 +416,15 @@ DEAD = object()  # _match's result when the replacement took over the users of a
 
 
 class _Builder:
-    def __init__(self, graph, before, fake_mode):
+    """Makes the nodes of a match before `before`. Under symbolic sizes a `dry` match only says
+    what it found (its signature) and `expect` is the signature the real match must find."""
+
+    def __init__(self, graph, before, fake_mode, symbolic=False, dry=False, expect=None):
         self.graph, self.before, self.fake_mode = graph, before, fake_mode
+        self.symbolic, self.dry, self.expect = symbolic, dry, expect
         self.made: list[fx.Node] = []
+        self.views: list = []  # (source, shape, strides, offset) of each operand, at this match's sizes
+        self.probe = None  # the dry match's builder (its views at one size less)
 
     def call(self, target, *args):
         with self.graph.inserting_before(self.before):
@@ -387,11 +451,8 @@ def fuse_attention(gm: fx.GraphModule) -> int:
         fake_mode = detect_fake_mode([meta])
         if fake_mode is None:
             continue
-        build = _Builder(graph, node, fake_mode)
-        replacement = _match(node, build)
+        replacement, build = _matched(graph, node, fake_mode)
         if replacement is None:
-            for made in reversed(build.made):  # (a match that failed half way leaves nothing behind)
-                graph.erase_node(made)
             continue
         if replacement is not DEAD:
             node.replace_all_uses_with(replacement)
@@ -401,6 +462,126 @@ def fuse_attention(gm: fx.GraphModule) -> int:
         graph.eliminate_dead_code()
         gm.recompile()
     return fused
+
+
+def _matched(graph, node, fake_mode):
+    """(replacement, builder) of bmm `node`, or (None, None) leaving the graph as it was."""
+    symbols = set()
+    for x in (node, *node.args):
+        for n in (*_val(x).shape,) if isinstance(_val(x), torch.Tensor) else ():
+            if isinstance(n, torch.SymInt):
+                symbols |= n.node.expr.free_symbols
+    runs = [(_Builder(graph, node, fake_mode), {})]
+    if symbols:
+        values = _probe_values(symbols, fake_mode)
+        if values is None:
+            return None, None
+        hi, probe = values
+        dry = _Builder(graph, node, fake_mode, symbolic=True, dry=True)
+        real = _Builder(graph, node, fake_mode, symbolic=True)
+        real.probe = dry
+        runs = [(dry, probe), (real, hi)]
+    found = None
+    for build, sizes in runs:
+        build.expect = found
+        token = _SIZES.set(sizes)
+        try:
+            found = _match(node, build)
+        except _NotConcrete:
+            found = None
+        finally:
+            _SIZES.reset(token)
+        if build.dry or found is None:
+            for made in reversed(build.made):  # (a match that failed half way leaves nothing behind)
+                graph.erase_node(made)
+        if found is None:
+            return None, None
+    return found, build
+
+
+def _probe_values(symbols, fake_mode):
+    """({size: the bucket's maximum}, {size: one less}) for a graph over one size (symbolic.py's
+    buckets, inside Dynamo's guards), or None."""
+    from .symbolic import bucket_of
+
+    env = getattr(fake_mode, "shape_env", None)
+    if len(symbols) != 1 or env is None:
+        return None
+    (sym,) = symbols
+    try:
+        hint = int(_hint(env, sym))
+        r = env.var_to_range.get(sym)
+        lower = int(r.lower) if r is not None and r.lower.is_Integer else 0
+        upper = int(r.upper) if r is not None and r.upper.is_Integer else None
+        _, hi = bucket_of(hint, (max(lower, 0), upper))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if hi < 2:
+        return None
+    return {sym: hi}, {sym: hi - 1}
+
+
+def _hint(env, sym):
+    values = getattr(env, "backed_var_to_val", None)  # (2.13's name; var_to_val is deprecated)
+    return (values if values is not None else env.var_to_val)[sym]
+
+
+def _source_view(build, source, shape, strides, offset):
+    """The 4-D operand: an as_strided view of its source, or (symbolic sizes) the source itself
+    when it is that view, else an as_strided whose sizes, strides and offset are affine in the
+    size (from this match's numbers and the probe's); None when they are not."""
+    k = len(build.views)
+    build.views.append((source, tuple(shape), tuple(strides), offset))
+    if not build.symbolic:
+        return build.call(aten.as_strided.default, source, list(shape), list(strides), offset)
+    have_shape, have_strides, have_offset = _layout(_val(source))
+    agree = all(a == b for a, b, n in zip(have_strides, strides, shape) if n > 1)
+    if have_shape == tuple(shape) and agree and have_offset == offset:
+        return source
+    if build.dry:
+        return source  # (the probe only records the view)
+    if build.probe is None or len(build.probe.views) <= k or build.probe.views[k][0] is not source:
+        return None
+    _, pshape, pstrides, poffset = build.probe.views[k]
+    (sym, hi), = _SIZES.get().items()
+    args = [[_affine_size(build, sym, hi, a, b) for a, b in zip(shape, pshape)],
+            [_affine_size(build, sym, hi, a, b) for a, b in zip(strides, pstrides)],
+            _affine_size(build, sym, hi, offset, poffset)]
+    if any(x is None for x in (*args[0], *args[1], args[2])):
+        return None
+    return build.call(aten.as_strided.default, source, *args)
+
+
+def _affine_size(build, sym, hi: int, a: int, b: int):
+    """The size argument that is `a` at sym = hi and `b` at hi - 1: a number, or coef * sym + const
+    computed from the graph's node holding sym; None if there is none or it shrinks."""
+    coef, const = a - b, a - (a - b) * hi
+    if coef == 0:
+        return a
+    if coef < 0:
+        return None
+    holder = next((n for n in build.graph.nodes if n.op == "placeholder" and isinstance(_val(n), torch.SymInt)
+                   and _val(n).node.expr == sym), None)
+    if holder is None:
+        return None
+    x = holder if coef == 1 else build.call(operator.mul, holder, coef)
+    return x if const == 0 else build.call(operator.add, x, const)
+
+
+def _size_dims(build, out4, shape):
+    """`shape` (values of a meta) as a view's size argument under symbolic sizes: a dim equal to
+    one of out4's symbolic dims is that dim of out4 (sym_size), a number stays; None otherwise."""
+    dims = list(_val(out4).shape)
+    out = []
+    for n in shape:
+        if not isinstance(n, torch.SymInt):
+            out.append(int(n))
+            continue
+        same = [d for d, m in enumerate(dims) if isinstance(m, torch.SymInt) and m.node.expr == n.node.expr]
+        if not same:
+            return None
+        out.append(build.call(aten.sym_size.int, out4, same[0]))
+    return out
 
 
 def _match(bmm2, build: _Builder):
@@ -420,11 +601,11 @@ def _match(bmm2, build: _Builder):
         return None
     bmm1, scale, biases, keeps, shape4 = scored
     q3, kt3 = bmm1.args
-    BH, L, D = _val(q3).shape
-    S, Dv = _val(v3).shape[1:]
+    BH, L, D = _shape(_val(q3).shape)
+    S, Dv = _shape(_val(v3).shape)[1:]
     # the softmax must be over the kv positions of each query row, on scores of the bmm's shape
-    if (_val(kt3).shape[2] != S or tuple(_val(bmm1).shape) != (BH, L, S) or _val(x).shape[-1] != S
-            or _val(x).numel() != BH * L * S or tuple(_val(p).shape) != (BH, L, S)):
+    if (_shape(_val(kt3).shape)[2] != S or _shape(_val(bmm1).shape) != (BH, L, S) or _shape(_val(x).shape)[-1] != S
+            or math.prod(_shape(_val(x).shape)) != BH * L * S or _shape(_val(p).shape) != (BH, L, S)):
         return None
     if shape4 is not None and (shape4[0] * shape4[1] != BH or shape4[2:] != (L, S)):
         return None
@@ -444,9 +625,11 @@ def _match(bmm2, build: _Builder):
     dtypes = {_val(s).dtype for s in (qs, ks, vs)}
     if len(dtypes) != 1 or not dtypes <= set(FLOATS):
         return None
-    q4 = build.call(aten.as_strided.default, qs, [B, H, L, D], list(qstr), qoff)
-    k4 = build.call(aten.as_strided.default, ks, [B, KVH, S, D], list(k_strides), koff)
-    v4 = build.call(aten.as_strided.default, vs, [B, KVH, S, Dv], list(v_strides), voff)
+    q4 = _source_view(build, qs, (B, H, L, D), qstr, qoff)
+    k4 = _source_view(build, ks, (B, KVH, S, D), k_strides, koff)
+    v4 = _source_view(build, vs, (B, KVH, S, Dv), v_strides, voff)
+    if q4 is None or k4 is None or v4 is None:
+        return None
 
     causal, bias, keep = None, None, None
     fills = {fill for _, _, fill, _ in keeps}
@@ -488,6 +671,8 @@ def _match(bmm2, build: _Builder):
                 positions, causal = build.call(aten.reshape.default, found[0], [L]), found[1]
                 del remaining[k_]
                 break
+    if build.symbolic and (remaining or bias_terms or positions is not None):
+        return None  # (a mask read from data over a symbolic length: not fused yet)
     full = [B, H, L, S]
     for c, rank in remaining:
         c4 = _to_frame(build, c, rank, B, H)
@@ -515,10 +700,17 @@ def _match(bmm2, build: _Builder):
     out_dtype = cast if cast is not None else _val(bmm2).dtype
     if masked_score != float("-inf") and bias_terms:
         return None  # (a bias added after a finite fill would shift the fill too)
+    found = (scale * qscale * kscale, causal, bool(empty_zero), p_dtype, out_dtype, heads_last, masked_score,
+             B, H, KVH, D, Dv, last is None, dtypes)
+    if build.dry:
+        return found  # (the probe's match: what the real one must find)
+    if build.expect is not None and found != build.expect:
+        return None  # (the two sizes disagree: something depends on the size we cannot fold)
     out4 = build.call(OP, q4, k4, v4, bias, keep, positions, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
                       out_dtype, heads_last, masked_score)
     if last is None:
-        return build.call(aten.view.default, out4, [BH, L, Dv])
+        shape = _size_dims(build, out4, _val(bmm2).shape) if build.symbolic else [BH, L, Dv]
+        return None if shape is None else build.call(aten.view.default, out4, shape)
     # the tail after the bmm (a narrowing cast: the op's own rounding; a transpose of the heads
     # back next to the features and its copy: the op's output layout) is the op's now
     with build.graph.inserting_before(last):
@@ -527,7 +719,10 @@ def _match(bmm2, build: _Builder):
             with build.fake_mode:
                 tail.meta["val"] = aten.permute.default(_val(out4), [0, 2, 1, 3])
         else:
-            tail = build.graph.call_function(aten.view.default, (out4, list(_val(last).shape)))
+            shape = _size_dims(build, out4, _val(last).shape) if build.symbolic else list(_val(last).shape)
+            if shape is None:
+                return None
+            tail = build.graph.call_function(aten.view.default, (out4, shape))
             with build.fake_mode:
                 tail.meta["val"] = aten.view.default(_val(out4), list(_val(last).shape))
     last.replace_all_uses_with(tail)
@@ -549,7 +744,7 @@ def _tail(bmm2, shape4):
         elif (t is CAST and cast is None and user.args[1] in (torch.float16, torch.bfloat16)
               and _val(bmm2).dtype == torch.float32):  # (bf16 -> fp16 rounds twice in eager: not ours)
             cast, last, node = user.args[1], user, user
-        elif (t is aten.permute.default and list(user.args[1]) == [0, 2, 1, 3] and tuple(_val(node).shape) == shape4
+        elif (t is aten.permute.default and list(user.args[1]) == [0, 2, 1, 3] and _shape(_val(node).shape) == shape4
               and len(user.users) == 1):
             (copy,) = user.users
             if copy.op != "call_function" or copy.target is not aten.clone.default:
@@ -580,9 +775,9 @@ def _position_mask(c, L, S, memo):
             value.reshape(-1, S), torch.arange(S, dtype=value.dtype).expand(value.reshape(-1, S).shape)):
         return None
     meta = _val(pos)
-    if meta.dtype not in (torch.int64, torch.int32) or meta.dim() < 2 or meta.shape[-1] != 1:
+    if meta.dtype not in (torch.int64, torch.int32) or meta.dim() < 2 or _int(meta.shape[-1]) != 1:
         return None
-    if any(n != 1 for n in meta.shape[:-2]) or meta.shape[-2] != L:
+    if any(n != 1 for n in _shape(meta.shape)[:-2]) or _int(meta.shape[-2]) != L:
         return None
     return pos, d
 

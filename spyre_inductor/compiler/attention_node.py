@@ -7,6 +7,11 @@ attention family cannot plan becomes Inductor's fallback call of the op (the com
 implementation, announced once; an error under SPYRE_STRICT=1) instead of failing the graph.
 The node is an ExternKernelOut whose code is the prepared program's launch: the wrapper
 allocates its output like any buffer, and the scheduler orders it by its reads and writes.
+
+Over a dynamic sequence length (issue 18) the layouts are symbolic: the kernel is built at the
+size's bucket maximum and at one less (symbolic_attention.capture), planned for the bucket, and
+launched through a symbolic.BucketedPlan with the size's value (another bucket's artifact is
+compiled on first use).
 """
 
 from __future__ import annotations
@@ -27,17 +32,19 @@ OPS = "scaled_dot_product_attention"
 
 
 class SpyreAttention(ir.ExternKernelOut):
-    def __init__(self, layout, inputs, kernel: AttentionKernel, artifact: Path):
+    def __init__(self, layout, inputs, kernel: AttentionKernel, artifact: Path, size=None):
         super().__init__(layout, inputs, python_kernel_name="spyre_attention")
-        self.kernel, self.artifact = kernel, artifact
+        self.kernel, self.artifact, self.size = kernel, artifact, size  # size: the sequence length's symbol
 
     def codegen(self, wrapper) -> None:
         device = self.get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
         plan = wrapper.define_spyre_kernel(str(self.artifact), index, f"# {self.kernel.name}: fused attention "
-                                                                      f"over {self.kernel.ranges}")
+                                                                      f"over {self.kernel.ranges}",
+                                           bucketed=self.size is not None)
         args = [x.codegen_reference() for x in self.inputs] + [self.get_name()]
-        wrapper.call_spyre_kernel(plan, args)
+        # (the size symbol is in scope in the generated call: Inductor binds it from the inputs)
+        wrapper.call_spyre_kernel(plan, args, [str(self.size)] if self.size is not None else ())
 
 
 def _static(values, what) -> tuple[int, ...] | None:
@@ -59,8 +66,58 @@ def _buffer(name, node) -> Buffer | None:
     return Buffer(name, DTYPE_NAMES[layout.dtype], size, stride, offset[0])
 
 
+def _kernel(buffers, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, masked_score,
+            has_positions) -> AttentionKernel:
+    """The AttentionKernel over static `buffers` (q, k, v, the masks), with its output appended."""
+    B, H, L_, _ = buffers[0].shape
+    Dv = buffers[2].shape[3]
+    blhd = [int(s) for s in ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])]
+    out_stride = (blhd[0], blhd[2], blhd[1], 1) if heads_last else tuple(
+        int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+    buffers = list(buffers) + [Buffer("out", DTYPE_NAMES[out_dtype], (B, H, L_, Dv), out_stride, 0)]
+    strides = {b.name: b.strides for b in buffers}
+    return AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"), strides.get("keep"),
+                           "zero" if empty_zero else "nan", None if p_dtype == out_dtype else DTYPE_NAMES[p_dtype],
+                           float(masked_score), strides["positions"][0] if has_positions else None)
+
+
+def _out_layout(device, out_dtype, q_layout, v_layout, heads_last) -> ir.FixedLayout:
+    """The output's layout, in the (maybe symbolic) sizes of q and v."""
+    B, H, L_, _ = q_layout.size
+    Dv = v_layout.size[3]
+    if heads_last:
+        blhd = ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])
+        stride = [blhd[0], blhd[2], blhd[1], blhd[3]]
+    else:
+        stride = list(ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+    plain = lambda e: int(e) if sympy.sympify(e).is_Integer else e  # noqa: E731
+    return ir.FixedLayout(device, out_dtype, [plain(n) for n in (B, H, L_, Dv)], [plain(x) for x in stride])
+
+
+def _symbolic_kernel(named, realized, make):
+    """(the kernel over the bucket of the layouts' one size symbol, the symbol), or NotCapturable."""
+    from . import symbolic, symbolic_attention as sa
+
+    layouts = [x.get_layout() for x in realized]
+    sym = sa.size_symbol(layouts)
+    try:
+        hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
+    except Exception as e:  # noqa: BLE001
+        raise sa.NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
+    limits = symbolic.dynamo_limits(sym)
+    lo, hi = symbolic.bucket_of(hint, limits)
+    if hi < 2:
+        raise sa.NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
+
+    def at(value):
+        return make([sa.buffer_at(n, lay, DTYPE_NAMES[lay.dtype], sym, value) for (n, _), lay in zip(named, layouts)])
+
+    return sa.capture(at, sym, lo, hi, limits), sym
+
+
 def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
                     masked_score):
+    from .indexing import NotCapturable
     from .scheduling import compile_kernel, content_name, record
 
     named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep), ("positions", positions)]
@@ -73,26 +130,25 @@ def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p
         realized.append(x)
     device = q.get_device()
     buffers = [_buffer(n, x) for (n, _), x in zip(named, realized)]
-    reason = None
+
+    def make(bufs):
+        return _kernel(bufs, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, masked_score,
+                       positions is not None)
+
+    kernel, size, reason = None, None, None
     if any(b is None for b in buffers):  # (checked before any size is read as an int)
-        reason = "symbolic sizes (issue 18)"
+        try:
+            kernel, size = _symbolic_kernel(named, realized, make)
+        except NotCapturable as e:
+            reason = f"symbolic sizes (issue 18): {e}"
     else:
-        B, H, L_, _ = buffers[0].shape
-        Dv = buffers[2].shape[3]
-        blhd = [int(s) for s in ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])]
-        out_stride = (blhd[0], blhd[2], blhd[1], 1) if heads_last else tuple(
-            int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
-        out_layout = ir.FixedLayout(device, out_dtype, [B, H, L_, Dv], list(out_stride))
-        buffers.append(Buffer("out", DTYPE_NAMES[out_dtype], (B, H, L_, Dv), out_stride, 0))
-        strides = {b.name: b.strides for b in buffers}
-        kernel = content_name(AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"),
-                                                 strides.get("keep"), "zero" if empty_zero else "nan",
-                                                 None if p_dtype == out_dtype else DTYPE_NAMES[p_dtype],
-                                                 float(masked_score),
-                                                 strides["positions"][0] if positions is not None else None))
+        kernel = make(buffers)
+    if kernel is not None:
+        kernel = content_name(kernel)
         artifact, reason = compile_kernel(kernel)
         if artifact is not None:
-            node = SpyreAttention(out_layout, realized, kernel, artifact)
+            out_layout = _out_layout(device, out_dtype, realized[0].get_layout(), realized[2].get_layout(), heads_last)
+            node = SpyreAttention(out_layout, realized, kernel, artifact, size)
             record((node.get_name(),), OPS, kernel, artifact, None)
             return ir.TensorBox.create(node)
     record((), OPS, None, None, reason)

@@ -273,6 +273,9 @@ class SymbolicSizes:
     # Per size, what Dynamo's guards admit (name, min, max; max None: unbounded): every bucket
     # stays inside it, so an artifact never claims a size Dynamo would not hand it.
     limits: tuple[tuple[str, int, int | None], ...] = ()
+    # Strides that are `coef * size + const` (an AttentionKernel's heads over a symbolic sequence:
+    # (batch, heads, seq, dim) has a head stride of seq * dim): (buffer, dim, size, coef, const).
+    strides: tuple[tuple[str, int, str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -463,7 +466,7 @@ class Kernel:
             "stores": [bare(dataclasses.asdict(s)) for s in self.stores],
         }
         if self.symbolic is not None:  # (only then: a static kernel dumps as before, same key)
-            doc["symbolic"] = dataclasses.asdict(self.symbolic)
+            doc["symbolic"] = symbolic_doc(self.symbolic)
         return json.dumps(doc, indent=1)
 
     @classmethod
@@ -492,8 +495,7 @@ class Kernel:
             tuple(dec(v) for v in d["values"]),
             tuple(Store(s["buffer"], index(s["index"]), s["value"], s.get("mode")) for s in d["stores"]),
             tuple(d.get("reduction_ranges", ())),
-            None if d.get("symbolic") is None else SymbolicSizes(
-                *(tuple(tuple(x) for x in d["symbolic"].get(k, ())) for k in ("sizes", "ranges", "buffers", "limits"))),
+            _symbolic_of(d.get("symbolic")),
         )
 
 
@@ -547,6 +549,9 @@ class AttentionKernel:
     p_dtype: str | None = None   # the probabilities' dtype in PV (None: the output's)
     masked_score: float = float("-inf")  # the score of a position the keep mask drops (model code's finfo.min)
     positions_stride: int | None = None  # rows' positions from a buffer: keep j <= positions[i] + causal
+    # Issue 18: a sequence length known only at launch (symbolic_attention.py). `ranges` then
+    # index dims (B, H, KVH, L, S, D, Dv); the shapes and strides above are the bucket's maximum's.
+    symbolic: SymbolicSizes | None = None
 
     # ---- the buffers by role ------------------------------------------------------------
 
@@ -650,7 +655,8 @@ class AttentionKernel:
                            "keep_strides": self.keep_strides, "empty_rows": self.empty_rows,
                            **({"p_dtype": self.p_dtype} if self.p_dtype else {}),
                            **({"masked_score": self.masked_score} if self.masked_score != float("-inf") else {}),
-                           **({"positions_stride": self.positions_stride} if self.positions_stride is not None else {})},
+                           **({"positions_stride": self.positions_stride} if self.positions_stride is not None else {}),
+                           **({"symbolic": symbolic_doc(self.symbolic)} if self.symbolic is not None else {})},
                           indent=1)
 
     @classmethod
@@ -660,7 +666,21 @@ class AttentionKernel:
                         for b in d["buffers"])
         tup = lambda s: None if s is None else tuple(s)  # noqa: E731
         return cls(d["name"], buffers, d["scale"], d["causal"], tup(d["bias_strides"]), tup(d["keep_strides"]),
-                   d["empty_rows"], d.get("p_dtype"), d.get("masked_score", float("-inf")), d.get("positions_stride"))
+                   d["empty_rows"], d.get("p_dtype"), d.get("masked_score", float("-inf")), d.get("positions_stride"),
+                   _symbolic_of(d.get("symbolic")))
+
+
+def symbolic_doc(sym: SymbolicSizes) -> dict:
+    """SymbolicSizes as JSON; no strides key when none is symbolic (a kernel dumps as it did before
+    symbolic strides existed: the same artifact key)."""
+    return {k: v for k, v in dataclasses.asdict(sym).items() if k != "strides" or v}
+
+
+def _symbolic_of(d: dict | None) -> SymbolicSizes | None:
+    if d is None:
+        return None
+    return SymbolicSizes(*(tuple(tuple(x) for x in d.get(k, ())) for k in ("sizes", "ranges", "buffers", "limits",
+                                                                          "strides")))
 
 
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,

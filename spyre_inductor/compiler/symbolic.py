@@ -18,7 +18,9 @@ every size of the bucket the iterations inside the size read only bytes the inpu
 iterations past it store only past the outputs' bytes (so clipping drops exactly them), and the
 reductions ignore what lies past it. Anything else (a symbolic stride, a size inside an index
 or a value, welford over a symbolic range, gathers) stays visibly on the CPU: NotCapturable
-with the reason, an error under SPYRE_STRICT=1.
+with the reason, an error under SPYRE_STRICT=1. (Fused attention is the exception to the
+strides: its heads' stride is seq * dim, and each head becomes its own placeholder,
+symbolic_attention.py.)
 
 How the symbolic parts are found: the group is captured twice, with each size symbol at the
 bucket's maximum and at one less (odd: a power of two does not hide a divisibility that another
@@ -44,7 +46,7 @@ import torch
 
 from . import indexing, symbolic_reduce
 from .indexing import NotCapturable
-from .kernel_ir import Buffer, Kernel, Load, Store, SymbolicSizes
+from .kernel_ir import AttentionKernel, Buffer, Kernel, Load, Store, SymbolicSizes
 
 FLOOR = 16
 
@@ -342,6 +344,8 @@ def program_with_sizes(program, kernel: Kernel):
     from spyre_runtime.program.operands import SizeExpr
 
     sym = kernel.symbolic
+    if isinstance(kernel, AttentionKernel):  # (its per-head placeholders carry their dims: symbolic_attention.py)
+        return dataclasses.replace(program, sizes=tuple(n for n, _, _ in sym.sizes))
     dims: dict[str, list] = {}
     for b, d, s, c, k in sym.buffers:
         buf = kernel.buffer(b)
@@ -353,6 +357,10 @@ def program_with_sizes(program, kernel: Kernel):
 
 def launch_shape(kernel: Kernel, name: str, shape) -> list:
     """A buffer's launch-spec shape: a symbolic dim as its size's name (or coef/const)."""
+    if isinstance(kernel, AttentionKernel):
+        from .symbolic_attention import launch_shape as attention_shape
+
+        return attention_shape(kernel, name, shape)
     out = list(shape)
     symbolic = getattr(kernel, "symbolic", None)
     for b, d, s, c, k in symbolic.buffers if symbolic else ():
@@ -377,7 +385,9 @@ class BucketedPlan:
         from spyre_runtime.launch import prepare_kernel
 
         self.device = device
-        self.kernel = Kernel.from_json((Path(artifact_dir) / "kernel.json").read_text())
+        text = (Path(artifact_dir) / "kernel.json").read_text()
+        attention = json.loads(text).get("kind") == "AttentionKernel"
+        self.kernel = AttentionKernel.from_json(text) if attention else Kernel.from_json(text)
         first = prepare_kernel(artifact_dir, device=device)
         self.plans = [first]
         self.compiled = 0  # buckets compiled at run time
@@ -404,7 +414,12 @@ class BucketedPlan:
 
         (name, lo, hi), = self.kernel.symbolic.sizes
         try:
-            kernel = rebucket(self.kernel, n)
+            if isinstance(self.kernel, AttentionKernel):
+                from .symbolic_attention import rebucket as rebucket_attention
+
+                kernel = rebucket_attention(self.kernel, n)
+            else:
+                kernel = rebucket(self.kernel, n)
             artifact = backend.compile_kernel(kernel, artifact_root())
         except backend.Unsupported as e:
             raise RuntimeError(f"spyre: kernel {self.kernel.name!r} was compiled for {name} in [{lo}, {hi}] and "
@@ -421,4 +436,9 @@ def launch_bucketed(plan: BucketedPlan, args, sizes) -> None:
     from spyre_runtime.launch import launch_jobplan
 
     (n,) = (int(v) for v in sizes)
-    launch_jobplan(plan.plan_for(n), args, sizes=(n,))
+    bucket = plan.plan_for(n)
+    if isinstance(plan.kernel, AttentionKernel):  # (each head of a buffer over the sequence: its own argument)
+        from .symbolic_attention import head_args
+
+        args = head_args(plan.kernel, args, n)
+    launch_jobplan(bucket, args, sizes=(n,))

@@ -5,7 +5,8 @@ the address slots; a placeholder's outermost dim and a loop's trip count may be 
 clamped to a static maximum, so the validator proves bounds once for every size; every transfer
 of a buffer with a symbolic dim is clipped to the bytes it has at the launch's sizes. Then the
 compiler: kernels over a dynamic outer dim are planned for a size bucket, and one compile
-serves every size in it."""
+serves every size in it; fused attention over a dynamic sequence length too, each head of a
+(batch, heads, seq, dim) buffer its own placeholder (compiler/symbolic_attention.py)."""
 
 from __future__ import annotations
 
@@ -268,14 +269,6 @@ def test_the_clipping_check_refuses_a_store_of_rows_past_the_size():
         symbolic.check(kernel(1))
 
 
-@pytest.mark.xfail(strict=True, reason="attention over a symbolic sequence length is not compiled yet (reductions "
-                   "over a symbolic range are: masked past the size). Missing: (1) the attention fusion's index "
-                   "maps and constant-mask folding need concrete sizes, so the SDPA is not fused, and unfused its "
-                   "[B*H, S, S] scores have strides quadratic in S; (2) in (batch, heads, seq, dim) the heads' "
-                   "stride is S * dim: program symbols, device addresses and the launch layer's argument strides "
-                   "are static (only a clipped outermost dim may be symbolic); (3) the rows past S of one head are "
-                   "the next head's bytes, so transfers need per-head row limits, not only clipping at the "
-                   "buffer's end; (4) the fused AttentionKernel has no SymbolicSizes")
 def test_attention_over_a_dynamic_sequence_length(counted):
     # The decoder's attention (issue 18): one compile serves 5 sequence lengths, one fused
     # attention artifact for their bucket (32, 64], under SPYRE_STRICT=1 (the fixture)
@@ -293,6 +286,182 @@ def test_attention_over_a_dynamic_sequence_length(counted):
     assert _graphs() == 1
     assert [type(k).__name__ for k in counted] == ["AttentionKernel"]
     assert all(r.fallback_reason is None for r in records)
+    # the heads' stride is the length times the features: symbolic, and the kernel says so
+    sym = counted[0].symbolic
+    assert sym.sizes[0][1:] == (33, 64) and ("q", 1, "z0", 64, 0) in sym.strides
+
+
+def _sdpa_records(fn, shapes, sizes, dynamic, ref):
+    """Call `fn` on random tensors of `shapes(n)` for each size (the dims in `dynamic` marked on the
+    first call), each result compared with `ref`; the kernel records."""
+    with record_kernels() as records:
+        for k, n in enumerate(sizes):
+            xs = [torch.randn(s) for s in shapes(n)]
+            dev = [x.to(SPYRE) for x in xs]
+            if k == 0:
+                for i, d in dynamic:
+                    torch._dynamo.mark_dynamic(dev[i], d)
+            torch.testing.assert_close(fn(*dev).cpu(), ref(*xs), rtol=1e-5, atol=2e-6)
+    return records
+
+
+def test_attention_without_a_causal_mask_drops_the_positions_past_the_length(counted):
+    # K and V rows past the length load as zeros (each head's rows clipped at its own end), which
+    # would score 0: the program compares each position with the length, read from its size words
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    # (self-attention: q, k and v of one length, as projections of one hidden state are; a query
+    # length and a kv length Dynamo sees as two sizes are not compiled yet)
+    fn = torch.compile(lambda x: sdpa(x, x, x))
+    records = _sdpa_records(fn, lambda n: [(2, 2, n, 64)], (33, 47, 64), [(0, 2)], lambda x: sdpa(x, x, x))
+    assert _graphs() == 1 and [type(k).__name__ for k in counted] == ["AttentionKernel"]
+    (rec,) = records
+    assert rec.fallback_reason is None
+    fills = [i for c in prepare_kernel(rec.artifact).program.cores for _, ins in c.units for i in ins
+             if isinstance(i, isa.Fill) and isinstance(i.value, SizeExpr)]
+    assert fills and all(f.value.symbol == "z0" for f in fills)
+
+
+def test_decode_attention_over_grouped_kv_heads_and_a_growing_kv_length(counted):
+    # One query row per step, 8 query heads over 2 kv heads (enable_gqa), the KV length dynamic:
+    # one graph; the KV cache's bucket (32, 64], then a length past it compiles the next bucket's
+    # artifact at run time, not a new graph
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    fn = torch.compile(lambda q, k, v: sdpa(q, k, v, enable_gqa=True))
+    records = _sdpa_records(fn, lambda n: [(1, 8, 1, 64), (1, 2, n, 64), (1, 2, n, 64)], (33, 40, 64, 65, 100),
+                            [(1, 2), (2, 2)], lambda q, k, v: sdpa(q, k, v, enable_gqa=True))
+    assert _graphs() == 1 and all(r.fallback_reason is None for r in records)
+    assert [type(k).__name__ for k in counted] == ["AttentionKernel"] * 2
+    assert [k.symbolic.sizes[0][1:] for k in counted] == [(33, 64), (65, 128)]
+    assert counted[0].dims == (1, 8, 2, 1, 64, 64, 64)  # (B, H, KVH, L, S, D, Dv): K and V never copied per head
+
+
+def test_an_attention_block_over_a_dynamic_sequence_length(counted):
+    # q, k, v as views of their projections ([1, S, H * D] seen as [1, H, S, D]) and the output
+    # written back next to the features for the output projection: one graph, the attention fused
+    # (each operand one placeholder: its rows are its outermost dim) between the four matmuls
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    w = [torch.randn(256, 256) / 16 for _ in range(4)]
+
+    def block(x, wq, wk, wv, wo):
+        B, S, _ = x.shape
+        q, k, v = ((x @ m.t()).view(B, S, 4, 64).transpose(1, 2) for m in (wq, wk, wv))
+        return sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(B, S, 256) @ wo.t()
+
+    fn = torch.compile(block)
+    with record_kernels() as records:
+        for k, n in enumerate((33, 47, 64)):
+            x = torch.randn(1, n, 256)
+            xs = x.to(SPYRE)
+            if k == 0:
+                torch._dynamo.mark_dynamic(xs, 1)
+            out = fn(xs, *(m.to(SPYRE) for m in w))
+            torch.testing.assert_close(out.cpu(), block(x, *w), rtol=1e-5, atol=1e-4)
+    assert _graphs() == 1 and all(r.fallback_reason is None for r in records)
+    assert sorted(type(k).__name__ for k in counted) == ["AttentionKernel"] + ["MatmulKernel"] * 4
+    (attn,) = [k for k in counted if type(k).__name__ == "AttentionKernel"]
+    assert not attn.symbolic.strides and {b for b, *_ in attn.symbolic.buffers} == {"q", "k", "v", "out"}
+
+
+def test_the_attention_check_refuses_what_the_head_split_cannot_compute():
+    # From the kernel IR alone: a symbolic AttentionKernel whose written heads interleave, whose
+    # rows' stride depends on the size, or that reads a mask, is refused; a size past Dynamo's
+    # range is refused when rebucketed, naming the size and the range
+    from spyre_inductor.compiler import symbolic_attention as sa
+    from spyre_inductor.compiler.errors import Unsupported
+    from spyre_inductor.compiler.kernel_ir import AttentionKernel, Buffer, SymbolicSizes
+
+    def kernel(out_strides, out_sym_strides=(), limits=(2, None), batch=1):
+        qkv = [Buffer(n, "fp32", (batch, 4, 64, 64), (16384, 4096, 64, 1)) for n in "qkv"]
+        out = Buffer("out", "fp32", (batch, 4, 64, 64), out_strides)
+        sym = SymbolicSizes((("z0", 33, 64),), ((3, "z0", 1, 0), (4, "z0", 1, 0)),
+                            tuple((n, 2, "z0", 1, 0) for n in ("q", "k", "v", "out")), (("z0", *limits),),
+                            tuple((n, d, "z0", c, 0) for n in "qkv" for d, c in ((0, 256), (1, 64)))
+                            + tuple(out_sym_strides))
+        return AttentionKernel("a", (*qkv, out), 0.125, causal=0, symbolic=sym)
+
+    good = kernel((16384, 4096, 64, 1), (("out", 0, "z0", 256, 0), ("out", 1, "z0", 64, 0)))
+    sa.check(good)
+    assert set(sa.split(good)) == {"q", "k", "v", "out"} and sa.kv_size(good) is None  # (the diagonal hides them)
+    assert AttentionKernel.from_json(good.to_json()) == good
+    # the output with its heads next to the features ([1, S, H, Dv]): its rows are its outermost dim
+    assert "out" not in sa.split(kernel((16384, 64, 256, 1)))
+    # ... but with 2 batches the batch stride is S * H * Dv: split per head, and written heads 64
+    # elements apart with rows 256 apart interleave (each head is written as its own argument)
+    with pytest.raises(symbolic.NotCapturable, match="heads of out overlap or interleave"):
+        sa.check(kernel((16384, 64, 256, 1), (("out", 0, "z0", 256, 0),), batch=2))
+    with pytest.raises(symbolic.NotCapturable, match="row stride of out depends on it"):
+        sa.check(kernel((16384, 4096, 64, 1), (("out", 2, "z0", 1, 0),)))
+    with pytest.raises(Unsupported, match=r"size 200 is outside the sizes Dynamo admits \[2, 90\]"):
+        sa.rebucket(kernel((16384, 64, 256, 1), limits=(2, 90)), 200)
+    assert sa.rebucket(good, 100).k.shape == (1, 4, 128, 64) and sa.rebucket(good, 100).k.strides[1] == 128 * 64
+
+
+def _compiled_attention(counted, n=40):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    q = torch.randn(1, 4, n, 64).to(SPYRE)
+    torch._dynamo.mark_dynamic(q, 2)
+    with record_kernels() as records:
+        torch.compile(lambda q, k, v: sdpa(q, k, v))(q, q, q)
+    (rec,) = records
+    return rec
+
+
+def test_each_head_reads_and_writes_only_its_own_rows(counted):
+    # Each head of q, k, v and out is its own argument (rows past the length of one head are the
+    # next head's bytes): bound here to separate buffers whose rows past the length are NaN (an
+    # input read there would poison the result) or 7 (an output written there would change them)
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    rec = _compiled_attention(counted)
+    plan = prepare_kernel(rec.artifact)
+    assert [a.name for a in plan.args] == [f"{x}[0,{h}]" for x in ("q", "k", "v", "out") for h in range(4)]
+    n = 37
+    x = torch.randn(3, 4, n, 64)
+    padded = [torch.full((64, 64), float("nan")).to(SPYRE) for _ in range(12)] + \
+        [torch.full((64, 64), 7.0).to(SPYRE) for _ in range(4)]
+    for i, buf in enumerate(padded[:12]):
+        buf[:n].copy_(x[i // 4, i % 4].to(SPYRE))
+    launch_jobplan(plan, [b[:n] for b in padded], sizes=(n,))
+    out = torch.stack([b.cpu() for b in padded[12:]])
+    torch.testing.assert_close(out[:, :n], sdpa(x[0:1], x[1:2], x[2:3])[0], rtol=1e-5, atol=2e-6)
+    assert (out[:, n:] == 7.0).all()
+
+
+def test_an_attention_launch_checks_the_sizes_and_strides_it_binds(counted):
+    from spyre_inductor.compiler.symbolic import launch_bucketed, prepare_bucketed
+
+    rec = _compiled_attention(counted)
+    plan = prepare_bucketed(str(rec.artifact), 0)
+    q = torch.randn(1, 4, 40, 64).to(SPYRE)
+    out = torch.full((1, 4, 40, 64), 7.0).to(SPYRE)
+    # heads 40 * 64 apart: a tensor laid out (batch, seq, heads, dim) has the right shape, not the strides
+    moved = torch.randn(1, 40, 4, 64).to(SPYRE).transpose(1, 2)
+    with pytest.raises(LaunchError, match=r"argument 1 \('k'\): stride 1 is 64, expected 64\*z0 = 2560"):
+        launch_bucketed(plan, [q, moved, q, out], (40,))
+    with pytest.raises(LaunchError, match=r"argument 0 \('q'\): expected shape \[1, 4, 41, 64\] at size z0=41"):
+        launch_bucketed(plan, [q, q, q, out], (41,))
+    with pytest.raises(LaunchError, match=r"size z0=65 is outside the artifact's bounds \[33, 64\]"):
+        launch_jobplan(plan.plans[0], [t for t in (q, q, q, out) for t in (t[0, 0],) * 4], sizes=(65,))
+    torch.spyre.synchronize()
+    assert (out.cpu() == 7.0).all()  # nothing was launched
+
+
+def test_a_mask_read_from_data_over_a_dynamic_length_is_not_fused(counted):
+    # (not compiled yet: the mask's [L, S] layout is symbolic in both dims) it is said so, under strict
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    q = torch.randn(1, 4, 40, 64).to(SPYRE)
+    mask = torch.randn(40, 40).to(SPYRE)
+    torch._dynamo.mark_dynamic(q, 2)
+    torch._dynamo.mark_dynamic(mask, 0)
+    torch._dynamo.mark_dynamic(mask, 1)
+    with pytest.raises(Exception, match="SPYRE_STRICT=1"):
+        torch.compile(lambda q, m: sdpa(q, q, q, attn_mask=m))(q, mask)
+    assert not [k for k in counted if type(k).__name__ == "AttentionKernel"]
 
 
 @pytest.mark.slow

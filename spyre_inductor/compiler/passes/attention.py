@@ -115,7 +115,12 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     from ..backend import COMPILER_VERSION, Compiled
 
     shape = analyse(kernel)
-    symbols = symbols_of(kernel)
+    if kernel.symbolic is not None:  # (issue 18: each head of a buffer over the sequence is its own placeholder)
+        from ..symbolic_attention import layouts, symbols as head_symbols
+
+        symbols, buffers = head_symbols(kernel), layouts(kernel)
+    else:
+        symbols, buffers = symbols_of(kernel), buffers_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     tilings = variants(shape)
     moved = {t: traffic(shape, t) for t in tilings}
@@ -173,7 +178,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     division = Division(len(work), f"{nunits} work units (batch, kv head, {tiling.rows} query rows per head)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results),
                         tuple((w.core, len(w.units)) for w in work), chosen.ns)
-    plans = Plans("attention", buffers_of(kernel), tile_kernel(shape), (("shape", shape), ("tiling", tiling)), place,
+    plans = Plans("attention", buffers, tile_kernel(shape), (("shape", shape), ("tiling", tiling)), place,
                   division)
     return Compiled(plans, program)
 

@@ -141,6 +141,8 @@ class _Core:
         for name, value in (("scale", self.s.scale), ("ninf", NINF), ("fill", self.s.masked_score), ("zero", 0.0),
                             ("one", 1.0), ("izero", 0)):
             sfp.emit(Fill(self.tile(name, None, 0, 1, 1, "int32" if name == "izero" else "fp32"), value))
+        if self.s.kv_size is not None:  # issue 18: the kv length, from the launch's size words
+            sfp.emit(Fill(self.tile("kv_size", None, 0, 1, 1, "int32"), self.s.kv_size))
 
         # units no row of which sees any position: their rows are the empty-row value
         for e, u in enumerate(self.empty_units):
@@ -316,14 +318,15 @@ class _Core:
         a = self.p.at("q", slot)
         for g in range(self.s.G):
             h = u.kvh * self.s.G + g
-            rows_in_pieces(ls, a.offset + g * self.t.rows * a.row_stride, q.buffer, q.at(u.b, h, u.i0, 0) * isz,
-                       u.rows, self.s.D * isz, q.strides[2] * isz, a.row_stride)
+            symbol, element = q.dev(u.b, h, u.i0, 0)
+            rows_in_pieces(ls, a.offset + g * self.t.rows * a.row_stride, symbol, element * isz,
+                           u.rows, self.s.D * isz, q.strides[2] * isz, a.row_stride)
 
     def load_rows(self, ls, name, acc, cols, u: WorkUnit, ch: Chunk, slot):
         isz = ITEMSIZE[acc.dtype]
         a = self.p.at(name, slot)
-        rows_in_pieces(ls, a.offset, acc.buffer, acc.at(u.b, u.kvh, ch.j0, 0) * isz, ch.n, cols * isz,
-                   acc.strides[2] * isz, a.row_stride)
+        symbol, element = acc.dev(u.b, u.kvh, ch.j0, 0)
+        rows_in_pieces(ls, a.offset, symbol, element * isz, ch.n, cols * isz, acc.strides[2] * isz, a.row_stride)
 
     def mask_rows(self, m, u: WorkUnit, ch: Chunk):
         """Per head: (first row of its region in the mask tile, rows loaded, device element), one
@@ -358,7 +361,8 @@ class _Core:
             per = max(1, PIECE_BYTES // a.row_stride)
             for r0 in range(0, u.rows, per):
                 n = min(per, u.rows - r0)
-                ls.emit(Store(ls.dev(o.buffer, o.at(u.b, h, u.i0 + r0, 0) * isz),
+                symbol, element = o.dev(u.b, h, u.i0 + r0, 0)
+                ls.emit(Store(ls.dev(symbol, element * isz),
                               ls.sp(a.offset + (g * self.t.rows + r0) * a.row_stride), n, self.s.Dv * isz,
                               o.strides[2] * isz if n > 1 else 0, a.row_stride))
 
@@ -403,6 +407,17 @@ class _Core:
             for row, rows_h in heads:
                 S = self.tile("s", b, row, rows_h, n)
                 sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+        if s.kv_size is not None and ch.j0 + n > s.kv_least:
+            # issue 18: positions past the launch's kv length (their K rows loaded as zeros) score
+            # -inf: j < size over the chunk (a chunk before the bucket's least size needs no mask)
+            rows = u.rows - ch.r0
+            idx = self.tile("diag_index", None, 0, rows, n)
+            keep = self.tile("diag_keep", None, 0, rows, n)
+            sfp.emit(Iota(idx, ch.j0, (), 0, 1),
+                     Binary("lt", keep, idx, self.tile("kv_size", None, 0, rows, n, "int32", "scalar")))
+            for row, rows_h in heads:
+                S = self.tile("s", b, row, rows_h, n)
+                sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
         for name in ("bias", "keep"):
             m = getattr(s, name)
             if m is None:
@@ -422,7 +437,7 @@ class _Core:
         # a row whose scores are all -inf has a -inf max: only a data mask can do that (a causal
         # row from r0 on sees a position of every chunk it visits), so only then is it made 0
         safe = (s.bias is not None or (s.keep is not None and s.masked_score == NINF)
-                or s.positions is not None)
+                or s.positions is not None or s.kv_size is not None)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             old, new, l = (self.column(x, row, rows) for x in (m_in, m_out, "l"))

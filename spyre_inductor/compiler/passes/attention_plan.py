@@ -42,10 +42,19 @@ class Access(Describable):
     dtype: str
     strides: tuple[int, int, int, int]
     offset: int
+    heads: bool = False  # issue 18: each (batch, head) is its own placeholder (symbolic_attention.py)
 
     def at(self, b: int, h: int, i: int, j: int) -> int:
         s = self.strides
         return self.offset + s[0] * b + s[1] * h + s[2] * i + s[3] * j
+
+    def dev(self, b: int, h: int, i: int, j: int) -> tuple[str, int]:
+        """(placeholder, element in it) of element (b, h, i, j)."""
+        if not self.heads:
+            return self.buffer, self.at(b, h, i, j)
+        from ..symbolic_attention import head_name
+
+        return head_name(self.buffer, b, h), self.offset + self.strides[2] * i + self.strides[3] * j
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,10 @@ class AttentionShape(Describable):
     p_dtype: str           # the probabilities' dtype for PV (the output's: softmax(...).to(v.dtype) @ v)
     masked_score: float    # what the keep mask makes a dropped position's score
     positions: Access | None = None  # per-row positions (strides (0, 0, stride, 0)): the diagonal is theirs
+    # Issue 18: the kv length known only at launch, when positions past it must be masked: (the
+    # SizeExpr the program fills, its value at the bucket's least size: chunks before it need no mask)
+    kv_size: object | None = None
+    kv_least: int = 0
 
     @property
     def skips(self) -> bool:
@@ -101,9 +114,22 @@ def analyse(kernel: AttentionKernel) -> AttentionShape:
     if min(B, H, L, S, D, Dv) == 0:
         raise Unsupported(f"{where}: an empty dim in {kernel.dims}")
 
+    heads = set()
+    kv_size, kv_least = None, 0
+    if kernel.symbolic is not None:
+        from spyre_runtime.program.operands import SizeExpr
+
+        from ..symbolic_attention import kv_size as kv_of, split
+
+        heads = set(split(kernel))
+        fit = kv_of(kernel)
+        if fit is not None:
+            (name, lo, _), = kernel.symbolic.sizes
+            kv_size, kv_least = SizeExpr(name, hi=S, coef=fit[0], const=fit[1]), fit[0] * lo + fit[1]
+
     def access(buf, strides=None) -> Access:
         # offset 0: a buffer's storage offset is already in the address its symbol resolves to
-        return Access(buf.name, buf.dtype, tuple(strides or buf.strides), 0)
+        return Access(buf.name, buf.dtype, tuple(strides or buf.strides), 0, buf.name in heads)
 
     masks = {}
     for role, buf, strides in (("bias", kernel.bias, kernel.bias_strides), ("keep", kernel.keep, kernel.keep_strides)):
@@ -121,7 +147,8 @@ def analyse(kernel: AttentionKernel) -> AttentionShape:
         positions = access(kernel.positions, (0, 0, kernel.positions_stride, 0))
     return AttentionShape(B, H, KVH, L, S, D, Dv, access(kernel.q), access(kernel.k), access(kernel.v),
                           access(kernel.out), masks["bias"], masks["keep"], kernel.scale, kernel.causal,
-                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype, kernel.masked_score, positions)
+                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype, kernel.masked_score, positions,
+                          kv_size, kv_least)
 
 
 @dataclass(frozen=True)
@@ -253,8 +280,10 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
         if m is not None:
             rows = (R if m.strides[2] else 1) * (G if m.strides[1] else 1)
             out.append(need(name, rows, kv, m.dtype, t.slots))
-    if shape.causal is not None:
+    if shape.causal is not None or shape.kv_size is not None:
         out += [need("diag_index", R, kv, "int32"), need("diag_keep", R, kv, "bool")]
+    if shape.kv_size is not None:
+        out.append(Need("kv_size", STICK, STICK))
     if shape.positions is not None:
         out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
     out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
