@@ -156,6 +156,28 @@ def _decompositions() -> dict:
     return _TABLE
 
 
+def _keys(*names: str):
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)
+    for name in names:
+        if hasattr(torch._C.DispatchKey, name):  # (not every key has a Python name)
+            keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+    return keys
+
+
+# What a kernel below autograd runs with excluded (autograd's and autocast's keys): a trace needs
+# no more excluded than that. Called from a user's TorchDispatchMode (FlopCounterMode, a debug
+# mode), this kernel runs with every key from Python down excluded, functionalization among them,
+# and a trace there would see its fake tensors' functional wrappers as real tensors.
+_KERNEL_EXCLUDES = _keys("AutogradOther", "AutogradNestedTensor") | torch._C._dispatch_tls_local_exclude_set()
+# (the last: autocast's keys, which a thread excludes by default; this module loads with no guard on)
+
+
+def _plain_dispatch():
+    """The dispatch state of a kernel below autograd, whatever called it."""
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                           torch._C._dispatch_tls_local_exclude_set() & _KERNEL_EXCLUDES)
+
+
 def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule, list]:
     """The op's functionalized, decomposed graph over fake copies of `tensors`, and the fakes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -165,7 +187,7 @@ def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule,
     # detached: the kernel runs below autograd; the graph is the op's forward only
     fakes = [mode.from_tensor(t.detach()) for t in tensors]
     try:
-        with mode, torch.no_grad():
+        with _plain_dispatch(), mode, torch.no_grad():
             gm = make_fx(torch.func.functionalize(_graph_fn(sig, values), remove="mutations"),
                          decomposition_table=_decompositions())(*fakes)
     except Exception as e:  # noqa: BLE001

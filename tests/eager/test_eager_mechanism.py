@@ -238,3 +238,31 @@ def test_random_ops_are_routable_once_compiled():
     sig = signature_of(torch.ops.aten.normal_.default)
     assert sig is not None and sig.mode is Mode.INPLACE and sig.has_generator
     assert "normal_" not in ops.ROUTED  # another branch's (RNG); the table entry is all it takes
+
+
+def test_eager_ops_compile_and_run_under_a_users_dispatch_mode(spyre, strict, fresh_cache):
+    # A TorchDispatchMode (a debug mode, FlopCounterMode) sees the op, then calls it: the spyre
+    # kernel is then reached with every key from Python down excluded, and still compiles it.
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(8, 16)
+    xs = x.to(spyre)
+    with Seen() as seen:
+        (total, programs) = _programs_launched(lambda: (xs + 1.5).softmax(-1).sum())
+    assert torch.ops.aten.add.Tensor in seen.ops and programs == 3
+    torch.testing.assert_close(total.cpu(), (x + 1.5).softmax(-1).sum())
+    with FlopCounterMode(display=False) as flops:
+        y = torch.mm(xs, xs.t())
+    assert flops.get_total_flops() == 2 * 8 * 16 * 8
+    torch.testing.assert_close(y.cpu(), x @ x.t())
+    assert CACHE.stats().cpu_routes == 0
