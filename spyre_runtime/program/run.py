@@ -36,6 +36,7 @@ from .timing import Report, Timing
 from .program import SIZE_BYTES, SLOT_BYTES, Program
 from .validate import ProgramError, validate_once
 
+_SLOT = struct.Struct("<2q")  # one address slot: (region, offset)
 BOUND_RUNS_KEPT = 4  # bindings remembered per program (the caching allocator hands back the same blocks)
 
 @dataclass(frozen=True)
@@ -80,21 +81,31 @@ class ProgramExecutable:
         self._temps = tuple(sym for sym in program.symbols if sym.role == "temp")
         self._bank_cores = bank_cores(program)
         self._last_report_key: dict[tuple, Report] = {}  # (artifact, slots, recording) -> its report
+        self._areas: dict[Artifact, ctypes.Array] = {}  # each artifact's address slots, in place
 
     def fetch(self, artifact: Artifact) -> None:
         """Read the correction area now (the program-distribution unit's fetch)."""
         self._fetched[artifact] = (self._read_slots(artifact), self._read_sizes(artifact))
 
     def _read_slots(self, artifact: Artifact) -> tuple[tuple[int, int], ...]:
-        n = len(self._placeholders)
+        # Struct over the host-addressable bytes, not a torch view: a torch call lets go of the
+        # GIL, and the fetch runs inside the launch that made the compute ready.
+        area = self._areas.get(artifact)
+        if area is None:
+            area = self._area(artifact)
+        return tuple(_SLOT.iter_unpack(area))
+
+    def _area(self, artifact: Artifact):
+        """The correction area's address slots as bytes in place (the allocation outlives this)."""
         start = artifact.correction
         if start is None:
             start = artifact.offset + self.program.correction_offset
-        # string_at and struct over the host-addressable bytes, not a torch view: a torch call lets
-        # go of the GIL, and the fetch runs inside the launch that made the compute ready.
-        raw = ctypes.string_at(region_address(artifact.device, artifact.region) + start, n * SLOT_BYTES)
-        words = struct.unpack(f"<{2 * n}q", raw)
-        return tuple(zip(words[0::2], words[1::2]))
+        n = len(self._placeholders)
+        area = (ctypes.c_char * (n * SLOT_BYTES)).from_address(region_address(artifact.device, artifact.region) + start)
+        if len(self._areas) >= 16:
+            self._areas.clear()
+        self._areas[artifact] = area
+        return area
 
     def _buffers(self, artifact: Artifact, slots, sizes: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
         buffers = {}
