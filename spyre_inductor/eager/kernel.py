@@ -27,9 +27,10 @@ import torch
 from torch._guards import TracingContext
 
 from . import compile as compiling
+from . import scalars
 from .cache import CACHE
 from .key import make_key, tensors_of
-from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, not_compiled
+from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, ValueKeyed, not_compiled
 from .signature import Mode, Signature
 
 __all__ = ["ENABLED", "entry_for", "make_kernel", "set_enabled"]
@@ -114,7 +115,7 @@ def entry_for(sig: Signature, key, values, kernel):
             return entry
         STATE.busy = True
         try:
-            entry, compiled = _build(sig, values, kernel)
+            entry, compiled = _build(sig, values, kernel, scalars.positions(sig, values, key))
         except compiling.TraceError as e:
             entry, compiled = None, None
             trace_error = e
@@ -131,8 +132,8 @@ def entry_for(sig: Signature, key, values, kernel):
         return entry
 
 
-def _build(sig: Signature, values, kernel):
-    tensors = tensors_of(sig, values)
+def _build(sig: Signature, values, kernel, travel=()):
+    tensors, dtypes = tensors_of(sig, values), ()
     try:
         compiling.check_dtypes(tensors)
         if sig.mode is not Mode.FUNCTIONAL and _aliased_write(sig, tensors, values):
@@ -141,6 +142,11 @@ def _build(sig: Signature, values, kernel):
             shapes = compiling.resized_outputs(sig, values, tensors)
             if shapes is not None:
                 return Resize(shapes, kernel), None
+        if travel:  # (issue 19) traced and compiled with the scalars as 0-d inputs: scalars.py
+            tvalues, dtypes = scalars.with_inputs(sig, values, travel, tensors)
+            if not scalars.promotes_alike(sig, values, tvalues, compiling._rebuild):
+                return ValueKeyed("a 0-d input promotes unlike the wrapped number", kernel), None
+            values, tensors = tvalues, tensors_of(sig, tvalues)
         gm, fakes = compiling.trace(sig, values, tensors)
         try:
             compiled = compiling.compile_graph(gm, fakes)
@@ -154,7 +160,10 @@ def _build(sig: Signature, values, kernel):
             raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
         if compiled.programs == 0 and compiled.cpu_calls:
             raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
-        return CompiledEntry(sig, compiled), compiled
+        if travel and (compiled.cpu_calls or not scalars.launched_only(
+                getattr(compiled.fn, "source_code", "") or "", scalars.input_names(sig, values, travel))):
+            return ValueKeyed("the compiled graph uses a scalar other than as a launch argument", kernel), None
+        return CompiledEntry(sig, compiled, travel, dtypes), compiled
     except compiling.Declined as e:
         return CpuRoute(str(e)), None
 
