@@ -133,7 +133,7 @@ def entry_for(sig: Signature, key, values, kernel):
 
 
 def _build(sig: Signature, values, kernel, travel=()):
-    tensors, dtypes = tensors_of(sig, values), ()
+    tensors, dtypes, checks = tensors_of(sig, values), (), ()
     try:
         compiling.check_dtypes(tensors)
         if sig.mode is not Mode.FUNCTIONAL and _aliased_write(sig, tensors, values):
@@ -142,12 +142,19 @@ def _build(sig: Signature, values, kernel, travel=()):
             shapes = compiling.resized_outputs(sig, values, tensors)
             if shapes is not None:
                 return Resize(shapes, kernel), None
+        tsig = sig
         if travel:  # (issue 19) traced and compiled with the scalars as 0-d inputs: scalars.py
-            tvalues, dtypes = scalars.with_inputs(sig, values, travel, tensors)
-            if not scalars.promotes_alike(sig, values, tvalues, compiling._rebuild):
-                return ValueKeyed("a 0-d input promotes unlike the wrapped number", kernel), None
-            values, tensors = tvalues, tensors_of(sig, tvalues)
-        gm, fakes = compiling.trace(sig, values, tensors)
+            # the op on fakes with the scalars as they came, then as 0-d inputs: the same outputs
+            # (dtypes, shapes), or the same error, or the scalars cannot travel
+            found = scalars.outputs(sig, values, compiling._rebuild)
+            out_dtypes = scalars.dtypes_of(found)
+            tsig = scalars.traced_signature(sig, travel)
+            tvalues, dtypes = scalars.with_inputs(sig, values, travel, tensors, out_dtypes)
+            if scalars.outputs(tsig, tvalues, compiling._rebuild) != found:
+                return ValueKeyed("a 0-d input promotes unlike the scalar", kernel), None
+            checks = scalars.checks(sig, travel, out_dtypes)
+            values, tensors = tvalues, tensors_of(tsig, tvalues)
+        gm, fakes = compiling.trace(tsig, values, tensors)
         try:
             compiled = compiling.compile_graph(gm, fakes)
         except compiling.TraceError:
@@ -161,9 +168,9 @@ def _build(sig: Signature, values, kernel, travel=()):
         if compiled.programs == 0 and compiled.cpu_calls:
             raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
         if travel and (compiled.cpu_calls or not scalars.launched_only(
-                getattr(compiled.fn, "source_code", "") or "", scalars.input_names(sig, values, travel))):
+                getattr(compiled.fn, "source_code", "") or "", scalars.input_names(tsig, values, travel))):
             return ValueKeyed("the compiled graph uses a scalar other than as a launch argument", kernel), None
-        return CompiledEntry(sig, compiled, travel, dtypes), compiled
+        return CompiledEntry(sig, compiled, travel, dtypes, tsig, checks), compiled
     except compiling.Declined as e:
         return CpuRoute(str(e)), None
 

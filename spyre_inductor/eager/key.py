@@ -10,20 +10,24 @@ its VALUE, with its type (1, 1.0 and True are different constants).
 
 * Travel: an int or float handed over in place of a Tensor argument (a wrapped number: the
   dispatcher hands ``x + 2.0``'s 2.0 to a Python kernel as the number; add, sub, mul, div,
-  where, floor_divide... with a scalar operand). Its kind is (TRAVELS, its Python type): int and
+  where, floor_divide... with a scalar operand); and an int or float Scalar argument of an op
+  with a tensor twin (signature._TWINS: ``x > 0.5`` is gt.Scalar, traced as gt.Tensor;
+  rsub, comparisons, masked_fill, fill, where, clamp/clamp_min/clamp_max, remainder and the
+  .Scalar forms of add/sub/mul/div), when all its such Scalars are ints, floats or None. Its kind is (TRAVELS, its Python type): int and
   float are different kinds (they promote differently: int32 + 2 is int32, int32 + 2.0 float32);
   what else the promotion depends on, the tensors' dtypes, is in the key already. It is traced
   as a 0-d graph input and given at launch as a host value carried in the correction area
   (scalars.py; spyre_runtime/values.py).
 * Keyed on the value: everything else. Non-tensor arguments (dims, sizes, dtypes, rounding
-  modes, and the schema's Scalar arguments: alpha, clamp bounds, fill values, pow's exponent,
-  whose values Inductor's decompositions bake or specialize on: pow 2 is x*x, 0.5 is sqrt) are
+  modes, and the schema's other Scalar arguments: alpha, pow's exponent, lerp's weight,
+  leaky_relu's slope, threshold's values, full's fill value, whose values Inductor's
+  decompositions bake or may specialize on: pow 2 is x*x, 0.5 is sqrt) are
   baked into the traced graph as constants; so is a wrapped number that is a bool or complex,
-  and every wrapped number of a call with an fp16/bf16 or a 0-d tensor: a baked float constant
-  lives in an fp32 tile (eager's opmath keeps the scalar in float), which a 0-d fp16 input would
-  round first, and beside another 0-d tensor a 0-d input promotes unlike a wrapped number
-  (0-d fp16 + 2.5 is fp16; with a 0-d fp32 input it would be fp32). Scalars in Tensor[] lists
-  stay keyed by value too. A distinct value is its own compile (the cache is bounded).
+  and every scalar of a call with an fp16/bf16 tensor: a baked float constant lives in an fp32
+  tile (eager's opmath keeps the scalar in float), which a 0-d fp16 input would round first.
+  Scalars in Tensor[] lists stay keyed by value too. A distinct value is its own compile (the
+  cache is bounded). Where a 0-d input would promote unlike the scalar after all, the compile
+  finds it out (scalars.py) and the kind's entry sends each value to its own value key.
 
 ``None`` as the key means "not for the compiled path": a CPU tensor among the
 arguments (a CPU 0-d tensor with a spyre one, as PyTorch allows), a tensor on
@@ -86,18 +90,33 @@ def make_key(sig: Signature, values: tuple, travel: bool = True):
             offset = t.storage_offset()
             parts += (t.dtype, t.shape, t.stride(), index, (offset * t.element_size()) & 127 if offset else 0)
         parts.append(len(values[i]))
+    start = len(parts)
     for i in sig.others_at:
         parts.append(_value_key(values[i]))
+    if sig.scalar_at and twin_travels(sig, values):
+        for k in sig.scalar_slots:
+            t = values[sig.others_at[k]]
+            if t is not None:
+                if scalars is None:
+                    scalars = []
+                scalars.append((start + k, t))
     if scalars is not None and travel and TRAVEL[0] and _may_travel(sig, values):
         for at, t in scalars:
             parts[at] = (TRAVELS, type(t))
     return tuple(parts)
 
 
+def twin_travels(sig: Signature, values: tuple) -> bool:
+    """Whether the call's Scalar arguments that the op's tensor twin takes as Tensors may travel:
+    each an int or a float, or None (absent: clamp's min)."""
+    return all(values[i] is None or type(values[i]) in TRAVELING_TYPES for i in sig.scalar_at) and \
+        any(values[i] is not None for i in sig.scalar_at)
+
+
 def _may_travel(sig: Signature, values: tuple) -> bool:
-    """No fp16/bf16 and no 0-d tensor among the call's tensors (see the module docstring)."""
+    """No fp16/bf16 tensor among the call's tensors (see the module docstring)."""
     for t in tensors_of(sig, values):
-        if t.dtype in _HALVES or t.dim() == 0:
+        if t.dtype in _HALVES:
             return False
     return True
 

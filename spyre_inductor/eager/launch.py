@@ -8,7 +8,7 @@
   each scalar as a host value: a 0-d CPU tensor of its travel dtype, which
   the launch carries in the correction area.
 * ValueKeyed: the kind's entry of a call whose scalars cannot travel after
-  all (scalars.promotes_alike): each value is looked up, and compiled, under
+  all (the compile checks, scalars.py): each value is looked up, and compiled, under
   its own value key, as before issue 19.
 * CpuRoute: the call runs through the eager CPU fallback (warned once per op,
   forbidden under SPYRE_STRICT=1, naming the op and why), or through PyTorch's
@@ -29,7 +29,7 @@ from spyre_inductor.device import fallback
 from spyre_runtime.binding import LaunchError
 
 from .key import tensors_of
-from .scalars import HostValues
+from .scalars import HostValues, fits
 from .signature import Mode, Signature
 
 
@@ -46,9 +46,10 @@ def not_compiled(sig: Signature, args, kwargs, reason: str):
 
 
 class CompiledEntry:
-    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written", "travel", "hosts")
+    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written", "travel", "hosts", "traced", "checks")
 
-    def __init__(self, sig: Signature, compiled, travel: tuple[int, ...] = (), dtypes: tuple = ()):
+    def __init__(self, sig: Signature, compiled, travel: tuple[int, ...] = (), dtypes: tuple = (),
+                 traced: Signature | None = None, checks: tuple = ()):
         self.fn = compiled.fn
         self.mode = sig.mode
         self.programs = compiled.programs
@@ -57,6 +58,8 @@ class CompiledEntry:
         self.single = sig.returns == 1
         self.travel = travel  # schema positions of the scalars given as host values, and their dtypes
         self.hosts = HostValues(dtypes) if travel else None
+        self.traced = traced or sig  # the signature traced: the op's tensor twin if a Scalar travels
+        self.checks = checks  # (position, dtype): values PyTorch converts with an overflow check
 
     def run(self, sig, values, args, kwargs):
         if self.cpu_calls and fallback.strict():
@@ -90,11 +93,13 @@ class CompiledEntry:
     def _with_hosts(self, sig, values) -> list:
         """The graph's inputs: the call's tensors with each traveling scalar's host value in place."""
         travel = self.travel
+        for i, dtype in self.checks:
+            fits(values[i], dtype)
         hosts = self.hosts.fill([values[i] for i in travel])
         held = list(values)
         for i, t in zip(travel, hosts):
             held[i] = t
-        return tensors_of(sig, held)
+        return tensors_of(self.traced, held)
 
     def describe(self) -> str:
         cpu = f", on the CPU: {', '.join(self.cpu_calls)}" if self.cpu_calls else ""

@@ -10,11 +10,14 @@ an unspecialized scalar too (a 0-d CPU tensor graph input), and Inductor loads i
 The travel dtype D is what a baked-in constant of today's compile is converted to: Inductor
 promotes a Python constant to the op's computation dtype (an ir.Constant of it) and our backend
 converts it as PyTorch converts a scalar to a tensor's type (compiler/scalars.scalar_as). So D
-is float32 for a float scalar or when a floating tensor takes part (key.py keeps scalars on
+is float32 when the scalar, a tensor or the result is floating (key.py keeps scalars on
 fp16/bf16 calls keyed by value: their constants live in fp32 tiles, which a 0-d fp16 input would
-round), else the promoted integer dtype of the integer tensors (int64 beside bools only); the
-value is converted to D exactly as scalar_as converts (floats round to nearest, beyond the range
-+-inf; integers wrap to D's width, as CPU eager does for ``int32 + 2**40``).
+round; int32 / 2**40 divides by 2**40 in float), else the promoted dtype of the integer tensors
+(int64 beside bools only). The value is converted to D as scalar_as converts (floats round to
+nearest, beyond the range +-inf; integers wrap to D's width, as CPU eager does for
+``int32 + 2**40``), and where the CPU kernel converts with an overflow check (fill_,
+masked_fill, where, clamp: Signature.checked) a value that overflows the result's dtype raises
+the CPU kernel's RuntimeError before anything is launched.
 
 A 0-d input does not promote like a wrapped number in every op, so before compiling the call is
 run on fake tensors both ways: if the outputs' dtypes or shapes differ, or the compiled graph
@@ -25,6 +28,7 @@ ValueKeyed one and each value compiles under its own key, as before issue 19.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
 import warnings
@@ -44,52 +48,98 @@ def positions(sig: Signature, values: tuple, key) -> tuple[int, ...]:
     """The schema positions whose scalars travel in this call (key.py decided: all or none)."""
     if key is None or not any(type(p) is tuple and len(p) == 2 and p[0] == TRAVELS for p in key):
         return ()
-    return tuple(i for i in sig.tensor_at if type(values[i]) in TRAVELING_TYPES)
+    from .key import twin_travels
+
+    at = [i for i in sig.tensor_at if type(values[i]) in TRAVELING_TYPES]
+    if sig.scalar_at and twin_travels(sig, values):
+        at += (i for i in sig.scalar_at if values[i] is not None)
+    return tuple(sorted(at))
 
 
-def travel_dtype(value, tensors) -> torch.dtype:
-    """D: the dtype a baked constant `value` would be converted to in this call (module docstring)."""
-    if type(value) is float or any(t.dtype.is_floating_point for t in tensors):
+def traced_signature(sig: Signature, travel: tuple[int, ...]) -> Signature:
+    """The signature the call is traced with: the op's tensor twin when a Scalar argument travels."""
+    if sig.twin is not None and any(i in sig.scalar_at for i in travel):
+        from .signature import signature_of
+
+        return signature_of(sig.twin)
+    return sig
+
+
+def travel_dtype(value, tensors, out_dtypes: tuple) -> torch.dtype:
+    """D: the dtype a baked constant `value` would be converted to in this call (module
+    docstring): float32 when the scalar, a tensor or the result is floating (int32 / 2**40 divides
+    by 2**40 in float, as the CPU does), else the integer tensors' promoted dtype (int32 + 2**40
+    wraps the scalar to int32, as the CPU does)."""
+    if type(value) is float or any(t.dtype.is_floating_point for t in tensors) or \
+            any(d.is_floating_point for d in out_dtypes):
         return torch.float32
     ints = [t.dtype for t in tensors if t.dtype != torch.bool]
     return functools.reduce(torch.promote_types, ints) if ints else torch.int64
 
 
-def with_inputs(sig: Signature, values: tuple, travel: tuple[int, ...], tensors) -> tuple[tuple, tuple]:
+def with_inputs(sig: Signature, values: tuple, travel: tuple[int, ...], tensors,
+                out_dtypes: tuple) -> tuple[tuple, tuple]:
     """(values with each traveling scalar replaced by a spyre 0-d tensor of its D, the Ds): what
     the call is traced and compiled on (the 0-d tensors' contents do not matter: traced as fakes)."""
     device = tensors[0].device if tensors else torch.device("spyre", torch.spyre.current_device())
     out, dtypes = list(values), []
     for i in travel:
-        d = travel_dtype(values[i], tensors)
+        d = travel_dtype(values[i], tensors, out_dtypes)
         dtypes.append(d)
         out[i] = torch.empty((), dtype=d, device=device)
     return tuple(out), tuple(dtypes)
 
 
-def promotes_alike(sig: Signature, values: tuple, tvalues: tuple, rebuild) -> bool:
-    """Whether the op gives outputs of the same dtypes and shapes, or raises alike, with the
-    scalars as wrapped numbers and as 0-d inputs (run on fake tensors, nothing traced). An
-    in-place or out= op's written tensors keep their dtype and shape; what can differ there is
-    whether the result type may be cast to them, which is whether it raises."""
+def outputs(sig: Signature, values: tuple, rebuild):
+    """The op's outputs' (dtype, shape) on fake tensors, or ("raises", the error's type)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .key import tensors_of
 
-    def run(vals):
-        mode = FakeTensorMode()
-        fakes = [mode.from_tensor(t.detach()) for t in tensors_of(sig, vals)]
-        try:
-            with mode, warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                args, kwargs = rebuild(sig, vals, fakes)
-                out = sig.op(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001
-            return ("raises", type(e))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        return tuple((o.dtype, o.shape) for o in outs if isinstance(o, torch.Tensor))
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t.detach()) for t in tensors_of(sig, values)]
+    try:
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args, kwargs = rebuild(sig, values, fakes)
+            out = sig.op(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        return ("raises", type(e))
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return tuple((o.dtype, o.shape) for o in outs if isinstance(o, torch.Tensor))
 
-    return run(values) == run(tvalues)
+
+def dtypes_of(found) -> tuple:
+    return () if found and found[0] == "raises" else tuple(d for d, _ in found)
+
+
+_C_TYPE = {torch.float32: "float", torch.int64: "long int", torch.int32: "int", torch.int8: "signed char",
+           torch.bool: "bool"}
+
+
+def checks(sig: Signature, travel: tuple[int, ...], out_dtypes: tuple) -> tuple:
+    """(position, dtype) of the traveling scalars PyTorch converts to the result's dtype with an
+    overflow check (Signature.checked): each launch checks its value the same way (fits)."""
+    if not sig.checked or not out_dtypes:
+        return ()
+    return tuple((i, out_dtypes[0]) for i in travel)
+
+
+def fits(v, dtype: torch.dtype) -> None:
+    """RuntimeError, as the CPU kernel's checked conversion raises it, if `v` overflows `dtype`."""
+    if dtype.is_floating_point:  # (float32: key.py keeps fp16/bf16 calls keyed by value)
+        try:
+            f = float(v)
+        except OverflowError:  # an int beyond every float
+            f = None
+        ok = f is not None and (f != f or f in (math.inf, -math.inf) or abs(f) <= _F32_MAX)
+    elif dtype is torch.bool:
+        ok = True
+    else:
+        info = torch.iinfo(dtype)
+        ok = v == v and info.min <= v <= info.max  # (a nan fails both)
+    if not ok:
+        raise RuntimeError(f"value cannot be converted to type {_C_TYPE.get(dtype, str(dtype))} without overflow")
 
 
 def input_names(sig: Signature, tvalues: tuple, travel: tuple[int, ...]) -> tuple[str, ...]:
