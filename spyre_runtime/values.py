@@ -125,12 +125,12 @@ def bind_values(plan, args, host: tuple[int, ...]):
     if valued is None:
         raise LaunchError(f"kernel {plan.name!r}: host values with size symbols are not supported; pass its "
                           f"0-d inputs as spyre tensors")
+    if len(args) != len(plan.args):
+        plan.table.explain(args)  # (raises, naming the count)
     table = valued.tables.get(host)
     if table is None:
         table = valued.tables[host] = _HostTable(plan, host, valued)
     device_args = [a for i, a in enumerate(args) if i not in host]
-    if len(args) != len(plan.args):
-        table.inner.explain(device_args)  # (raises, naming the count)
     inner_bound = table.check(device_args)
     extra = [0] * valued.pad_words
     for i in valued.values:

@@ -154,25 +154,37 @@ def _build(sig: Signature, values, kernel, travel=()):
                 return ValueKeyed("a 0-d input promotes unlike the scalar", kernel), None
             checks = scalars.checks(sig, travel, out_dtypes)
             values, tensors = tvalues, tensors_of(tsig, tvalues)
-        gm, fakes = compiling.trace(tsig, values, tensors)
         try:
-            compiled = compiling.compile_graph(gm, fakes)
-        except compiling.TraceError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
-            if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
-                # strict mode refused a CPU part of the graph: not a decline to cache (the same
-                # call compiles, with a CPU part, once strict mode is off)
-                raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
-            raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
-        if compiled.programs == 0 and compiled.cpu_calls:
-            raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
+            compiled = _compiled(sig, tsig, values, tensors)
+        except (compiling.TraceError, compiling.Declined, NotImplementedError) as e:
+            if not travel:
+                raise
+            # with the scalar as a 0-d input it does not compile (or not entirely in programs):
+            # each value compiles under its own key, as before issue 19
+            return ValueKeyed(f"with the scalar as a 0-d input: {_first_line(e)}", kernel), None
         if travel and (compiled.cpu_calls or not scalars.launched_only(
                 getattr(compiled.fn, "source_code", "") or "", scalars.input_names(tsig, values, travel))):
             return ValueKeyed("the compiled graph uses a scalar other than as a launch argument", kernel), None
         return CompiledEntry(sig, compiled, travel, dtypes, tsig, checks), compiled
     except compiling.Declined as e:
         return CpuRoute(str(e)), None
+
+
+def _compiled(sig: Signature, tsig: Signature, values, tensors):
+    gm, fakes = compiling.trace(tsig, values, tensors)
+    try:
+        compiled = compiling.compile_graph(gm, fakes)
+    except compiling.TraceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
+        if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
+            # strict mode refused a CPU part of the graph: not a decline to cache (the same
+            # call compiles, with a CPU part, once strict mode is off)
+            raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
+        raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
+    if compiled.programs == 0 and compiled.cpu_calls:
+        raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
+    return compiled
 
 
 def _first_line(e: Exception) -> str:

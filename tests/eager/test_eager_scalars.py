@@ -229,3 +229,24 @@ def test_a_launch_takes_a_zero_dim_input_as_a_host_value_or_a_spyre_tensor(spyre
     _same(out, a - 4.0)
     with pytest.raises(LaunchError, match="host value must be a 0-d CPU tensor of dtype torch.float32"):
         entry.fn([x, torch.tensor(1.0, dtype=torch.float64)])
+
+
+def test_a_kind_that_does_not_compile_with_a_zero_dim_input_falls_back_to_value_keys(spyre, strict, fresh_cache,
+                                                                                     monkeypatch):
+    from spyre_inductor.eager import compile as compiling
+
+    real = compiling.compile_graph
+
+    def refuses_zero_dim_inputs(gm, fakes):
+        if any(f.dim() == 0 for f in fakes):
+            raise RuntimeError("no 0-d inputs today")
+        return real(gm, fakes)
+
+    monkeypatch.setattr(compiling, "compile_graph", refuses_zero_dim_inputs)
+    a = torch.randn(4, 32)
+    x = a.to(spyre)
+    for v in (2.0, 3.0):
+        _same(x * v, a * v)  # compiled per value, not sent to the CPU
+    (kind,) = [e for e in _entries(torch.ops.aten.mul.Tensor) if isinstance(e, ValueKeyed)]
+    assert "no 0-d inputs today" in kind.describe()
+    assert CACHE.stats().compiles == 2 and CACHE.stats().cpu_routes == 0
