@@ -453,7 +453,7 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
                           f"got {type(args).__name__}")
     if _prepare_each_launch:
         plan = prepare_kernel(plan.artifact_dir, plan.device)
-    if plan.values and (host := host_positions(plan, args)):
+    if plan.values and not sizes and (host := host_positions(plan, args)):
         # 0-d inputs given as host values: their bytes travel in a valued correction area (values.py)
         plan, table, bound, extra, turn = bind_values(plan, args, host)
     elif plan.sizes or sizes:

@@ -31,9 +31,6 @@ import torch
 from .binding import ArgTable, LaunchError
 from .program.operands import STICK
 
-_CPU = torch.device("cpu")
-
-
 def value_inputs(args) -> tuple[int, ...]:
     """Launch-spec positions of the 0-d inputs: the arguments a launch may give as host values."""
     return tuple(i for i, a in enumerate(args) if a.role == "input" and a.shape == ())
@@ -52,6 +49,8 @@ class Valued:
     values: tuple[int, ...]             # the 0-d inputs, by launch-spec position
     value_offsets: tuple[tuple[int, int], ...]  # per valued area: (region, offset of its first value stick)
     pad_words: int                      # zero words between the slots and the first value stick
+    readers: tuple                      # per 0-d input: the ctypes type its value word is read as
+    zeros: tuple                        # the extra words of a launch before its values are set
     tables: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # host positions -> _HostTable
 
 
@@ -60,7 +59,7 @@ class _HostTable:
     resolve() hands back the slot words of every slot, a host value's slot bound to its stick in
     the area the launch patches (bound: (turn, the device arguments' binding))."""
 
-    __slots__ = ("inner", "host", "order", "offsets", "_memo")
+    __slots__ = ("inner", "host", "keep", "order", "offsets", "words", "readers", "_memo")
 
     def __init__(self, plan, host: tuple[int, ...], valued: Valued):
         specs = plan.args
@@ -71,13 +70,15 @@ class _HostTable:
         self.inner = ArgTable(plan.name, plan.device, tuple(specs[i] for i in keep),
                               tuple((rank, position[a]) for rank, (_, a) in enumerate(kept_slots)))
         self.host = host
+        self.keep = tuple(keep)
+        # the extra words (zeros to the first value stick, a stick per 0-d input) and, per host
+        # value, where its word goes
+        self.words = tuple(valued.pad_words + valued.values.index(a) * (STICK // 8) for a in host)
+        self.readers = tuple(valued.readers[valued.values.index(a)] for a in host)
         # per slot in order: None (the next two words of the device arguments) or which value stick
         self.order = tuple(valued.values.index(a) if a in host else None for _, a in slot_arg)
         self.offsets = valued.value_offsets
         self._memo: dict = {}
-
-    def check(self, args):
-        return self.inner.check(args)
 
     def resolve(self, bound):
         turn, inner_bound = bound
@@ -103,17 +104,20 @@ class _HostTable:
 
 def host_positions(plan, args) -> tuple[int, ...]:
     """Which of the plan's 0-d inputs `args` gives as host (CPU) tensors."""
-    return tuple(i for i in plan.values
-                 if i < len(args) and isinstance(args[i], torch.Tensor) and args[i].device == _CPU)
+    try:
+        return tuple([i for i in plan.values if args[i].is_cpu])
+    except (AttributeError, IndexError, TypeError):  # not tensors, too few: the device path says what
+        return ()
 
 
-def _value_word(plan, i: int, t: torch.Tensor) -> int:
+# A value word is the value's bytes, little-endian, zero-extended to 8 bytes.
+_READERS = {1: ctypes.c_uint8, 2: ctypes.c_uint16, 4: ctypes.c_uint32, 8: ctypes.c_int64}
+
+
+def _refuse(plan, i: int, t: torch.Tensor) -> None:
     spec = plan.args[i]
-    if t.dim() != 0 or t.dtype != spec.dtype:
-        raise LaunchError(f"kernel {plan.name!r} argument {i} ({spec.name!r}, input): a host value must be a "
-                          f"0-d CPU tensor of dtype {spec.dtype}, got {t.dtype} of shape {list(t.shape)}")
-    raw = ctypes.string_at(t.data_ptr(), t.element_size())
-    return int.from_bytes(raw.ljust(8, b"\0"), "little", signed=True)
+    raise LaunchError(f"kernel {plan.name!r} argument {i} ({spec.name!r}, input): a host value must be a "
+                      f"0-d CPU tensor of dtype {spec.dtype}, got {t.dtype} of shape {list(t.shape)}")
 
 
 def bind_values(plan, args, host: tuple[int, ...]):
@@ -130,15 +134,17 @@ def bind_values(plan, args, host: tuple[int, ...]):
     table = valued.tables.get(host)
     if table is None:
         table = valued.tables[host] = _HostTable(plan, host, valued)
-    device_args = [a for i, a in enumerate(args) if i not in host]
-    inner_bound = table.check(device_args)
-    extra = [0] * valued.pad_words
-    for i in valued.values:
-        extra.append(_value_word(plan, i, args[i]) if i in host else 0)
-        extra += (0,) * (STICK // 8 - 1)
+    inner_bound = table.inner.check([args[i] for i in table.keep])
+    extra = list(valued.zeros)
+    for i, at, reader in zip(host, table.words, table.readers):
+        t = args[i]
+        if t.dtype != plan.args[i].dtype or t.dim() != 0:
+            _refuse(plan, i, t)
+        extra[at] = reader.from_address(t.data_ptr()).value
+    extra = tuple(extra)
     derived = valued.plan
     turn = next(derived.turns) % len(derived.areas)
-    return derived, table, (turn, inner_bound), tuple(extra), turn
+    return derived, table, (turn, inner_bound), extra, turn
 
 
 def valued_plan(plan, areas) -> Valued:
@@ -152,4 +158,6 @@ def valued_plan(plan, areas) -> Valued:
                                   values=(), valued=None)
     offsets = tuple((a.address.region, a.address.offset + plan.program.correction_bytes) for a in areas)
     nslots = len(plan.program.placeholders)
-    return Valued(derived, values, offsets, plan.program.correction_bytes // 8 - 2 * nslots)
+    pad = plan.program.correction_bytes // 8 - 2 * nslots
+    readers = tuple(_READERS[plan.args[i].dtype.itemsize] for i in values)
+    return Valued(derived, values, offsets, pad, readers, (0,) * (pad + len(values) * (STICK // 8)))

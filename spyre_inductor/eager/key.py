@@ -36,7 +36,6 @@ another device type, or a conjugate/negative view bit.
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import Tensor

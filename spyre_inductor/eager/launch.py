@@ -96,6 +96,11 @@ class CompiledEntry:
         for i, dtype in self.checks:
             fits(values[i], dtype)
         hosts = self.hosts.fill([values[i] for i in travel])
+        if len(travel) == 1 and not self.traced.lists_at:  # the common case, without a copy of values
+            i = travel[0]
+            host = hosts[0]
+            return [host if j == i else values[j] for j in self.traced.tensor_at
+                    if j == i or isinstance(values[j], torch.Tensor)]
         held = list(values)
         for i, t in zip(travel, hosts):
             held[i] = t

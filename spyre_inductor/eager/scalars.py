@@ -190,14 +190,15 @@ class HostValues:
         self._local = threading.local()
 
     def fill(self, scalars) -> list:
-        held = getattr(self._local, "held", None)
-        if held is None:
-            held = self._local.held = [(t, t.numpy()) for t in (torch.zeros((), dtype=d) for d in self.dtypes)]
-        out = []
-        for (t, view), d, v in zip(held, self.dtypes, scalars):
+        local = self._local
+        try:
+            tensors, views = local.tensors, local.views
+        except AttributeError:  # this thread's first call
+            tensors = local.tensors = [torch.zeros((), dtype=d) for d in self.dtypes]
+            views = local.views = [t.numpy() for t in tensors]
+        for view, d, v in zip(views, self.dtypes, scalars):
             view[()] = _converted(v, d)
-            out.append(t)
-        return out
+        return tensors
 
 
 def _converted(v, dtype: torch.dtype):
