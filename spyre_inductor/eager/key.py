@@ -11,23 +11,25 @@ its VALUE, with its type (1, 1.0 and True are different constants).
 * Travel: an int or float handed over in place of a Tensor argument (a wrapped number: the
   dispatcher hands ``x + 2.0``'s 2.0 to a Python kernel as the number; add, sub, mul, div,
   where, floor_divide... with a scalar operand); and an int or float Scalar argument of an op
-  with a tensor twin (signature._TWINS: ``x > 0.5`` is gt.Scalar, traced as gt.Tensor;
-  rsub, comparisons, masked_fill, fill, where, clamp/clamp_min/clamp_max, remainder and the
-  .Scalar forms of add/sub/mul/div), when all its such Scalars are ints, floats or None. Its kind is (TRAVELS, its Python type): int and
-  float are different kinds (they promote differently: int32 + 2 is int32, int32 + 2.0 float32);
-  what else the promotion depends on, the tensors' dtypes, is in the key already. It is traced
-  as a 0-d graph input and given at launch as a host value carried in the correction area
-  (scalars.py; spyre_runtime/values.py).
+  with a tensor twin (signature._TWINS: ``x > 0.5`` is gt.Scalar, traced as gt.Tensor; rsub,
+  comparisons, masked_fill, fill, where, clamp/clamp_min/clamp_max, remainder and the .Scalar
+  forms of add/sub/mul/div), when each such Scalar of the call is an int, a float or None. Its
+  kind is (TRAVELS, its Python type): int and float are different kinds (they promote
+  differently: int32 + 2 is int32, int32 + 2.0 float32); what else the promotion depends on,
+  the tensors' dtypes, is in the key already. It is traced as a 0-d graph input and given at
+  launch as a host value carried in the correction area (scalars.py; spyre_runtime/values.py).
 * Keyed on the value: everything else. Non-tensor arguments (dims, sizes, dtypes, rounding
   modes, and the schema's other Scalar arguments: alpha, pow's exponent, lerp's weight,
   leaky_relu's slope, threshold's values, full's fill value, whose values Inductor's
-  decompositions bake or may specialize on: pow 2 is x*x, 0.5 is sqrt) are
-  baked into the traced graph as constants; so is a wrapped number that is a bool or complex,
-  and every scalar of a call with an fp16/bf16 tensor: a baked float constant lives in an fp32
-  tile (eager's opmath keeps the scalar in float), which a 0-d fp16 input would round first.
+  decompositions bake or may specialize on: pow 2 is x*x, 0.5 is sqrt) are baked into the
+  traced graph as constants; so is a wrapped number that is a bool or complex, and every scalar
+  of a call with an fp16/bf16 tensor: a baked float constant lives in an fp32 tile, and CPU
+  eager keeps the scalar in float32 for some ops (mul, div) but rounds it to the tensor's dtype
+  first for others (add, sub): no one dtype of a 0-d input keeps today's numerics for both.
   Scalars in Tensor[] lists stay keyed by value too. A distinct value is its own compile (the
-  cache is bounded). Where a 0-d input would promote unlike the scalar after all, the compile
-  finds it out (scalars.py) and the kind's entry sends each value to its own value key.
+  cache is bounded). Where a 0-d input would promote unlike the scalar after all, or the call
+  does not compile with it, the compile finds it out (scalars.py) and the kind's entry sends
+  each value to its own value key.
 
 ``None`` as the key means "not for the compiled path": a CPU tensor among the
 arguments (a CPU 0-d tensor with a spyre one, as PyTorch allows), a tensor on
@@ -35,7 +37,6 @@ another device type, or a conjugate/negative view bit.
 """
 
 from __future__ import annotations
-
 
 import torch
 from torch import Tensor

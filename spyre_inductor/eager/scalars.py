@@ -10,14 +10,19 @@ an unspecialized scalar too (a 0-d CPU tensor graph input), and Inductor loads i
 The travel dtype D is what a baked-in constant of today's compile is converted to: Inductor
 promotes a Python constant to the op's computation dtype (an ir.Constant of it) and our backend
 converts it as PyTorch converts a scalar to a tensor's type (compiler/scalars.scalar_as). So D
-is float32 when the scalar, a tensor or the result is floating (key.py keeps scalars on
-fp16/bf16 calls keyed by value: their constants live in fp32 tiles, which a 0-d fp16 input would
-round; int32 / 2**40 divides by 2**40 in float), else the promoted dtype of the integer tensors
-(int64 beside bools only). The value is converted to D as scalar_as converts (floats round to
+is float32 when the scalar, a tensor or the result is floating (int32 / 2**40 divides by 2**40
+in float; key.py keeps the scalars of fp16/bf16 calls keyed by value), else the promoted dtype
+of the integer tensors (int64 beside bools only). The value is converted to D as scalar_as converts (floats round to
 nearest, beyond the range +-inf; integers wrap to D's width, as CPU eager does for
 ``int32 + 2**40``), and where the CPU kernel converts with an overflow check (fill_,
 masked_fill, where, clamp: Signature.checked) a value that overflows the result's dtype raises
 the CPU kernel's RuntimeError before anything is launched.
+
+What changes against a baked constant: Inductor turns a division by a constant into a
+multiplication by its reciprocal (lowering.div_prim), so ``x / 3.0`` compiled per value is not
+bit-exact with CPU eager (float32, int32 and int64 alike); divided by a traveling scalar it
+divides, and is. Every other op checked in tests/eager/test_eager_scalars.py was bit-exact with
+the CPU with its constant baked and stays so traveling (float32, int32, int64).
 
 A 0-d input does not promote like a wrapped number in every op, so before compiling the call is
 run on fake tensors both ways: if the outputs' dtypes or shapes differ, or the compiled graph
