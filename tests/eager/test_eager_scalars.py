@@ -252,11 +252,15 @@ def test_a_kind_that_does_not_compile_with_a_zero_dim_input_falls_back_to_value_
     assert CACHE.stats().compiles == 2 and CACHE.stats().cpu_routes == 0
 
 
-def test_a_scalar_the_op_refuses_gets_pytorchs_error_and_caches_nothing(spyre, fresh_cache):
+def test_a_scalar_the_op_refuses_gets_pytorchs_error_and_caches_nothing(spyre, fresh_cache, monkeypatch):
+    monkeypatch.delenv("SPYRE_STRICT", raising=False)
     a = torch.arange(6, dtype=torch.int32)
     with pytest.raises(RuntimeError) as cpu:
         a.clone().add_(2.5)
     with pytest.raises(RuntimeError) as ours:
         a.to(spyre).add_(2.5)
-    assert str(ours.value) == str(cpu.value)
+    assert str(ours.value) == str(cpu.value)  # (the CPU kernel checked the inputs)
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    with pytest.raises(RuntimeError, match=r"aten::add_.Tensor rejects its inputs"):
+        a.to(spyre).add_(2.5)
     assert not _entries(torch.ops.aten.add_.Tensor)
