@@ -15,8 +15,11 @@ Tables, one run (the machines are shared and noisy: compare rows of one run, not
   of the compiled call: the eager layer (bind, key, cache lookup), Inductor's wrapper (the
   generated `call`: size asserts, output allocation) and `launch_jobplan` itself, the launch
   layer's (another branch is rewriting it). Target: <= 100 us per small op.
+  The scalar rows (`x + 2.0`, `x * 0.5`, and `x + v` with a new v per call) time a Python scalar
+  that travels at launch (issue 19: one compile, the value carried in the correction area).
 
-`--repeats N` (default 300).
+`--repeats N` (default 300). `--scalars-by-value`: key scalars on their value, as before issue 19
+(the row with a new value per call is left out then: each call would compile).
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ def _timed_split(fn, entry, repeats: int, sync) -> tuple[float, float, float]:
     return tuple(statistics.median(v) / 1e3 for v in (layer, wrapper, launches))
 
 
-def warm_table(spyre, repeats: int) -> dict:
+def warm_table(spyre, repeats: int, scalars_by_value: bool = False) -> dict:
     from spyre_inductor import eager
     from spyre_inductor.eager.cache import CACHE
     from spyre_inductor.eager.launch import CompiledEntry
@@ -212,7 +215,12 @@ def warm_table(spyre, repeats: int) -> dict:
         ("mm", lambda p, q, c: p @ q),
         ("softmax", lambda p, q, c: torch.softmax(p, -1)),
         ("linear (x @ W.t() + b: one addmm program)", lambda p, q, c: F.linear(p, q, c)),
+        ("add scalar (x + 2.0)", lambda p, q, c: p + 2.0),
+        ("mul scalar (x * 0.5)", lambda p, q, c: p * 0.5),
     ]
+    if not scalars_by_value:
+        values = iter(range(1 << 30))
+        cases.append(("add scalar, a new value per call (x + v)", lambda p, q, c: p + float(next(values))))
     sync = torch.spyre.synchronize
     nothing = lambda: None  # noqa: E731
     rows, out = [], {}
@@ -244,7 +252,13 @@ def warm_table(spyre, repeats: int) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="compile-backed eager ops: compile and per-call figures")
     parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--scalars-by-value", action="store_true",
+                        help="key Python scalars on their value (before issue 19's travel)")
     args = parser.parse_args(argv)
+    if args.scalars_by_value:
+        from spyre_inductor.eager import key
+
+        key.TRAVEL[0] = False
     spyre = torch.device("spyre", 0)
     # CPU eager in one intra-op thread: two OpenMP threads contend with the simulator's workers on
     # these 2 cores (a 64 x 64 mm then takes milliseconds); at 64 x 64 one thread is as fast.
@@ -252,7 +266,7 @@ def main(argv=None) -> None:
     print(f"(load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; caches in "
           f"{os.environ['TORCHINDUCTOR_CACHE_DIR']})")
     first_call_table(spyre)
-    warm_table(spyre, args.repeats)
+    warm_table(spyre, args.repeats, args.scalars_by_value)
 
 
 if __name__ == "__main__":

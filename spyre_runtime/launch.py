@@ -88,6 +88,7 @@ from .queue import (Compute, DeviceAddress, Footprint, HostAddress, Range, Trans
 from .queue.runtime import current
 from .sizes import SizeSpec, bind_sizes, dim_at, dim_max, dim_symbol, parse_dim, parse_sizes, size_words
 from .tensors import address, footprint, storage_ranges
+from .values import bind_values, host_positions, valued_area_bytes, valued_plan, value_inputs
 
 __all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "SizeSpec", "bind_sizes", "check_artifact_files",
            "launch_jobplan",
@@ -173,6 +174,9 @@ class JobPlan:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     sizes: tuple[SizeSpec, ...] = ()  # the size symbols (issue 18) and the bounds the artifact serves
     tables: dict = field(default_factory=dict, repr=False, compare=False)  # with sizes: ArgTable per sizes
+    # 0-d inputs a launch may give as host values (values.py), and those launches' view of the plan
+    values: tuple[int, ...] = field(default=(), repr=False)
+    valued: object = field(default=None, repr=False, compare=False)
 
 
 def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...], bounds: dict | None = None) -> tuple[Step, ...]:
@@ -379,26 +383,31 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
 
 
 def _plan(name: str, root: Path, device: int, program: Program, args, steps, sizes=()) -> JobPlan:
-    alloc, artifact, offsets = _allocate(program, device, CORRECTION_AREAS)
+    values = value_inputs(args) if not sizes else ()
+    valued_bytes = valued_area_bytes(program, len(values)) if values else 0
+    alloc, artifact, offsets = _allocate(program, device, CORRECTION_AREAS, valued_bytes)
     region, base = artifact.region, artifact.offset
     image = Range(region, base + program.allocation_bytes, sticks(len(program.image())))
     temps = program.allocation_bytes - program.correction_bytes
     has_temps = any(sym.role == "temp" for sym in program.symbols)
     temp_ranges = (Range(region, base + program.correction_bytes, temps),) if has_temps and temps else ()
     areas = []
-    for offset in offsets:
-        patched = Range(region, base + offset, program.correction_bytes)
+    for k, offset in enumerate(offsets):
+        patched = Range(region, base + offset, program.correction_bytes if k < CORRECTION_AREAS else valued_bytes)
         areas.append(CorrectionArea(DeviceAddress(region, base + offset),
                                     Artifact(device, region, base, correction=base + offset),
                                     (image, patched, *temp_ranges)))
     resolve = steps[0]
     nwords = 2 * len(resolve.slots) + len(sizes)
     table = ArgTable(name, device, args, resolve.slots) if not sizes else None
-    return JobPlan(name, root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
-                   artifact, alloc, table, tuple(areas), temp_ranges,
+    plan = JobPlan(name, root, device, program, args, steps, ProgramExecutor(ProgramExecutable(program)),
+                   artifact, alloc, table, tuple(areas[:CORRECTION_AREAS]), temp_ranges,
                    steps[1].nbytes, f"<{nwords}q{steps[1].nbytes - 8 * nwords}x",
                    f"{name}: patch correction area", itertools.count(),
-                   sizes=tuple(sizes))
+                   sizes=tuple(sizes), values=values)
+    if values:  # (the valued areas follow the others: _allocate)
+        object.__setattr__(plan, "valued", valued_plan(plan, areas[CORRECTION_AREAS:]))
+    return plan
 
 
 def _table_at(plan: JobPlan, sizes: dict[str, int]) -> ArgTable:
@@ -418,14 +427,19 @@ def _table_at(plan: JobPlan, sizes: dict[str, int]) -> ArgTable:
     return table
 
 
-def _allocate(program: Program, device: int, areas: int = 1) -> tuple[torch.Tensor, Artifact, tuple[int, ...]]:
+def _allocate(program: Program, device: int, areas: int = 1,
+              valued_bytes: int = 0) -> tuple[torch.Tensor, Artifact, tuple[int, ...]]:
     """The program's device allocation, [correction area][temporaries][image][more correction
-    areas], filled in stream order on the current stream (a pinned host copy and one H2D
-    transfer). Returns it, the Artifact, and each correction area's offset in the allocation."""
+    areas][as many valued areas (values.py), if `valued_bytes`], filled in stream order on the
+    current stream (a pinned host copy and one H2D transfer). Returns it, the Artifact, and each
+    correction area's offset in the allocation (the valued ones last)."""
     image = program.image()
     end = program.allocation_bytes + sticks(len(image))
     offsets = (program.correction_offset,) + tuple(end + k * program.correction_bytes for k in range(areas - 1))
     total = end + (areas - 1) * program.correction_bytes
+    if valued_bytes:
+        offsets += tuple(total + k * valued_bytes for k in range(areas))
+        total += areas * valued_bytes
     host = torch.zeros(total, dtype=torch.uint8, pin_memory=True)
     host[program.allocation_bytes:program.allocation_bytes + len(image)] = \
         torch.frombuffer(bytearray(image), dtype=torch.uint8)
@@ -448,19 +462,23 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
                           f"got {type(args).__name__}")
     if _prepare_each_launch:
         plan = prepare_kernel(plan.artifact_dir, plan.device)
-    if plan.sizes or sizes:
+    if plan.values and not sizes and (host := host_positions(plan, args)):
+        # 0-d inputs given as host values: their bytes travel in a valued correction area (values.py)
+        plan, table, bound, extra, turn = bind_values(plan, args, host)
+    elif plan.sizes or sizes:
         values = bind_sizes(plan, sizes)
         table = _table_at(plan, values)
-        bound, extra = table.check(args), tuple(size_words(plan.program, values))
+        bound, extra, turn = table.check(args), tuple(size_words(plan.program, values)), None
     else:
-        table, bound, extra = plan.table, plan.table.check(args), ()
+        table, bound, extra, turn = plan.table, plan.table.check(args), (), None
     device = plan.device
     stream = _C.current_stream_id(device)
     prep = preparation_stream(device, stream)
     words_key = (bound, extra, _C.region_epoch())  # the slot words follow from these alone
     queue = current().queue(device)
     with plan.lock:
-        turn = next(plan.turns) % len(plan.areas)
+        if turn is None:  # (a launch with host values has its area already: its slot words name it)
+            turn = next(plan.turns) % len(plan.areas)
         last = plan.last_patched[turn]
         if last is not None and last.words_key == words_key and last.patch_done():
             # The area already holds these words (nothing but this plan's patches writes it, and

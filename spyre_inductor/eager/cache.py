@@ -11,8 +11,11 @@ the decline is not recompiled per call).
 
 Statistics: hits and misses of lookups, compiles (entries compiled into
 programs), cpu_routes (entries that run through the CPU fallback: declined or
-not for the compiled path), evictions, compile_seconds. No Inductor import
-here: torch.spyre reads this module at any time.
+not for the compiled path), evictions, compile_seconds; of the compiles,
+scalar_kinds: those whose Python scalars travel at launch (issue 19: one entry
+serves every value of them), and value_keyed: kinds whose scalars could not
+travel after all, so each value is compiled under its own key. No Inductor
+import here: torch.spyre reads this module at any time.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class EagerCacheStats:
     entries: int
     capacity: int
     compile_seconds: float
+    scalar_kinds: int = 0
+    value_keyed: int = 0
 
 
 def _capacity_from_env() -> int:
@@ -60,6 +65,7 @@ class EagerCache:
         self._lock = threading.Lock()  # a leaf: nothing else is taken while it is held
         self.capacity = capacity
         self.hits = self.misses = self.compiles = self.cpu_routes = self.evictions = 0
+        self.scalar_kinds = self.value_keyed = 0
         self.compile_seconds = 0.0
 
     def get(self, key):
@@ -84,8 +90,12 @@ class EagerCache:
             if kind == "compiled":
                 self.compiles += 1
                 self.compile_seconds += seconds
+                if getattr(entry, "travel", ()):
+                    self.scalar_kinds += 1
             elif kind == "cpu":
                 self.cpu_routes += 1
+            elif type(entry).__name__ == "ValueKeyed":  # (launch.py's; not imported here)
+                self.value_keyed += 1
             self._entries[key] = entry
             self._entries.move_to_end(key)
             self._evict()
@@ -107,6 +117,7 @@ class EagerCache:
         with self._lock:
             self._entries.clear()
             self.hits = self.misses = self.compiles = self.cpu_routes = self.evictions = 0
+            self.scalar_kinds = self.value_keyed = 0
             self.compile_seconds = 0.0
 
     def entries(self) -> list:
@@ -116,7 +127,8 @@ class EagerCache:
     def stats(self) -> EagerCacheStats:
         with self._lock:
             return EagerCacheStats(self.hits, self.misses, self.compiles, self.cpu_routes, self.evictions,
-                                   len(self._entries), self.capacity, self.compile_seconds)
+                                   len(self._entries), self.capacity, self.compile_seconds, self.scalar_kinds,
+                                   self.value_keyed)
 
 
 CACHE = EagerCache(_capacity_from_env())

@@ -27,9 +27,10 @@ import torch
 from torch._guards import TracingContext
 
 from . import compile as compiling
+from . import scalars
 from .cache import CACHE
 from .key import make_key, tensors_of
-from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, not_compiled
+from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, ValueKeyed, not_compiled
 from .signature import Mode, Signature
 
 __all__ = ["ENABLED", "entry_for", "make_kernel", "set_enabled"]
@@ -114,7 +115,7 @@ def entry_for(sig: Signature, key, values, kernel):
             return entry
         STATE.busy = True
         try:
-            entry, compiled = _build(sig, values, kernel)
+            entry, compiled = _build(sig, values, kernel, scalars.positions(sig, values, key))
         except compiling.TraceError as e:
             entry, compiled = None, None
             trace_error = e
@@ -131,8 +132,8 @@ def entry_for(sig: Signature, key, values, kernel):
         return entry
 
 
-def _build(sig: Signature, values, kernel):
-    tensors = tensors_of(sig, values)
+def _build(sig: Signature, values, kernel, travel=()):
+    tensors, dtypes, checks = tensors_of(sig, values), (), ()
     try:
         compiling.check_dtypes(tensors)
         if sig.mode is not Mode.FUNCTIONAL and _aliased_write(sig, tensors, values):
@@ -141,22 +142,52 @@ def _build(sig: Signature, values, kernel):
             shapes = compiling.resized_outputs(sig, values, tensors)
             if shapes is not None:
                 return Resize(shapes, kernel), None
-        gm, fakes = compiling.trace(sig, values, tensors)
+        tsig = sig
+        if travel:  # (issue 19) traced and compiled with the scalars as 0-d inputs: scalars.py
+            # the op on fakes with the scalars as they came, then as 0-d inputs: the same outputs
+            # (dtypes, shapes), or the same error, or the scalars cannot travel
+            found = scalars.outputs(sig, values, compiling._rebuild)
+            if found and found[0] == "raises":  # the caller's inputs are wrong: PyTorch's error
+                compiling.trace(sig, values, tensors)  # (raises the TraceError entry_for handles)
+                raise compiling.TraceError(f"{found[1].__name__} on fake tensors")
+            out_dtypes = scalars.dtypes_of(found)
+            tsig = scalars.traced_signature(sig, travel)
+            tvalues, dtypes = scalars.with_inputs(sig, values, travel, tensors, out_dtypes)
+            if scalars.outputs(tsig, tvalues, compiling._rebuild) != found:
+                return ValueKeyed("a 0-d input promotes unlike the scalar", kernel), None
+            checks = scalars.checks(sig, travel, out_dtypes)
+            values, tensors = tvalues, tensors_of(tsig, tvalues)
         try:
-            compiled = compiling.compile_graph(gm, fakes)
-        except compiling.TraceError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
-            if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
-                # strict mode refused a CPU part of the graph: not a decline to cache (the same
-                # call compiles, with a CPU part, once strict mode is off)
-                raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
-            raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
-        if compiled.programs == 0 and compiled.cpu_calls:
-            raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
-        return CompiledEntry(sig, compiled), compiled
+            compiled = _compiled(sig, tsig, values, tensors)
+        except (compiling.TraceError, compiling.Declined, NotImplementedError) as e:
+            if not travel:
+                raise
+            # with the scalar as a 0-d input it does not compile (or not entirely in programs):
+            # each value compiles under its own key, as before issue 19
+            return ValueKeyed(f"with the scalar as a 0-d input: {_first_line(e)}", kernel), None
+        if travel and (compiled.cpu_calls or not scalars.launched_only(
+                getattr(compiled.fn, "source_code", "") or "", scalars.input_names(tsig, values, travel))):
+            return ValueKeyed("the compiled graph uses a scalar other than as a launch argument", kernel), None
+        return CompiledEntry(sig, compiled, travel, dtypes, tsig, checks), compiled
     except compiling.Declined as e:
         return CpuRoute(str(e)), None
+
+
+def _compiled(sig: Signature, tsig: Signature, values, tensors):
+    gm, fakes = compiling.trace(tsig, values, tensors)
+    try:
+        compiled = compiling.compile_graph(gm, fakes)
+    except compiling.TraceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
+        if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
+            # strict mode refused a CPU part of the graph: not a decline to cache (the same
+            # call compiles, with a CPU part, once strict mode is off)
+            raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
+        raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
+    if compiled.programs == 0 and compiled.cpu_calls:
+        raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
+    return compiled
 
 
 def _first_line(e: Exception) -> str:

@@ -4,6 +4,12 @@
   launches its prepared plans, spyre_runtime.launch.launch_jobplan, on the
   current stream) and return what the op returns: the new tensors, or self /
   the out= tensors it wrote.
+  A call whose Python scalars travel (scalars.py) hands its compiled graph
+  each scalar as a host value: a 0-d CPU tensor of its travel dtype, which
+  the launch carries in the correction area.
+* ValueKeyed: the kind's entry of a call whose scalars cannot travel after
+  all (the compile checks, scalars.py): each value is looked up, and compiled, under
+  its own value key, as before issue 19.
 * CpuRoute: the call runs through the eager CPU fallback (warned once per op,
   forbidden under SPYRE_STRICT=1, naming the op and why), or through PyTorch's
   composite kernel for ops that have one (not_compiled).
@@ -23,6 +29,7 @@ from spyre_inductor.device import fallback
 from spyre_runtime.binding import LaunchError
 
 from .key import tensors_of
+from .scalars import HostValues, fits
 from .signature import Mode, Signature
 
 
@@ -39,22 +46,30 @@ def not_compiled(sig: Signature, args, kwargs, reason: str):
 
 
 class CompiledEntry:
-    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written")
+    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written", "travel", "hosts", "traced", "checks")
 
-    def __init__(self, sig: Signature, compiled):
+    def __init__(self, sig: Signature, compiled, travel: tuple[int, ...] = (), dtypes: tuple = (),
+                 traced: Signature | None = None, checks: tuple = ()):
         self.fn = compiled.fn
         self.mode = sig.mode
         self.programs = compiled.programs
         self.cpu_calls = compiled.cpu_calls
         self.written = sig.written
         self.single = sig.returns == 1
+        self.travel = travel  # schema positions of the scalars given as host values, and their dtypes
+        self.hosts = HostValues(dtypes) if travel else None
+        self.traced = traced or sig  # the signature traced: the op's tensor twin if a Scalar travels
+        self.checks = checks  # (position, dtype): values PyTorch converts with an overflow check
 
     def run(self, sig, values, args, kwargs):
         if self.cpu_calls and fallback.strict():
             raise NotImplementedError(
                 f"spyre: {sig.name} runs part of itself on the CPU ({', '.join(self.cpu_calls)}) and "
                 f"SPYRE_STRICT=1 forbids the CPU fallback")
-        tensors = tensors_of(sig, values)
+        if self.travel:
+            tensors = self._with_hosts(sig, values)
+        else:
+            tensors = tensors_of(sig, values)
         STATE.busy = True
         try:
             outs = self.fn(tensors)
@@ -75,9 +90,51 @@ class CompiledEntry:
             return None
         return written[0] if len(written) == 1 else written
 
+    def _with_hosts(self, sig, values) -> list:
+        """The graph's inputs: the call's tensors with each traveling scalar's host value in place."""
+        travel = self.travel
+        for i, dtype in self.checks:
+            fits(values[i], dtype)
+        hosts = self.hosts.fill([values[i] for i in travel])
+        if len(travel) == 1 and not self.traced.lists_at:  # the common case, without a copy of values
+            i = travel[0]
+            host = hosts[0]
+            return [host if j == i else values[j] for j in self.traced.tensor_at
+                    if j == i or isinstance(values[j], torch.Tensor)]
+        held = list(values)
+        for i, t in zip(travel, hosts):
+            held[i] = t
+        return tensors_of(self.traced, held)
+
     def describe(self) -> str:
         cpu = f", on the CPU: {', '.join(self.cpu_calls)}" if self.cpu_calls else ""
-        return f"{self.programs} spyre program launch(es){cpu}"
+        travel = (f", scalar(s) at {list(self.travel)} given at launch ({', '.join(str(d) for d in self.hosts.dtypes)})"
+                  if self.travel else "")
+        return f"{self.programs} spyre program launch(es){cpu}{travel}"
+
+
+class ValueKeyed:
+    """A kind whose scalars cannot travel (scalars.py): each value goes by its own value key."""
+
+    __slots__ = ("reason", "kernel")
+
+    def __init__(self, reason: str, kernel):
+        self.reason = reason
+        self.kernel = kernel  # (entry_for compiles a missing value key through it)
+
+    def run(self, sig, values, args, kwargs):
+        from .cache import CACHE
+        from .kernel import entry_for
+        from .key import make_key
+
+        key = make_key(sig, values, travel=False)
+        entry = CACHE.get(key)
+        if entry is None:
+            entry = entry_for(sig, key, values, self.kernel)
+        return entry.run(sig, values, args, kwargs)
+
+    def describe(self) -> str:
+        return f"scalars keyed by value: {self.reason}"
 
 
 class CpuRoute:

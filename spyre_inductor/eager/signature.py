@@ -50,6 +50,16 @@ class Signature:
     tensor_at: tuple[int, ...] = ()  # positions of Tensor arguments, of Tensor[] ones, of the rest
     lists_at: tuple[int, ...] = ()
     others_at: tuple[int, ...] = ()
+    # (issue 19) The overload that computes the same with the Scalar arguments at `scalar_at` as
+    # Tensor ones (gt.Scalar: gt.Tensor), so their values may travel at launch (key.py, scalars.py);
+    # `scalar_slots`: their indices within others_at.
+    twin: torch._ops.OpOverload | None = None
+    scalar_at: tuple[int, ...] = ()
+    scalar_slots: tuple[int, ...] = ()
+    # whether PyTorch converts its scalars (those Scalars, or wrapped numbers) to the result's
+    # dtype with an overflow check (fill_, masked_fill, where, clamp: "value cannot be converted
+    # to type int without overflow"), where the arithmetic ones and the comparisons wrap
+    checked: bool = False
 
     def bind(self, args: tuple, kwargs: dict) -> tuple:
         """The arguments in schema order, defaults filled in."""
@@ -77,6 +87,49 @@ def _kind(arg) -> Kind | None:
     if "Tensor" in text or "Dimname" in text or "Storage" in text or "Layout" in text or "Device" in text:
         return None
     return Kind.OTHER
+
+
+# Scalar overloads -> the overload (same packet) taking those Scalars as Tensors, computing the
+# same with them as 0-d inputs. Listed, not discovered: a twin whose decomposition treats a
+# tensor unlike the scalar would change results (pow.Tensor_Scalar specializes on its exponent;
+# lerp.Scalar and leaky_relu, threshold, hardtanh have no such twin). Checked against the CPU
+# per value in tests/eager/test_eager_scalars.py.
+_TWINS = {
+    **{(name, "Scalar"): "Tensor" for name in (
+        "rsub", "add", "sub", "mul", "div", "remainder", "eq", "ne", "lt", "le", "gt", "ge",
+        "masked_fill", "masked_fill_", "fill", "fill_")},
+    **{(name, "default"): "Tensor" for name in ("clamp", "clamp_", "clamp_min", "clamp_min_", "clamp_max",
+                                                 "clamp_max_")},
+    ("where", "ScalarOther"): "self", ("where", "ScalarSelf"): "self", ("where", "Scalar"): "self",
+}
+
+# Ops whose CPU kernel converts a scalar with c10's checked conversion.
+_CHECKED = {"masked_fill", "masked_fill_", "fill", "fill_", "where", "clamp", "clamp_", "clamp_min", "clamp_min_",
+            "clamp_max", "clamp_max_"}
+
+_SCALAR_TYPES = {"number": "Tensor", "Optional[number]": "Optional[Tensor]"}
+
+
+def _twin(op: torch._ops.OpOverload):
+    """(twin overload, positions of the Scalars it takes as Tensors), or (None, ())."""
+    overload = _TWINS.get((op._schema.name.partition("::")[2], op._overloadname))
+    if overload is None:
+        return None, ()
+    twin = getattr(op.overloadpacket, overload, None)
+    if twin is None:
+        return None, ()
+    mine, theirs = op._schema.arguments, twin._schema.arguments
+    at = []
+    if len(mine) != len(theirs):
+        raise AssertionError(f"spyre: {op} and its tensor twin {twin} take different arguments")
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if a.name != b.name:
+            raise AssertionError(f"spyre: {op} and its tensor twin {twin} name argument {i} differently")
+        if str(a.type) != str(b.type):
+            if _SCALAR_TYPES.get(str(a.type)) != str(b.type):
+                raise AssertionError(f"spyre: {op}'s tensor twin {twin} differs in {a.name}'s type")
+            at.append(i)
+    return twin, tuple(at)
 
 
 def _default(arg):
@@ -124,8 +177,11 @@ def signature_of(op: torch._ops.OpOverload) -> Signature | None:
     name = schema.name if overload == "default" else f"{schema.name}.{overload}"
     positional = sum(not a.kwarg_only for a in schema.arguments)
     composite = torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")
+    others = tuple(i for i, k in enumerate(kinds) if k is Kind.OTHER)
+    twin, scalar_at = _twin(op)
     return Signature(op, name, tuple(a.name for a in schema.arguments), positional, tuple(_default(a) for a in schema.arguments),
                      tuple(kinds), mode, tuple(written), len(schema.returns), has_generator, composite,
                      tuple(i for i, k in enumerate(kinds) if k is Kind.TENSOR),
                      tuple(i for i, k in enumerate(kinds) if k is Kind.TENSOR_LIST),
-                     tuple(i for i, k in enumerate(kinds) if k is Kind.OTHER))
+                     others, twin, scalar_at, tuple(others.index(i) for i in scalar_at),
+                     schema.name.partition("::")[2] in _CHECKED)

@@ -57,7 +57,7 @@ def test_an_eager_op_compiles_once_then_launches(spyre, strict, fresh_cache):
     assert isinstance(entry, CompiledEntry) and entry.programs == 1 and not entry.cpu_calls
 
 
-def test_the_key_has_dtypes_shapes_strides_and_scalar_values(spyre, fresh_cache):
+def test_the_key_has_dtypes_shapes_strides_and_scalar_kinds(spyre, fresh_cache):
     x = torch.randn(8, 8, device=spyre)
     x + x
     x + x  # hit
@@ -65,10 +65,12 @@ def test_the_key_has_dtypes_shapes_strides_and_scalar_values(spyre, fresh_cache)
     x.t() + x  # strides
     x[:4] + x[:4]  # shape
     x + 1
-    x + 1  # hit
-    x + 2  # scalars are keyed on their value (they cannot travel at launch yet)
+    x + 2  # hit: a wrapped number is keyed on its kind, its value travels at launch
+    x + 2.0  # a float is another kind
+    x.half() + 1  # beside fp16 a scalar is keyed on its value (its constant lives in an fp32 tile)
+    x.half() + 2
     adds = [k for k, _ in CACHE.entries() if k[0].op is torch.ops.aten.add.Tensor]
-    assert len(adds) == 6
+    assert len(adds) == 8
     assert torch.spyre.eager_cache_stats().hits >= 2
 
 
