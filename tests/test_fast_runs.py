@@ -366,3 +366,9 @@ def test_a_binary_writes_its_tile_in_place_only_where_no_operand_is_partly_overw
     assert not isa._writable_over(dst, tiles(16))       # shifted by a row: a partial overlap
     assert not isa._writable_over(dst, tiles(1016))     # ends in the next core's destination
     assert not isa._writable_over(dst, torch.as_strided(bank, (4, 2, 8), (1024, 16, 1), 4))
+    # one core's tile (a leading axis of one member, as a group of one binds)
+    one = torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 0)
+    assert isa._writable_over(one, torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 24))
+    assert isa._writable_over(torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 24), one)
+    assert not isa._writable_over(one, torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 16))
+    assert not isa._writable_over(torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 16), one)

@@ -507,17 +507,22 @@ def _writable_over(dst, src) -> bool:
         return True
     if not torch._C._overlaps(dst, src):
         return True
-    if (dst.dim() < 2 or dst.shape[0] != src.shape[0] or dst.stride(0) != src.stride(0)
-            or dst.element_size() != src.element_size() or min(dst.stride()) < 0 or min(src.stride()) < 0):
+    if (dst.dim() < 2 or dst.shape[0] != src.shape[0] or dst.element_size() != src.element_size()
+            or min(dst.stride()) < 0 or min(src.stride()) < 0):
         return False
     size = dst.element_size()
-    step = dst.stride(0) * size
 
     def block(t):  # bytes of one member, from its first element
         return (sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:])) + 1) * size
 
     a, b = block(dst), block(src)
-    r = (src.data_ptr() - dst.data_ptr()) % step
+    gap = src.data_ptr() - dst.data_ptr()
+    if dst.shape[0] == 1:  # one member: its two blocks
+        return gap >= a or -gap >= b
+    step = dst.stride(0) * size
+    if src.stride(0) * size != step or step == 0:
+        return False
+    r = gap % step
     return a <= r and r + b <= step
 
 

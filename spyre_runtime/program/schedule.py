@@ -72,6 +72,11 @@ def _step_bytes(ins) -> int:
     return most
 
 
+# Fast forms whose bind raised, by (instruction, exception): the general semantics ran those steps,
+# correctly but slowly; a bug in a fast form shows here rather than only in the time (tests).
+BIND_ERRORS: collections.Counter = collections.Counter()
+
+
 class Binder:
     """Operand views resolved once, for the instructions' fast forms (isa.py ``bind``).
 
@@ -223,8 +228,9 @@ class BoundRun:
         cls = type(group[0][3])
         try:
             fn = cls.bind(b, [(core, ins, idx) for core, _, _, ins, idx in group])
-        except Exception:  # a fast form that cannot bind these operands: the general semantics
-            fn = None      # run them (and raise, if they are wrong, where the interpreter would)
+        except Exception as e:  # a fast form that cannot bind these operands: the general semantics
+            fn = None           # run them (and raise, if they are wrong, where the interpreter would)
+            BIND_ERRORS[(cls.__name__, type(e).__name__)] += 1  # counted: a fast form's bug only slows
         if fn is b.NOTHING:
             return
         if fn is not None:
