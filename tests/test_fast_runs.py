@@ -284,8 +284,10 @@ def _plans_after(fn, *args):
     return out, [o for o in gc.get_objects() if type(o) is JobPlan and id(o) not in before]
 
 
-@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn"])
+@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn", "attention"])
 def test_compiled_programs_give_the_interpreters_bits(case):
+    from spyre_runtime.program.schedule import BIND_ERRORS
+
     g = torch.Generator().manual_seed(7)
     a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
     fn, args = {
@@ -297,7 +299,11 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         # philox (issue 19): uniform binds across cores, normal runs one core at a time
         "rand": (lambda a, b: a + torch.rand_like(b), (a, b)),
         "randn": (lambda a, b: a * torch.randn_like(b), (a, b)),
+        # fused attention: its tiles transposed in the scratchpad (Transpose's fast form)
+        "attention": (lambda a, b: torch.nn.functional.scaled_dot_product_attention(
+            a.view(1, 2, 32, 64), b.view(1, 2, 32, 64), b.view(1, 2, 32, 64), is_causal=True), (a, b)),
     }[case]
+    errors = BIND_ERRORS.copy()
     dev = [t.to("spyre") for t in args]
     _, plans = _plans_after(fn, *dev)
     assert plans
@@ -315,6 +321,10 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         ex.run(plan.artifact)
         for name in outputs:
             assert torch.equal(buffers[name], want[name]), (plan.name, name)
+    assert BIND_ERRORS == errors  # every fast form bound without raising
+    if case == "attention":
+        assert any(type(ins).__name__ == "Transpose" for plan in plans for core in plan.program.cores
+                   for _, instrs in core.units for ins in instrs)
 
 
 def test_scratchpads_keep_what_the_previous_kernel_left():

@@ -342,6 +342,20 @@ class Transpose(Instruction):
     def run(self, m, core, idx):
         m.view(core, self.dst, idx).copy_(m.view(core, self.src, idx).t().clone())
 
+    @classmethod
+    def bind(cls, b, group):
+        first = group[0][1]
+        if any((i.dst.shape_key, i.src.shape_key) != (first.dst.shape_key, first.src.shape_key) for _, i, _ in group):
+            return None
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        src = b.tile([(c, i.src, idx) for c, i, idx in group])
+        if dst is None or src is None or dst.shape[1:] != (first.dst.rows, first.dst.cols):
+            return None
+        flipped = src.transpose(1, 2)
+        if _apart(dst, src):
+            return lambda: dst.copy_(flipped)
+        return lambda: dst.copy_(flipped.clone())  # (in place, as run: read all before writing)
+
     def cost(self, t, core, idx):
         return t.transpose(self.src.rows * self.src.cols * ITEMSIZE[self.src.dtype])
 
@@ -498,14 +512,17 @@ OUT_BINARY = frozenset({"add", "sub", "mul", "div", "max", "min", "bitwise_and",
 
 def _writable_over(dst, src) -> bool:
     """`out=dst` may read `src`: the very same elements (an elementwise op reads each before it
-    writes it), or none in common; a partial overlap would need the temporary. Views of many
-    cores' tiles interleave in the bank (torch's own check sees their spans overlap): with the
-    same spacing of members, each member's elements lie in one block per spacing, so the two are
-    apart if their blocks are, wherever each starts within the spacing."""
-    if dst.numel() == 0 or src.numel() == 0 or (
-            dst.data_ptr() == src.data_ptr() and dst.shape == src.shape and dst.stride() == src.stride()):
-        return True
-    if not torch._C._overlaps(dst, src):
+    writes it), or none in common (_apart); a partial overlap would need the temporary."""
+    return (dst.data_ptr() == src.data_ptr() and dst.shape == src.shape and dst.stride() == src.stride()) or \
+        _apart(dst, src)
+
+
+def _apart(dst, src) -> bool:
+    """No element of `src` is one of `dst`'s. Views of many cores' tiles interleave in the bank
+    (torch's own check sees their spans overlap): with the same spacing of members, each
+    member's elements lie in one block per spacing, so the two are apart if their blocks are,
+    wherever each starts within the spacing."""
+    if dst.numel() == 0 or src.numel() == 0 or not torch._C._overlaps(dst, src):
         return True
     if (dst.dim() < 2 or dst.shape[0] != src.shape[0] or dst.element_size() != src.element_size()
             or min(dst.stride()) < 0 or min(src.stride()) < 0):
