@@ -51,6 +51,11 @@ class TraceError(Exception):
     the call and raises PyTorch's own error, or strict mode raises this one's cause."""
 
 
+class Rejected(TraceError):
+    """The op refuses these inputs although they trace (a check neither fake tensors nor the
+    decomposition make): the caller's error, as a TraceError whose op runs on fakes is not."""
+
+
 @dataclass(frozen=True)
 class Compiled:
     fn: object                      # Inductor's CompiledFxGraph: fn(list of tensors) -> outputs
@@ -112,18 +117,65 @@ def resized_outputs(sig: Signature, values: tuple, tensors) -> dict[int, torch.S
 def runs_on_fake(sig: Signature, values: tuple, tensors) -> bool:
     """Whether the op itself accepts these inputs (run on fake tensors, nothing traced): tells a
     caller's mistake (it does not) from a failure of our tracing (it does)."""
+    return rejection_on_fake(sig, values, tensors) is None
+
+
+def rejection_on_fake(sig: Signature, values: tuple, tensors) -> Exception | None:
+    """The error the op itself raises for these inputs (run on fake tensors), or None."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
     fakes = [mode.from_tensor(t.detach()) for t in tensors]
     try:
-        with mode, warnings.catch_warnings():
+        with _plain_dispatch(), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args, kwargs = _rebuild(sig, values, fakes)
             sig.op(*args, **kwargs)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
+        return None
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def _functional_twin(op: torch._ops.OpOverload):
+    """aten.mul.Tensor for aten.mul_.Tensor: the op an in-place overload writes the result of."""
+    base = op._schema.name.split("::", 1)[1]
+    if not base.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, base[:-1], None)
+    return getattr(packet, op._overloadname, None) if packet is not None else None
+
+
+def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
+    """PyTorch's error if an in-place op's result cannot be cast to its tensor's dtype (x.mul_(0.5)
+    on integers), else None. Fake tensors do not check this (their in-place kernels cast
+    anything) and neither does a decomposition, which copies its result back."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if sig.mode is not Mode.INPLACE or not tensors:
+        return None
+    twin = _functional_twin(sig.op)
+    if twin is None:
+        return None
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t.detach()) for t in tensors]
+    try:
+        with _plain_dispatch(), mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args, kwargs = _rebuild(sig, values, fakes)
+            result = twin(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - the twin refuses what the op may take: no verdict
+        return None
+    written = tensors[0].dtype  # (self: the first tensor of an in-place op)
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, written):
+        return f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(written)}"
+    return None
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    # PyTorch's words for it (c10's ScalarType names: Float, Long, Bool, Half, BFloat16...)
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool"}.get(dtype, str(dtype))
 
 
 def _written_tensor_positions(sig: Signature, values: tuple) -> list[int]:

@@ -123,7 +123,7 @@ def entry_for(sig: Signature, key, values, kernel):
             STATE.busy = False
         if entry is None:
             tensors = tensors_of(sig, values)
-            if not compiling.runs_on_fake(sig, values, tensors):
+            if isinstance(trace_error, compiling.Rejected) or not compiling.runs_on_fake(sig, values, tensors):
                 return InputsRejected(str(trace_error))  # the caller's error (not cached)
             # the op takes these inputs; our trace of it failed: a decline like any other
             entry, compiled = CpuRoute(f"tracing its decomposition failed: {_first_line(trace_error)}"), None
@@ -136,6 +136,12 @@ def _build(sig: Signature, values, kernel, travel=()):
     tensors, dtypes, checks = tensors_of(sig, values), (), ()
     try:
         compiling.check_dtypes(tensors)
+        if (refused := compiling.unsafe_inplace_cast(sig, values, tensors)) is not None:
+            raise compiling.Rejected(refused)
+        if not travel and (rejected := compiling.rejection_on_fake(sig, values, tensors)) is not None:
+            # the op refuses these inputs where its decomposition would not (an in-place result
+            # that cannot be cast to the tensor's dtype): PyTorch's error, not a program
+            raise compiling.TraceError(f"{type(rejected).__name__}: {_first_line(rejected)}")
         if sig.mode is not Mode.FUNCTIONAL and _aliased_write(sig, tensors, values):
             raise compiling.Declined("a tensor it writes shares memory with another of its arguments")
         if sig.mode is Mode.OUT:

@@ -268,3 +268,19 @@ def test_eager_ops_compile_and_run_under_a_users_dispatch_mode(spyre, strict, fr
     assert flops.get_total_flops() == 2 * 8 * 16 * 8
     torch.testing.assert_close(y.cpu(), x @ x.t())
     assert CACHE.stats().cpu_routes == 0
+
+
+@pytest.mark.parametrize("is_strict", [False, True])
+def test_an_in_place_result_that_cannot_be_cast_is_refused_as_on_the_cpu(spyre, monkeypatch, fresh_cache, is_strict):
+    # Fake tensors and the decomposition would both cast the float result into the integers;
+    # PyTorch refuses, and so does spyre, leaving the tensor as it was.
+    monkeypatch.setenv("SPYRE_STRICT", "1" if is_strict else "0")
+    x = torch.arange(6).to(spyre)
+    for inplace in (lambda t: t.mul_(0.5), lambda t: t.add_(torch.full((6,), 0.5, device=t.device)),
+                    lambda t: t.sqrt_()):
+        with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+            inplace(x)
+    assert x.cpu().tolist() == list(range(6))
+    x.masked_fill_(x > 2, 0.5)  # no type promotion: the value is cast, as on the CPU
+    x.mul_(2)
+    assert x.cpu().tolist() == [0, 2, 4, 0, 0, 0]
