@@ -474,7 +474,9 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     device = plan.device
     stream = _C.current_stream_id(device)
     prep = preparation_stream(device, stream)
-    words_key = (bound, extra, _C.region_epoch())  # the slot words follow from these alone
+    # the slot words follow from these alone (the table: which slot is which argument, and with
+    # host values which are sticks of the area; held, so no other table takes its id)
+    words_key = (table, bound, extra, _C.region_epoch())
     queue = current().queue(device)
     with plan.lock:
         if turn is None:  # (a launch with host values has its area already: its slot words name it)

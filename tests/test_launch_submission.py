@@ -258,3 +258,30 @@ def test_a_relaunch_after_a_failed_patch_patches_again(add_plan, monkeypatch):
     names = _names_of_launches(add_plan, [[xs, ys, out]] * 2)
     assert names.count("patch") == 2
     assert torch.equal(out.cpu(), x + y)
+
+
+def test_host_values_in_other_places_patch_again():
+    # Two launches whose device arguments and value words are the same, but whose host value
+    # stands for another 0-d input: their slot words differ (which slot is a value stick), so
+    # the second must patch the area the first left.
+    import gc
+
+    from spyre_runtime.launch import JobPlan
+
+    before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
+    fn = torch.compile(lambda c, a, b: torch.where(c, a, b))
+    c = torch.tensor([True, False] * 32)
+    zero, five = torch.tensor(0.0), torch.tensor(5.0)
+    cs = c.to("spyre")
+    fn(cs, zero.to("spyre"), five.to("spyre"))
+    torch.spyre.synchronize()
+    (plan,) = [o for o in gc.get_objects() if type(o) is JobPlan and id(o) not in before and o.values]
+    assert [a.shape for a in plan.args[:3]] == [(64,), (), ()]
+    x = five.to("spyre")
+    outs = []
+    for args in ([cs, zero, x], [cs, zero, x], [cs, x, zero]):  # the third: the first's area again
+        out = torch.empty(64, device="spyre")
+        launch_jobplan(plan, [*args, out])
+        torch.spyre.synchronize()
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], torch.where(c, 0.0, 5.0)) and torch.equal(outs[2], torch.where(c, 5.0, 0.0))

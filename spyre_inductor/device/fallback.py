@@ -161,16 +161,17 @@ def _inside_inductor_constant_folding() -> bool:
 
 def _announce(plan: _OpPlan, reason: str | None = None, stacklevel: int = 3) -> None:
     # `reason`: why an op that has a compile-backed kernel (spyre_inductor/eager) still runs here.
-    if _inside_inductor_constant_folding():
-        return  # compile-time work of Inductor's, not the user's op: neither forbidden nor warned
     if strict():
+        if _inside_inductor_constant_folding():
+            return  # compile-time work of Inductor's, not the user's op: not forbidden
         what = "has no spyre kernel" if reason is None else f"has no spyre program for these inputs ({reason})"
         raise NotImplementedError(
             f"spyre: {plan.name} {what} and SPYRE_STRICT=1 forbids "
             f"running it through the CPU fallback"
         )
-    if plan.operator in _warned or _inside_tensor_printing() or not first_warning((plan.operator,)):
-        return
+    if plan.operator in _warned or _inside_tensor_printing() or _inside_inductor_constant_folding() or \
+            not first_warning((plan.operator,)):
+        return  # (nor warned, inside constant folding: the stack is walked only for a first warning)
     what = "has no spyre kernel yet" if reason is None else f"could not run as a spyre program ({reason})"
     warnings.warn(
         f"spyre: {plan.name} {what}; it runs on the CPU over the "

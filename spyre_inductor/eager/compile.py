@@ -220,8 +220,9 @@ def _keys(*names: str):
 # no more excluded than that. Called from a user's TorchDispatchMode (FlopCounterMode, a debug
 # mode), this kernel runs with every key from Python down excluded, functionalization among them,
 # and a trace there would see its fake tensors' functional wrappers as real tensors.
-_KERNEL_EXCLUDES = _keys("AutogradOther", "AutogradNestedTensor") | torch._C._dispatch_tls_local_exclude_set()
-# (the last: autocast's keys, which a thread excludes by default; this module loads with no guard on)
+_KERNEL_EXCLUDES = _keys("AutogradOther", "AutogradNestedTensor", "AutocastCPU", "AutocastMTIA", "AutocastMAIA",
+                         "AutocastXPU", "AutocastIPU", "AutocastHPU", "AutocastXLA", "AutocastMPS", "AutocastCUDA",
+                         "AutocastPrivateUse1")
 
 
 def _plain_dispatch():

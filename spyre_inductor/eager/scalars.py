@@ -216,6 +216,6 @@ def _converted(v, dtype: torch.dtype):
         return scalar_as(v, dtype)  # beyond the range (+-inf), or a large int (through float64)
     bits = dtype.itemsize * 8
     w = v & ((1 << bits) - 1)
-    return w - (1 << bits) if w >> (bits - 1) else w
+    return w - (1 << bits) if dtype.is_signed and w >> (bits - 1) else w  # (uint8: 0..255)
 
 
