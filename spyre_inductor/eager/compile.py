@@ -120,8 +120,8 @@ def runs_on_fake(sig: Signature, values: tuple, tensors) -> bool:
     return rejection_on_fake(sig, values, tensors) is None
 
 
-def rejection_on_fake(sig: Signature, values: tuple, tensors) -> Exception | None:
-    """The error the op itself raises for these inputs (run on fake tensors), or None."""
+def _on_fakes(op, sig: Signature, values: tuple, tensors):
+    """`op` run on fake copies of the call's tensors: (its result, None) or (None, its error)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
@@ -130,10 +130,14 @@ def rejection_on_fake(sig: Signature, values: tuple, tensors) -> Exception | Non
         with _plain_dispatch(), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args, kwargs = _rebuild(sig, values, fakes)
-            sig.op(*args, **kwargs)
-        return None
+            return op(*args, **kwargs), None
     except Exception as e:  # noqa: BLE001
-        return e
+        return None, e
+
+
+def rejection_on_fake(sig: Signature, values: tuple, tensors) -> Exception | None:
+    """The error the op itself raises for these inputs (run on fake tensors), or None."""
+    return _on_fakes(sig.op, sig, values, tensors)[1]
 
 
 def _functional_twin(op: torch._ops.OpOverload):
@@ -149,22 +153,12 @@ def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
     """PyTorch's error if an in-place op's result cannot be cast to its tensor's dtype (x.mul_(0.5)
     on integers), else None. Fake tensors do not check this (their in-place kernels cast
     anything) and neither does a decomposition, which copies its result back."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     if sig.mode is not Mode.INPLACE or not tensors:
         return None
     twin = _functional_twin(sig.op)
     if twin is None:
         return None
-    mode = FakeTensorMode()
-    fakes = [mode.from_tensor(t.detach()) for t in tensors]
-    try:
-        with _plain_dispatch(), mode, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            args, kwargs = _rebuild(sig, values, fakes)
-            result = twin(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - the twin refuses what the op may take: no verdict
-        return None
+    result, _ = _on_fakes(twin, sig, values, tensors)  # (the twin refusing what the op takes: no verdict)
     written = tensors[0].dtype  # (self: the first tensor of an in-place op)
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, written):
         return f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(written)}"
