@@ -1,9 +1,9 @@
 """torch.autocast("spyre"): the cast rules of spyre_inductor/device/autocast.py (issue 19).
 
-Eager ops here run with SPYRE_STRICT=0: matmuls, softmax and norms have no eager spyre kernel
-yet (they run on the CPU fallback, the compile-backed eager ops are another part of issue 19);
-what these tests check is the dtype each op runs in. The compiled tests run under
-SPYRE_STRICT=1: there the casts and the ops are spyre programs.
+Eager ops here run under SPYRE_STRICT=1, as compile-backed spyre programs (fp64, which spyre
+programs do not compute, is checked apart without it); what these tests check is the dtype
+each op runs in. The compiled tests run under SPYRE_STRICT=1 too: there the casts and the ops
+are part of the compiled programs.
 
 Tolerances: a LOWER op (matmul, linear) on spyre and under CPU autocast both multiply the
 fp16-rounded operands, accumulate in fp32 and round once to fp16, so they differ at most by
@@ -32,7 +32,7 @@ def _data(*shape, seed=0):
 
 @pytest.fixture
 def eager(monkeypatch):
-    monkeypatch.setenv("SPYRE_STRICT", "0")
+    monkeypatch.setenv("SPYRE_STRICT", "1")
 
 
 def test_the_rules_follow_cudas_lists():
@@ -76,10 +76,16 @@ def test_eager_ops_run_in_their_policys_dtype(eager, dtype):
         assert F.mse_loss(low, low).dtype == torch.float32
         assert torch.cat([low, x]).dtype == torch.float32 and torch.stack([low, low]).dtype == dtype
         assert (low + low).dtype == dtype  # ops without a rule keep their dtypes
-        assert torch.mm(x.double(), x.double().t()).dtype == torch.float64  # fp64 is never cast
         cpu = _data(4, 4)
         assert (cpu @ cpu).dtype == torch.float32  # spyre's autocast leaves CPU tensors alone
     assert (x @ x.t()).dtype == torch.float32  # and nothing outside the region changes
+
+
+def test_fp64_is_never_cast(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "0")  # (fp64 matmuls run through the CPU fallback)
+    x = _data(8, 16).double().to("spyre")
+    with torch.autocast("spyre", dtype=torch.float16):
+        assert torch.mm(x, x.t()).dtype == torch.float64
 
 
 def test_eager_results_match_cpu_autocast(eager):
