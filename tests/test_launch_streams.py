@@ -174,7 +174,7 @@ def test_a_compute_run_by_a_synchronizing_thread_ignores_that_threads_torch_mode
         out = compiled(a.to("spyre"), b.to("spyre"))
         torch.spyre.synchronize()
     finally:
-        torch.set_default_device("cpu")
+        torch.set_default_device(None)  # (not "cpu": that leaves a device mode on, which fills in device=cpu)
     assert torch.equal(out.cpu(), f(a, b))
     with torch.inference_mode():
         out = compiled(a.to("spyre"), b.to("spyre"))
