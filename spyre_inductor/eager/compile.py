@@ -21,6 +21,8 @@ strict mode's error, naming the op).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import threading
 import time
@@ -97,20 +99,11 @@ def _graph_fn(sig: Signature, values: tuple):
 def resized_outputs(sig: Signature, values: tuple, tensors) -> dict[int, torch.Size] | None:
     """For an out= call: the shapes its out= tensors must be resized to (by position in
     `tensors`), or None if they already have them. Runs the op on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode()
-    fakes = [mode.from_tensor(t) for t in tensors]
-    written = set(_written_tensor_positions(sig, values))
-    before = {i: fakes[i].shape for i in written}
-    try:
-        with mode, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (the resize warning is Resize.run's, once per call)
-            args, kwargs = _rebuild(sig, values, fakes)
-            sig.op(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - the user's inputs, reported by the CPU fallback
-        raise TraceError(f"{type(e).__name__}: {e}") from e
-    changed = {i: fakes[i].shape for i in written if fakes[i].shape != before[i]}
+    fakes, _, error = on_fakes(sig.op, sig, values, tensors)  # (the resize warning is Resize.run's)
+    if error is not None:  # the user's inputs, reported by the CPU fallback
+        raise TraceError(f"{type(error).__name__}: {error}") from error
+    changed = {i: fakes[i].shape for i in _written_tensor_positions(sig, values)
+               if fakes[i].shape != tensors[i].shape}
     return changed or None
 
 
@@ -120,24 +113,39 @@ def runs_on_fake(sig: Signature, values: tuple, tensors) -> bool:
     return rejection_on_fake(sig, values, tensors) is None
 
 
-def _on_fakes(op, sig: Signature, values: tuple, tensors):
-    """`op` run on fake copies of the call's tensors: (its result, None) or (None, its error)."""
+def on_fakes(op, sig: Signature, values: tuple, tensors):
+    """`op` run on fake copies of the call's `tensors` (tensors_of order), the call's other values
+    as they are: (the fakes, its result, None) or (the fakes, None, its error). A probe: the
+    warnings it raises and the fake mode's log of a failing meta kernel are not the user's."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
     fakes = [mode.from_tensor(t.detach()) for t in tensors]
     try:
-        with _plain_dispatch(), mode, warnings.catch_warnings():
+        with _plain_dispatch(), _quiet_fakes(), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args, kwargs = _rebuild(sig, values, fakes)
-            return op(*args, **kwargs), None
+            return fakes, op(*args, **kwargs), None
     except Exception as e:  # noqa: BLE001
-        return None, e
+        return fakes, None, e
+
+
+@contextlib.contextmanager
+def _quiet_fakes():
+    # FakeTensorMode logs every meta kernel that raises, with its traceback, at ERROR: for a probe
+    # of inputs that may be wrong (shapes that do not broadcast), that is noise on the user's stderr
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def rejection_on_fake(sig: Signature, values: tuple, tensors) -> Exception | None:
     """The error the op itself raises for these inputs (run on fake tensors), or None."""
-    return _on_fakes(sig.op, sig, values, tensors)[1]
+    return on_fakes(sig.op, sig, values, tensors)[2]
 
 
 def _functional_twin(op: torch._ops.OpOverload):
@@ -158,7 +166,7 @@ def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
     twin = _functional_twin(sig.op)
     if twin is None:
         return None
-    result, _ = _on_fakes(twin, sig, values, tensors)  # (the twin refusing what the op takes: no verdict)
+    _, result, _ = on_fakes(twin, sig, values, tensors)  # (the twin refusing what the op takes: no verdict)
     written = tensors[0].dtype  # (self: the first tensor of an in-place op)
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, written):
         return f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(written)}"
@@ -234,7 +242,7 @@ def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule,
     # detached: the kernel runs below autograd; the graph is the op's forward only
     fakes = [mode.from_tensor(t.detach()) for t in tensors]
     try:
-        with _plain_dispatch(), mode, torch.no_grad():
+        with _plain_dispatch(), _quiet_fakes(), mode, torch.no_grad():
             gm = make_fx(torch.func.functionalize(_graph_fn(sig, values), remove="mutations"),
                          decomposition_table=_decompositions())(*fakes)
     except Exception as e:  # noqa: BLE001

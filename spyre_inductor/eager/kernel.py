@@ -152,14 +152,14 @@ def _build(sig: Signature, values, kernel, travel=()):
         if travel:  # (issue 19) traced and compiled with the scalars as 0-d inputs: scalars.py
             # the op on fakes with the scalars as they came, then as 0-d inputs: the same outputs
             # (dtypes, shapes), or the same error, or the scalars cannot travel
-            found = scalars.outputs(sig, values, compiling._rebuild)
+            found = scalars.outputs(sig, values)
             if found and found[0] == "raises":  # the caller's inputs are wrong: PyTorch's error
                 compiling.trace(sig, values, tensors)  # (raises the TraceError entry_for handles)
                 raise compiling.TraceError(f"{found[1].__name__} on fake tensors")
             out_dtypes = scalars.dtypes_of(found)
             tsig = scalars.traced_signature(sig, travel)
             tvalues, dtypes = scalars.with_inputs(sig, values, travel, tensors, out_dtypes)
-            if scalars.outputs(tsig, tvalues, compiling._rebuild) != found:
+            if scalars.outputs(tsig, tvalues) != found:
                 return ValueKeyed("a 0-d input promotes unlike the scalar", kernel), None
             checks = scalars.checks(sig, travel, out_dtypes)
             values, tensors = tvalues, tensors_of(tsig, tvalues)

@@ -36,7 +36,6 @@ import functools
 import math
 import re
 import threading
-import warnings
 
 import torch
 
@@ -95,21 +94,14 @@ def with_inputs(sig: Signature, values: tuple, travel: tuple[int, ...], tensors,
     return tuple(out), tuple(dtypes)
 
 
-def outputs(sig: Signature, values: tuple, rebuild):
+def outputs(sig: Signature, values: tuple):
     """The op's outputs' (dtype, shape) on fake tensors, or ("raises", the error's type)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    from .compile import on_fakes
     from .key import tensors_of
 
-    mode = FakeTensorMode()
-    fakes = [mode.from_tensor(t.detach()) for t in tensors_of(sig, values)]
-    try:
-        with mode, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            args, kwargs = rebuild(sig, values, fakes)
-            out = sig.op(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        return ("raises", type(e))
+    _, out, error = on_fakes(sig.op, sig, values, tensors_of(sig, values))
+    if error is not None:
+        return ("raises", type(error))
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return tuple((o.dtype, o.shape) for o in outs if isinstance(o, torch.Tensor))
 
