@@ -172,7 +172,7 @@ def _spec(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.index, t.data_ptr() % 128)
 
 
-def _launch(kind: str, build, tensors: tuple[torch.Tensor, ...], extra=()):
+def launch_graph(kind: str, build, tensors: tuple[torch.Tensor, ...], extra=()):
     """Run the graph `build()` returns on `tensors`, compiling it once per specialisation."""
     from .nesting import nested
 
@@ -195,7 +195,7 @@ def _launch(kind: str, build, tensors: tuple[torch.Tensor, ...], extra=()):
     return fn(*tensors)
 
 
-def _state(generator, device: torch.device, counters: int, low: int = 0, high: int = 0) -> torch.Tensor:
+def philox_state(generator, device: torch.device, counters: int, low: int = 0, high: int = 0) -> torch.Tensor:
     key, offset = device_random.reserve(generator, device, counters)
     return torch.tensor([key, offset, low, high], dtype=torch.int64).to(device)
 
@@ -234,7 +234,7 @@ def _float_fill(kind: str, self: torch.Tensor, generator, *params: float) -> tor
             out.copy_(value(philox(state, shape, mode), p).to(dtype))
         return fill
 
-    _launch(kind, build, (self, _state(generator, self.device, self.numel()), _params(self.device, *params)))
+    launch_graph(kind, build, (self, philox_state(generator, self.device, self.numel()), _params(self.device, *params)))
     return self
 
 
@@ -277,7 +277,7 @@ def bernoulli_(self: torch.Tensor, p=0.5, generator=None) -> torch.Tensor:
     if self.numel() == 0:
         return self
     shape, dtype = list(self.shape), self.dtype
-    state = _state(generator, self.device, self.numel())
+    state = philox_state(generator, self.device, self.numel())
     if isinstance(p, torch.Tensor):
         if p.device != self.device or p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             p = p.to(self.device, torch.float32)  # (a program reads fp32, fp16 or bf16 probabilities)
@@ -287,7 +287,7 @@ def bernoulli_(self: torch.Tensor, p=0.5, generator=None) -> torch.Tensor:
                 out.copy_((philox(state, shape, "uniform") < prob.to(torch.float32)).to(dtype))
             return fill
 
-        _launch("bernoulli_tensor", build, (self, state, p))
+        launch_graph("bernoulli_tensor", build, (self, state, p))
         return self
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
@@ -297,7 +297,7 @@ def bernoulli_(self: torch.Tensor, p=0.5, generator=None) -> torch.Tensor:
             out.copy_((philox(state, shape, "uniform") < params[0]).to(dtype))
         return fill
 
-    _launch("bernoulli", build, (self, state, _params(self.device, p)))
+    launch_graph("bernoulli", build, (self, state, _params(self.device, p)))
     return self
 
 
@@ -349,7 +349,7 @@ def random_(self: torch.Tensor, low: int | None = None, high: int | None = None,
             out.copy_(philox(state, shape, mode).to(dtype))
         return fill
 
-    _launch("random", build, (self, _state(generator, self.device, counters, low, high)), extra=(mode,))
+    launch_graph("random", build, (self, philox_state(generator, self.device, counters, low, high)), extra=(mode,))
     return self
 
 
@@ -368,7 +368,7 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None = True):
             def copy(x):
                 return x.clone(), torch.ones_like(x, dtype=torch.bool)
             return copy
-        return _launch("dropout_eval", build_eval, (input,))
+        return launch_graph("dropout_eval", build_eval, (input,))
     if input.numel() == 0:
         return input.clone(), torch.empty_like(input, dtype=torch.bool)
     shape = list(input.shape)
@@ -380,8 +380,8 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None = True):
             return (x * keep.to(x.dtype) * params[1]).to(x.dtype), keep
         return dropout
 
-    state = _state(None, input.device, input.numel())
-    return _launch("dropout", build, (input, state, _params(input.device, 1.0 - p, scale)))
+    state = philox_state(None, input.device, input.numel())
+    return launch_graph("dropout", build, (input, state, _params(input.device, 1.0 - p, scale)))
 
 
 def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -390,7 +390,7 @@ def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale
             return (grad * keep.to(grad.dtype) * params[0]).to(grad.dtype)
         return backward
 
-    return _launch("dropout_backward", build, (grad_output, mask, _params(grad_output.device, scale)))
+    return launch_graph("dropout_backward", build, (grad_output, mask, _params(grad_output.device, scale)))
 
 
 __all__ = ["OP", "bernoulli", "bernoulli_", "cache_stats", "cauchy_", "exponential_", "geometric_", "log_normal_",

@@ -73,8 +73,8 @@ def randperm_(out: torch.Tensor, n: int, generator=None) -> torch.Tensor:
             out.index_put_((rank,), idx.to(dtype))
         return perm
 
-    state = random._state(generator, out.device, n, 0, _KEY_RANGE)
-    random._launch("randperm", build, (out, state))
+    state = random.philox_state(generator, out.device, n, 0, _KEY_RANGE)
+    random.launch_graph("randperm", build, (out, state))
     return out
 
 

@@ -201,7 +201,7 @@ def _at(nodes, capture_fn, values):
         indexing.SIZE_VALUES.reset(token)
 
 
-def _fit(a: int, b: int, hi: int, what: str):
+def fit_affine(a: int, b: int, hi: int, what: str):
     """(coef, const) of a quantity that is `a` at size hi and `b` at hi - 1."""
     coef = a - b
     if coef < 0:
@@ -219,7 +219,7 @@ def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int
     ranges = []  # (a range of ranges + reduction_ranges: a symbolic reduced range is masked, below)
     for d, (a, b) in enumerate(zip(planned.ranges + planned.reduction_ranges, probe.ranges + probe.reduction_ranges)):
         if a != b:
-            ranges.append((d, name, *_fit(a, b, hi, f"loop range {d}")))
+            ranges.append((d, name, *fit_affine(a, b, hi, f"loop range {d}")))
     buffers = []
     for x, y in zip(planned.buffers, probe.buffers):
         # (a dim of extent 1 is never stepped along: its stride, e.g. keepdim's, does not matter)
@@ -229,7 +229,7 @@ def replace_symbolic(planned: Kernel, probe: Kernel, name: str, lo: int, hi: int
             raise NotCapturable(f"buffer {x.name} has strides or an offset that depend on size {name}")
         for d, (a, b) in enumerate(zip(x.shape, y.shape)):
             if a != b:
-                buffers.append((x.name, d, name, *_fit(a, b, hi, f"dim {d} of {x.name}")))
+                buffers.append((x.name, d, name, *fit_affine(a, b, hi, f"dim {d} of {x.name}")))
     if not ranges:
         raise NotCapturable(f"symbolic size {name} changes no loop range of the kernel")
     kernel = dataclasses.replace(planned, symbolic=SymbolicSizes(((name, lo, hi),), tuple(ranges), tuple(buffers)))

@@ -69,7 +69,7 @@ def buffer_at(name, layout, dtype, sym, value) -> Buffer:
 def capture(make, sym, lo: int, hi: int, limits) -> AttentionKernel:
     """The AttentionKernel `make(value)` builds at size hi, with the SymbolicSizes its difference
     from `make(hi - 1)` shows (named SIZE), checked (NotCapturable: what cannot be symbolic)."""
-    from .symbolic import _fit
+    from .symbolic import fit_affine
 
     planned, probe = make(hi), make(hi - 1)
     if dataclasses.replace(planned, buffers=()) != dataclasses.replace(probe, buffers=()):
@@ -77,17 +77,17 @@ def capture(make, sym, lo: int, hi: int, limits) -> AttentionKernel:
     ranges = []
     for d, (a, b) in enumerate(zip(planned.dims, probe.dims)):
         if a != b:
-            ranges.append((d, SIZE, *_fit(a, b, hi, f"attention dim {DIMS[d]}")))
+            ranges.append((d, SIZE, *fit_affine(a, b, hi, f"attention dim {DIMS[d]}")))
     dims, strides = [], []
     for x, y in zip(planned.buffers, probe.buffers):
         if x.offset != y.offset:
             raise NotCapturable(f"buffer {x.name}'s offset depends on size {sym}")
         for d, (a, b) in enumerate(zip(x.shape, y.shape)):
             if a != b:
-                dims.append((x.name, d, SIZE, *_fit(a, b, hi, f"dim {d} of {x.name}")))
+                dims.append((x.name, d, SIZE, *fit_affine(a, b, hi, f"dim {d} of {x.name}")))
         for d, (a, b) in enumerate(zip(x.strides, y.strides)):
             if a != b and x.shape[d] != 1:  # (an extent-1 dim is never stepped along)
-                strides.append((x.name, d, SIZE, *_fit(a, b, hi, f"stride {d} of {x.name}")))
+                strides.append((x.name, d, SIZE, *fit_affine(a, b, hi, f"stride {d} of {x.name}")))
     sizes = SymbolicSizes(((SIZE, lo, hi),), tuple(ranges), tuple(dims), ((SIZE, *limits),), tuple(strides))
     kernel = dataclasses.replace(planned, symbolic=sizes)
     check(kernel, NotCapturable)
