@@ -164,6 +164,9 @@ def test_other_distributions_from_the_same_draws(spyre):
     c = torch.empty(N, device=spyre).cauchy_(1.0, 2.0).cpu().double()
     _within(c.median().item(), 1.0, math.pi * 2.0 / (2 * math.sqrt(N)), "cauchy_(1, 2) median")
     _within((c.sub(1).abs() < 2).double().mean().item(), 0.5, math.sqrt(0.25 / N), "cauchy_: P(|x - m| < s)")
+    for sigma in (0.0, -1.0):  # refused as on the CPU, naming the argument
+        with pytest.raises(RuntimeError, match=f"cauchy_ expects sigma > 0.0, but found sigma={sigma}"):
+            torch.empty(4, device=spyre).cauchy_(0.0, sigma)
     g = torch.empty(N, device=spyre).geometric_(0.25).cpu().double()
     assert g.min() >= 1 and torch.equal(g, g.round())
     _within(g.mean().item(), 4.0, math.sqrt(12 / N), "geometric_(0.25) mean")

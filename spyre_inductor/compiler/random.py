@@ -263,6 +263,8 @@ def log_normal_(self: torch.Tensor, mean: float = 1.0, std: float = 2.0, generat
 
 
 def cauchy_(self: torch.Tensor, median: float = 0.0, sigma: float = 1.0, generator=None) -> torch.Tensor:
+    if not sigma > 0.0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")  # (the CPU's check)
     return _float_fill("cauchy", self, generator, median, sigma)
 
 
