@@ -71,9 +71,7 @@ def _kernel(buffers, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, 
     """The AttentionKernel over static `buffers` (q, k, v, the masks), with its output appended."""
     B, H, L_, _ = buffers[0].shape
     Dv = buffers[2].shape[3]
-    blhd = [int(s) for s in ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])]
-    out_stride = (blhd[0], blhd[2], blhd[1], 1) if heads_last else tuple(
-        int(s) for s in ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+    out_stride = tuple(int(s) for s in _out_strides(B, H, L_, Dv, heads_last))
     buffers = list(buffers) + [Buffer("out", DTYPE_NAMES[out_dtype], (B, H, L_, Dv), out_stride, 0)]
     strides = {b.name: b.strides for b in buffers}
     return AttentionKernel("", tuple(buffers), float(scale), causal, strides.get("bias"), strides.get("keep"),
@@ -81,15 +79,20 @@ def _kernel(buffers, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, 
                            float(masked_score), strides["positions"][0] if has_positions else None)
 
 
+def _out_strides(B, H, L_, Dv, heads_last) -> list:
+    """The output's (batch, heads, seq, dim) strides, contiguous in that order or, heads_last, in
+    (batch, seq, heads, dim) as a projection reads it back (ints or size expressions alike)."""
+    if heads_last:
+        blhd = ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])
+        return [blhd[0], blhd[2], blhd[1], blhd[3]]
+    return list(ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+
+
 def _out_layout(device, out_dtype, q_layout, v_layout, heads_last) -> ir.FixedLayout:
     """The output's layout, in the (maybe symbolic) sizes of q and v."""
     B, H, L_, _ = q_layout.size
     Dv = v_layout.size[3]
-    if heads_last:
-        blhd = ir.FlexibleLayout.contiguous_strides([B, L_, H, Dv])
-        stride = [blhd[0], blhd[2], blhd[1], blhd[3]]
-    else:
-        stride = list(ir.FlexibleLayout.contiguous_strides([B, H, L_, Dv]))
+    stride = _out_strides(B, H, L_, Dv, heads_last)
     plain = lambda e: int(e) if sympy.sympify(e).is_Integer else e  # noqa: E731
     return ir.FixedLayout(device, out_dtype, [plain(n) for n in (B, H, L_, Dv)], [plain(x) for x in stride])
 

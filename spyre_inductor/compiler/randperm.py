@@ -56,7 +56,7 @@ def check_dtype(n: int, dtype: torch.dtype) -> None:
 
 def randperm_(out: torch.Tensor, n: int, generator=None) -> torch.Tensor:
     """Fill `out` (resized to (n,)) with a random permutation of 0 .. n-1 drawn on the device.
-    The caller checks n <= MAX_N and the dtype (randperm_ops in device/random_ops.py)."""
+    The caller checks n <= MAX_N and the dtype (_randperm_out in device/random_ops.py)."""
     if tuple(out.shape) != (n,):
         out.resize_(n)
     if n == 0:

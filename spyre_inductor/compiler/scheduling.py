@@ -134,7 +134,8 @@ def positional_names(kernel: Kernel) -> Kernel:
             sizes=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.sizes),
             ranges=tuple((d, sizes[n], c, k) for d, n, c, k in symbolic.ranges),
             buffers=tuple((names[b], d, sizes[n], c, k) for b, d, n, c, k in symbolic.buffers),
-            limits=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.limits))
+            limits=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.limits),
+            strides=tuple((names[b], d, sizes[n], c, k) for b, d, n, c, k in symbolic.strides))
     return replace(
         kernel,
         symbolic=symbolic,

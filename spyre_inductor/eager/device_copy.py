@@ -17,7 +17,9 @@ from torch._guards import TracingContext
 from .cache import CACHE
 from .kernel import ENABLED, entry_for
 from .key import make_key
-from .launch import STATE, CompiledEntry
+from spyre_inductor.compiler.nesting import busy
+
+from .launch import CompiledEntry
 from .signature import signature_of
 
 _SIG = None
@@ -27,7 +29,7 @@ def try_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Copy `src` into `dst` (same spyre device) with a compiled program; False if it was not
     (the caller copies another way)."""
     global _SIG
-    if (not ENABLED[0] or getattr(STATE, "busy", False) or torch.compiler.is_compiling()
+    if (not ENABLED[0] or busy() or torch.compiler.is_compiling()
             or TracingContext.try_get() is not None):  # never compile inside a compile (kernel.py)
         return False
     sig = _SIG

@@ -26,11 +26,14 @@ import os
 import torch
 from torch._guards import TracingContext
 
+from spyre_inductor.compiler import nesting
+from spyre_inductor.compiler.nesting import busy
+
 from . import compile as compiling
 from . import scalars
 from .cache import CACHE
 from .key import make_key, tensors_of
-from .launch import STATE, CompiledEntry, CpuRoute, InputsRejected, Resize, ValueKeyed, not_compiled
+from .launch import CompiledEntry, CpuRoute, InputsRejected, Resize, ValueKeyed, not_compiled
 from .signature import Mode, Signature
 
 __all__ = ["ENABLED", "entry_for", "make_kernel", "set_enabled"]
@@ -57,7 +60,7 @@ def make_kernel(sig: Signature):
     def kernel(*args, **kwargs):
         if not enabled[0]:
             return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
-        if getattr(STATE, "busy", False):
+        if busy():
             return not_compiled(sig, args, kwargs, "reached inside an eager compile or a compiled graph")
         if is_compiling() or tracing() is not None:
             # Dynamo tracing, or a torch.compile's Inductor evaluating a constant on spyre
@@ -113,14 +116,12 @@ def entry_for(sig: Signature, key, values, kernel):
         entry = CACHE.peek(key)  # another thread may have compiled it meanwhile
         if entry is not None:
             return entry
-        STATE.busy = True
-        try:
-            entry, compiled = _build(sig, values, kernel, scalars.positions(sig, values, key))
-        except compiling.TraceError as e:
-            entry, compiled = None, None
-            trace_error = e
-        finally:
-            STATE.busy = False
+        with nesting.nested():
+            try:
+                entry, compiled = _build(sig, values, kernel, scalars.positions(sig, values, key))
+            except compiling.TraceError as e:
+                entry, compiled = None, None
+                trace_error = e
         if entry is None:
             tensors = tensors_of(sig, values)
             if isinstance(trace_error, compiling.Rejected) or not compiling.runs_on_fake(sig, values, tensors):

@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from spyre_inductor.compiler import nesting
 from spyre_inductor.compiler.nesting import STATE  # set while this thread compiles or runs a graph
 from spyre_inductor.device import fallback
 from spyre_runtime.binding import LaunchError
@@ -70,7 +71,7 @@ class CompiledEntry:
             tensors = self._with_hosts(sig, values)
         else:
             tensors = tensors_of(sig, values)
-        STATE.busy = True
+        outer, STATE.busy = nesting.busy(), True  # (by hand, not nested(): this is every warm call)
         try:
             outs = self.fn(tensors)
         except LaunchError as e:
@@ -79,7 +80,7 @@ class CompiledEntry:
             # which Tensor.__add__ would turn into NotImplemented)
             raise RuntimeError(f"spyre: {sig.name}: {e}") from e
         finally:
-            STATE.busy = False
+            STATE.busy = outer
         mode = self.mode
         if mode is Mode.FUNCTIONAL:
             return outs[0] if self.single else tuple(outs)
