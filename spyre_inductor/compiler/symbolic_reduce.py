@@ -26,26 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from .indexing import NotCapturable
-from .kernel_ir import TORCH_DTYPES, Cast, Constant, Index, IndexValue, Kernel, Load, Op, Reduction, SizeValue
+from .passes.reduction_ops import WELFORD, identity
+from .kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, Reduction, SizeValue
 
-FLOATS = ("fp32", "fp16", "bf16")
-
-
-def _identity(op: str, dtype: str):
-    """What a masked element is to `op` over values of `dtype`."""
-    base = {"sum": 0, "prod": 1, "any": False, "all": True}
-    if op in base:
-        return bool(base[op]) if dtype == "bool" else float(base[op]) if dtype in FLOATS else base[op]
-    lowest = op in ("max", "argmax")
-    if dtype in FLOATS:
-        return float("-inf") if lowest else float("inf")
-    if dtype == "bool":
-        return not lowest
-    info = torch.iinfo(TORCH_DTYPES[dtype])
-    return info.min if lowest else info.max
 
 
 def mask(kernel: Kernel, d: int, name: str, coef: int, const: int) -> Kernel:
@@ -55,7 +39,7 @@ def mask(kernel: Kernel, d: int, name: str, coef: int, const: int) -> Kernel:
     if not any(isinstance(v, Reduction) and v.op != "dot" for v in values):
         return kernel
     for v in values:
-        if isinstance(v, Reduction) and v.op.startswith("welford"):
+        if isinstance(v, Reduction) and v.op in WELFORD:
             raise NotCapturable(f"{v.op} over symbolic size {name} (a masked element would still be counted)")
     rank = len(kernel.ranges) + len(kernel.reduction_ranges)
     out: list = [IndexValue(Index(tuple(int(j == d) for j in range(rank))), "int64"),
@@ -68,7 +52,7 @@ def mask(kernel: Kernel, d: int, name: str, coef: int, const: int) -> Kernel:
     for i, v in enumerate(values):
         if isinstance(v, Reduction) and v.op != "dot":
             arg_dtype = values[v.arg].dtype
-            out.append(Constant(_identity(v.op, arg_dtype), arg_dtype))
+            out.append(Constant(identity(v.op, arg_dtype), arg_dtype))
             out.append(Op("where", (2, at(v.arg), len(out) - 1), arg_dtype))
             v = dataclasses.replace(v, arg=len(out) - 1)
         elif isinstance(v, Load):
@@ -119,7 +103,7 @@ def problem(kernel: Kernel, d: int, name: str, coef: int, const: int, span_of, p
     for i, v in enumerate(kernel.values):
         if not isinstance(v, Reduction):
             continue
-        if v.op.startswith("welford"):
+        if v.op in WELFORD:
             return f"value {i} is {v.op} over symbolic size {name} (a masked element would still be counted)"
         if v.op == "dot":
             if not zero_past(kernel, v.arg, d, span_of, past_of):
@@ -128,7 +112,7 @@ def problem(kernel: Kernel, d: int, name: str, coef: int, const: int, span_of, p
             continue
         arg = kernel.values[v.arg]
         if not (isinstance(arg, Op) and arg.name == "where" and _is_mask(kernel, arg.args[0], d, name, coef, const)
-                and kernel.values[arg.args[2]] == Constant(_identity(v.op, arg.dtype), arg.dtype)):
+                and kernel.values[arg.args[2]] == Constant(identity(v.op, arg.dtype), arg.dtype)):
             return f"value {i} ({v.op}) over symbolic size {name} is not masked past the size"
     return None
 

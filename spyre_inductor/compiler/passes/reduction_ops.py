@@ -28,8 +28,13 @@ def op_of(name: str) -> str:
 
 
 def identity(op: str, dtype: str):
-    """The fill that starts an accumulator: max/min of integers start from the dtype's bounds."""
-    if dtype in INTEGERS and op in ("max", "min"):
+    """The fill that starts an accumulator (what an element past a masked size is to `op`):
+    max/min (and argmax/argmin) of integers start from the dtype's bounds, of bools from the
+    other one."""
+    op = INDEX_OPS.get(op, op)
+    if op in ("max", "min") and dtype not in FLOATS:
+        if dtype == "bool":
+            return op == "min"
         info = torch.iinfo(TORCH_DTYPES[dtype])
         return info.min if op == "max" else info.max
     return operand_value(IDENTITY[op], dtype)
