@@ -517,7 +517,7 @@ class _Launch:
     def patch_done(self) -> bool:
         """Its patch ran to completion: the area holds its words."""
         t = self.patch_ticket
-        return t is not None and t.done and t.error is None and not t.skipped
+        return t is not None and t.succeeded
 
     def runs(self):
         plan, turn = self.plan, self.turn

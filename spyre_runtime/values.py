@@ -105,10 +105,8 @@ class _HostTable:
 
 def host_positions(plan, args) -> tuple[int, ...]:
     """Which of the plan's 0-d inputs `args` gives as host (CPU) tensors."""
-    try:
-        return tuple([i for i in plan.values if args[i].is_cpu])
-    except (AttributeError, IndexError, TypeError):  # not tensors, too few: the device path says what
-        return ()
+    # (per argument: a non-tensor or a missing one is the device path's to name, not its neighbours')
+    return tuple(i for i in plan.values if i < len(args) and isinstance(args[i], torch.Tensor) and args[i].is_cpu)
 
 
 # A value word is the value's bytes, little-endian, zero-extended to 8 bytes.
@@ -141,6 +139,7 @@ def bind_values(plan, args, host: tuple[int, ...]):
         t = args[i]
         if t.dtype != plan.args[i].dtype or t.dim() != 0:
             _refuse(plan, i, t)
+        t = t.resolve_neg().resolve_conj()  # (its value, not its stored bits, travels)
         extra[at] = reader.from_address(t.data_ptr()).value
     extra = tuple(extra)
     derived = valued.plan

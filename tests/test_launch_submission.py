@@ -236,25 +236,26 @@ def test_other_buffers_patch_the_area_again_and_each_launch_reads_its_own(add_pl
 
 
 def test_a_relaunch_after_a_failed_patch_patches_again(add_plan, monkeypatch):
+    # The failed patches had the relaunch's very words: only their failing (not other words)
+    # says the areas may not hold them.
     x, y = torch.randn(SHAPE), torch.randn(SHAPE)
     xs, ys, out = x.to("spyre"), y.to("spyre"), torch.empty(SHAPE, device="spyre")
-    launch_jobplan(add_plan, [xs, ys, out])  # both areas hold these words
-    launch_jobplan(add_plan, [xs, ys, out])
+    other = torch.empty(SHAPE, device="spyre")
+    launch_jobplan(add_plan, [xs, ys, other])  # both areas hold other words
+    launch_jobplan(add_plan, [xs, ys, other])
     torch.spyre.synchronize()
     boom = RuntimeError("injected fill failure")
 
     def failing_fill(self):
         raise boom
     monkeypatch.setattr(launch._Fill, "__call__", failing_fill)
-    other = torch.empty(SHAPE, device="spyre")
-    for _ in range(2):  # patch both areas with other words, failing
-        launch_jobplan(add_plan, [xs, ys, other])
+    for _ in range(2):  # patch both areas with the relaunch's words, failing
+        launch_jobplan(add_plan, [xs, ys, out])
     with pytest.raises(StreamError):
         torch.spyre.synchronize()
     torch.spyre.clear_errors()
     monkeypatch.undo()
     out.zero_()
-    # The areas may hold anything now: the same words as before must be patched again.
     names = _names_of_launches(add_plan, [[xs, ys, out]] * 2)
     assert names.count("patch") == 2
     assert torch.equal(out.cpu(), x + y)
@@ -285,3 +286,23 @@ def test_host_values_in_other_places_patch_again():
         torch.spyre.synchronize()
         outs.append(out.cpu())
     assert torch.equal(outs[0], torch.where(c, 0.0, 5.0)) and torch.equal(outs[2], torch.where(c, 5.0, 0.0))
+
+
+def test_a_host_value_travels_as_its_value_and_a_bad_one_is_named():
+    import gc
+
+    from spyre_runtime.binding import LaunchError
+    from spyre_runtime.launch import JobPlan
+
+    before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
+    fn = torch.compile(lambda c, a, b: torch.where(c, a, b))
+    c = torch.tensor([True, False] * 32)
+    cs = c.to("spyre")
+    fn(cs, torch.tensor(1.0).to("spyre"), torch.tensor(3.0).to("spyre"))
+    torch.spyre.synchronize()
+    (plan,) = [o for o in gc.get_objects() if type(o) is JobPlan and id(o) not in before and o.values]
+    out = torch.empty(64, device="spyre")
+    launch_jobplan(plan, [cs, torch._neg_view(torch.tensor(2.0)), torch.tensor(3.0), out])  # -2.0 by its bit
+    assert torch.equal(out.cpu(), torch.where(c, -2.0, 3.0))
+    with pytest.raises(LaunchError, match=r"argument 2 \('b2', input\): expected a tensor, got float"):  # not argument 1
+        launch_jobplan(plan, [cs, torch.tensor(0.0), 5.0, out])

@@ -65,11 +65,11 @@ def _eligible(t) -> bool:
             and t.dtype != torch.float64)
 
 
-def _cast(value, dtype: torch.dtype):
+def _cast(value, dtype: torch.dtype, cast=lambda t, dtype: t.to(dtype)):
     if _eligible(value):
-        return value if value.dtype == dtype else value.to(dtype)
+        return value if value.dtype == dtype else cast(value, dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype) for v in value)
+        return type(value)(_cast(v, dtype, cast) for v in value)
     return value
 
 
@@ -104,11 +104,7 @@ class _Off:
 
 def _cast_cached(value, dtype: torch.dtype):
     """_cast to the autocast dtype, through autocast's cache of casted weights."""
-    if _eligible(value):
-        return value if value.dtype == dtype else torch.ops.spyre.autocast_cast(value, dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast_cached(v, dtype) for v in value)
-    return value
+    return _cast(value, dtype, torch.ops.spyre.autocast_cast)
 
 
 def _lower(op):

@@ -53,8 +53,12 @@ def make_kernel(sig: Signature):
     """The PrivateUse1 kernel for `sig`'s op."""
     op = sig.op
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
+    # (is_compiling() is the process's flag, not this thread's: while another thread's Dynamo
+    # compiles, this thread's eager ops take the composite kernel or the CPU fallback too. Known;
+    # dropping it lets Inductor's own eager evaluations, under no_dispatch, reach the compile.)
     is_compiling = torch.compiler.is_compiling
     tracing = TracingContext.try_get
+    aliasing = sig.mode is not Mode.FUNCTIONAL
     enabled = ENABLED
 
     def kernel(*args, **kwargs):
@@ -74,6 +78,9 @@ def make_kernel(sig: Signature):
             # The program draws from the device generator's state Inductor passes in (its seeds
             # input); an explicit generator's state cannot travel into it yet.
             return not_compiled(sig, args, kwargs, "an explicit generator")
+        if aliasing and _aliased_write(sig, tensors_of(sig, values), values):
+            # (each call, not only the first: the key does not say which tensors share memory)
+            return not_compiled(sig, args, kwargs, "a tensor it writes shares memory with another of its arguments")
         entry = CACHE.get(key)
         if entry is None:
             entry = entry_for(sig, key, values, kernel)
@@ -137,6 +144,11 @@ def _build(sig: Signature, values, kernel, travel=()):
     tensors, dtypes, checks = tensors_of(sig, values), (), ()
     try:
         compiling.check_dtypes(tensors)
+        if any(isinstance(values[i], torch.Tensor) and torch._debug_has_internal_overlap(values[i]) == 1
+               for i in sig.written):  # (an expanded tensor written in place): PyTorch's error
+            raise compiling.Rejected("unsupported operation: more than one element of the written-to tensor refers "
+                                     "to a single memory location. Please clone() the tensor before performing "
+                                     "the operation.")
         if (refused := compiling.unsafe_inplace_cast(sig, values, tensors)) is not None:
             raise compiling.Rejected(refused)
         if not travel and (rejected := compiling.rejection_on_fake(sig, values, tensors)) is not None:
@@ -187,7 +199,7 @@ def _compiled(sig: Signature, tsig: Signature, values, tensors):
     except compiling.TraceError:
         raise
     except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU
-        if type(e).__name__ == "SpyreStrictError" or "SPYRE_STRICT" in str(e):
+        if _strict_refusal(e):
             # strict mode refused a CPU part of the graph: not a decline to cache (the same
             # call compiles, with a CPU part, once strict mode is off)
             raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
@@ -195,6 +207,18 @@ def _compiled(sig: Signature, tsig: Signature, values, tensors):
     if compiled.programs == 0 and compiled.cpu_calls:
         raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
     return compiled
+
+
+def _strict_refusal(e: BaseException) -> bool:
+    """Whether strict mode refusing a CPU part is behind `e` (Inductor wraps what a backend raises)."""
+    from spyre_inductor.compiler.fallback_policy import SpyreStrictError
+
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, SpyreStrictError):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 def _first_line(e: Exception) -> str:

@@ -50,8 +50,8 @@ _HALVES = (torch.float16, torch.bfloat16)
 TRAVEL = [True]
 
 def _value_key(v):
-    if type(v) is float:
-        return (float, "nan") if v != v else (float, v)
+    if type(v) is float:  # by its bits: -0.0 == 0.0 (1 / (x * -0.0) is -inf), and nan != nan
+        return (float, v.hex())
     if isinstance(v, (list, tuple)):
         return tuple(_value_key(x) for x in v)
     return (type(v), v)
@@ -75,8 +75,8 @@ def make_key(sig: Signature, values: tuple, travel: bool = True):
             parts.append(_value_key(t))
             continue
         index = t.get_device()
-        if index < 0:  # a CPU tensor: the program cannot read host memory
-            return None
+        if index < 0 or t.is_neg() or t.is_conj():  # a CPU tensor (the program cannot read host
+            return None                              # memory), or a view bit the program would not see
         offset = t.storage_offset()
         parts += (t.dtype, t.shape, t.stride(), index, (offset * t.element_size()) & 127 if offset else 0)
     for i in sig.lists_at:
@@ -85,7 +85,7 @@ def make_key(sig: Signature, values: tuple, travel: bool = True):
                 parts.append(_value_key(t))
                 continue
             index = t.get_device()
-            if index < 0:
+            if index < 0 or t.is_neg() or t.is_conj():
                 return None
             offset = t.storage_offset()
             parts += (t.dtype, t.shape, t.stride(), index, (offset * t.element_size()) & 127 if offset else 0)

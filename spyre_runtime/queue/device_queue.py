@@ -168,6 +168,12 @@ class Ticket:
     def name(self) -> str:
         return self.op.name
 
+    @property
+    def succeeded(self) -> bool:
+        """Done, neither failed nor skipped; safe to read without the lock (_complete sets the
+        error, and _make_ready marks a skip, before done)."""
+        return self.done and self.error is None and not self.skipped
+
     def __repr__(self) -> str:
         state = "done" if self.done else ("ready" if self.ready else "waiting")
         return f"Ticket(#{self.seq} {self.name!r} on stream {self.stream.id}, {state})"

@@ -211,11 +211,16 @@ def test_eager_compiles_do_not_share_dynamos_recompile_limit(spyre, monkeypatch,
         torch._dynamo.reset()
         for n in range(1, 8):  # seven eager compiles of one op
             torch.relu(torch.randn(n, 3).to(spyre))
+        from torch._dynamo.utils import counters
+
         fn = torch.compile(lambda t: torch.relu(t) * 3, dynamic=False)
         monkeypatch.setenv("SPYRE_STRICT", "1")
+        graphs = counters["stats"]["unique_graphs"]
         for n in (4, 5):  # two compiles: within the limit of 2, so still compiled for spyre
             t = torch.randn(n, 3)
             torch.testing.assert_close(fn(t.to(spyre)).cpu(), torch.relu(t) * 3)
+        # both frames compiled (an exceeded limit would run them eagerly, as eager spyre programs)
+        assert counters["stats"]["unique_graphs"] - graphs == 2
 
 
 def test_threads_compile_a_key_once(spyre, fresh_cache):
@@ -295,3 +300,24 @@ def test_an_in_place_result_that_cannot_be_cast_is_refused_as_on_the_cpu(spyre, 
     x.masked_fill_(x > 2, 0.5)  # no type promotion: the value is cast, as on the CPU
     x.mul_(2)
     assert x.cpu().tolist() == [0, 2, 4, 0, 0, 0]
+
+
+def test_what_the_key_must_tell_apart(spyre, strict, fresh_cache):
+    # a negative view's bit (its stored values are not its values), -0.0 from 0.0 (a value-keyed
+    # fp16 scalar), and a write into memory another argument shares (on every call, not only
+    # the first: the key does not say which tensors alias)
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    n = torch._neg_view(a.to(spyre))
+    assert torch.equal((n + 1).cpu(), -a + 1)
+    h = torch.ones(4, dtype=torch.float16).to(spyre)
+    h * 0.0
+    assert torch.equal((1 / (h * -0.0)).cpu(), torch.full((4,), float("-inf"), dtype=torch.float16))
+    b = torch.arange(8.0).to(spyre)
+    torch.mul(b[::2], 2, out=torch.empty(4, device=spyre))  # compiled: the same key, no alias
+    with pytest.raises(NotImplementedError, match="a tensor it writes shares memory with another"):
+        torch.mul(b[::2], 2, out=b[1::2])
+
+
+def test_writing_an_expanded_tensor_in_place_gets_pytorchs_error(spyre, strict, fresh_cache):
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single"):
+        torch.zeros(1, device=spyre).expand(4).mul_(2)
