@@ -13,9 +13,11 @@ Rules, in the order they are applied to an enqueued operation:
    Barrier) complete as soon as they are ready.
 
 What runs is not this module's business: a Compute runs its Executor (its
-`prefetch` when enqueued, or, behind a Barrier, when ready; then `run` and
-`cost_ns`), and a Transfer runs on the DataMovement engine the device handed
-this queue (operations.py). The simulated device's engine and its program
+`prefetch` when enqueued, or when ready if it holds its fetch (Compute.hold_fetch,
+as a launch's compute does for the patch it requires) or waits behind a Barrier;
+then `run` and `cost_ns`), and a Transfer runs on the DataMovement engine the
+device handed this queue (operations.py), its `fill` (a launch's host callback,
+folded in) right before the copy. The simulated device's engine and its program
 distribution live in spyre_runtime.device.
 
 Inline operations are run by the thread that enqueued them, once ready (eager
