@@ -382,3 +382,40 @@ def test_a_binary_writes_its_tile_in_place_only_where_no_operand_is_partly_overw
     assert isa._writable_over(torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 24), one)
     assert not isa._writable_over(one, torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 16))
     assert not isa._writable_over(torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 16), one)
+
+
+def test_a_program_of_small_tiles_runs_on_one_intra_op_thread_and_the_caller_keeps_its_count(monkeypatch):
+    # Each simulated instruction is one small torch op: an OpenMP team per op (and one per
+    # thread that runs programs) costs more than the op (spyre_runtime/device/programs.py).
+    import threading
+
+    from spyre_runtime.device import programs
+
+    program = vector_add(1000)
+    inputs = _inputs(program)
+    seen = []
+    real = programs.ProgramExecutor._run
+    monkeypatch.setattr(programs.ProgramExecutor, "_run",
+                        lambda self, artifact: (seen.append(torch.get_num_threads()), real(self, artifact)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = run_program(program, **inputs)
+        torch.spyre.synchronize()
+        assert seen[-1] == 1 and torch.get_num_threads() == 2
+        assert torch.equal(out["out"], inputs["x"] + inputs["y"])
+        # a thread started afterwards has the process default, not the simulator's one
+        later = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert later == [2]
+        # programs of large tiles keep the caller's count: they gain from the threads
+        monkeypatch.setattr(programs, "ONE_THREAD_STEP_BYTES", 0)
+        run_program(program, **inputs)
+        assert seen[-1] == 2
+    finally:
+        torch.set_num_threads(before)
+    from spyre_runtime import _C
+    with pytest.raises(RuntimeError, match="n must be positive, got 0"):
+        _C.set_intraop_threads(0)

@@ -9,11 +9,29 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
+// OpenMP's thread count is per calling thread; torch.set_num_threads would also change the
+// count every later thread starts with (a process-wide default the user owns).
+extern "C" {
+int omp_get_max_threads(void);
+void omp_set_num_threads(int);
+}
+
 namespace spyre::bridge {
 void set_runtime(py::object runtime);
 }
 
 namespace {
+
+// The calling thread's intra-op (OpenMP) thread count set to n; returns the count it had.
+int set_intraop_threads(int n) {
+  TORCH_CHECK(n > 0, "set_intraop_threads: n must be positive, got ", n);
+  at::internal::lazy_init_num_threads();  // first, or torch's lazy init would undo it later
+  int previous = omp_get_max_threads();
+  if (previous != n) omp_set_num_threads(n);
+  return previous;
+}
 
 py::object default_generator(int device) {
   return py::reinterpret_steal<py::object>(
@@ -90,6 +108,9 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         spyre::device_allocator().region_address(static_cast<c10::DeviceIndex>(device), handle));
   });
+  m.def("set_intraop_threads", &set_intraop_threads, py::arg("n"),
+        "Set the calling thread's intra-op (OpenMP) thread count, not the process default "
+        "torch.set_num_threads also changes; returns the previous count.");
   m.def("device_offset", [](uintptr_t ptr) {
     return spyre::device_allocator().offset_of(reinterpret_cast<void*>(ptr));
   }, "Offset of a device pointer from the start of its device's memory.");

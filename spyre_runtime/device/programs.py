@@ -24,10 +24,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils import _python_dispatch
 
+from .. import _C
 from ..queue.operations import Executor
 
-if TYPE_CHECKING:
-    from ..program.run import Artifact, ProgramExecutable
+# The simulated cores run one torch op after another, from whichever thread runs the program
+# (a queue worker, or a caller that synchronizes and runs ready work itself). On small tiles
+# more than one intra-op thread only costs: each op wakes an OpenMP team, and the teams of
+# several such threads contend for the same cores. A 1 x 256 @ 256 x 64 tile product measured
+# 22-90 us that way against 2-4 us on one thread, and the Llama decode step took twice as long
+# (benchmarks/launch.py). Programs of large tiles (benchmarks/simulator.py: 300 KB and more per
+# step) gain from the threads, and keep the caller's count. The count is the calling thread's
+# own and is set back after the run; the process default (torch.set_num_threads) is untouched.
+ONE_THREAD_STEP_BYTES = 128 * 1024
 
 
 class ProgramExecutor(Executor):
@@ -44,6 +52,16 @@ class ProgramExecutor(Executor):
         self.executable.fetch(artifact)
 
     def run(self, artifact: Artifact) -> None:
+        if self.executable.mean_step_bytes() > ONE_THREAD_STEP_BYTES:
+            self._run(artifact)
+            return
+        before = _C.set_intraop_threads(1)
+        try:
+            self._run(artifact)
+        finally:
+            _C.set_intraop_threads(before)
+
+    def _run(self, artifact: Artifact) -> None:
         # Whichever thread runs it (a queue worker, or a thread that synchronizes and runs ready
         # work itself), the simulated cores compute on plain CPU tensors: not under that thread's
         # torch function or dispatch modes (a default device of spyre would turn the scratchpad

@@ -31,7 +31,7 @@ from ..memory import device_view, region_address
 from . import timing as _timing
 from .execute import Machine, _banks, bank_cores
 from .operands import STICK
-from .schedule import MAX_BOUND_STEPS, BoundRun, Schedule
+from .schedule import MAX_BOUND_STEPS, BoundRun, Schedule, step_bytes
 from .timing import Report, Timing
 from .program import SIZE_BYTES, SLOT_BYTES, Program
 from .validate import ProgramError, validate_once
@@ -179,6 +179,20 @@ class ProgramExecutable:
         with _reports_lock:  # a resize swaps the deque: append to the current one
             _reports.append(report)
 
+    def mean_step_bytes(self) -> float:
+        """What one data instruction's operands span on average: the size of the torch ops a run
+        is made of. From the schedule (weighted by how often each step runs) when the program
+        has one; otherwise over its instructions once each."""
+        state = self._state
+        if state.mean_step_bytes is None:
+            schedule = self._get_schedule() if not self.program.sizes else None
+            if schedule is not None:
+                state.mean_step_bytes = schedule.mean_step_bytes
+            else:
+                spans = [step_bytes(ins) for core in self.program.cores for _, unit in core.units for ins in unit]
+                state.mean_step_bytes = sum(spans) / max(len(spans), 1)
+        return state.mean_step_bytes
+
     def _get_schedule(self) -> Schedule | None:
         state = self._state
         if state.schedule is None:
@@ -238,6 +252,7 @@ class _ProgramState:
         self.schedule: Schedule | None | bool = None  # False: the walk failed; the interpreter runs it
         self.reports: dict[tuple, Report] = {}  # timing key -> its report (never handed out itself)
         self.bound: collections.OrderedDict = collections.OrderedDict()  # binding -> BoundRun
+        self.mean_step_bytes: float | None = None
 
 
     @staticmethod

@@ -56,11 +56,11 @@ class Schedule:
         sizes = {}
         for _, _, _, ins, _ in steps:
             if id(ins) not in sizes:
-                sizes[id(ins)] = _step_bytes(ins)
+                sizes[id(ins)] = step_bytes(ins)
         self.mean_step_bytes = sum(sizes[id(ins)] for _, _, _, ins, _ in steps) / max(len(steps), 1)
 
 
-def _step_bytes(ins) -> int:
+def step_bytes(ins) -> int:
     """The most bytes one operand of `ins` spans (its work, for the batching choice)."""
     most = 0
     for touch in ins.touches():
