@@ -5,7 +5,7 @@ plan is prepared (`ArgTable`): each argument's dtype, shape and strides, the
 element span those strides give, which arguments may alias, the layout of the
 correction slots. A launch then does per-tensor work only (`ArgTable.bind`):
 compare each tensor with its spec, read where its storage lives, and produce
-the slot words the host callback writes and the ranges the program reads and
+the slot words the launch writes and the ranges the program reads and
 writes.
 
 A tensor that does not match is explained by `ArgTable.explain`, the slow

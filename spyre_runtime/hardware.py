@@ -59,10 +59,6 @@ class HardwareConfig:
     host_link_gbps: float = _figure(
         25.0, "E: host<->card transfers over PCIe Gen4 x16 (~32 GB/s nominal); an estimate, no measurement yet"
     )
-    host_patch_ns: float = _figure(
-        500.0, "E: a native runtime's host callback writing a launch's correction slots (a few 16-byte words) "
-               "into pinned memory; an estimate, no measurement. It prices that callback on the simulated "
-               "timeline instead of the simulator's own Python, whose wall time depends on the machine's load")
     burst_sticks: int = _figure(32, "E: bursts of at most 32 words (4 KB)")
     region_handles_pf: int = _figure(256, "E: region handles per card when dedicated (PF mode)")
     region_handles_vf: int = _figure(16, "E: region handles per card when shared (VF mode)")

@@ -20,18 +20,17 @@ submission worker) resolves the addresses to (region, offset) slot words,
 remembered per binding, and enqueues two typed operations for the four
 steps of the execution plan:
 
-1. resolve addresses and patch the correction area: one Transfer copies a
-   pinned staging buffer (the runtime's one completion-gated pool, shared
-   with eager copies) into one of the plan's two correction areas (launches
-   alternate), its fill -- the host callback of the step before -- writing
-   the slot words into the buffer right before the copy, so in its stream's
-   order (a buffer whose last transfer is earlier on the same stream is safe
-   to reuse). On the simulated timeline the fill costs what a native
-   runtime's would (HardwareConfig.host_patch_ns), not the wall time of our
-   Python. It runs on a preparation stream of the launch's stream
-   (preparation_stream), so a launch's patch overlaps the previous launch's
-   compute; the patch of an area waits, by footprint, until the compute
-   that last read it has finished;
+1. resolve addresses and patch the correction area: the slot words are
+   written, by whoever enqueues, into a pinned staging buffer (the runtime's
+   one completion-gated pool, shared with eager copies: a buffer no transfer
+   may still read), and one Transfer copies it into one of the plan's two
+   correction areas (launches alternate). The words are known at launch, so
+   no host callback waits in the stream for them: the host's work is part of
+   the launch's host time, and the stream holds only the copy. It runs on a
+   preparation stream of the launch's stream (preparation_stream), so a
+   launch's patch overlaps the previous launch's compute; the patch of an
+   area waits, by footprint, until the compute that last read it has
+   finished;
 2. hold the fetch and run the program: one Compute on the launch's stream
    runs it (the simulated device's device.programs.ProgramExecutor, whose
    prefetch is that fetch), with a footprint of what it reads and writes so
@@ -78,7 +77,7 @@ import torch
 from . import _C
 from .binding import ArgSpec, ArgTable, LaunchError, slot_words
 from .device.programs import ProgramExecutor
-from .hardware import HARDWARE, preparation_streams_from_env
+from .hardware import preparation_streams_from_env
 from .program.operands import DTYPES, sticks
 from .program.program import SIZE_BYTES, SLOT_BYTES, Program
 from .program.run import Artifact, ProgramExecutable
@@ -535,16 +534,16 @@ class _Launch:
             plan.last_compute[turn] = (resolved, self.extra, words, compute)
         if not self.patches:
             return ((self.stream, (compute,)),)
-        staged = self.staged = current().staging.acquire(plan.patch_bytes, stream=(plan.device, self.prep),
-                                                          filled_in_stream_order=True)
-        # The operations are immutable: a launch with the previous one's staging buffer, area and
-        # slot words reuses its patch (a loop relaunching on the same buffers builds nothing).
-        key = (staged.address, turn, words)
+        # Completion-gated: no transfer still reads the buffer, so it is filled now, not in the stream.
+        staged = self.staged = current().staging.acquire(plan.patch_bytes)
+        struct.pack_into(plan.word_format, staged.host_buffer(), 0, *words)
+        # The operations are immutable: a launch with an earlier one's staging buffer and area
+        # reuses its patch (a loop relaunching builds nothing).
+        key = (staged.address, turn)
         patch = plan.memo.get(key)
         if patch is None:
             patch = Transfer(TransferKind.H2D, HostAddress(staged.address), area.address, plan.patch_bytes,
-                             keepalive=staged.memory, label=plan.patch_name,
-                             fill=_Fill(staged, plan.word_format, words), fill_cost_ns=HARDWARE.host_patch_ns)
+                             keepalive=staged.memory, label=plan.patch_name)
             if len(plan.memo) >= 64:
                 plan.memo.clear()
             plan.memo[key] = patch
@@ -553,28 +552,15 @@ class _Launch:
         return ((self.prep, (patch,)), (self.stream, (compute,)))
 
     def enqueued(self, tickets) -> None:
-        # Not enqueued (an error on the way): the buffer is not returned to the pool, since it
-        # may have come with an earlier transfer of this stream still to read it, which only the
-        # pool's record of that transfer protects (the transfer itself keeps its memory alive).
-        if self.staged is not None and tickets:
-            current().staging.release(self.staged, tickets[0], (self.plan.device, self.prep))
-            self.patch_ticket = tickets[0]
+        if self.staged is not None:
+            # Not enqueued (an error on the way): nothing reads the buffer, it is free at once.
+            current().staging.release(self.staged, tickets[0] if tickets else None)
+            if tickets:
+                self.patch_ticket = tickets[0]
         self.staged = self.args = None
 
 
 _COMPUTE_REQUIRES_PATCH = {1: (0,)}
-
-
-class _Fill:
-    """The host callback: the slot words into the staging buffer (run in stream order)."""
-
-    __slots__ = ("staged", "fmt", "words")
-
-    def __init__(self, staged, fmt: str, words: list[int]):
-        self.staged, self.fmt, self.words = staged, fmt, words
-
-    def __call__(self) -> None:
-        struct.pack_into(self.fmt, self.staged.host_buffer(), 0, *self.words)
 
 
 # ---- the old way, kept to measure against -----------------------------------------------------

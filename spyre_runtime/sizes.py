@@ -3,7 +3,7 @@
 A launch spec may declare ``sizes`` (name, min, max) and give an argument's
 dim as a size's name or as ``{"size", "coef", "const"}``. A launch binds the
 size values (each in its bounds, else a LaunchError naming the size and the
-bounds, before anything is enqueued); its host callback writes them after the
+bounds, before anything is enqueued); they are written after the
 address slots, so the same transfer carries them into the correction area
 and the program's fetch reads them with the addresses.
 """

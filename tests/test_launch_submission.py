@@ -244,11 +244,14 @@ def test_a_relaunch_after_a_failed_patch_patches_again(add_plan, monkeypatch):
     launch_jobplan(add_plan, [xs, ys, other])  # both areas hold other words
     launch_jobplan(add_plan, [xs, ys, other])
     torch.spyre.synchronize()
-    boom = RuntimeError("injected fill failure")
+    engine = type(current().queue(0).data_movement)
+    real = engine.run
 
-    def failing_fill(self):
-        raise boom
-    monkeypatch.setattr(launch._Fill, "__call__", failing_fill)
+    def failing_patch(self, transfer):
+        if transfer.label == add_plan.patch_name:
+            raise RuntimeError("injected patch failure")
+        return real(self, transfer)
+    monkeypatch.setattr(engine, "run", failing_patch)
     for _ in range(2):  # patch both areas with the relaunch's words, failing
         launch_jobplan(add_plan, [xs, ys, out])
     with pytest.raises(StreamError):

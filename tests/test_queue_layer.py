@@ -784,9 +784,8 @@ class PinnedBuffer:
 
 def test_staging_buffer_is_reused_only_when_safe():
     """A released staging buffer whose last transfer has not run is not handed out
-    for filling now, nor to another stream; it is handed to the same stream when
-    that stream fills it in stream order; once the transfer is done it is reused
-    without allocating."""
+    (its taker fills it at once, on the host); once the transfer is done it is
+    reused without allocating, and one released with no reader is free at once."""
     device = FakeDevice()
     q = device.queue()
     pool = StagingPool(allocate=PinnedBuffer)
@@ -797,23 +796,18 @@ def test_staging_buffer_is_reused_only_when_safe():
     gate, _ = hold_compute(q, 1)
     try:
         xfer = q.enqueue(1, Transfer(H2D, HostAddress(buf.address), DeviceAddress(1, 0), 16))
-        pool.release(buf, xfer, stream=(0, 1))
+        pool.release(buf, xfer)
         assert not xfer.done
-
         other = pool.acquire(100)
         assert other is not buf and pool.created == 2
-        assert pool.acquire(100, stream=(0, 2), filled_in_stream_order=True) is not buf
-        assert pool.acquire(100, stream=(0, 1)) is not buf  # same stream, but filled now
-        assert pool.created == 4
-        same = pool.acquire(100, stream=(0, 1), filled_in_stream_order=True)
-        assert same is buf and pool.created == 4
-        pool.release(buf, xfer, stream=(0, 1))
+        pool.release(other, None)  # (its transfer was never enqueued)
+        assert pool.acquire(100) is other and pool.created == 2
     finally:
         gate.open()
     q.wait(xfer)
     assert device.read(Range(1, 0, 16)) == b"\x42" * 16
     assert pool.acquire(100) is buf
-    assert pool.created == 4
+    assert pool.created == 2
 
 
 def test_staging_pool_sizes_and_best_fit():
@@ -826,8 +820,8 @@ def test_staging_pool_sizes_and_best_fit():
     pool = StagingPool(allocate=PinnedBuffer, min_bytes=64)
     small, big = pool.acquire(10), pool.acquire(5000)
     assert (small.nbytes, big.nbytes) == (64, 8192)
-    pool.release(big, Done(), None)
-    pool.release(small, Done(), None)
+    pool.release(big, Done())
+    pool.release(small, Done())
     assert pool.acquire(60) is small
     assert pool.acquire(100) is big
     assert pool.created == 2
@@ -1054,24 +1048,6 @@ def test_a_held_fetch_waits_until_the_compute_is_ready(hold):
         gate.open()
     q.wait(t)
     assert [call for call, *_ in log] == ["prefetch", "run", "cost"]
-
-
-def test_a_transfers_fill_runs_right_before_its_copy_and_is_priced():
-    """A Transfer's fill (a host callback folded into it) writes its staging source in stream
-    order, just before the bytes move, and adds its declared price to the transfer's."""
-    device = FakeDevice()
-    q = device.queue()
-    buf, src = host_buffer(16)
-    plain = q.enqueue(1, Transfer(H2D, src, DeviceAddress(1, 0), 16))
-    q.wait(plain)
-
-    def fill():
-        ctypes.memset(buf, 7, 16)
-
-    t = q.enqueue(1, Transfer(H2D, src, DeviceAddress(1, 0), 16, keepalive=buf, fill=fill, fill_cost_ns=500.0))
-    q.wait(t)
-    assert device.read(Range(1, 0, 16)) == bytes([7] * 16)
-    assert (t.sim_end - t.sim_start) - (plain.sim_end - plain.sim_start) == 500.0
 
 
 class BadPrefetch(Executor):

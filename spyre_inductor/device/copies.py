@@ -129,7 +129,7 @@ def _host_to_device(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) ->
         buf = pool.acquire(nbytes)
         ctypes.memmove(buf.address, src.data_ptr(), nbytes)  # the copy sees the source as it is now
         ticket = q.enqueue(stream, Transfer(TransferKind.H2D, HostAddress(buf.address), queues.address(dst), nbytes))
-        pool.release(buf, ticket, (device, stream))
+        pool.release(buf, ticket)
     else:
         snapshot, dst = src.clone(), dst.detach()  # detach: fixed to today's storage
         q.enqueue(stream, HostCallback(lambda: _C.host_alias(dst).copy_(snapshot),

@@ -16,8 +16,7 @@ What runs is not this module's business: a Compute runs its Executor (its
 `prefetch` when enqueued, or when ready if it holds its fetch (Compute.hold_fetch,
 as a launch's compute does for the patch it requires) or waits behind a Barrier;
 then `run` and `cost_ns`), and a Transfer runs on the DataMovement engine the
-device handed this queue (operations.py), its `fill` (a launch's host callback,
-folded in) right before the copy. The simulated device's engine and its program
+device handed this queue (operations.py). The simulated device's engine and its program
 distribution live in spyre_runtime.device.
 
 Inline operations are run by the thread that enqueued them, once ready (eager
@@ -967,10 +966,8 @@ class DeviceQueue:
         t.host_start = time.perf_counter_ns()
         try:
             if isinstance(op, Transfer):
-                if op.fill is not None:
-                    op.fill()
                 self.data_movement.run(op)
-                cost = float(self.data_movement.cost_ns(op)) + op.fill_cost_ns
+                cost = float(self.data_movement.cost_ns(op))
             elif isinstance(op, Compute):
                 op.executor.run(op.bindings)
                 cost = float(op.executor.cost_ns(op.bindings))

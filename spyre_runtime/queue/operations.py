@@ -118,11 +118,6 @@ class Transfer:
     # Host objects that must stay alive until the transfer has run.
     keepalive: Any = field(default=None, compare=False)
     label: str = ""  # what it is for, in errors and timelines (a launch's patch names its kernel)
-    # A host callback folded into the transfer: fills its (pinned staging) source right before
-    # the copy, so in stream order; on the simulated timeline it adds fill_cost_ns. A launch's
-    # patch writes its slot words this way: one operation instead of a callback and a copy.
-    fill: Callable[[], Any] | None = field(default=None, compare=False)
-    fill_cost_ns: float = 0.0
     pipeline: str = field(init=False, compare=False)
     footprint: Footprint = field(init=False, compare=False)
 
