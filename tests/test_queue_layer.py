@@ -827,6 +827,26 @@ def test_staging_pool_sizes_and_best_fit():
     assert pool.created == 2
 
 
+def test_staging_pool_hands_out_the_oldest_released_buffer_that_is_done():
+    """A launch-bound loop keeps many buffers released and not yet read: acquire looks at the
+    oldest few of a size (transfers finish roughly in order), not at every one."""
+
+    class Busy:
+        done = False
+
+    class Done:
+        done = True
+
+    pool = StagingPool(allocate=PinnedBuffer, min_bytes=64)
+    bufs = [pool.acquire(64) for _ in range(3)]
+    pool.release(bufs[0], Busy())
+    pool.release(bufs[1], Done())
+    pool.release(bufs[2], Done())
+    assert pool.acquire(64) is bufs[1]  # the oldest done, past a busy one
+    assert pool.acquire(64) is bufs[2]
+    assert pool.acquire(64) is not bufs[0] and pool.created == 4
+
+
 # ---- 10. timeline ----------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ it is held.
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any, Callable
 
@@ -39,23 +40,25 @@ class StagingPool:
         self._allocate = allocate
         self._min_bytes = min_bytes
         self._lock = threading.Lock()
-        self._free: list[StagingBuffer] = []
+        # per size (a power of two), the released buffers, oldest release first: transfers
+        # finish roughly in the order they were enqueued, so the oldest is the one to look at
+        self._free: dict[int, collections.deque[StagingBuffer]] = {}
         self.created = 0        # buffers allocated so far (never freed: they are reused)
         self.created_bytes = 0  # their total size
 
     def acquire(self, nbytes: int) -> StagingBuffer:
-        """A buffer of at least `nbytes` that is safe to fill now."""
+        """A buffer of at least `nbytes` that is safe to fill now: the smallest free one that
+        fits, else a new one. A launch-bound loop keeps hundreds of them released and not yet
+        read, so only the oldest few of each size are looked at."""
+        size = max(self._min_bytes, 1 << max(0, nbytes - 1).bit_length())
         with self._lock:
-            best = None
-            for buf in self._free:
-                if buf.nbytes < nbytes or not (buf.last_use is None or buf.last_use.done):
-                    continue
-                if best is None or buf.nbytes < best.nbytes:
-                    best = buf
-            if best is not None:
-                self._free.remove(best)
-                return best
-            size = max(self._min_bytes, 1 << max(0, nbytes - 1).bit_length())
+            for have in sorted(k for k in self._free if k >= size):
+                free = self._free[have]
+                for k in range(min(len(free), _LOOK)):
+                    buf = free[k]
+                    if buf.last_use is None or buf.last_use.done:
+                        del free[k]
+                        return buf
             self.created += 1
             self.created_bytes += size
         return StagingBuffer(self._allocate(size), size)
@@ -64,4 +67,10 @@ class StagingPool:
         """Return `buf`; it is busy until `last_use` (a Ticket, or None: free now) is done."""
         buf.last_use = last_use
         with self._lock:
-            self._free.append(buf)
+            free = self._free.get(buf.nbytes)
+            if free is None:
+                free = self._free[buf.nbytes] = collections.deque()
+            free.append(buf)
+
+
+_LOOK = 4  # released buffers of one size looked at per acquire (the oldest ones)
