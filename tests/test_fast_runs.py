@@ -17,7 +17,7 @@ import torch
 from spyre_authoring import calibration
 from spyre_authoring.handwritten import ring_sum, row_softmax, tiled_matmul, vector_add
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import JobPlan, run_program
+from spyre_runtime.launch import JobPlan, launch_jobplan, run_program
 from spyre_runtime.program import isa
 from spyre_runtime.program.execute import Machine, ScratchBank
 from spyre_runtime.program.operands import Addr, DevAddr, RowIndex, Tile
@@ -419,3 +419,20 @@ def test_a_program_of_small_tiles_runs_on_one_intra_op_thread_and_the_caller_kee
     from spyre_runtime import _C
     with pytest.raises(RuntimeError, match="n must be positive, got 0"):
         _C.set_intraop_threads(0)
+
+
+def test_a_binding_is_bound_once_whichever_correction_area_its_launch_patched():
+    # Launches alternate between a plan's two correction areas; the buffers a run is bound to
+    # are the same for both, so a loop on the same tensors binds once (per scratchpad bank).
+    a, b = torch.randn(64, 64, generator=GEN), torch.randn(64, 64, generator=GEN)
+    fn = lambda a, b: a * b + 1  # noqa: E731
+    _, (plan,) = _plans_after(fn, a.to("spyre"), b.to("spyre"))
+    bound = plan.executor.executable._state.bound
+    before = set(bound)
+    args = [a.to("spyre"), b.to("spyre"), torch.empty(64, 64, device="spyre")]
+    for _ in range(6):
+        launch_jobplan(plan, args)
+    torch.spyre.synchronize()
+    assert torch.equal(args[2].cpu(), a * b + 1)
+    new = set(bound) - before
+    assert new and len({key[:-1] for key in new}) == 1, new  # (a key's last item: the bank)

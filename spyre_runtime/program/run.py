@@ -37,7 +37,9 @@ from .program import SIZE_BYTES, SLOT_BYTES, Program
 from .validate import ProgramError, validate_once
 
 _SLOT = struct.Struct("<2q")  # one address slot: (region, offset)
-BOUND_RUNS_KEPT = 4  # bindings remembered per program (the caching allocator hands back the same blocks)
+# Bindings remembered per program: the caching allocator hands back the same blocks, so a loop
+# cycles through a few (a launch-bound loop rotating 3 outputs, run by two threads' banks: 6).
+BOUND_RUNS_KEPT = 8
 
 @dataclass(frozen=True)
 class Artifact:
@@ -163,7 +165,9 @@ class ProgramExecutable:
             report = self.report(artifact, slots)
             bank = _banks.take(self.hardware.scratchpad_bytes, self._bank_cores)
             try:
-                key = (artifact, slots, bank.serial)
+                # (not the artifact's correction area: the buffers are the same whichever of
+                # its two areas a launch patched)
+                key = (artifact.device, artifact.region, artifact.offset, slots, bank.serial)
                 bound_runs = self._state.bound
                 bound = bound_runs.get(key)
                 if bound is None:
