@@ -114,3 +114,12 @@ def test_threads_launching_shared_and_own_kernels_match_the_cpu():
     checked = _stress(seconds)
     print(f"{checked} results from 4 threads in {seconds:g} s, each equal to the CPU's")
     assert checked > 0
+
+
+def test_eager_ops_on_one_thread_run_as_programs_while_another_thread_compiles(monkeypatch):
+    # Whether an eager op is inside a compile is this thread's question (its Dynamo contexts),
+    # not the process's: under strict mode, any eager op sent to the CPU fallback because
+    # another thread was compiling its own kernel would raise here.
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    torch._dynamo.reset()  # (every thread's `own` kernel compiles while the others run)
+    assert _stress(1.0, threads=2) > 0

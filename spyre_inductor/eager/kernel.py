@@ -10,7 +10,7 @@ Inside a trace: Dynamo and AOTAutograd trace spyre code on fake tensors, which
 never reach a backend kernel, so what a torch.compile'd graph captures of an
 op is Inductor's decomposition of it by construction, and it is fused with its
 neighbours. Should this kernel still be reached during a torch.compile
-(torch.compiler.is_compiling(), or a TracingContext is active: an op run on
+(this thread's Dynamo CompileContext or TracingContext is active: an op run on
 real spyre tensors while Dynamo traces, or Inductor's constant folding
 evaluating `full` on spyre), it runs the op's composite kernel or the CPU
 fallback, as before issue 19, and never compiles inside a compile. An op reached
@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 import torch
-from torch._guards import TracingContext
+from torch._guards import CompileContext, TracingContext
 
 from spyre_inductor.compiler import nesting
 from spyre_inductor.compiler.nesting import busy
@@ -53,10 +53,10 @@ def make_kernel(sig: Signature):
     """The PrivateUse1 kernel for `sig`'s op."""
     op = sig.op
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
-    # (is_compiling() is the process's flag, not this thread's: while another thread's Dynamo
-    # compiles, this thread's eager ops take the composite kernel or the CPU fallback too. Known;
-    # dropping it lets Inductor's own eager evaluations, under no_dispatch, reach the compile.)
-    is_compiling = torch.compiler.is_compiling
+    # Not torch.compiler.is_compiling(): that is the process's flag, so while another thread's
+    # Dynamo compiled, this thread's eager ops went to the CPU fallback. Dynamo holds both
+    # contexts below, this thread's own, for the whole compile (Inductor's included).
+    compiling = CompileContext.try_get
     tracing = TracingContext.try_get
     aliasing = sig.mode is not Mode.FUNCTIONAL
     enabled = ENABLED
@@ -66,7 +66,7 @@ def make_kernel(sig: Signature):
             return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
         if busy():
             return not_compiled(sig, args, kwargs, "reached inside an eager compile or a compiled graph")
-        if is_compiling() or tracing() is not None:
+        if compiling() is not None or tracing() is not None:
             # Dynamo tracing, or a torch.compile's Inductor evaluating a constant on spyre
             # (constant folding runs `full`/`scalar_tensor` eagerly): never compile inside a compile
             return _in_trace(sig, args, kwargs)
