@@ -16,6 +16,8 @@ import warnings
 import torch
 import torch.nn as nn
 
+from spyre_inductor.device.fallback import strict_mode  # (imports the spyre device)
+
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
 
@@ -81,8 +83,7 @@ def compiled_mlp_strict() -> None:
         ref = MLP(1024, 4096).eval()
         ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
         expected = ref(x.float())
-        os.environ["SPYRE_STRICT"] = "1"  # a CPU fallback anywhere in the graph would raise
-        try:
+        with strict_mode(True):  # a CPU fallback anywhere in the graph would raise
             compiled = torch.compile(model.to("spyre"))
             with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
                 compiled(x.to("spyre"))
@@ -90,8 +91,6 @@ def compiled_mlp_strict() -> None:
             torch.spyre.reset_kernel_reports()
             got = compiled(x.to("spyre")).cpu()
             torch.spyre.synchronize()
-        finally:
-            del os.environ["SPYRE_STRICT"]
     err = (got.float() - expected).abs().max().item()
     print(f"  {len(records)} program(s), no CPU fallback; max |spyre - cpu fp32| = {err:.3g} (fp16 outputs)")
     total = 0.0
@@ -103,8 +102,7 @@ def compiled_mlp_strict() -> None:
 
 def random_and_autocast_strict() -> None:
     section("random numbers on the device generator and torch.autocast, under SPYRE_STRICT=1")
-    os.environ["SPYRE_STRICT"] = "1"  # every fill below runs as a spyre program, or raises
-    try:
+    with strict_mode(True):  # every fill below runs as a spyre program, or raises
         torch.spyre.manual_seed(0)
         a = torch.randn(2, 4, device="spyre").cpu()
         state = torch.spyre.get_rng_state()
@@ -123,8 +121,6 @@ def random_and_autocast_strict() -> None:
         with torch.autocast("spyre", dtype=torch.float16):
             y, s = torch.compile(lambda t: (lin(t), torch.softmax(lin(t), -1)))(torch.randn(8, 64).to("spyre"))
         print(f"  under torch.autocast('spyre'): linear -> {y.dtype}, softmax -> {s.dtype} (compiled)")
-    finally:
-        del os.environ["SPYRE_STRICT"]
 
 
 def _kernel_table(reports, indent="    ") -> float:
@@ -151,8 +147,7 @@ def compiled_llama_strict() -> None:
     caches = model.new_caches(1, 256, device="spyre")
     ref_caches = ref.new_caches(1, 256)
     steps, tokens, ref_tokens, errors = 4, [], [], []
-    os.environ["SPYRE_STRICT"] = "1"  # a CPU fallback anywhere in the graph would raise
-    try:
+    with strict_mode(True):  # a CPU fallback anywhere in the graph would raise
         compiled = torch.compile(model.to("spyre"), dynamic=False)  # prefill and decode: one graph each
         with torch.no_grad(), record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
             x, pos = ids, torch.arange(128)
@@ -171,8 +166,6 @@ def compiled_llama_strict() -> None:
                 elif step == 1:
                     decode = reports
                 x, pos = torch.tensor([[tokens[-1]]]), torch.tensor([128 + step])
-    finally:
-        del os.environ["SPYRE_STRICT"]
     compiled_programs = len([r for r in records if r.artifact is not None])
     print(f"  {compiled_programs} kernels compiled for the two graphs, no CPU fallback; greedy tokens {tokens} "
           f"({'the same as' if tokens == ref_tokens else 'NOT the same as'} the fp32 CPU model's {ref_tokens})")
@@ -212,8 +205,7 @@ def dynamic_sizes_strict() -> None:
         return torch.softmax((x @ w.t()) * 0.125, dim=-1)
 
     w = torch.randn(256, 128)
-    os.environ["SPYRE_STRICT"] = "1"
-    try:
+    with strict_mode(True):
         torch._dynamo.reset()
         compiled = torch.compile(f, dynamic=True)
         errors = []
@@ -221,8 +213,6 @@ def dynamic_sizes_strict() -> None:
             for n in (33, 40, 47, 55, 64):
                 x = torch.randn(n, 128)
                 errors.append((compiled(x.to("spyre"), w.to("spyre")).cpu() - f(x, w)).abs().max().item())
-    finally:
-        del os.environ["SPYRE_STRICT"]
     artifacts = {r.artifact for r in records if r.artifact is not None}
     print(f"  rows 33, 40, 47, 55, 64: {len(records)} kernel(s) compiled once, {len(artifacts)} artifact(s) "
           f"serving rows 33..64; max |spyre - cpu| {max(errors):.2e}")
@@ -230,8 +220,7 @@ def dynamic_sizes_strict() -> None:
     # The decoder's attention over a growing sequence: one fused attention artifact per bucket,
     # each head clipped to the launch's length (its rows past it are the next head's bytes).
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    os.environ["SPYRE_STRICT"] = "1"
-    try:
+    with strict_mode(True):
         torch._dynamo.reset()
         attend = torch.compile(lambda q, k, v: sdpa(q, k, v, is_causal=True))
         errors = []
@@ -242,8 +231,6 @@ def dynamic_sizes_strict() -> None:
                 if k == 0:
                     torch._dynamo.mark_dynamic(qs, 2)
                 errors.append((attend(qs, qs, qs).cpu() - sdpa(q, q, q, is_causal=True)).abs().max().item())
-    finally:
-        del os.environ["SPYRE_STRICT"]
     kinds = ", ".join(type(r.kernel).__name__ for r in records)
     print(f"  causal attention, 4 heads, sequence 33, 40, 47, 55, 64: {len(records)} kernel(s) compiled once "
           f"({kinds}); max |spyre - cpu| {max(errors):.2e}")
@@ -324,9 +311,8 @@ def main() -> None:
     batch = torch.randn(32, 64)
     expected = model(batch)
     model_s = model.to("spyre")
-    os.environ["SPYRE_STRICT"] = "1"  # an eager op on the CPU fallback would raise
     before = torch.spyre.eager_cache_stats()
-    try:
+    with strict_mode(True):  # an eager op on the CPU fallback would raise
         got = model_s(batch.to("spyre"))
         got.sum().backward()
         first = torch.spyre.eager_cache_stats()
@@ -335,8 +321,6 @@ def main() -> None:
         again.sum().backward()
         torch.spyre.synchronize()
         warm_ms = (time.perf_counter() - start) * 1e3
-    finally:
-        del os.environ["SPYRE_STRICT"]
     err = (got.detach().cpu() - expected.detach()).abs().max().item()
     stats = torch.spyre.eager_cache_stats()
     print(f"  output {tuple(got.shape)} on {got.device}; max |spyre - cpu| = {err:.2e}")

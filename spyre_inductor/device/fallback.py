@@ -21,6 +21,7 @@ Later issues replace the fallback op by op with compile-backed kernels.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -64,11 +65,25 @@ class _OpPlan:
 _plans: dict[torch._ops.OpOverload, _OpPlan] = {}
 
 
-
 def strict() -> bool:
     """SPYRE_STRICT=1: an op that would run through the CPU fallback (eager or inside a compiled
     graph) raises, naming it. Read at every use, so tests and users can flip it."""
     return os.environ.get("SPYRE_STRICT", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def strict_mode(on: bool = True):
+    """SPYRE_STRICT on (or off) inside the block; whatever the user had is restored after."""
+    old = os.environ.get("SPYRE_STRICT")
+    os.environ["SPYRE_STRICT"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SPYRE_STRICT"]
+        else:
+            os.environ["SPYRE_STRICT"] = old
+
 
 def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
     plan = _plans.get(op)

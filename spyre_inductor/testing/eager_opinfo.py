@@ -19,12 +19,12 @@ checks the first samples of fp32 and of the claimed integer dtype, ``slow`` the 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
 from dataclasses import dataclass, field
 
 import torch
+
+from spyre_inductor.device.fallback import strict_mode
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
@@ -150,19 +150,6 @@ def opinfos() -> dict[str, object]:
 def dtypes_of(op, name: str) -> tuple[torch.dtype, ...]:
     supported = op.supported_dtypes("cpu")
     return tuple(d for d in CLAIMS[name] if d in supported)
-
-
-@contextlib.contextmanager
-def strict_mode(on: bool):
-    old = os.environ.get("SPYRE_STRICT")
-    os.environ["SPYRE_STRICT"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["SPYRE_STRICT"]
-        else:
-            os.environ["SPYRE_STRICT"] = old
 
 
 def _map(value, fn):
