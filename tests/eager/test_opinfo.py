@@ -2,7 +2,8 @@
 sample inputs, for every op we claim and every dtype we support (spyre_inductor/testing/eager_opinfo.py:
 CLAIMS, and the one XFAIL list). A claimed op x dtype passes only if every checked sample, its
 in-place variant and its out= form run entirely in spyre programs (SPYRE_STRICT=1) and match the CPU.
-An XFAIL entry must still fail: one that passes fails the test (strict), so the list only shrinks.
+An XFAIL entry must still fail, and in the way it is listed (through the CPU fallback, or with
+results that differ from the CPU's): one that passes, or fails otherwise, fails the test (strict).
 
 Tiers (tests/eager/conftest.py): fp32 and int64, first samples, by default; every other claimed
 dtype, and up to SLOW_SAMPLES samples of each, are `slow`. `python -m spyre_inductor.eager.coverage`
@@ -23,6 +24,18 @@ _NAMES = {id(op): name for name, op in _BY_NAME.items()}
 OPS = [_BY_NAME[name] for name in sorted(_BY_NAME)]
 
 
+def test_an_xfail_holds_only_for_the_failure_it_lists():
+    through_cpu = E.Outcome(spyre=1, cpu=2)
+    wrong = E.Outcome(spyre=3, failures=["sample 0: Tensor-likes are not close!"], mismatches=1)
+    broken = E.Outcome(spyre=2, failures=["sample 1: RuntimeError: boom"])
+    fallback, mismatch = E.Xfail("listed for the CPU fallback"), E.Xfail("listed for its numbers", E.MISMATCH)
+    assert fallback.fails_as_listed(through_cpu) and not fallback.fails_as_listed(wrong)
+    assert mismatch.fails_as_listed(wrong) and not mismatch.fails_as_listed(through_cpu)
+    assert not fallback.fails_as_listed(broken) and not mismatch.fails_as_listed(broken)
+    with pytest.raises(ValueError, match="kind must be"):
+        E.Xfail("a typo", "mismatches")
+
+
 def _grade(op, dtype, samples):
     name = _NAMES[id(op)]
     if dtype not in E.dtypes_of(op, name):
@@ -33,6 +46,9 @@ def _grade(op, dtype, samples):
     if xfail is not None:
         if outcome.passed:
             pytest.fail(f"{name} {dtype} passes now: remove it from eager_opinfo.XFAIL ({xfail.reason})")
+        if not xfail.fails_as_listed(outcome):
+            pytest.fail(f"{name} {dtype} is listed in eager_opinfo.XFAIL as a {xfail.kind} ({xfail.reason}), "
+                        f"but fails otherwise: " + "; ".join(problems))
         pytest.xfail(xfail.reason)
     assert outcome.passed, f"{name} {dtype}: " + "; ".join(problems)
     assert outcome.spyre > 0
