@@ -153,7 +153,7 @@ def _idle_fraction(plan, arg_sets, launches: int) -> tuple[float, float]:
     torch.spyre.synchronize()
     span_ns = start.elapsed_time(end) * 1e6
     busy = queue.sim_busy_ns()["compute"] - busy0
-    return 1.0 - busy / span_ns, span_ns / 1e3
+    return max(0.0, 1.0 - busy / span_ns), span_ns / 1e3  # (round-off: never below 0)
 
 
 def idle_table(launches: int = 200) -> dict:
