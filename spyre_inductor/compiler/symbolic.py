@@ -16,9 +16,12 @@ K): each reduction is masked past the size or is a dot of operands that are zero
 (symbolic_reduce.py). ``check`` proves, per load and store, from the kernel IR alone, that at
 every size of the bucket the iterations inside the size read only bytes the inputs have, the
 iterations past it store only past the outputs' bytes (so clipping drops exactly them), and the
-reductions ignore what lies past it. Anything else (a symbolic stride, a size inside an index
-or a value, welford over a symbolic range, gathers) stays visibly on the CPU: NotCapturable
-with the reason, an error under SPYRE_STRICT=1. (Fused attention is the exception to the
+reductions ignore what lies past it. A gather (an embedding over a dynamic number of ids)
+along an OUTER range reads a static table at indices that are clipped loads: past the size
+they land as zeros, so those rows gather row 0, which exists, and their stores are clipped.
+Anything else (a symbolic stride, a size inside an index or a value, welford over a symbolic
+range, a scatter, whose rows past the size would scatter too) stays visibly on the CPU:
+NotCapturable with the reason, an error under SPYRE_STRICT=1. (Fused attention is the exception to the
 strides: its heads' stride is seq * dim, and each head becomes its own placeholder,
 symbolic_attention.py.)
 
@@ -46,7 +49,7 @@ import torch
 
 from . import indexing, symbolic_reduce
 from .indexing import NotCapturable
-from .kernel_ir import AttentionKernel, Buffer, Kernel, Load, Store, SymbolicSizes
+from .kernel_ir import AttentionKernel, Buffer, Cast, Kernel, Load, Store, SymbolicSizes
 
 FLOOR = 16
 
@@ -263,13 +266,16 @@ def check(kernel: Kernel, error=NotCapturable) -> None:
     reduced range: symbolic_reduce.py)."""
     sym = kernel.symbolic
     (name, lo, hi), = sym.sizes
-    if any(isinstance(v, Load) and v.index.indirect for v in kernel.values) or any(
-            st.index.indirect for st in kernel.stores):
-        raise error(f"a gather or scatter over symbolic size {name}")
+    if any(st.index.indirect for st in kernel.stores):
+        # (the rows past the size would scatter too: their indices are the clipped loads' zeros)
+        raise error(f"a scatter over symbolic size {name}")
     if len(sym.ranges) != 1:
         raise error(f"{len(sym.ranges)} loop ranges depend on size {name}; one may")
     d, _, rc, rk = sym.ranges[0]
     reduced = d >= len(kernel.ranges)
+    gathers = [v for v in kernel.values if isinstance(v, Load) and v.index.indirect]
+    if gathers and reduced:
+        raise error(f"a gather inside a reduction over symbolic size {name}")
     sized = {}
     for b, dim, _, c, k in sym.buffers:
         buf = kernel.buffer(b)
@@ -310,10 +316,32 @@ def check(kernel: Kernel, error=NotCapturable) -> None:
                             f"the size would land in it)")
             if a == 0 or past_of(bname, index) < span:
                 raise error(f"at size {name}={s} rows past the size would store into {bname}'s bytes")
+        for v in gathers:
+            why = _gather_problem(kernel, v, d, sized, span_of, past_of)
+            if why is not None:
+                raise error(f"at size {name}={s}: {why}")
         if reduced:
             why = symbolic_reduce.problem(kernel, d, name, rc, rk, span_of, past_of)
             if why is not None:
                 raise error(f"at size {name}={s}: {why}")
+
+
+def _gather_problem(kernel: Kernel, gather: Load, d: int, sized, span_of, past_of) -> str | None:
+    """Why a gather along outer symbolic range `d` could read what it must not (None: it cannot).
+    Its table is static, and each of its indices a load that is clipped past the size: the rows
+    past it land as zeros, so they gather the table's row 0, which exists, and store nowhere."""
+    if gather.buffer in sized:
+        return f"the gather from {gather.buffer} has a symbolic dim (rows past the size would be read)"
+    for p, _ in gather.index.indirect:
+        pos = kernel.values[p].arg
+        while isinstance(kernel.values[pos], Cast):
+            pos = kernel.values[pos].arg
+        index = kernel.values[pos]
+        if not (isinstance(index, Load) and index.buffer in sized
+                and symbolic_reduce.zero_past(kernel, pos, d, span_of, past_of)):
+            return (f"an index of the gather from {gather.buffer} is not a load of a buffer that ends where the "
+                    f"size does (rows past the size would gather at indices that may not exist)")
+    return None
 
 
 def rebucket(kernel: Kernel, n: int) -> Kernel:

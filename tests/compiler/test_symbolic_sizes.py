@@ -672,3 +672,56 @@ def test_a_launch_spec_whose_symbolic_dim_differs_from_the_programs_is_refused(c
     spec_path.write_text(json.dumps(spec))
     with pytest.raises(ValueError, match="slot 0 binds argument 0"):
         prepare_kernel(rec.artifact)
+
+
+def test_an_embedding_over_a_dynamic_sequence_length_is_one_gather_program(counted):
+    # The ids' rows past the launch's length are clipped loads, so zeros: they gather the table's
+    # row 0 (which exists) and their rows of the output are clipped away at the store.
+    table = torch.randn(1000, 256)
+    fn = torch.compile(lambda ids, w: torch.nn.functional.embedding(ids, w) * 2)
+    ws = table.to(SPYRE)
+    with record_kernels() as records:
+        for k, n in enumerate(SIZES):
+            ids = torch.randint(0, 1000, (1, n), generator=torch.Generator().manual_seed(n))
+            ids[0, -1] = 999
+            idss = ids.to(SPYRE)
+            if k == 0:
+                torch._dynamo.mark_dynamic(idss, 1)
+            assert torch.equal(fn(idss, ws).cpu(), table[ids] * 2)
+    assert _graphs() == 1 and len(counted) == 1
+    (rec,) = [r for r in records if r.kernel is not None]
+    assert type(rec.kernel).__name__ == "IndirectKernel" and rec.kernel.symbolic.sizes[0][1:] == (33, 64)
+
+
+def test_a_scatter_over_a_dynamic_length_stays_visibly_on_the_cpu(counted):
+    # Its rows past the size would scatter too (their indices are zeros): refused, and said so.
+    fn = torch.compile(lambda out, idx, src: out.index_copy(0, idx, src))
+    out, src = torch.zeros(128, 64), torch.randn(40, 64)
+    idx = torch.randperm(128)[:40]
+    idxs, srcs = idx.to(SPYRE), src.to(SPYRE)
+    torch._dynamo.mark_dynamic(idxs, 0)
+    torch._dynamo.mark_dynamic(srcs, 0)
+    with pytest.raises(Exception, match=r"a scatter over symbolic size \w+.*SPYRE_STRICT=1"):
+        fn(out.to(SPYRE), idxs, srcs)
+
+
+def test_a_whole_gpt2_compiled_with_dynamic_true_serves_five_lengths(counted):
+    # Embeddings, layer norms, fused qkv with bias, causal SDPA, GELU MLP, tied LM head: every
+    # kernel planned once for the bucket of sequence lengths (33..64), no CPU fallback.
+    from spyre_inductor.testing import models
+
+    config = models.gpt2_config(attention="sdpa")
+    reference, model = models.build(config), models.build(config).to(SPYRE)
+    compiled = torch.compile(model, dynamic=True)
+    with torch.no_grad():
+        for n in SIZES:
+            ids = torch.randint(0, config.vocab, (1, n), generator=torch.Generator().manual_seed(n))
+            got, want = compiled(ids.to(SPYRE)).cpu(), reference(ids)
+            # (test_models.py's fp32 tolerance: 1e-5 of the logits' scale)
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max(), n
+    kernels = len(counted)
+    assert _graphs() == 1 and all(k.symbolic is not None for k in counted if hasattr(k, "symbolic")), counted
+    ids = torch.randint(0, config.vocab, (1, 50))
+    with torch.no_grad():
+        compiled(ids.to(SPYRE))
+    assert len(counted) == kernels  # another length in the bucket compiles nothing
