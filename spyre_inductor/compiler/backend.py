@@ -72,13 +72,14 @@ def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Pro
     notes = (f"{COMPILER_VERSION}: {len(steps)} fused step(s), {layout.relayout} relayout, tiles {tiling.tile_rows}x"
              f"{tiling.tile_cols} streamed along dim {tiling.stream_dim}, {division.cores} core(s)")
     program = build_program(kernel.name, layout, tile_kernel, tiling, placement, division, notes)
+    if check:  # (kept declares a symbolic kernel's sizes before it validates)
+        return kept(kernel, program)
+    # a candidate, only timed; the chosen program is built again and validated
     if getattr(kernel, "symbolic", None) is not None:  # (candidates are validated when timed: sizes first)
         from .symbolic import program_with_sizes
 
         program = program_with_sizes(program, kernel)
-    if not check:  # a candidate, only timed; the chosen program is built again and validated
-        return program
-    return kept(kernel, program)
+    return program
 
 
 def _candidates(kernel, fixed, estimate):
