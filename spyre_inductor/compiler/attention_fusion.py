@@ -502,21 +502,16 @@ def _matched(graph, node, fake_mode):
 def _probe_values(symbols, fake_mode):
     """({size: the bucket's maximum}, {size: one less}) for a graph over one size (symbolic.py's
     buckets, inside Dynamo's guards), or None."""
-    from .symbolic import bucket_of
+    from .indexing import NotCapturable
+    from .symbolic import planned_bucket
 
     env = getattr(fake_mode, "shape_env", None)
     if len(symbols) != 1 or env is None:
         return None
     (sym,) = symbols
     try:
-        hint = int(_hint(env, sym))
-        r = env.var_to_range.get(sym)
-        lower = int(r.lower) if r is not None and r.lower.is_Integer else 0
-        upper = int(r.upper) if r is not None and r.upper.is_Integer else None
-        _, hi = bucket_of(hint, (max(lower, 0), upper))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if hi < 2:
+        _, hi, _ = planned_bucket(sym, int(_hint(env, sym)), env)
+    except (KeyError, TypeError, ValueError, AttributeError, NotCapturable):
         return None
     return {sym: hi}, {sym: hi - 1}
 

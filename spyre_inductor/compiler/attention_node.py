@@ -22,7 +22,6 @@ import sympy
 import torch
 from torch._inductor import ir
 from torch._inductor import lowering as L
-from torch._inductor.virtualized import V
 
 from .attention_op import OP
 from .fallback_policy import announce
@@ -103,14 +102,7 @@ def _symbolic_kernel(named, realized, make):
 
     layouts = [x.get_layout() for x in realized]
     sym = sa.size_symbol(layouts)
-    try:
-        hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
-    except Exception as e:  # noqa: BLE001
-        raise sa.NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
-    limits = symbolic.dynamo_limits(sym)
-    lo, hi = symbolic.bucket_of(hint, limits)
-    if hi < 2:
-        raise sa.NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
+    lo, hi, limits = symbolic.planned_bucket(sym)
 
     def at(value):
         return make([sa.buffer_at(n, lay, DTYPE_NAMES[lay.dtype], sym, value) for (n, _), lay in zip(named, layouts)])

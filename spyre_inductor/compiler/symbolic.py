@@ -71,13 +71,34 @@ def bucket_of(n: int, limits: tuple[int, int | None] = (0, None)) -> tuple[int, 
     return lo, hi
 
 
-def dynamo_limits(sym) -> tuple[int, int | None]:
-    """The [min, max] Dynamo's guards (0/1 specialization, mark_dynamic's bounds, checks in
-    the code) put on `sym`."""
-    from torch._inductor.virtualized import V
+def planned_bucket(sym, hint: int | None = None, env=None) -> tuple[int, int, tuple[int, int | None]]:
+    """(lo, hi, Dynamo's limits) of the bucket a kernel over size `sym` is captured for: the
+    bucket of its hint (Inductor's, unless given) inside the limits of shape env `env` (the
+    graph's, unless given). NotCapturable without a hint, or when the bucket is too small to
+    capture at hi and hi - 1."""
+    if hint is None:
+        from torch._inductor.virtualized import V
 
+        try:
+            hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
+        except Exception as e:  # noqa: BLE001
+            raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
+    limits = dynamo_limits(sym, env)
+    lo, hi = bucket_of(hint, limits)
+    if hi < 2:
+        raise NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
+    return lo, hi, limits
+
+
+def dynamo_limits(sym, env=None) -> tuple[int, int | None]:
+    """The [min, max] Dynamo's guards (0/1 specialization, mark_dynamic's bounds, checks in
+    the code) put on `sym`, from shape env `env` (the graph's, unless given)."""
     try:
-        r = V.graph.sizevars.shape_env.var_to_range[sym]
+        if env is None:
+            from torch._inductor.virtualized import V
+
+            env = V.graph.sizevars.shape_env
+        r = env.var_to_range[sym]
     except (AttributeError, KeyError):
         return 0, None
     return max(_finite(r.lower) or 0, 0), _finite(r.upper)
@@ -121,19 +142,10 @@ def _simplified(e):
 def capture_symbolic(nodes, capture_fn, symbols):
     """Capture `nodes` over symbolic sizes: (Capture with a kernel carrying SymbolicSizes), or
     NotCapturable saying what of it cannot be symbolic."""
-    from torch._inductor.virtualized import V
-
     if len(symbols) != 1:
         symbols = _specialize_all_but_one(nodes, symbols)
     sym = symbols[0]
-    try:
-        hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
-    except Exception as e:  # noqa: BLE001
-        raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
-    limits = dynamo_limits(sym)
-    lo, hi = bucket_of(hint, limits)
-    if hi < 2:
-        raise NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
+    lo, hi, limits = planned_bucket(sym)
     planned = _at(nodes, capture_fn, {sym: hi})
     probe = _at(nodes, capture_fn, {sym: hi - 1})
     if planned.kernel is None or probe.kernel is None:
