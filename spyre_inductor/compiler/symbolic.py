@@ -262,14 +262,24 @@ def _affine_at(coef: int, const: int, s: int) -> int:
 
 def shapes_at(kernel: Kernel, s: int) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
     """The kernel's (ranges + reduction_ranges, buffer shapes by name) at size s of its one symbol."""
-    sym = kernel.symbolic
     ranges = list(kernel.ranges + kernel.reduction_ranges)
-    for d, _, c, k in sym.ranges:
+    for d, _, c, k in kernel.symbolic.ranges:
         ranges[d] = _affine_at(c, k, s)
+    return tuple(ranges), {b.name: b.shape for b in buffers_at(kernel, s)}
+
+
+def buffers_at(kernel, s: int) -> tuple[Buffer, ...]:
+    """The kernel's buffers with their shapes and strides at size s of its one symbol (any
+    family: only an AttentionKernel has symbolic strides)."""
+    sym = kernel.symbolic
     shapes = {b.name: list(b.shape) for b in kernel.buffers}
+    strides = {b.name: list(b.strides) for b in kernel.buffers}
     for b, d, _, c, k in sym.buffers:
         shapes[b][d] = _affine_at(c, k, s)
-    return tuple(ranges), {n: tuple(v) for n, v in shapes.items()}
+    for b, d, _, c, k in sym.strides:
+        strides[b][d] = _affine_at(c, k, s)
+    return tuple(dataclasses.replace(b, shape=tuple(shapes[b.name]), strides=tuple(strides[b.name]))
+                 for b in kernel.buffers)
 
 
 def check(kernel: Kernel, error=NotCapturable) -> None:
@@ -360,20 +370,29 @@ def rebucket(kernel: Kernel, n: int) -> Kernel:
     """The kernel for the bucket of size n (from an artifact's kernel IR)."""
     from .errors import Unsupported
 
-    (name, _, _), = kernel.symbolic.sizes
-    limits = {x: (a, b) for x, a, b in kernel.symbolic.limits}.get(name, (0, None))
+    sizes = rebucketed_sizes(kernel, n)
+    (_, _, hi), = sizes.sizes
+    full, _ = shapes_at(kernel, hi)
+    outer = len(kernel.ranges)
+    out = dataclasses.replace(kernel, ranges=full[:outer], reduction_ranges=full[outer:],
+                              buffers=buffers_at(kernel, hi), symbolic=sizes)
+    check(out, Unsupported)
+    return out
+
+
+def rebucketed_sizes(kernel, n: int) -> SymbolicSizes:
+    """The kernel's SymbolicSizes for the bucket of size n, inside the limits it was captured
+    with (any family); Unsupported outside them."""
+    from .errors import Unsupported
+
+    sym = kernel.symbolic
+    (name, _, _), = sym.sizes
+    limits = {x: (a, b) for x, a, b in sym.limits}.get(name, (0, None))
     try:
         lo, hi = bucket_of(n, limits)
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    full, shapes = shapes_at(kernel, hi)
-    outer = len(kernel.ranges)
-    out = dataclasses.replace(
-        kernel, ranges=full[:outer], reduction_ranges=full[outer:],
-        buffers=tuple(dataclasses.replace(b, shape=shapes[b.name]) for b in kernel.buffers),
-        symbolic=dataclasses.replace(kernel.symbolic, sizes=((name, lo, hi),)))
-    check(out, Unsupported)
-    return out
+    return dataclasses.replace(sym, sizes=((name, lo, hi),))
 
 
 # ---- the artifact ------------------------------------------------------------------------

@@ -96,6 +96,8 @@ def capture(make, sym, lo: int, hi: int, limits) -> AttentionKernel:
 
 def check(kernel: AttentionKernel, error=NotCapturable) -> None:
     """Raise `error` unless the head split and the clipping compute `kernel` at every size."""
+    from .symbolic import buffers_at
+
     sym = kernel.symbolic
     (name, lo, hi), = sym.sizes
     where = f"attention over symbolic size {name}"
@@ -118,23 +120,16 @@ def check(kernel: AttentionKernel, error=NotCapturable) -> None:
         if b.name in rows and b.shape[3] > 1 and b.strides[2] < b.strides[3] * b.shape[3]:
             raise error(f"{where}: {b.name}'s rows interleave (stride {b.strides[2]} for {b.shape[3]} features), so "
                         f"a head's rows past the size are not a suffix of its bytes")
-    for b in kernel.buffers:
-        if b.name in rows and b.name in kernel.outputs:
-            for s in sorted({lo, hi}):
-                if not _heads_apart(b, sym, s):
-                    raise error(f"{where}: at {name}={s} the heads of {b.name} overlap or interleave in memory (each "
-                                f"head is written as its own argument)")
+    for s in sorted({lo, hi}):
+        for b in buffers_at(kernel, s):
+            if b.name in rows and b.name in kernel.outputs and not _heads_apart(b):
+                raise error(f"{where}: at {name}={s} the heads of {b.name} overlap or interleave in memory (each "
+                            f"head is written as its own argument)")
 
 
-def _heads_apart(buf: Buffer, sym: SymbolicSizes, n: int) -> bool:
-    """Whether the (batch, head) views of `buf` at size n occupy disjoint byte ranges."""
-    shape, strides = list(buf.shape), list(buf.strides)
-    for b, d, _, c, k in sym.buffers:
-        if b == buf.name:
-            shape[d] = c * n + k
-    for b, d, _, c, k in sym.strides:
-        if b == buf.name:
-            strides[d] = c * n + k
+def _heads_apart(buf: Buffer) -> bool:
+    """Whether the (batch, head) views of `buf` occupy disjoint byte ranges."""
+    shape, strides = buf.shape, buf.strides
     span = 1 + (shape[2] - 1) * strides[2] + (shape[3] - 1) * strides[3]
     bases = sorted(i * strides[0] + h * strides[1] for i in range(shape[0]) for h in range(shape[1]))
     return all(y - x >= span for x, y in zip(bases, bases[1:]))
@@ -237,6 +232,8 @@ def head_args(kernel: AttentionKernel, args, n: int) -> list:
 
     from spyre_runtime.binding import LaunchError
 
+    from .symbolic import buffers_at
+
     heads = split(kernel)
     if len(args) != len(kernel.buffers):
         raise LaunchError(f"kernel {kernel.name!r} takes {len(kernel.buffers)} argument(s) "
@@ -245,23 +242,22 @@ def head_args(kernel: AttentionKernel, args, n: int) -> list:
     for b, d, _, c, k in kernel.symbolic.strides:
         strides[b, d] = (c, k)
     out = []
-    for i, (buf, t) in enumerate(zip(kernel.buffers, args)):
+    for i, (buf, now, t) in enumerate(zip(kernel.buffers, buffers_at(kernel, n), args)):
         if buf.name not in heads:
             out.append(t)
             continue
         where = f"kernel {kernel.name!r} argument {i} ({buf.name!r})"
-        d, s, c, k = heads[buf.name]
-        shape = list(buf.shape)
-        shape[d] = c * n + k
+        _, s, _, _ = heads[buf.name]
+        shape = list(now.shape)
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
             got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise LaunchError(f"{where}: expected shape {shape} at size {s}={n}, got {got}")
         for dim in range(4):
-            want = buf.strides[dim]
+            want = now.strides[dim]
             expr = str(want)
             if (buf.name, dim) in strides:
                 sc, sk = strides[buf.name, dim]
-                want, expr = sc * n + sk, f"{sc}*{s}{sk:+d}" if sk else f"{sc}*{s}"
+                expr = f"{sc}*{s}{sk:+d}" if sk else f"{sc}*{s}"
             if shape[dim] > 1 and t.stride(dim) != want:
                 raise LaunchError(f"{where}: stride {dim} is {t.stride(dim)}, expected {expr} = {want} at size "
                                   f"{s}={n} (strides {list(t.stride())})")
@@ -275,24 +271,11 @@ def head_args(kernel: AttentionKernel, args, n: int) -> list:
 def rebucket(kernel: AttentionKernel, n: int) -> AttentionKernel:
     """The kernel for the bucket of size n (from an artifact's kernel IR)."""
     from .errors import Unsupported
-    from .symbolic import bucket_of
+    from .symbolic import buffers_at, rebucketed_sizes
 
-    sym = kernel.symbolic
-    (name, _, _), = sym.sizes
-    limits = {x: (a, b) for x, a, b in sym.limits}.get(name, (0, None))
-    try:
-        lo, hi = bucket_of(n, limits)
-    except ValueError as e:
-        raise Unsupported(str(e)) from None
-    shapes = {b.name: list(b.shape) for b in kernel.buffers}
-    strides = {b.name: list(b.strides) for b in kernel.buffers}
-    for b, d, _, c, k in sym.buffers:
-        shapes[b][d] = c * hi + k
-    for b, d, _, c, k in sym.strides:
-        strides[b][d] = c * hi + k
-    buffers = tuple(dataclasses.replace(b, shape=tuple(shapes[b.name]), strides=tuple(strides[b.name]))
-                    for b in kernel.buffers)
-    out = dataclasses.replace(kernel, buffers=buffers, symbolic=dataclasses.replace(sym, sizes=((name, lo, hi),)))
+    sizes = rebucketed_sizes(kernel, n)
+    (_, _, hi), = sizes.sizes
+    out = dataclasses.replace(kernel, buffers=buffers_at(kernel, hi), symbolic=sizes)
     try:
         out.check()
     except ValueError as e:
