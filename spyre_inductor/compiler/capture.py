@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 import torch
@@ -89,6 +89,7 @@ from .kernel_ir import (
     Scan,
     SizeValue,
     Store,
+    renumbered,
 )
 
 # Inductor ops spelled differently in the IR (same semantics).
@@ -825,18 +826,5 @@ def _live(values: list, stores: list[Store]) -> tuple[tuple, tuple[Store, ...]]:
             if isinstance(v, Load):
                 needed |= {p for p, _ in v.index.indirect}
     new_pos = {old: new for new, old in enumerate(sorted(needed))}
-
-    def index(ix):
-        return replace(ix, indirect=tuple((new_pos[p], s) for p, s in ix.indirect)) if ix.indirect else ix
-
-    def renumber(v):
-        if isinstance(v, (Cast, Reduction, Scan, Indirect)):
-            return replace(v, arg=new_pos[v.arg])
-        if isinstance(v, Op):
-            return replace(v, args=tuple(new_pos[a] for a in v.args))
-        if isinstance(v, Load) and v.index.indirect:
-            return replace(v, index=index(v.index))
-        return v
-
-    return (tuple(renumber(values[p]) for p in sorted(needed)),
-            tuple(replace(st, value=new_pos[st.value], index=index(st.index)) for st in stores))
+    return (tuple(renumbered(values[p], new_pos.__getitem__) for p in sorted(needed)),
+            tuple(renumbered(st, new_pos.__getitem__) for st in stores))

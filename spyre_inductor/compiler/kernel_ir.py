@@ -259,6 +259,22 @@ class Store:
     mode: str | None = None  # "atomic_add": buffer[index] += value (STORE_MODES)
 
 
+def renumbered(v, new):
+    """Value or store `v` with every position it refers to mapped through `new` (a callable):
+    what ``operands`` reads, and a store's value and scatter terms. For whoever inserts, drops
+    or moves values in a kernel's list."""
+    if isinstance(v, Op):
+        return dataclasses.replace(v, args=tuple(new(a) for a in v.args))
+    if isinstance(v, (Cast, Reduction, Scan, Indirect)):
+        return dataclasses.replace(v, arg=new(v.arg))
+    if isinstance(v, (Load, Store)) and v.index.indirect:
+        v = dataclasses.replace(v, index=dataclasses.replace(
+            v.index, indirect=tuple((new(p), st) for p, st in v.index.indirect)))
+    if isinstance(v, Store):
+        return dataclasses.replace(v, value=new(v.value))
+    return v
+
+
 @dataclass(frozen=True)
 class SymbolicSizes:
     """A kernel over sizes known only at launch (issue 18; spyre_inductor/compiler/symbolic.py).

@@ -28,7 +28,7 @@ import dataclasses
 
 from .indexing import NotCapturable
 from .passes.reduction_ops import WELFORD, identity
-from .kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, Reduction, SizeValue
+from .kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, Reduction, SizeValue, renumbered
 
 
 
@@ -45,30 +45,18 @@ def mask(kernel: Kernel, d: int, name: str, coef: int, const: int) -> Kernel:
     out: list = [IndexValue(Index(tuple(int(j == d) for j in range(rank))), "int64"),
                  SizeValue(name, coef, const), Op("lt", (0, 1), "bool")]
     remap: dict[int, int] = {}
-
-    def at(p: int) -> int:
-        return remap[p]
-
     for i, v in enumerate(values):
         if isinstance(v, Reduction) and v.op != "dot":
             arg_dtype = values[v.arg].dtype
             out.append(Constant(identity(v.op, arg_dtype), arg_dtype))
-            out.append(Op("where", (2, at(v.arg), len(out) - 1), arg_dtype))
+            out.append(Op("where", (2, remap[v.arg], len(out) - 1), arg_dtype))
             v = dataclasses.replace(v, arg=len(out) - 1)
-        elif isinstance(v, Load):
-            v = dataclasses.replace(v, index=_moved(v.index, at))
-        elif isinstance(v, Op):
-            v = dataclasses.replace(v, args=tuple(at(a) for a in v.args))
-        elif hasattr(v, "arg"):
-            v = dataclasses.replace(v, arg=at(v.arg))
+        else:
+            v = renumbered(v, remap.__getitem__)
         remap[i] = len(out)
         out.append(v)
-    stores = tuple(dataclasses.replace(s, value=at(s.value), index=_moved(s.index, at)) for s in kernel.stores)
+    stores = tuple(renumbered(s, remap.__getitem__) for s in kernel.stores)
     return dataclasses.replace(kernel, values=tuple(out), stores=stores)
-
-
-def _moved(index: Index, at) -> Index:
-    return dataclasses.replace(index, indirect=tuple((at(p), st) for p, st in index.indirect))
 
 
 def _is_mask(kernel: Kernel, pos: int, d: int, name: str, coef: int, const: int) -> bool:

@@ -29,7 +29,7 @@ from spyre_runtime.program.isa import Fence, Pop, Push
 from spyre_runtime.program.program import CoreProgram, Program, Queue
 
 from ..errors import PlanError, Unsupported
-from ..kernel_ir import Cast, Constant, Index, IndexValue, Indirect, Kernel, Load, Op, PointwiseKernel, Store, needed
+from ..kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, PointwiseKernel, needed, renumbered
 from ._dump import Describable
 
 COMPARES = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
@@ -108,20 +108,6 @@ def split(kernel: PointwiseKernel) -> tuple[Piece, ...] | None:
         counts = tuple(hi - lo for lo, hi in box)
         pieces.append(Piece(starts, counts, box_kernel(kernel, starts, counts)))
     return tuple(pieces)
-
-
-def renumbered(v, new):
-    """Value or store `v` with every position it refers to mapped through `new` (a callable):
-    operands, a cast's or an index check's argument, a gather's or scatter's index terms."""
-    if isinstance(v, (Cast, Indirect)):
-        return replace(v, arg=new(v.arg))
-    if isinstance(v, Op):
-        return replace(v, args=tuple(new(a) for a in v.args))
-    if isinstance(v, (Load, Store)) and v.index.indirect:
-        v = replace(v, index=replace(v.index, indirect=tuple((new(p), st) for p, st in v.index.indirect)))
-    if isinstance(v, Store):
-        return replace(v, value=new(v.value))
-    return v
 
 
 def stacked(group: tuple[Piece, ...]) -> PointwiseKernel | None:

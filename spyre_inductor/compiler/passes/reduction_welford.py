@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..kernel_ir import Cast, Constant, Op, Reduction, ReductionKernel, Scan
+from ..kernel_ir import Constant, Op, Reduction, ReductionKernel, renumbered
 from .reduction_ops import WELFORD
 from .reduction_space import FULL, PER_ROW
 from .tiles import ChunkValue, Role, Step
@@ -48,14 +48,8 @@ def exact(kernel: ReductionKernel) -> ReductionKernel:
                 d = add(Op("sub", (arg, mean), "fp32"))
                 remap[i] = add(Reduction("sum", add(Op("mul", (d, d), "fp32")), "fp32"))
             continue
-        if isinstance(v, (Op,)):
-            v = Op(v.name, tuple(remap[a] for a in v.args), v.dtype)
-        elif isinstance(v, Cast):
-            v = Cast(remap[v.arg], v.dtype)
-        elif isinstance(v, (Reduction, Scan)):
-            v = replace(v, arg=remap[v.arg])
-        remap[i] = add(v)
-    stores = tuple(replace(s, value=remap[s.value]) for s in kernel.stores)
+        remap[i] = add(renumbered(v, remap.__getitem__))
+    stores = tuple(renumbered(s, remap.__getitem__) for s in kernel.stores)
     return replace(kernel, values=tuple(values), stores=stores)
 
 
