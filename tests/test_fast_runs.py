@@ -384,6 +384,14 @@ def test_a_binary_writes_its_tile_in_place_only_where_no_operand_is_partly_overw
     assert not isa._writable_over(torch.as_strided(bank, (1, 2, 8), (0, 16, 1), 16), one)
 
 
+def _threads() -> tuple[int, int]:
+    """This thread's (torch's = OpenMP's, MKL's) intra-op thread counts."""
+    import re
+
+    mkl = re.search(r"mkl_get_max_threads\(\) : (\d+)", torch.__config__.parallel_info())
+    return torch.get_num_threads(), int(mkl.group(1)) if mkl else torch.get_num_threads()
+
+
 def test_a_program_of_small_tiles_runs_on_one_intra_op_thread_and_the_caller_keeps_its_count(monkeypatch):
     # Each simulated instruction is one small torch op: an OpenMP team per op (and one per
     # thread that runs programs) costs more than the op (spyre_runtime/device/programs.py).
@@ -396,13 +404,13 @@ def test_a_program_of_small_tiles_runs_on_one_intra_op_thread_and_the_caller_kee
     seen = []
     real = programs.ProgramExecutor._run
     monkeypatch.setattr(programs.ProgramExecutor, "_run",
-                        lambda self, artifact: (seen.append(torch.get_num_threads()), real(self, artifact)))
+                        lambda self, artifact: (seen.append(_threads()), real(self, artifact)))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         out = run_program(program, **inputs)
         torch.spyre.synchronize()
-        assert seen[-1] == 1 and torch.get_num_threads() == 2
+        assert seen[-1] == (1, 1) and _threads() == (2, 2)
         assert torch.equal(out["out"], inputs["x"] + inputs["y"])
         # a thread started afterwards has the process default, not the simulator's one
         later = []
@@ -413,12 +421,12 @@ def test_a_program_of_small_tiles_runs_on_one_intra_op_thread_and_the_caller_kee
         # programs of large tiles keep the caller's count: they gain from the threads
         monkeypatch.setattr(programs, "ONE_THREAD_STEP_BYTES", 0)
         run_program(program, **inputs)
-        assert seen[-1] == 2
+        assert seen[-1] == (2, 2)
     finally:
         torch.set_num_threads(before)
     from spyre_runtime import _C
-    with pytest.raises(RuntimeError, match="n must be positive, got 0"):
-        _C.set_intraop_threads(0)
+    with pytest.raises(RuntimeError, match="expected omp > 0 and mkl >= 0, got 0 and 1"):
+        _C.set_intraop_threads(0, 1)
 
 
 def test_a_binding_is_bound_once_whichever_correction_area_its_launch_patched():

@@ -846,6 +846,16 @@ def test_staging_pool_hands_out_the_oldest_released_buffer_that_is_done():
     assert pool.acquire(64) is bufs[2]
     assert pool.acquire(64) is not bufs[0] and pool.created == 4
 
+    # busy buffers at the front (a stream held behind slow work) are moved to the back: a done
+    # one behind more than a look's worth of them is found, and few new buffers are made
+    pool = StagingPool(allocate=PinnedBuffer, min_bytes=64)
+    bufs = [pool.acquire(64) for _ in range(6)]
+    for b in bufs[:5]:
+        pool.release(b, Busy())
+    pool.release(bufs[5], Done())
+    first, second = pool.acquire(64), pool.acquire(64)
+    assert first not in bufs and second is bufs[5] and pool.created == 7
+
 
 # ---- 10. timeline ----------------------------------------------------------------
 

@@ -19,6 +19,16 @@ def busy() -> bool:
     return getattr(STATE, "busy", False)
 
 
+def dynamo_compiling() -> bool:
+    """This thread is inside a torch.compile (Dynamo's thread-local CompileContext, which it
+    holds for the whole compile, Inductor's included, or a TracingContext). Not
+    torch.compiler.is_compiling(): that is the process's flag, true on every thread while any
+    one compiles. (Compiled autograd also holds a CompileContext while its backward runs.)"""
+    from torch._guards import CompileContext, TracingContext
+
+    return CompileContext.try_get() is not None or TracingContext.try_get() is not None
+
+
 @contextlib.contextmanager
 def nested():
     """Mark this thread as compiling or running a graph of its own."""

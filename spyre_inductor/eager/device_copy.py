@@ -12,12 +12,11 @@ callback (a copy is never an "op without a kernel": no warning, no strict error)
 from __future__ import annotations
 
 import torch
-from torch._guards import TracingContext
 
 from .cache import CACHE
 from .kernel import ENABLED, entry_for
 from .key import make_key
-from spyre_inductor.compiler.nesting import busy
+from spyre_inductor.compiler.nesting import busy, dynamo_compiling
 
 from .launch import CompiledEntry
 from .signature import signature_of
@@ -29,8 +28,7 @@ def try_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Copy `src` into `dst` (same spyre device) with a compiled program; False if it was not
     (the caller copies another way)."""
     global _SIG
-    if (not ENABLED[0] or busy() or torch.compiler.is_compiling()
-            or TracingContext.try_get() is not None):  # never compile inside a compile (kernel.py)
+    if not ENABLED[0] or busy() or dynamo_compiling():  # never compile inside a compile (kernel.py)
         return False
     sig = _SIG
     if sig is None:

@@ -24,10 +24,9 @@ from __future__ import annotations
 import os
 
 import torch
-from torch._guards import CompileContext, TracingContext
 
 from spyre_inductor.compiler import nesting
-from spyre_inductor.compiler.nesting import busy
+from spyre_inductor.compiler.nesting import busy, dynamo_compiling
 
 from . import compile as compiling
 from . import scalars
@@ -53,11 +52,7 @@ def make_kernel(sig: Signature):
     """The PrivateUse1 kernel for `sig`'s op."""
     op = sig.op
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
-    # Not torch.compiler.is_compiling(): that is the process's flag, so while another thread's
-    # Dynamo compiled, this thread's eager ops went to the CPU fallback. Dynamo holds both
-    # contexts below, this thread's own, for the whole compile (Inductor's included).
-    compiling = CompileContext.try_get
-    tracing = TracingContext.try_get
+    compiling = dynamo_compiling  # (this thread's: nesting.py)
     aliasing = sig.mode is not Mode.FUNCTIONAL
     enabled = ENABLED
 
@@ -66,7 +61,7 @@ def make_kernel(sig: Signature):
             return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
         if busy():
             return not_compiled(sig, args, kwargs, "reached inside an eager compile or a compiled graph")
-        if compiling() is not None or tracing() is not None:
+        if compiling():
             # Dynamo tracing, or a torch.compile's Inductor evaluating a constant on spyre
             # (constant folding runs `full`/`scalar_tensor` eagerly): never compile inside a compile
             return _in_trace(sig, args, kwargs)

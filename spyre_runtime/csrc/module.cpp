@@ -11,11 +11,14 @@
 
 #include <ATen/Parallel.h>
 
-// OpenMP's thread count is per calling thread; torch.set_num_threads would also change the
-// count every later thread starts with (a process-wide default the user owns).
+// OpenMP's and MKL's thread counts can be set per calling thread; torch.set_num_threads would
+// also change the count every later thread starts with (a process-wide default the user owns).
+// MKL's thread-local setter is called by its Fortran name, which takes a pointer (the C name
+// in this build is the same symbol).
 extern "C" {
 int omp_get_max_threads(void);
 void omp_set_num_threads(int);
+int mkl_set_num_threads_local_(const int*);
 }
 
 namespace spyre::bridge {
@@ -24,13 +27,14 @@ void set_runtime(py::object runtime);
 
 namespace {
 
-// The calling thread's intra-op (OpenMP) thread count set to n; returns the count it had.
-int set_intraop_threads(int n) {
-  TORCH_CHECK(n > 0, "set_intraop_threads: n must be positive, got ", n);
+// The calling thread's intra-op thread counts set to (omp, mkl): OpenMP's, and MKL's
+// thread-local one (0: MKL's process default); returns the pair it had, to set back.
+std::pair<int, int> set_intraop_threads(int omp, int mkl) {
+  TORCH_CHECK(omp > 0 && mkl >= 0, "set_intraop_threads: expected omp > 0 and mkl >= 0, got ", omp, " and ", mkl);
   at::internal::lazy_init_num_threads();  // first, or torch's lazy init would undo it later
   int previous = omp_get_max_threads();
-  if (previous != n) omp_set_num_threads(n);
-  return previous;
+  if (previous != omp) omp_set_num_threads(omp);
+  return {previous, mkl_set_num_threads_local_(&mkl)};
 }
 
 py::object default_generator(int device) {
@@ -108,9 +112,10 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         spyre::device_allocator().region_address(static_cast<c10::DeviceIndex>(device), handle));
   });
-  m.def("set_intraop_threads", &set_intraop_threads, py::arg("n"),
-        "Set the calling thread's intra-op (OpenMP) thread count, not the process default "
-        "torch.set_num_threads also changes; returns the previous count.");
+  m.def("set_intraop_threads", &set_intraop_threads, py::arg("omp"), py::arg("mkl"),
+        "Set the calling thread's intra-op thread counts (OpenMP; MKL's thread-local one, 0 for "
+        "MKL's default), not the process default torch.set_num_threads also changes; returns the "
+        "previous pair.");
   m.def("device_offset", [](uintptr_t ptr) {
     return spyre::device_allocator().offset_of(reinterpret_cast<void*>(ptr));
   }, "Offset of a device pointer from the start of its device's memory.");

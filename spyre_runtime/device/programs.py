@@ -34,7 +34,8 @@ from ..queue.operations import Executor
 # 22-90 us that way against 2-4 us on one thread, and the Llama decode step took twice as long
 # (benchmarks/launch.py). Programs of large tiles (benchmarks/simulator.py: 300 KB and more per
 # step) gain from the threads, and keep the caller's count. The count is the calling thread's
-# own and is set back after the run; the process default (torch.set_num_threads) is untouched.
+# own (OpenMP's and MKL's) and is set back after the run; the process default
+# (torch.set_num_threads) is untouched.
 ONE_THREAD_STEP_BYTES = 128 * 1024
 
 
@@ -55,11 +56,13 @@ class ProgramExecutor(Executor):
         if self.executable.mean_step_bytes() > ONE_THREAD_STEP_BYTES:
             self._run(artifact)
             return
-        before = _C.set_intraop_threads(1)
+        before = None
         try:
+            before = _C.set_intraop_threads(1, 1)
             self._run(artifact)
         finally:
-            _C.set_intraop_threads(before)
+            if before is not None:
+                _C.set_intraop_threads(*before)
 
     def _run(self, artifact: Artifact) -> None:
         # Whichever thread runs it (a queue worker, or a thread that synchronizes and runs ready

@@ -97,8 +97,8 @@ class HostCallback:
     # True: a failure is returned to the caller that waits for it (an eager
     # op's argument error) instead of stopping the stream.
     raise_to_caller: bool = False
-    # Its length on the simulated timeline, when the work it stands for has a known price
-    # (a launch's address patch); None: the host wall time fn() takes.
+    # Its length on the simulated timeline, when the work it stands for has a known price;
+    # None: the host wall time fn() takes.
     cost_ns: float | None = None
     pipeline = "host"
 

@@ -49,16 +49,19 @@ class StagingPool:
     def acquire(self, nbytes: int) -> StagingBuffer:
         """A buffer of at least `nbytes` that is safe to fill now: the smallest free one that
         fits, else a new one. A launch-bound loop keeps hundreds of them released and not yet
-        read, so only the oldest few of each size are looked at."""
+        read, so only a few of each size are looked at per call, oldest first, the busy ones
+        moved to the back."""
         size = max(self._min_bytes, 1 << max(0, nbytes - 1).bit_length())
         with self._lock:
             for have in sorted(k for k in self._free if k >= size):
                 free = self._free[have]
-                for k in range(min(len(free), _LOOK)):
-                    buf = free[k]
+                for _ in range(min(len(free), _LOOK)):
+                    buf = free[0]
                     if buf.last_use is None or buf.last_use.done:
-                        del free[k]
-                        return buf
+                        return free.popleft()
+                    # busy (its stream may be held behind slow work): to the back, so the next
+                    # acquires look at the others, and a done one behind it is not left unseen
+                    free.rotate(-1)
             self.created += 1
             self.created_bytes += size
         return StagingBuffer(self._allocate(size), size)

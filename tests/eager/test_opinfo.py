@@ -5,7 +5,7 @@ in-place variant and its out= form run entirely in spyre programs (SPYRE_STRICT=
 An XFAIL entry must still fail, and in the way it is listed (through the CPU fallback, or with
 results that differ from the CPU's): one that passes, or fails otherwise, fails the test (strict).
 
-Tiers (tests/eager/conftest.py): fp32 and int64, first samples, by default; every other claimed
+Tiers (tests/conftest.py): fp32 and int64, first samples, by default; every other claimed
 dtype, and up to SLOW_SAMPLES samples of each, are `slow`. `python -m spyre_inductor.eager.coverage`
 prints the summary.
 """
@@ -32,6 +32,8 @@ def test_an_xfail_holds_only_for_the_failure_it_lists():
     assert fallback.fails_as_listed(through_cpu) and not fallback.fails_as_listed(wrong)
     assert mismatch.fails_as_listed(wrong) and not mismatch.fails_as_listed(through_cpu)
     assert not fallback.fails_as_listed(broken) and not mismatch.fails_as_listed(broken)
+    both = E.Xfail("listed for both", (E.FALLBACK, E.MISMATCH))
+    assert both.fails_as_listed(through_cpu) and both.fails_as_listed(wrong) and not both.fails_as_listed(broken)
     with pytest.raises(ValueError, match="kind must be"):
         E.Xfail("a typo", "mismatches")
 
