@@ -793,11 +793,26 @@ class Iota(Instruction):
     col_step: int
 
     def run(self, m, core, idx):
+        m.view(core, self.dst, idx).copy_(self._values(idx))
+
+    def _values(self, idx) -> torch.Tensor:
         rows, cols = self.dst.stored_shape
         base = self.start + sum(s * i for s, i in zip(self.steps, idx))
         r = torch.arange(rows, dtype=torch.int64, device="cpu").unsqueeze(1) * self.row_step
         c = torch.arange(cols, dtype=torch.int64, device="cpu").unsqueeze(0) * self.col_step
-        m.view(core, self.dst, idx).copy_(base + r + c)
+        return base + r + c
+
+    @classmethod
+    def bind(cls, b, group):
+        # The values follow from the instruction and its loop indices alone: computed once here,
+        # copied in per run (the tile may hold something else between runs).
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        if dst is None:
+            return None
+        values = torch.stack([i._values(idx) for _, i, idx in group]).to(dst.dtype)
+        if values.shape != dst.shape:
+            return None
+        return lambda: dst.copy_(values)
 
     def cost(self, t, core, idx):
         return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
