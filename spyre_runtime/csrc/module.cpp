@@ -14,11 +14,11 @@
 // OpenMP's and MKL's thread counts can be set per calling thread; torch.set_num_threads would
 // also change the count every later thread starts with (a process-wide default the user owns).
 // MKL's thread-local setter is called by its Fortran name, which takes a pointer (the C name
-// in this build is the same symbol).
+// in this build is the same symbol); weak, as a torch built without MKL has none.
 extern "C" {
 int omp_get_max_threads(void);
 void omp_set_num_threads(int);
-int mkl_set_num_threads_local_(const int*);
+int mkl_set_num_threads_local_(const int*) __attribute__((weak));
 }
 
 namespace spyre::bridge {
@@ -34,7 +34,7 @@ std::pair<int, int> set_intraop_threads(int omp, int mkl) {
   at::internal::lazy_init_num_threads();  // first, or torch's lazy init would undo it later
   int previous = omp_get_max_threads();
   if (previous != omp) omp_set_num_threads(omp);
-  return {previous, mkl_set_num_threads_local_(&mkl)};
+  return {previous, mkl_set_num_threads_local_ != nullptr ? mkl_set_num_threads_local_(&mkl) : 0};
 }
 
 py::object default_generator(int device) {
