@@ -123,3 +123,29 @@ def test_eager_ops_on_one_thread_run_as_programs_while_another_thread_compiles(m
     monkeypatch.setenv("SPYRE_STRICT", "1")
     torch._dynamo.reset()  # (every thread's `own` kernel compiles while the others run)
     assert _stress(1.0, threads=2) > 0
+
+
+def test_an_eager_op_is_not_inside_a_compile_another_thread_holds(monkeypatch):
+    # Deterministic form of the test above: another thread holds Dynamo's process-wide "a
+    # compile session is on" flag (torch.compiler.is_compiling() is then true on every thread)
+    # while this thread runs an eager op under strict mode; it must run as a spyre program.
+    import threading
+
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    x = torch.arange(8.0).to("spyre")
+    (x * 3).cpu()  # compiled once, before the flag is up
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with torch.compiler._compile_session_context():
+            entered.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert entered.wait(30) and torch.compiler.is_compiling()
+        assert torch.equal((x * 3).cpu(), torch.arange(8.0) * 3)
+    finally:
+        release.set()
+        holder.join()

@@ -27,6 +27,9 @@ from torch.utils import _python_dispatch
 from .. import _C
 from ..queue.operations import Executor
 
+if TYPE_CHECKING:
+    from ..program.run import Artifact, ProgramExecutable
+
 # The simulated cores run one torch op after another, from whichever thread runs the program
 # (a queue worker, or a caller that synchronizes and runs ready work itself). On small tiles
 # more than one intra-op thread only costs: each op wakes an OpenMP team, and the teams of
