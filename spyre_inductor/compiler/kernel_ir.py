@@ -265,7 +265,7 @@ def renumbered(v, new):
     or moves values in a kernel's list."""
     if isinstance(v, Op):
         return dataclasses.replace(v, args=tuple(new(a) for a in v.args))
-    if isinstance(v, (Cast, Reduction, Scan, Indirect)):
+    if hasattr(v, "arg"):  # (as operands finds it: Cast, Reduction, Scan, Indirect, and any later kind)
         return dataclasses.replace(v, arg=new(v.arg))
     if isinstance(v, (Load, Store)) and v.index.indirect:
         v = dataclasses.replace(v, index=dataclasses.replace(

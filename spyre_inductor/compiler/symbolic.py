@@ -75,7 +75,7 @@ def planned_bucket(sym, hint: int | None = None, env=None) -> tuple[int, int, tu
     """(lo, hi, Dynamo's limits) of the bucket a kernel over size `sym` is captured for: the
     bucket of its hint (Inductor's, unless given) inside the limits of shape env `env` (the
     graph's, unless given). NotCapturable without a hint, or when the bucket is too small to
-    capture at hi and hi - 1."""
+    capture at hi and hi - 1, or outside Dynamo's range for it."""
     if hint is None:
         from torch._inductor.virtualized import V
 
@@ -84,7 +84,10 @@ def planned_bucket(sym, hint: int | None = None, env=None) -> tuple[int, int, tu
         except Exception as e:  # noqa: BLE001
             raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
     limits = dynamo_limits(sym, env)
-    lo, hi = bucket_of(hint, limits)
+    try:
+        lo, hi = bucket_of(hint, limits)
+    except ValueError as e:  # (a hint outside Dynamo's range for it)
+        raise NotCapturable(f"symbolic size {sym}: {e}") from None
     if hi < 2:
         raise NotCapturable(f"size {sym}'s bucket [{lo}, {hi}] is too small to tell what depends on it")
     return lo, hi, limits

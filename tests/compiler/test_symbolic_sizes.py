@@ -725,3 +725,10 @@ def test_a_whole_gpt2_compiled_with_dynamic_true_serves_five_lengths(counted):
     with torch.no_grad():
         compiled(ids.to(SPYRE))
     assert len(counted) == kernels  # another length in the bucket compiles nothing
+
+
+def test_a_hint_outside_dynamos_range_is_named_not_a_raw_error(monkeypatch):
+    monkeypatch.setattr(symbolic, "dynamo_limits", lambda sym, env=None: (10, 20))
+    with pytest.raises(symbolic.NotCapturable, match=r"symbolic size s0: size 5 is outside the sizes Dynamo "
+                                                     r"admits \[10, 20\]"):
+        symbolic.planned_bucket("s0", hint=5)
