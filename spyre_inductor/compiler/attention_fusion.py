@@ -46,6 +46,7 @@ import torch
 import torch.fx as fx
 
 from .attention_op import OP
+from .indexing import non_affine_term
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -89,6 +90,8 @@ def _int(x) -> int:
     if isinstance(x, torch.SymInt):
         x = x.node.expr
     if isinstance(x, sympy.Expr):
+        if non_affine_term(x) is not None:  # (fitted from two values: only an affine size is determined by them)
+            raise _NotConcrete(x)
         v = x.subs(_SIZES.get())
         if v.is_Integer:
             return int(v)

@@ -58,10 +58,28 @@ def static_int(expr, what: str) -> int:
         return int(expr)
     values = SIZE_VALUES.get()
     if values is not None and expr.free_symbols and expr.free_symbols <= set(values):
+        bend = non_affine_term(expr)
+        if bend is not None:
+            # (symbolic.py fits each quantity from two captures: only an affine one is
+            # determined by two points; n // 2 or Min(n, 50) would be extrapolated wrongly)
+            part = "" if sympy.expand(expr) == bend else f" (its term {bend})"
+            raise NotCapturable(f"symbolic {what} {expr} is not affine in the sizes{part}: not compiled for spyre yet")
         value = expr.subs(values)
         if isinstance(value, sympy.Integer):
             return int(value)
     raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")
+
+
+def non_affine_term(expr) -> sympy.Expr | None:
+    """The first term of `expr` (expanded) that is not an integer or an integer times one
+    symbol (a floor division, a Min/Max, a product of sizes...); None when `expr` is affine."""
+    for term in sympy.Add.make_args(sympy.expand(sympy.sympify(expr))):
+        coef, rest = term.as_coeff_Mul()
+        if not isinstance(coef, sympy.Integer):
+            return term
+        if rest != 1 and not isinstance(rest, sympy.Symbol):
+            return term
+    return None
 
 
 def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:

@@ -32,7 +32,7 @@ import dataclasses
 
 import sympy
 
-from .indexing import NotCapturable
+from .indexing import NotCapturable, non_affine_term
 from .kernel_ir import AttentionKernel, Buffer, SymbolicSizes
 
 DIMS = ("B", "H", "KVH", "L", "S", "D", "Dv")  # what SymbolicSizes.ranges index for an AttentionKernel
@@ -57,6 +57,9 @@ def size_symbol(layouts) -> sympy.Symbol:
 def buffer_at(name, layout, dtype, sym, value) -> Buffer:
     """An Inductor layout as a kernel Buffer with size `sym` = value."""
     def at(e):
+        bend = non_affine_term(e)
+        if bend is not None:  # (fitted from two values: only an affine size is determined by them)
+            raise NotCapturable(f"buffer {name}'s layout {e} is not affine in size {sym} ({bend})")
         v = sympy.sympify(e).subs({sym: value})
         if not v.is_Integer:
             raise NotCapturable(f"buffer {name}'s layout {e} is not a number at {sym}={value}")

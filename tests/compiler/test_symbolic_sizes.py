@@ -732,3 +732,78 @@ def test_a_hint_outside_dynamos_range_is_named_not_a_raw_error(monkeypatch):
     with pytest.raises(symbolic.NotCapturable, match=r"symbolic size s0: size 5 is outside the sizes Dynamo "
                                                      r"admits \[10, 20\]"):
         symbolic.planned_bucket("s0", hint=5)
+
+
+# ---- a size used non-affinely (issue 29) ----------------------------------------------------
+# A symbolic kernel's ranges and dims are fitted as coef * n + const from two captures (the
+# bucket's maximum and one less); two points determine that only when the quantity IS affine in
+# n. n // 2 at 64 and 63 is 32 and 31, a fit of n - 32 that is wrong at every other size (it
+# summed 8 rows of x[:20] at n = 40, silently); Min(n, 50) at 32 and 31 fits n. Such kernels are
+# refused, named, and run on the CPU without strict mode; affine ones keep being served.
+
+NON_AFFINE = {
+    "half": (lambda x: x[: x.shape[0] // 2].sum(0), r"\(s\d+//2\) is not affine in the sizes"),
+    "quarter_amax": (lambda x: x[: x.shape[0] // 4].amax(0), r"\(s\d+//4\) is not affine in the sizes"),
+    "min": (lambda x: x[: min(x.shape[0], 50)].sum(0), r"Min\(50, s\d+\) is not affine in the sizes"),
+    "chunk": (lambda x: (lambda a, b: (a * b).sum(0))(*x.chunk(2, 0)), r"is not affine in the sizes"),
+    "reshape": (lambda x: x.reshape(-1, 2, 256).sum(1), r"\(s\d+//2\) is not affine in the sizes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NON_AFFINE))
+def test_a_size_used_non_affinely_is_refused_under_strict(counted, name):
+    fn, reason = NON_AFFINE[name]
+    x = torch.randn(40, 256).to(SPYRE)
+    torch._dynamo.mark_dynamic(x, 0)
+    with pytest.raises(Exception, match=reason + r".*SPYRE_STRICT=1 forbids"):
+        torch.compile(fn)(x)
+    assert counted == []
+
+
+@pytest.mark.parametrize("name", ["half", "min"])
+def test_a_size_used_non_affinely_is_right_at_every_size_without_strict(counted, monkeypatch, name):
+    # (first at 64: the old fit was exact there and at 63 only)
+    monkeypatch.delenv("SPYRE_STRICT")
+    fn, _ = NON_AFFINE[name]
+    compiled = torch.compile(fn)
+    for k, n in enumerate((64, 40, 100, 18)):
+        x = torch.randn(n, 256)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 0)
+        torch.testing.assert_close(compiled(xs).cpu(), fn(x), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("tail", lambda x: x[32:].sum(0)),
+    ("differences", lambda x: (x[1:] - x[:-1]).sum(0)),
+    ("mean", lambda x: x.mean(0)),
+])
+def test_an_affine_use_of_a_size_is_served_at_sizes_across_buckets(counted, name, fn):
+    compiled = torch.compile(fn)
+    for k, n in enumerate((100, 34, 40, 64, 200)):
+        x = torch.randn(n, 256)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 0)
+        torch.testing.assert_close(compiled(xs).cpu(), fn(x), rtol=1e-5, atol=1e-4)
+    assert _graphs() == 1 and counted and all(k.symbolic is not None for k in counted)
+
+
+def test_only_an_affine_size_expression_is_captured():
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Max, Min
+
+    from spyre_inductor.compiler.indexing import SIZE_VALUES, non_affine_term, static_int
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert [non_affine_term(e) for e in (64 * s - 3, 2 * (s + 1), sympy.Integer(7))] == [None] * 3
+    for e in (FloorDiv(s, 2), Min(s, 50), Max(s, 8), s * s, s / 2, 64 * FloorDiv(s + 1, 2)):
+        assert non_affine_term(e) is not None, e
+    token = SIZE_VALUES.set({s: 64})
+    try:
+        assert static_int(2 * s + 1, "loop range") == 129
+        with pytest.raises(symbolic.NotCapturable, match=r"loop range \(s0//2\) is not affine in the sizes"):
+            static_int(FloorDiv(s, 2), "loop range")
+    finally:
+        SIZE_VALUES.reset(token)
