@@ -427,7 +427,7 @@ class _Builder:
         self.symbolic, self.dry, self.expect = symbolic, dry, expect
         self.made: list[fx.Node] = []
         self.views: list = []  # (source, shape, strides, offset) of each operand, at this match's sizes
-        self.probe = None  # the dry match's builder (its views at one size less)
+        self.probes = None  # [(size, its value here, the dry match's builder at one less)...]
 
     def call(self, target, *args):
         with self.graph.inserting_before(self.before):
@@ -479,14 +479,18 @@ def _matched(graph, node, fake_mode):
         values = _probe_values(symbols, fake_mode)
         if values is None:
             return None, None
-        hi, probe = values
-        dry = _Builder(graph, node, fake_mode, symbolic=True, dry=True)
+        base, probes = values
         real = _Builder(graph, node, fake_mode, symbolic=True)
-        real.probe = dry
-        runs = [(dry, probe), (real, hi)]
-    found = None
+        real.probes = []
+        runs = []
+        for sym, probe in probes:
+            dry = _Builder(graph, node, fake_mode, symbolic=True, dry=True)
+            real.probes.append((sym, base[sym], dry))
+            runs.append((dry, probe))
+        runs.append((real, base))
+    found, expect = None, None
     for build, sizes in runs:
-        build.expect = found
+        build.expect = expect
         token = _SIZES.set(sizes)
         try:
             found = _match(node, build)
@@ -499,24 +503,36 @@ def _matched(graph, node, fake_mode):
                 graph.erase_node(made)
         if found is None:
             return None, None
+        if build.dry:
+            if expect is not None and _unsized(found) != _unsized(expect):
+                return None, None  # (the sizes disagree: something depends on a size we cannot fold)
+            expect = found
     return found, build
 
 
+def _unsized(found):
+    """A match's signature without its sizes (B, H, KVH, D, Dv vary with a symbolic size; the
+    kv group H // KVH must not)."""
+    B, H, KVH, D, Dv = found[7:12]
+    return (*found[:7], H // KVH, *found[12:])
+
+
 def _probe_values(symbols, fake_mode):
-    """({size: the bucket's maximum}, {size: one less}) for a graph over one size (symbolic.py's
-    buckets, inside Dynamo's guards), or None."""
+    """(the sizes at the bucket's maximum, [(size, the same with it one less)...]) for a graph over
+    symbolic sizes (symbolic.py's buckets, inside Dynamo's guards), or None."""
     from .indexing import NotCapturable
     from .symbolic import planned_bucket
 
     env = getattr(fake_mode, "shape_env", None)
-    if len(symbols) != 1 or env is None:
+    if env is None:
         return None
-    (sym,) = symbols
-    try:
-        _, hi, _ = planned_bucket(sym, int(_hint(env, sym)), env)
-    except (KeyError, TypeError, ValueError, AttributeError, NotCapturable):
-        return None
-    return {sym: hi}, {sym: hi - 1}
+    base = {}
+    for sym in sorted(symbols, key=str):
+        try:
+            _, base[sym], _ = planned_bucket(sym, int(_hint(env, sym)), env)
+        except (KeyError, TypeError, ValueError, AttributeError, NotCapturable):
+            return None
+    return base, [(sym, {**base, sym: base[sym] - 1}) for sym in base]
 
 
 def _hint(env, sym):
@@ -538,16 +554,20 @@ def _source_view(build, source, shape, strides, offset):
         return source
     if build.dry:
         return source  # (the probe only records the view)
-    if build.probe is None or len(build.probe.views) <= k or build.probe.views[k][0] is not source:
+    if not build.probes or any(len(p.views) <= k or p.views[k][0] is not source for _, _, p in build.probes):
         return None
-    _, pshape, pstrides, poffset = build.probe.views[k]
-    (sym, hi), = _SIZES.get().items()
-    args = [[_affine_size(build, sym, hi, a, b) for a, b in zip(shape, pshape)],
-            [_affine_size(build, sym, hi, a, b) for a, b in zip(strides, pstrides)],
-            _affine_size(build, sym, hi, offset, poffset)]
-    if any(x is None for x in (*args[0], *args[1], args[2])):
+    here = (*shape, *strides, offset)
+    there = [(sym, hi, (*p.views[k][1], *p.views[k][2], p.views[k][3])) for sym, hi, p in build.probes]
+    flat = []
+    for j, a in enumerate(here):
+        moved = [(sym, hi, other[j]) for sym, hi, other in there if other[j] != a]
+        if len(moved) > 1:
+            return None  # (an argument over two sizes: not made)
+        flat.append(_affine_size(build, *moved[0][:2], a, moved[0][2]) if moved else a)
+    if any(x is None for x in flat):
         return None
-    return build.call(aten.as_strided.default, source, *args)
+    n = len(shape)
+    return build.call(aten.as_strided.default, source, flat[:n], flat[n:2 * n], flat[-1])
 
 
 def _affine_size(build, sym, hi: int, a: int, b: int):
@@ -576,10 +596,17 @@ def _size_dims(build, out4, shape):
             out.append(int(n))
             continue
         same = [d for d, m in enumerate(dims) if isinstance(m, torch.SymInt) and m.node.expr == n.node.expr]
-        if not same:
+        if same:
+            out.append(build.call(aten.sym_size.int, out4, same[0]))
+        elif n.node.expr == sympy.sympify(dims[0]) * sympy.sympify(dims[1]):  # (batch x heads, flattened)
+            out.append(build.call(operator.mul, *(_dim(build, out4, dims, d) for d in (0, 1))))
+        else:
             return None
-        out.append(build.call(aten.sym_size.int, out4, same[0]))
     return out
+
+
+def _dim(build, out4, dims, d):
+    return build.call(aten.sym_size.int, out4, d) if isinstance(dims[d], torch.SymInt) else int(dims[d])
 
 
 def _match(bmm2, build: _Builder):
@@ -702,8 +729,8 @@ def _match(bmm2, build: _Builder):
              B, H, KVH, D, Dv, last is None, dtypes)
     if build.dry:
         return found  # (the probe's match: what the real one must find)
-    if build.expect is not None and found != build.expect:
-        return None  # (the two sizes disagree: something depends on the size we cannot fold)
+    if build.expect is not None and _unsized(found) != _unsized(build.expect):
+        return None  # (the sizes disagree: something depends on a size we cannot fold)
     out4 = build.call(OP, q4, k4, v4, bias, keep, positions, scale * qscale * kscale, causal, bool(empty_zero), p_dtype,
                       out_dtype, heads_last, masked_score)
     if last is None:

@@ -31,19 +31,21 @@ OPS = "scaled_dot_product_attention"
 
 
 class SpyreAttention(ir.ExternKernelOut):
-    def __init__(self, layout, inputs, kernel: AttentionKernel, artifact: Path, size=None):
+    def __init__(self, layout, inputs, kernel: AttentionKernel, artifact: Path, size=None, exact=(), template=None):
         super().__init__(layout, inputs, python_kernel_name="spyre_attention")
         self.kernel, self.artifact, self.size = kernel, artifact, size  # size: the sequence length's symbol
+        self.exact, self.template = exact, template  # sizes specialized per value (symbolic_exact.py)
 
     def codegen(self, wrapper) -> None:
         device = self.get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
+        sizes = ([str(self.size)] if self.size is not None else []) + list(self.exact)
         plan = wrapper.define_spyre_kernel(str(self.artifact), index, f"# {self.kernel.name}: fused attention "
                                                                       f"over {self.kernel.ranges}",
-                                           bucketed=self.size is not None)
+                                           bucketed=bool(sizes), exact=self.template)
         args = [x.codegen_reference() for x in self.inputs] + [self.get_name()]
-        # (the size symbol is in scope in the generated call: Inductor binds it from the inputs)
-        wrapper.call_spyre_kernel(plan, args, [str(self.size)] if self.size is not None else ())
+        # (the size symbols are in scope in the generated call: Inductor binds them from the inputs)
+        wrapper.call_spyre_kernel(plan, args, sizes)
 
 
 def _static(values, what) -> tuple[int, ...] | None:
@@ -97,17 +99,52 @@ def _out_layout(device, out_dtype, q_layout, v_layout, heads_last) -> ir.FixedLa
 
 
 def _symbolic_kernel(named, realized, make):
-    """(the kernel over the bucket of the layouts' one size symbol, the symbol), or NotCapturable."""
+    """(the kernel, the sequence length's symbol served by a bucket or None, the other sizes it
+    is specialized to per value, their template), or NotCapturable."""
     from . import symbolic, symbolic_attention as sa
+    from .symbolic_exact import capture_exact, exact_values
 
     layouts = [x.get_layout() for x in realized]
-    sym = sa.size_symbol(layouts)
-    lo, hi, limits = symbolic.planned_bucket(sym)
+    seq = sa.sequence_symbol(layouts)
+    others = sorted(sa.layout_symbols(layouts) - {seq}, key=str)
 
-    def at(value):
-        return make([sa.buffer_at(n, lay, DTYPE_NAMES[lay.dtype], sym, value) for (n, _), lay in zip(named, layouts)])
+    def at_bucket():
+        if seq is None:
+            return make([sa.buffer_at(n, lay, DTYPE_NAMES[lay.dtype], None, None) for (n, _), lay in zip(named, layouts)])
+        lo, hi, limits = symbolic.planned_bucket(seq)
 
-    return sa.capture(at, sym, lo, hi, limits), sym
+        def at(value):
+            return make([sa.buffer_at(n, lay, DTYPE_NAMES[lay.dtype], seq, value)
+                         for (n, _), lay in zip(named, layouts)])
+
+        return sa.capture(at, seq, lo, hi, limits)
+
+    if not others:
+        return at_bucket(), seq, (), None
+
+    def at(values):
+        with exact_values(values):
+            return _Captured(at_bucket())
+
+    hints = [symbolic.hint_of(x) for x in others]
+    limits = [symbolic.dynamo_limits(x) for x in others]
+    found, template = capture_exact(at, others, hints, limits, _doc)
+    return found.kernel, seq, tuple(str(x) for x in others), template
+
+
+class _Captured:
+    """What symbolic_exact.capture_exact reads of a capture: the kernel, no buffers kept on chip."""
+
+    def __init__(self, kernel):
+        self.kernel, self.removed = kernel, frozenset()
+
+
+def _doc(kernel) -> dict:
+    import json
+
+    doc = json.loads(kernel.to_json())
+    doc.pop("name", None)
+    return doc
 
 
 def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
@@ -130,10 +167,10 @@ def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p
         return _kernel(bufs, scale, causal, empty_zero, p_dtype, out_dtype, heads_last, masked_score,
                        positions is not None)
 
-    kernel, size, reason = None, None, None
+    kernel, size, exact, template, reason = None, None, (), None, None
     if any(b is None for b in buffers):  # (checked before any size is read as an int)
         try:
-            kernel, size = _symbolic_kernel(named, realized, make)
+            kernel, size, exact, template = _symbolic_kernel(named, realized, make)
         except NotCapturable as e:
             reason = f"symbolic sizes (issue 18): {e}"
     else:
@@ -143,7 +180,7 @@ def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p
         artifact, reason = compile_kernel(kernel)
         if artifact is not None:
             out_layout = _out_layout(device, out_dtype, realized[0].get_layout(), realized[2].get_layout(), heads_last)
-            node = SpyreAttention(out_layout, realized, kernel, artifact, size)
+            node = SpyreAttention(out_layout, realized, kernel, artifact, size, exact, template)
             record((node.get_name(),), OPS, kernel, artifact, None)
             return ir.TensorBox.create(node)
     record((), OPS, None, None, reason)

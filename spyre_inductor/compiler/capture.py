@@ -124,6 +124,10 @@ class Capture:
 
     kernel: Kernel | None  # None: nothing to run (no elements, or nothing stored)
     removed: frozenset[str]  # Inductor buffers that stay on chip (the wrapper must not allocate them)
+    # Sizes the kernel is specialized to per value at launch (symbolic_exact.py): their symbols, in
+    # the order the launch passes their values, and the Template that makes a value's kernel.
+    exact: tuple[str, ...] = ()
+    template: object = None
 
 
 @dataclass(frozen=True)
@@ -249,7 +253,7 @@ class CaptureHandler(DefaultHandler):
         return self.g.add(Constant(value, name), dtype)
 
     def index_expr(self, expr, dtype: torch.dtype) -> _V:
-        expr = sympy.sympify(expr)
+        expr = indexing.specialized(expr, f"the index value {expr}")
         if isinstance(expr, sympy.Integer):
             return self.constant(int(expr), dtype)
         sized = self._size_term(expr)

@@ -43,6 +43,9 @@ class NotCapturable(Exception):
 # stands for one value (its bucket's maximum, or a probe); None: sizes must be static. (A
 # context variable: compiles on other threads capture at their own values.)
 SIZE_VALUES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("spyre_size_values", default=None)
+# Issue 29 (symbolic_exact.py): sizes a kernel is specialized to, one artifact per value, made at
+# launch from a template: each stands for its value everywhere, indices and values included.
+EXACT_VALUES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("spyre_exact_values", default=None)
 
 
 def static_int(expr, what: str) -> int:
@@ -56,12 +59,12 @@ def static_int(expr, what: str) -> int:
         expr = sympy.sympify(expr)
     if isinstance(expr, sympy.Integer):
         return int(expr)
-    values = SIZE_VALUES.get()
-    if values is not None and expr.free_symbols and expr.free_symbols <= set(values):
+    values = {**(SIZE_VALUES.get() or {}), **(EXACT_VALUES.get() or {})}
+    if values and expr.free_symbols and expr.free_symbols <= set(values):
         bend = non_affine_term(expr)
         if bend is not None:
-            # (symbolic.py fits each quantity from two captures: only an affine one is
-            # determined by two points; n // 2 or Min(n, 50) would be extrapolated wrongly)
+            # (symbolic.py fits each quantity from captures at a few sizes: only one affine in
+            # each size is determined by them; n // 2 or Min(n, 50) would be extrapolated wrongly)
             part = "" if sympy.expand(expr) == bend else f" (its term {bend})"
             raise NotCapturable(f"symbolic {what} {expr} is not affine in the sizes{part}: not compiled for spyre yet")
         value = expr.subs(values)
@@ -70,16 +73,34 @@ def static_int(expr, what: str) -> int:
     raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")
 
 
-def non_affine_term(expr) -> sympy.Expr | None:
-    """The first term of `expr` (expanded) that is not an integer or an integer times one
-    symbol (a floor division, a Min/Max, a product of sizes...); None when `expr` is affine."""
+def non_affine_term(expr, symbols=None) -> sympy.Expr | None:
+    """The first term of `expr` (expanded) that is not an integer times distinct symbols, each
+    to the first power (a floor division, a Min/Max, a square...): None when `expr` is affine in
+    each symbol with the others fixed (s0 * s1, a batch stride, is). With `symbols`, only the
+    terms that involve them are looked at (an index may bend in its loop variables)."""
     for term in sympy.Add.make_args(sympy.expand(sympy.sympify(expr))):
+        if symbols is not None and not term.free_symbols & symbols:
+            continue
         coef, rest = term.as_coeff_Mul()
         if not isinstance(coef, sympy.Integer):
             return term
-        if rest != 1 and not isinstance(rest, sympy.Symbol):
+        factors = sympy.Mul.make_args(rest)
+        if rest != 1 and not all(isinstance(f, sympy.Symbol) for f in factors) or len(set(factors)) != len(factors):
             return term
     return None
+
+
+def specialized(expr, what: str):
+    """`expr` with the sizes a kernel is specialized to (EXACT_VALUES) put in: NotCapturable when
+    a term with such a size is not affine in it (the template must be exact: symbolic_exact.py)."""
+    values = EXACT_VALUES.get()
+    expr = sympy.sympify(expr)
+    if not values or not expr.free_symbols & set(values):
+        return expr
+    bend = non_affine_term(expr, set(values))
+    if bend is not None:
+        raise NotCapturable(f"{what}: the term {bend} is not affine in the sizes")
+    return sympy.expand(expr.subs(values))
 
 
 def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
@@ -96,6 +117,12 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
     expr = sympy.sympify(expr)
     if expr.has(Identity):  # Inductor's marker that keeps a cat part's index from being simplified
         expr = expr.replace(Identity, lambda x: x)
+    expr = specialized(expr, what)
+    if expr.free_symbols - set(variables) - set(indirect or ()):
+        try:  # a size specialized by a guard (symbolic.py) is a number by now (s0 ** 2 too)
+            expr = V.graph.sizevars.simplify(expr)
+        except Exception:  # noqa: BLE001 - outside a graph
+            pass
     if ranges and (expr.has(ModularIndexing) or expr.has(FloorDiv)):
         expr = V.graph.sizevars.simplify_with_ranges(expr, ranges)
     expr = sympy.expand(expr)
@@ -111,12 +138,6 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
         terms.append((pos, int(c)))
         expr = sympy.expand(expr - c * sym)
     unknown = expr.free_symbols - set(variables)
-    if unknown:
-        try:  # a size specialized by a guard (symbolic.py) is a number by now
-            expr = sympy.expand(V.graph.sizevars.simplify(expr))
-        except Exception:  # noqa: BLE001 - outside a graph
-            pass
-        unknown = expr.free_symbols - set(variables)
     if unknown:
         names = ", ".join(sorted(str(s) for s in unknown))
         raise NotCapturable(f"index of {what} depends on {names} (indirect or symbolic)")
@@ -152,7 +173,7 @@ def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what
     expr = sympy.sympify(expr)
     if expr.has(Identity):
         expr = expr.replace(Identity, lambda x: x)
-    expr = sympy.expand(expr)
+    expr = sympy.expand(specialized(expr, what))
 
     def curved_term(t) -> bool:
         return bool(t.atoms(sympy.Function) or t.atoms(sympy.Mod) or t.has(sympy.Min, sympy.Max, Min, Max))

@@ -36,6 +36,7 @@ from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
+from . import symbolic
 from .capture import Capture, capture
 from .errors import Unsupported
 from .fallback_policy import announce, origin_ops
@@ -303,6 +304,14 @@ class SpyreScheduling(BaseScheduling):
     def codegen_node(self, node) -> None:
         nodes = list(node.get_nodes())
         result = self.try_capture(nodes)
+        if getattr(result, "guardable", False):  # (symbolic.GUARDS: sizes specialized by a guard, last)
+            token = symbolic.GUARDS.set(True)
+            try:
+                result = capture(nodes)
+            except NotCapturable as e:
+                result = e
+            finally:
+                symbolic.GUARDS.reset(token)
         kernel = None
         if isinstance(result, Capture):
             if result.kernel is None:  # no elements, or nothing leaves the kernel
@@ -314,22 +323,25 @@ class SpyreScheduling(BaseScheduling):
             artifact, reason = compile_kernel(program)
             if artifact is not None:
                 _record(nodes, kernel, artifact, None)
-                self._emit_program(nodes, kernel, artifact, result.removed)
+                self._emit_program(nodes, kernel, artifact, result)
                 return
         else:
             reason = result.reason
         _record(nodes, kernel, None, reason)
         self._emit_cpu_fallback(nodes, reason)
 
-    def _emit_program(self, nodes, kernel: Kernel, artifact: Path, removed) -> None:
+    def _emit_program(self, nodes, kernel: Kernel, artifact: Path, captured: Capture) -> None:
         wrapper = V.graph.wrapper_code
         args = [b.name for b in kernel.buffers]  # the artifact's b0, b1, ... (positional_names)
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
+        # (the bucket's size, then those specialized per value: symbolic.launch_bucketed's order)
         sizes = [n for n, _, _ in kernel.symbolic.sizes] if kernel.symbolic is not None else []
-        plan = wrapper.define_spyre_kernel(str(artifact), index, comment, bucketed=bool(sizes))
-        V.graph.removed_buffers |= removed  # before mark_run: never allocated
+        sizes += list(captured.exact)
+        plan = wrapper.define_spyre_kernel(str(artifact), index, comment, bucketed=bool(sizes),
+                                           exact=captured.template)
+        V.graph.removed_buffers |= captured.removed  # before mark_run: never allocated
         for n in nodes:
             n.mark_run()  # allocates outputs; FusedSchedulerNode.mark_run itself crashes
         wrapper.call_spyre_kernel(plan, args, sizes)

@@ -39,6 +39,7 @@ artifact of its own bucket, compiled on first use from the kernel IR the artifac
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import threading
@@ -118,18 +119,30 @@ def _finite(x) -> int | None:
 
 
 def size_symbols(nodes) -> list[sympy.Symbol]:
-    """The size symbols in the nodes' loop ranges (empty: a static group; a symbolic buffer
-    layout of a static group is refused by capture, as before)."""
+    """The size symbols in the nodes' loop ranges and in the layouts of the buffers they read and
+    write (empty: a static group)."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
     from .capture import loop_body
 
     found: set = set()
     for n in nodes:
         try:
-            (sizes, rsizes), _ = loop_body(n)
+            (sizes, rsizes), body = loop_body(n)
         except Exception:  # noqa: BLE001 - capture says why
             continue
         for e in (*sizes, *rsizes):
             found |= _simplified(e).free_symbols
+        for e in getattr(body, "indexing_exprs", {}).values():  # (a size read as a value: a mean's count)
+            found |= {x for x in _simplified(e).free_symbols if symbol_is_type(x, SymT.SIZE)}
+        rw = getattr(n, "read_writes", None)
+        for dep in (*getattr(rw, "reads", ()), *getattr(rw, "writes", ())):
+            try:
+                exprs = (dep.index, *dep.size)
+            except (AttributeError, NotImplementedError):  # (a StarDep, a WeakDep: no index)
+                continue
+            for e in exprs:
+                found |= {x for x in _simplified(e).free_symbols if symbol_is_type(x, SymT.SIZE)}
     return sorted(found, key=str)
 
 
@@ -143,11 +156,43 @@ def _simplified(e):
 
 
 def capture_symbolic(nodes, capture_fn, symbols):
-    """Capture `nodes` over symbolic sizes: (Capture with a kernel carrying SymbolicSizes), or
-    NotCapturable saying what of it cannot be symbolic."""
-    if len(symbols) != 1:
-        symbols = _specialize_all_but_one(nodes, symbols)
-    sym = symbols[0]
+    """Capture `nodes` over symbolic sizes, or NotCapturable saying why none of the ways can.
+
+    In order: one size served by a bucket (the rows, or a masked reduced range); the rows by a
+    bucket and the other sizes specialized per value at launch (symbolic_exact.py); every size
+    specialized per value; and last the sizes beside the rows specialized by a guard (Dynamo
+    recompiles the graph for each new value: said once, with why the others could not)."""
+    rows = _rows_symbol(nodes, symbols)
+    attempts = [(symbols[0], [])] if len(symbols) == 1 else []
+    if rows is not None and len(symbols) > 1:
+        attempts.append((rows, [x for x in symbols if x != rows]))
+    attempts.append((None, list(symbols)))
+    reasons = []
+    for bucket, exact in attempts:
+        try:
+            return _capture_exact(nodes, capture_fn, bucket, exact) if exact else _bucketed(nodes, capture_fn, bucket)
+        except NotCapturable as e:
+            reasons.append(e.reason)
+    why = reasons[0] if len(reasons) == 1 else f"{reasons[0]}; specialized per value: {reasons[-1]}"
+    if rows is None or len(symbols) == 1:
+        raise NotCapturable(why)
+    if not GUARDS.get():
+        # (a guard changes the whole graph: never for a group the scheduler only considers fusing)
+        e = NotCapturable(why)
+        e.guardable = True
+        raise e
+    kept = _specialize_all_but_one(nodes, symbols, rows, reasons[-1])
+    return _bucketed(nodes, capture_fn, kept)
+
+
+# Whether capture may specialize sizes by a guard (the last resort above): only for the groups
+# codegen emits (scheduling.py), never for one the scheduler is deciding whether to fuse.
+GUARDS: contextvars.ContextVar[bool] = contextvars.ContextVar("spyre_size_guards", default=False)
+
+
+def _bucketed(nodes, capture_fn, sym):
+    """The Capture of `nodes` with size `sym` served by a bucket (and any size specialized per
+    value at the values of indexing.EXACT_VALUES)."""
     lo, hi, limits = planned_bucket(sym)
     planned = _at(nodes, capture_fn, {sym: hi})
     probe = _at(nodes, capture_fn, {sym: hi - 1})
@@ -160,33 +205,79 @@ def capture_symbolic(nodes, capture_fn, symbols):
     return dataclasses.replace(planned, kernel=kernel)
 
 
-def _specialize_all_but_one(nodes, symbols):
-    """A kernel keeps one size symbolic: its outermost output dim's (the rows). Under
-    ``dynamic=True`` every dim is symbolic, the hidden sizes too; those are specialized to their
-    hints through Inductor's guards (so Dynamo recompiles if one changes, as its guards then
-    say), which leaves the kernel over one symbolic size."""
+def _capture_exact(nodes, capture_fn, bucket, exact):
+    """The Capture with sizes `exact` specialized per value (symbolic_exact.py), the rows'
+    `bucket` (if any) served by a bucket; the Capture says which sizes, and carries the template."""
+    from .symbolic_exact import capture_exact, exact_values
+
+    def at(values):
+        with exact_values(values):
+            return _bucketed(nodes, capture_fn, bucket) if bucket is not None else capture_fn(nodes)
+
+    hints = [hint_of(s) for s in exact]
+    limits = [dynamo_limits(s) for s in exact]
+    found, template = capture_exact(at, exact, hints, limits, artifact_doc)
+    return dataclasses.replace(found, exact=tuple(str(s) for s in exact), template=template)
+
+
+def artifact_doc(kernel) -> dict:
+    """The kernel's JSON as its artifact records it (buffers and sizes named by position), no name."""
+    from .scheduling import positional_names
+
+    doc = json.loads(positional_names(kernel).to_json())
+    doc.pop("name", None)
+    return doc
+
+
+def hint_of(sym) -> int:
+    from torch._inductor.virtualized import V
+
+    try:
+        return int(V.graph.sizevars.optimization_hint(sym))
+    except Exception as e:  # noqa: BLE001
+        raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
+
+
+def _rows_symbol(nodes, symbols):
+    """The one size symbol of the group's output's outermost dim, if it has exactly one."""
     from torch._inductor.virtualized import V
 
     from .capture import real_name
 
-    out = nodes[-1].get_outputs()[0].node if hasattr(nodes[-1], "get_outputs") else None
-    layout = V.graph.get_buffer(real_name(out.get_name())).get_output_spec() if out is not None else None
-    size = getattr(layout, "size", ())
-    keep = sympy.sympify(size[0]).free_symbols if size else set()
-    if len(keep) != 1 or not keep <= set(symbols):
-        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size, "
-                            f"none of them its rows alone, is not compiled for spyre yet")
-    (kept,) = keep
+    try:
+        out = nodes[-1].get_outputs()[0].node
+        size = V.graph.get_buffer(real_name(out.get_name())).get_output_spec().size
+        keep = sympy.sympify(size[0]).free_symbols if size else set()
+    except Exception:  # noqa: BLE001 - no output layout: no rows
+        return None
+    return next(iter(keep)) if len(keep) == 1 and keep <= set(symbols) else None
+
+
+_WARNED: set = set()
+
+
+def _specialize_all_but_one(nodes, symbols, kept, why: str):
+    """The rows stay symbolic; the sizes beside them are specialized to their hints through
+    Inductor's guards (Dynamo recompiles the graph if one changes): the last resort, said once
+    per group of sizes, with why they could not be specialized per value instead."""
+    import warnings
+
+    from torch._inductor.virtualized import V
+
     others = [x for x in symbols if x != kept]
     pinned = _user_dynamic()
     if pinned is None or any(x in pinned for x in others):
         # (mark_dynamic says the user wants it dynamic: a guard would fail the whole compile)
-        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: a kernel over more than one symbolic size "
-                            f"({', '.join(map(str, others))} marked dynamic besides the rows) is not compiled "
-                            f"for spyre yet")
+        raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: {', '.join(map(str, others))} marked dynamic "
+                            f"besides the rows, and not served per value ({why})")
+    key = tuple(str(x) for x in others)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"spyre: sizes {', '.join(key)} are specialized by a guard (each new value recompiles the "
+                      f"graph): the kernel cannot be compiled per value of them ({why})", RuntimeWarning, stacklevel=2)
     for other in others:
         V.graph.sizevars.guard_int(other)  # a guard: another value recompiles
-    return [kept]
+    return kept
 
 
 def _user_dynamic() -> set | None:
@@ -440,67 +531,103 @@ def launch_sizes(kernel: Kernel) -> list[dict]:
 
 
 class BucketedPlan:
-    """The prepared artifacts of one symbolic kernel, one per bucket, on one device: the wrapper
+    """The prepared artifacts of one symbolic kernel, one per bucket of its bucketed size and per
+    value of the sizes it is specialized to (symbolic_exact.py), on one device: the wrapper
     launches through it (launch_bucketed) with the size values of the call."""
 
-    def __init__(self, artifact_dir: str, device: int):
+    def __init__(self, artifact_dir: str, device: int, exact: str | None = None):
         from spyre_runtime.launch import prepare_kernel
 
+        from .symbolic_exact import Template
+
         self.device = device
-        text = (Path(artifact_dir) / "kernel.json").read_text()
-        attention = json.loads(text).get("kind") == "AttentionKernel"
-        self.kernel = AttentionKernel.from_json(text) if attention else Kernel.from_json(text)
-        first = prepare_kernel(artifact_dir, device=device)
-        self.plans = [first]
-        self.compiled = 0  # buckets compiled at run time
+        self.text = (Path(artifact_dir) / "kernel.json").read_text()
+        self.kernel = _kernel_of(self.text)
+        self.template = Template.from_doc(json.loads(exact)) if exact is not None else None
+        base = self.template.base if self.template is not None else ()
+        # values of the specialized sizes -> [(prepared plan, its kernel)], one per bucket
+        self.plans = {base: [(prepare_kernel(artifact_dir, device=device), self.kernel)]}
+        self.compiled = 0  # artifacts compiled at run time
         self._lock = threading.Lock()
 
-    def plan_for(self, n: int):
-        for p in self.plans:
-            (spec,) = p.sizes
-            if spec.min <= n <= spec.max:
-                return p
-        with self._lock:
-            for p in self.plans:
-                if p.sizes[0].min <= n <= p.sizes[0].max:
-                    return p
-            plan = self._compile(n)
-            self.plans.append(plan)
-            return plan
+    @property
+    def bucketed(self) -> bool:
+        return self.kernel.symbolic is not None
 
-    def _compile(self, n: int):
+    def plan_for(self, n: int | None, values: tuple = ()):
+        """(prepared plan, kernel) for bucketed size n (None: the kernel has none) at `values`."""
+        found = self._find(n, values)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._find(n, values)
+            if found is None:
+                found = self._compile(n, values)
+                self.plans.setdefault(values, []).append(found)
+            return found
+
+    def _find(self, n, values):
+        for plan, kernel in self.plans.get(values, ()):
+            if n is None or plan.sizes[0].min <= n <= plan.sizes[0].max:
+                return plan, kernel
+        return None
+
+    def _compile(self, n: int | None, values: tuple):
         from spyre_runtime.launch import prepare_kernel
 
         from . import backend
-        from .scheduling import artifact_root
+        from .scheduling import artifact_root, content_name
 
-        (name, lo, hi), = self.kernel.symbolic.sizes
+        kernel = self.kernel
         try:
-            if isinstance(self.kernel, AttentionKernel):
-                from .symbolic_attention import rebucket as rebucket_attention
+            if self.template is not None and values != self.template.base:
+                kernel = content_name(_kernel_of(self.template.kernel_json(self.text, values)))
+            if n is not None:
+                if isinstance(kernel, AttentionKernel):
+                    from .symbolic_attention import rebucket as rebucket_attention
 
-                kernel = rebucket_attention(self.kernel, n)
-            else:
-                kernel = rebucket(self.kernel, n)
+                    kernel = rebucket_attention(kernel, n)
+                else:
+                    kernel = rebucket(kernel, n)
             artifact = backend.compile_kernel(kernel, artifact_root())
-        except backend.Unsupported as e:
-            raise RuntimeError(f"spyre: kernel {self.kernel.name!r} was compiled for {name} in [{lo}, {hi}] and "
-                               f"cannot be compiled for {name}={n}: {e}") from e
+        except (backend.Unsupported, NotCapturable, ValueError) as e:
+            raise RuntimeError(f"spyre: kernel {self.kernel.name!r} cannot be compiled for {_say_sizes(self, n, values)}: "
+                               f"{e}") from e
         self.compiled += 1
-        return prepare_kernel(artifact, device=self.device)
+        return prepare_kernel(artifact, device=self.device), kernel
 
 
-def prepare_bucketed(artifact_dir: str, device: int) -> BucketedPlan:
-    return BucketedPlan(artifact_dir, device)
+def _kernel_of(text: str):
+    return AttentionKernel.from_json(text) if json.loads(text).get("kind") == "AttentionKernel" else Kernel.from_json(text)
+
+
+def _say_sizes(plan: BucketedPlan, n, values) -> str:
+    parts = []
+    if n is not None:
+        (name, lo, hi), = plan.kernel.symbolic.sizes
+        parts.append(f"{name}={n} (compiled for [{lo}, {hi}])")
+    if values:
+        parts.append(f"the specialized sizes at {list(values)} (compiled at {list(plan.template.base)})")
+    return " and ".join(parts)
+
+
+def prepare_bucketed(artifact_dir: str, device: int, exact: str | None = None) -> BucketedPlan:
+    return BucketedPlan(artifact_dir, device, exact)
 
 
 def launch_bucketed(plan: BucketedPlan, args, sizes) -> None:
+    """Launch `plan` with the call's size values: the bucketed size first (if the kernel has one),
+    then the values of the sizes it is specialized to."""
     from spyre_runtime.launch import launch_jobplan
 
-    (n,) = (int(v) for v in sizes)
-    bucket = plan.plan_for(n)
-    if isinstance(plan.kernel, AttentionKernel):  # (each head of a buffer over the sequence: its own argument)
+    sizes = tuple(int(v) for v in sizes)
+    n, values = (sizes[0], sizes[1:]) if plan.bucketed else (None, sizes)
+    bucket, kernel = plan.plan_for(n, values)
+    if n is None:
+        launch_jobplan(bucket, args)
+        return
+    if isinstance(kernel, AttentionKernel):  # (each head of a buffer over the sequence: its own argument)
         from .symbolic_attention import head_args
 
-        args = head_args(plan.kernel, args, n)
+        args = head_args(kernel, args, n)
     launch_jobplan(bucket, args, sizes=(n,))

@@ -32,7 +32,7 @@ import dataclasses
 
 import sympy
 
-from .indexing import NotCapturable, non_affine_term
+from .indexing import EXACT_VALUES, NotCapturable, non_affine_term
 from .kernel_ir import AttentionKernel, Buffer, SymbolicSizes
 
 DIMS = ("B", "H", "KVH", "L", "S", "D", "Dv")  # what SymbolicSizes.ranges index for an AttentionKernel
@@ -54,13 +54,39 @@ def size_symbol(layouts) -> sympy.Symbol:
     return found.pop()
 
 
+def sequence_symbol(layouts):
+    """The size symbol a bucket serves: k's positions' (dim 2 of the second layout: a decode's
+    growing KV length), else q's rows' (dim 2 of the first), or None when both are static; the
+    other, if also symbolic, is specialized per value. NotCapturable when one dim is over more
+    than one size."""
+    for layout in (layouts[1], layouts[0]):
+        found = sympy.sympify(layout.size[2]).free_symbols
+        if len(found) > 1:
+            raise NotCapturable(f"attention whose dim 2 is {layout.size[2]}, over sizes "
+                                f"{', '.join(sorted(map(str, found)))}: one size per dim is compiled for spyre")
+        if found:
+            return found.pop()
+    return None
+
+
+def layout_symbols(layouts) -> set:
+    found = set()
+    for layout in layouts:
+        for e in (*layout.size, *layout.stride, layout.offset):
+            found |= sympy.sympify(e).free_symbols
+    return found
+
+
 def buffer_at(name, layout, dtype, sym, value) -> Buffer:
-    """An Inductor layout as a kernel Buffer with size `sym` = value."""
+    """An Inductor layout as a kernel Buffer with size `sym` = value (and the sizes specialized per
+    value at theirs: indexing.EXACT_VALUES)."""
+    values = {**(EXACT_VALUES.get() or {}), **({sym: value} if sym is not None else {})}
+
     def at(e):
         bend = non_affine_term(e)
         if bend is not None:  # (fitted from two values: only an affine size is determined by them)
             raise NotCapturable(f"buffer {name}'s layout {e} is not affine in size {sym} ({bend})")
-        v = sympy.sympify(e).subs({sym: value})
+        v = sympy.sympify(e).subs(values)
         if not v.is_Integer:
             raise NotCapturable(f"buffer {name}'s layout {e} is not a number at {sym}={value}")
         return int(v)
@@ -287,5 +313,5 @@ def rebucket(kernel: AttentionKernel, n: int) -> AttentionKernel:
     return out
 
 
-__all__ = ["capture", "check", "head_args", "head_name", "kv_size", "launch_shape", "layouts", "rebucket",
-           "size_symbol", "sized", "split", "symbols"]
+__all__ = ["capture", "check", "head_args", "head_name", "kv_size", "launch_shape", "layout_symbols", "layouts",
+           "rebucket", "sequence_symbol", "size_symbol", "sized", "split", "symbols"]

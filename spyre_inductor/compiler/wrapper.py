@@ -30,6 +30,7 @@ the tensor itself when its strides already agree, else a copy).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from torch._inductor import config, ir
 from torch._inductor.codegen.wrapper import (
@@ -69,22 +70,27 @@ class SpyreWrapperMixin:
             root.spyre_plans = {}
         return root
 
-    def define_spyre_kernel(self, artifact_dir: str, device_index: int, comment: str, bucketed: bool = False) -> str:
+    def define_spyre_kernel(self, artifact_dir: str, device_index: int, comment: str, bucketed: bool = False,
+                            exact=None) -> str:
         """The module-level name of the plan for `artifact_dir` on spyre:`device_index` (defined once).
 
         prepare_kernel places the program on one device, so a graph on
         spyre:1 gets its own plan there (and launch_jobplan checks the buffers
         are on it). A kernel over symbolic sizes (`bucketed`, issue 18) gets a
-        symbolic.BucketedPlan: the artifact of its bucket, and of any other bucket a call needs."""
+        symbolic.BucketedPlan: the artifact of its bucket, and of any other bucket a call needs; one
+        specialized per value of some sizes (`exact`, a symbolic_exact.Template, issue 29) carries
+        the template that makes the kernel of another value."""
         root = self._definitions()
-        key = (artifact_dir, device_index)
+        doc = json.dumps(exact.to_doc(), separators=(",", ":")) if exact is not None else None
+        key = (artifact_dir, device_index, doc)
         name = root.spyre_plans.get(key)
         if name is None:
             name = f"spyre_plan_{root.next_kernel_suffix()}"
             root.spyre_plans[key] = name
             root.add_import_once(BUCKETED_IMPORT if bucketed else LAUNCH_IMPORT)
             prepare = "prepare_bucketed" if bucketed else "prepare_kernel"
-            root.define_kernel(name, f"{prepare}({artifact_dir!r}, device={device_index})",
+            template = f", exact={doc!r}" if doc is not None else ""
+            root.define_kernel(name, f"{prepare}({artifact_dir!r}, device={device_index}{template})",
                                metadata=comment, gpu=False)
         return name
 

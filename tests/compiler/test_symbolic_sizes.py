@@ -10,7 +10,10 @@ serves every size in it; fused attention over a dynamic sequence length too, eac
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import sympy
 import torch
 
 from spyre_runtime.launch import run_program
@@ -213,43 +216,34 @@ def test_an_out_of_bounds_launch_raises_before_anything_is_enqueued(counted):
     assert (got[40:] == 7.0).all()
 
 
-def test_dynamic_true_keeps_the_rows_symbolic_and_guards_the_rest(counted):
-    # dynamic=True makes every dim symbolic: the rows stay so, the reduced dim is specialized
-    # through a guard, so a new hidden size recompiles (Dynamo's guard) and a new row count does not
+def test_dynamic_true_keeps_the_rows_in_a_bucket_and_the_rest_per_value_in_one_graph(counted):
+    # dynamic=True makes every dim symbolic: the rows are served by a bucket, the reduced dim (a
+    # stick dim, which a bucket cannot clip) is specialized per value: a new hidden size compiles
+    # its kernel at launch (symbolic_exact.py), with no guard, so Dynamo never recompiles
     fn = torch.compile(lambda x: (x * 2).sum(-1), dynamic=True)
-    for n, h in ((37, 256), (50, 256), (64, 256), (40, 128)):
+    for n, h in ((37, 256), (50, 256), (64, 256), (40, 128), (50, 100), (40, 128)):
         x = torch.randn(n, h)
         torch.testing.assert_close(fn(x.to(SPYRE)).cpu(), (x * 2).sum(-1), rtol=1e-5, atol=1e-5)
-    assert _graphs() == 2
+    assert _graphs() == 1
     assert [(k.reduction_ranges, k.symbolic.sizes) for k in counted] == [((256,), (("z0", 33, 64),)),
-                                                                         ((128,), (("z0", 33, 64),))]
+                                                                         ((128,), (("z0", 33, 64),)),
+                                                                         ((100,), (("z0", 33, 64),))]
 
 
-def test_a_kernel_that_cannot_be_symbolic_stays_visibly_on_the_cpu(monkeypatch):
+def test_a_size_a_bucket_cannot_serve_is_specialized_per_value_on_the_card(counted):
     # batch x rows x hidden with the rows dynamic: the rows are not the outermost dim, so the
-    # batch stride depends on them (symbolic strides are not compiled yet), and it is said so
-    torch._dynamo.reset()
+    # batch stride depends on them and clipping cannot serve a bucket; the kernel is compiled per
+    # value at launch instead, in the one graph Dynamo made, on the card (strict mode)
     fn = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (256,)))
-    x = torch.randn(2, 37, 256)
-
-    def run():
+    for k, n in enumerate((37, 50, 37, 64)):
+        x = torch.randn(2, n, 256)
         xs = x.to(SPYRE)
-        torch._dynamo.mark_dynamic(xs, 1)
-        return fn(xs)
-
-    monkeypatch.setenv("SPYRE_STRICT", "1")
-    with pytest.raises(Exception, match=r"strides or an offset that depend on size.*SPYRE_STRICT=1"):
-        run()
-    monkeypatch.delenv("SPYRE_STRICT")
-    torch._dynamo.reset()
-    from spyre_inductor.device import fallback
-
-    fallback.reset_warnings()
-    with warnings.catch_warnings(record=True) as caught, torch._inductor.config.patch(force_disable_caches=True):
-        warnings.simplefilter("always")
-        out = run()
-    assert any("strides or an offset that depend on size" in str(w.message) for w in caught)
-    torch.testing.assert_close(out.cpu(), torch.nn.functional.layer_norm(x, (256,)), rtol=1e-5, atol=1e-5)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 1)
+        torch.testing.assert_close(fn(xs).cpu(), torch.nn.functional.layer_norm(x, (256,)), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 1
+    assert [k.buffers[0].shape for k in counted] == [(2, 37, 256), (2, 50, 256), (2, 64, 256)]
+    assert all(k.symbolic is None for k in counted)
 
 
 def test_the_clipping_check_refuses_a_store_of_rows_past_the_size():
@@ -445,7 +439,7 @@ def test_an_attention_launch_checks_the_sizes_and_strides_it_binds(counted):
     with pytest.raises(LaunchError, match=r"argument 0 \('q'\): expected shape \[1, 4, 41, 64\] at size z0=41"):
         launch_bucketed(plan, [q, q, q, out], (41,))
     with pytest.raises(LaunchError, match=r"size z0=65 is outside the artifact's bounds \[33, 64\]"):
-        launch_jobplan(plan.plans[0], [t for t in (q, q, q, out) for t in (t[0, 0],) * 4], sizes=(65,))
+        launch_jobplan(plan.plans[()][0][0], [t for t in (q, q, q, out) for t in (t[0, 0],) * 4], sizes=(65,))
     torch.spyre.synchronize()
     assert (out.cpu() == 7.0).all()  # nothing was launched
 
@@ -461,7 +455,7 @@ def test_a_mask_read_from_data_over_a_dynamic_length_is_not_fused(counted):
     torch._dynamo.mark_dynamic(mask, 1)
     # unfused, its pieces read a [B*H, S, S] score buffer whose strides depend on the length: the
     # strict error names that piece and why (not yet the attention and its mask)
-    with pytest.raises(Exception, match=r"strides or an offset that depend on size .* SPYRE_STRICT=1 forbids"):
+    with pytest.raises(Exception, match=r"the term i0\*s\d+\*\*2 is not affine in the sizes.*SPYRE_STRICT=1 forbids"):
         torch.compile(lambda q, m: sdpa(q, q, q, attn_mask=m))(q, mask)
     assert not [k for k in counted if type(k).__name__ == "AttentionKernel"]
 
@@ -570,12 +564,16 @@ def test_a_size_inside_a_value_is_read_at_launch(counted, name, fn):
     assert any(type(v).__name__ == "SizeValue" for v in counted[0].values)
 
 
-def test_welford_over_a_dynamic_dim_stays_visibly_on_the_cpu(counted):
-    xs = torch.randn(40, 64).to(SPYRE)
-    torch._dynamo.mark_dynamic(xs, 0)
-    with pytest.raises(Exception, match=r"welford_mean over symbolic size \w+ \(a masked element would still "
-                                        r"be counted\).*SPYRE_STRICT=1"):
-        torch.compile(lambda x: x.var(0))(xs)
+def test_welford_over_a_dynamic_dim_is_specialized_per_value(counted):
+    # (a masked element would still be counted by a bucket's welford: each size gets its kernel)
+    fn = torch.compile(lambda x: x.var(0))
+    for k, n in enumerate((40, 41, 40)):
+        x = torch.randn(n, 64)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 0)
+        torch.testing.assert_close(fn(xs).cpu(), x.var(0), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 1 and [k.reduction_ranges for k in counted] == [(40,), (41,)]
 
 
 def test_a_reduction_over_a_symbolic_range_must_be_masked_or_zero_past_the_size():
@@ -635,22 +633,17 @@ def test_a_fill_reads_the_launchs_size():
                          prog.queues, sizes=("s0",)))
 
 
-def test_a_size_the_user_marked_dynamic_is_never_specialized(monkeypatch):
+def test_a_size_the_user_marked_dynamic_is_never_guarded(counted):
     # mark_dynamic on the reduced dim too: a guard specializing it would fail the whole compile
-    # (a constraint violation), so the kernel runs on the CPU, said so, and the answer is right
-    torch._dynamo.reset()
-    from spyre_inductor.device import fallback
-
-    fallback.reset_warnings()
+    # (a constraint violation); it is specialized per value at launch instead, on the card
     fn = torch.compile(lambda x: (x * 2).sum(-1))
-    x = torch.randn(37, 256)
-    xs = x.to(SPYRE)
-    torch._dynamo.mark_dynamic(xs, [0, 1])
-    with warnings.catch_warnings(record=True) as caught, torch._inductor.config.patch(force_disable_caches=True):
-        warnings.simplefilter("always")
-        out = fn(xs)
-    assert any("marked dynamic besides the rows" in str(w.message) for w in caught)
-    torch.testing.assert_close(out.cpu(), (x * 2).sum(-1), rtol=1e-5, atol=1e-5)
+    for k, (n, h) in enumerate(((37, 256), (50, 128), (40, 256))):
+        x = torch.randn(n, h)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, [0, 1])
+        torch.testing.assert_close(fn(xs).cpu(), (x * 2).sum(-1), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 1 and [k.reduction_ranges for k in counted] == [(256,), (128,)]
 
 
 def test_a_launch_spec_whose_symbolic_dim_differs_from_the_programs_is_refused(counted):
@@ -693,16 +686,20 @@ def test_an_embedding_over_a_dynamic_sequence_length_is_one_gather_program(count
     assert type(rec.kernel).__name__ == "IndirectKernel" and rec.kernel.symbolic.sizes[0][1:] == (33, 64)
 
 
-def test_a_scatter_over_a_dynamic_length_stays_visibly_on_the_cpu(counted):
-    # Its rows past the size would scatter too (their indices are zeros): refused, and said so.
+def test_a_scatter_over_a_dynamic_length_is_specialized_per_value(counted):
+    # A bucket cannot serve it (its rows past the size would scatter too: their indices are
+    # zeros); each length gets its kernel at launch, in one graph, on the card.
     fn = torch.compile(lambda out, idx, src: out.index_copy(0, idx, src))
-    out, src = torch.zeros(128, 64), torch.randn(40, 64)
-    idx = torch.randperm(128)[:40]
-    idxs, srcs = idx.to(SPYRE), src.to(SPYRE)
-    torch._dynamo.mark_dynamic(idxs, 0)
-    torch._dynamo.mark_dynamic(srcs, 0)
-    with pytest.raises(Exception, match=r"a scatter over symbolic size \w+.*SPYRE_STRICT=1"):
-        fn(out.to(SPYRE), idxs, srcs)
+    for k, n in enumerate((40, 45)):
+        out, src = torch.zeros(128, 64), torch.randn(n, 64)
+        idx = torch.randperm(128)[:n]
+        idxs, srcs = idx.to(SPYRE), src.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(idxs, 0)
+            torch._dynamo.mark_dynamic(srcs, 0)
+        torch.testing.assert_close(fn(out.to(SPYRE), idxs, srcs).cpu(), out.index_copy(0, idx, src))
+    scatters = [k for k in counted if type(k).__name__ == "IndirectKernel"]
+    assert _graphs() == 1 and len(scatters) == 2 and all(k.symbolic is None for k in scatters)
 
 
 def test_a_whole_gpt2_compiled_with_dynamic_true_serves_five_lengths(counted):
@@ -807,3 +804,75 @@ def test_only_an_affine_size_expression_is_captured():
             static_int(FloorDiv(s, 2), "loop range")
     finally:
         SIZE_VALUES.reset(token)
+
+
+# ---- sizes specialized per value at launch (issue 29, symbolic_exact.py) ---------------------
+# A size a bucket cannot serve (a stick dim, a matmul's K or N, a second size beside the rows)
+# used to be specialized by a guard: one Dynamo graph per value until its limit of 8, then the
+# function ran eagerly, silently. Now the graph stays one and each new value compiles its kernel
+# at launch from a template of the kernel IR.
+
+def test_softmax_over_a_varying_last_dim_is_one_graph(counted):
+    fn = torch.compile(lambda x: torch.softmax(x, -1), dynamic=True)
+    widths = (64, 100, 128, 200, 256, 300, 320, 400, 500, 512, 600)  # more than Dynamo's limit of 8
+    for h in widths:
+        x = torch.randn(8, h)
+        torch.testing.assert_close(fn(x.to(SPYRE)).cpu(), torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    assert _graphs() == 1
+    assert [k.reduction_ranges for k in counted] == [(h,) for h in widths]
+
+
+def test_a_matmul_whose_inner_dim_varies_is_one_graph(counted):
+    fn = torch.compile(lambda a, b: a @ b, dynamic=True)
+    for k in (100, 128, 200, 256, 300, 320, 400, 500, 512):
+        a, b = torch.randn(48, k), torch.randn(k, 24)
+        torch.testing.assert_close(fn(a.to(SPYRE), b.to(SPYRE)).cpu(), a @ b, rtol=1e-4, atol=1e-4)
+    assert _graphs() == 1
+    assert {type(k).__name__ for k in counted} == {"MatmulKernel"}
+
+
+def test_automatic_dynamic_matmul_over_m_k_and_n_stays_on_the_card(counted):
+    # the second shape makes Dynamo mark M, K and N dynamic: a kernel over three sizes, served
+    # (rows by a bucket, K and N per value) instead of refused to the CPU
+    fn = torch.compile(lambda a, b: a @ b)
+    for m, k, n in ((8, 64, 32), (16, 128, 64), (4, 256, 96), (2, 4096, 200), (16, 128, 64)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        torch.testing.assert_close(fn(a.to(SPYRE), b.to(SPYRE)).cpu(), a @ b, rtol=1e-4, atol=1e-3)
+    assert _graphs() == 2  # (the first call static; Dynamo's automatic dynamic shapes then mark every size)
+    assert {type(k).__name__ for k in counted} == {"MatmulKernel"}
+
+
+def test_automatic_dynamic_attention_over_batch_and_length_stays_fused(counted):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    fn = torch.compile(lambda q, k, v: sdpa(q, k, v, is_causal=True))
+    for b, n in ((1, 32), (2, 64), (4, 128), (3, 100), (2, 40)):
+        q, k, v = (torch.randn(b, 4, n, 64) for _ in range(3))
+        got = fn(q.to(SPYRE), k.to(SPYRE), v.to(SPYRE)).cpu()
+        torch.testing.assert_close(got, sdpa(q, k, v, is_causal=True), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 2
+    assert {type(k).__name__ for k in counted} == {"AttentionKernel"}
+
+
+def test_a_template_follows_each_size_multilinearly_and_is_checked_far_away():
+    from spyre_inductor.compiler.symbolic_exact import capture_exact
+
+    class Found:
+        def __init__(self, doc):
+            self.kernel, self.removed = doc, frozenset()
+
+    a, b = sympy.symbols("a b")
+
+    def at(values):  # a "kernel" whose numbers are a, a * b + 3, 7 and (optionally) a // 2
+        x, y = values[a], values[b]
+        return Found({"ranges": [x, x * y + 3, 7], "shape": [[y, 1]], "bend": x // 2 if bend else 0})
+
+    bend = False
+    found, template = capture_exact(at, [a, b], [10, 5], [(2, None), (2, 5)], lambda k: k)
+    assert template.step == (1, -1)  # (b = 5 is its limit: the corner is one below)
+    text = json.dumps(found.kernel)
+    for x, y in ((2, 2), (37, 5), (1000, 3)):
+        assert json.loads(template.kernel_json(text, (x, y))) == at({a: x, b: y}).kernel
+    bend = True
+    with pytest.raises(symbolic.NotCapturable, match=r"does not follow sizes a, b affinely"):
+        capture_exact(at, [a, b], [10, 5], [(2, None), (2, 5)], lambda k: k)
