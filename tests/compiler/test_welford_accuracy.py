@@ -167,6 +167,22 @@ def test_without_strict_the_same_programs_run(monkeypatch):
         assert_variance(got, x, dims)
 
 
+def test_the_cpu_fallback_kernel_is_cpu_grade_too(monkeypatch):
+    """A welford kernel the planner refuses (a symbolic reduced size, say) runs as an in-graph CPU
+    kernel: it computes in float64, as PyTorch's CPU var accumulates (it took an fp32 mean and
+    got the same errors as the programs)."""
+    from inductor_helpers import compile_on_spyre, refuse_every_kernel
+
+    monkeypatch.delenv("SPYRE_STRICT")
+    refuse_every_kernel(monkeypatch)
+    x = offset_data((8, 1000), 5)
+    x[0] = CONSTANT
+    (var, norm), _, records, warned, _ = compile_on_spyre(lambda t: (torch.var(t, -1), F.layer_norm(t, (1000,))), x)
+    assert warned and all(r.artifact is None for r in records)  # the path under test really was the CPU's
+    assert_variance(var.cpu(), x, -1)
+    assert_normalised(norm.cpu(), x, -1, (0,))
+
+
 @pytest.mark.parametrize("mode", ["resident", "chunked", "ring", "looped"])
 def test_inf_and_nan_give_eagers_mean_and_variance(mode):
     """As eager's Welford: an inf (or a nan) in a row of K > 1 makes its mean and variance nan
