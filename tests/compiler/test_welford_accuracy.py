@@ -68,12 +68,12 @@ def constant_slice(x, dims):
 
 # name: (shape, reduced dims, max_cores, the plan it gets: mode, column tiles, looped dims)
 MODES = {
-    "resident": ((8, 1000), -1, 32, ("resident", False, False)),
-    "resident columns": ((1000, 64), 0, 32, ("resident", True, False)),
+    "resident": ((8, 1000), -1, config.MAX_CORES, ("resident", False, False)),
+    "resident columns": ((1000, 64), 0, config.MAX_CORES, ("resident", True, False)),
     "chunked": ((2, 150_000), -1, 1, ("chunked", False, False)),
     "chunked columns": ((20_000, 32), 0, 1, ("chunked", True, False)),
-    "ring": ((2, 50_000), -1, 32, ("ring", False, False)),
-    "looped": ((4, 12, 3000), (0, 2), 32, ("chunked", False, True)),
+    "ring": ((2, 50_000), -1, config.MAX_CORES, ("ring", False, False)),
+    "looped": ((4, 12, 3000), (0, 2), config.MAX_CORES, ("chunked", False, True)),
 }
 
 
