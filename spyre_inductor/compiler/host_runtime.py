@@ -222,13 +222,16 @@ def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
         a, b = (torch.as_tensor(v).to(acc) for v in (value.a, value.b))
         out = torch.einsum("...k,...k->...", a, b)
         return out.expand(kept).to(dtype).reshape(keep_shape)
+    # Welford in float64, as PyTorch's CPU var accumulates: in fp32, data far from zero relative to
+    # its spread (rows of 123456.789) lose the whole variance to the rounding of the mean.
     if kind == "welford_combine":
-        mean, m2, weight = (torch.as_tensor(v).expand(shape).reshape(kept + (rnumel,)) for v in value)
+        parts = [torch.as_tensor(v) for v in value]
+        mean, m2, weight = (v.to(torch.float64).expand(shape).reshape(kept + (rnumel,)) for v in parts)
         total = weight.sum(-1)
         safe = torch.where(total == 0, torch.ones_like(total), total)
         new_mean = (mean * weight).sum(-1) / safe
         new_m2 = (m2 + weight * (mean - new_mean.unsqueeze(-1)) ** 2).sum(-1)
-        return tuple(t.reshape(keep_shape) for t in (new_mean, new_m2, total))
+        return tuple(t.to(p.dtype).reshape(keep_shape) for t, p in zip((new_mean, new_m2, total), parts))
     flat_values = torch.as_tensor(value).expand(shape).reshape(kept + (rnumel,))
     acc = compute_dtype(dtype)
     if kind == "sum":
@@ -248,11 +251,12 @@ def reduce(value, kind: str, shape, reduced: int, dtype: torch.dtype):
     elif kind == "xor_sum":
         out = functools.reduce(torch.bitwise_xor, flat_values.unbind(-1), torch.zeros_like(flat_values[..., 0]))
     elif kind == "welford_reduce":
-        x = flat_values.to(torch.float32 if not flat_values.dtype.is_floating_point else acc)
+        out = acc if flat_values.dtype.is_floating_point else torch.float32
+        x = flat_values.to(torch.float64)
         mean = x.mean(-1)
         m2 = ((x - mean.unsqueeze(-1)) ** 2).sum(-1)
         weight = torch.full_like(mean, float(rnumel))
-        return tuple(t.reshape(keep_shape) for t in (mean, m2, weight))
+        return tuple(t.to(out).reshape(keep_shape) for t in (mean, m2, weight))
     else:
         raise NotImplementedError(f"spyre CPU fallback: reduction {kind!r}")
     return out.to(acc).reshape(keep_shape)

@@ -23,8 +23,8 @@ broadcast over the reduced dims. A store of an outer value has stride 0 on
 every reduced dim; a store of a full-space value (an epilogue) does not.
 Welford (var/std/layer_norm) arrives as three Reductions of the same
 argument: welford_mean, welford_m2 (sum of squared deviations from the
-mean) and welford_weight (the count), which the planner may compute exactly
-(two passes over resident rows) or combine across tiles and cores (Chan).
+mean) and welford_weight (the count), which the planner computes in two
+passes over resident rows or combines across tiles and cores (Chan).
 
 Scans (issue 9): a ``Scan`` is the inclusive prefix of its argument along the
 reduced dim (cumsum: "sum", cumprod: "prod"): result[o, k] = arg[o, 0] op ...

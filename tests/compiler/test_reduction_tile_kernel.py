@@ -63,13 +63,13 @@ def test_a_chunked_plan_has_its_chunk_extents_as_chunk_constants():
     c = plan_kernel(layer_norm_kernel((3, 300_000), "fp32"))
     assert c.plans.stage("plan").mode == "chunked"
     tk, placement = c.plans.tile_kernel, c.plans.placement
-    # Chan's combine scales each chunk's sum by 1 / its extent, and fills its count with the extent
-    [inverse] = tk.with_role(Role.CHUNK_CONSTANT)
-    assert inverse.chunk_value is ChunkValue.INVERSE_EXTENT and inverse.space == frozenset()
-    assert inverse.dtype == "fp32" and any(inverse.name in s.args for s in _steps(tk))
-    assert any(s.kind == "fill" and s.value is ChunkValue.EXTENT for s in _steps(tk))
+    # each chunk's mean divides its sum by its extent, and Chan's combine weighs the chunk by it
+    [extent] = tk.with_role(Role.CHUNK_CONSTANT)
+    assert extent.chunk_value is ChunkValue.EXTENT and extent.space == frozenset()
+    assert extent.dtype == "fp32" and any(s.op == "div" and s.args[1] == extent.name for s in _steps(tk))
+    assert any(s.op == "add" and extent.name in s.args for s in _steps(tk))
     # one copy for the full chunk's extent, one for the remainder's
-    assert sorted(a.copy for a in placement.allocations if a.tile == inverse.name) == [0, 1]
+    assert sorted(a.copy for a in placement.allocations if a.tile == extent.name) == [0, 1]
     # a chunked argmax advances the index of each chunk's first element by the chunk's extent
     argmax = plan_kernel(row_reduce("argmax", (3, 300_000), -1, "fp32"), cores=1).plans.tile_kernel
     [extent] = argmax.with_role(Role.CHUNK_CONSTANT)

@@ -12,7 +12,7 @@ Three modes (the planner picks; see reduction_division.py):
 * "resident": Kc = K. A group's rows are loaded once and every step runs
   from scratchpad, in IR order: one CHUNK phase (a chunk is a whole group)
   with the group's loads, every step, and its stores. Reductions write
-  their per-row tiles directly and welford is the exact two-pass form.
+  their per-row tiles directly and welford is the corrected two-pass form.
 * "chunked": the rows do not fit, so r is cut into chunks of Kc and each
   reduction accumulates over the chunks. A reduction whose argument needs
   another reduction's result (softmax's sum needs the max) cannot start

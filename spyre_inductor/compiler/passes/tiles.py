@@ -63,15 +63,13 @@ class ChunkValue(str, enum.Enum):
     """The value of a CHUNK_CONSTANT tile, resolved for each chunk extent n the program has."""
 
     EXTENT = "n"              # n, fp32
-    INVERSE_EXTENT = "1/n"    # 1 / n, fp32
     EXTENT_INT = "n (int32)"  # n, int32
 
     def __str__(self) -> str:
         return self.value
 
     def at(self, n: int):
-        return {ChunkValue.EXTENT: float(n), ChunkValue.INVERSE_EXTENT: 1.0 / n if n else float("nan"),
-                ChunkValue.EXTENT_INT: int(n)}[self]
+        return {ChunkValue.EXTENT: float(n), ChunkValue.EXTENT_INT: int(n)}[self]
 
     @property
     def dtype(self) -> str:
