@@ -66,6 +66,8 @@ class Runtime:
             on_enqueued=lambda sid, seq: native.note_enqueued(device, sid, seq),
             on_completed=lambda sid, seq: native.note_completed(device, sid, seq),
             wait_timeout=wait_timeout,
+            watch_allocations=lambda on: native.watch_allocations(device, on),
+            take_allocations=lambda: native.take_allocations(device),
         )
 
     def queue(self, device: int) -> DeviceQueue:
