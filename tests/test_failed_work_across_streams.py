@@ -98,10 +98,14 @@ def test_the_default_stream_never_reads_a_failed_gather_of_a_side_stream(strict,
 
 
 def test_an_event_behind_a_failure_raises_from_query_and_synchronize_alike_until_cleared():
-    """query() does not say done while synchronize() raises; after clear_errors() both say done."""
+    """query() does not say done while synchronize() raises; after clear_errors() both say done.
+    An event recorded before the failure covers none of it: waiting on it is fine."""
     side = torch.spyre.Stream()
+    before = side.record_event()
     _failed_gather_on(side)
     event = side.record_event()
+    torch.spyre.current_stream().wait_event(before)
+    assert (torch.ones(3, device="spyre") * 2).sum().item() == 6.0
     with pytest.raises(IndexError) as info:
         event.synchronize()
     _names_the_gather(info.value)
@@ -142,6 +146,19 @@ def test_a_device_copy_of_a_failed_output_is_never_written_either(strict):
     copy.copy_(out)
     with pytest.raises(IndexError) as info:
         copy.cpu()
+    _names_the_gather(info.value)
+
+
+def test_a_copy_skipped_on_the_failed_stream_is_never_read_either():
+    """A non-blocking copy to the device behind the failure on the side stream is skipped: its
+    destination was never written, and reading it on the default stream fails, naming the gather."""
+    side = torch.spyre.Stream()
+    target = torch.zeros(8, device="spyre")
+    _failed_gather_on(side)
+    with torch.spyre.stream(side):
+        target.copy_(torch.arange(8.0).pin_memory(), non_blocking=True)
+    with pytest.raises(IndexError) as info:
+        target.cpu()
     _names_the_gather(info.value)
 
 
