@@ -157,7 +157,12 @@ class ArgTable:
                 touched = pieces  # several pieces, or negative strides: the whole storage
             else:
                 touched = (Range(region, offset + (first + a.lo) * size, (a.hi - a.lo + 1) * size),)
-            (writes if a.spec.written else reads).extend(touched)
+            # An in-place update (inout) reads what it writes: the queue must know both (a read of
+            # what a failed operation was to write fails; ordering needs only the write).
+            if a.spec.role != "output":
+                reads.extend(touched)
+            if a.spec.written:
+                writes.extend(touched)
         if not self._in_slot_order:
             addresses = [w for arg in self.slot_of for w in addresses[2 * arg: 2 * arg + 2]]
         return tuple(addresses), tuple(reads), tuple(writes)

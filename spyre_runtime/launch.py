@@ -176,6 +176,10 @@ class JobPlan:
     # 0-d inputs a launch may give as host values (values.py), and those launches' view of the plan
     values: tuple[int, ...] = field(default=(), repr=False)
     valued: object = field(default=None, repr=False, compare=False)
+    # The ticket of the transfer that loads the program image, until it has succeeded (then None;
+    # shared with the valued view). Prepared on a stream that had failed, the load is skipped and
+    # the image never written: the next launch loads it again (_load_image).
+    image_load: list = field(default_factory=lambda: [None], repr=False, compare=False)
 
 
 def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...], bounds: dict | None = None) -> tuple[Step, ...]:
@@ -384,7 +388,7 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
 def _plan(name: str, root: Path, device: int, program: Program, args, steps, sizes=()) -> JobPlan:
     values = value_inputs(args) if not sizes else ()
     valued_bytes = valued_area_bytes(program, len(values)) if values else 0
-    alloc, artifact, offsets = _allocate(program, device, CORRECTION_AREAS, valued_bytes)
+    alloc, artifact, offsets, load = _allocate(program, device, CORRECTION_AREAS, valued_bytes)
     region, base = artifact.region, artifact.offset
     image = Range(region, base + program.allocation_bytes, sticks(len(program.image())))
     temps = program.allocation_bytes - program.correction_bytes
@@ -403,7 +407,7 @@ def _plan(name: str, root: Path, device: int, program: Program, args, steps, siz
                    artifact, alloc, table, tuple(areas[:CORRECTION_AREAS]), temp_ranges,
                    steps[1].nbytes, f"<{nwords}q{steps[1].nbytes - 8 * nwords}x",
                    f"{name}: patch correction area", itertools.count(),
-                   sizes=tuple(sizes), values=values)
+                   sizes=tuple(sizes), values=values, image_load=[load])
     if values:  # (the valued areas follow the others: _allocate)
         object.__setattr__(plan, "valued", valued_plan(plan, areas[CORRECTION_AREAS:]))
     return plan
@@ -427,11 +431,11 @@ def _table_at(plan: JobPlan, sizes: dict[str, int]) -> ArgTable:
 
 
 def _allocate(program: Program, device: int, areas: int = 1,
-              valued_bytes: int = 0) -> tuple[torch.Tensor, Artifact, tuple[int, ...]]:
+              valued_bytes: int = 0) -> tuple[torch.Tensor, Artifact, tuple[int, ...], object]:
     """The program's device allocation, [correction area][temporaries][image][more correction
     areas][as many valued areas (values.py), if `valued_bytes`], filled in stream order on the
-    current stream (a pinned host copy and one H2D transfer). Returns it, the Artifact, and each
-    correction area's offset in the allocation (the valued ones last)."""
+    current stream (a pinned host copy and one H2D transfer). Returns it, the Artifact, each
+    correction area's offset in the allocation (the valued ones last), and the transfer's ticket."""
     image = program.image()
     end = program.allocation_bytes + sticks(len(image))
     offsets = (program.correction_offset,) + tuple(end + k * program.correction_bytes for k in range(areas - 1))
@@ -443,11 +447,29 @@ def _allocate(program: Program, device: int, areas: int = 1,
     host[program.allocation_bytes:program.allocation_bytes + len(image)] = \
         torch.frombuffer(bytearray(image), dtype=torch.uint8)
     alloc = torch.empty(host.numel(), dtype=torch.uint8, device=torch.device("spyre", device))
-    current().queue(device).enqueue(_C.current_stream_id(device),
-                                    Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), address(alloc),
-                                             host.numel(), keepalive=host))
+    load = current().queue(device).enqueue(_C.current_stream_id(device),
+                                           Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), address(alloc),
+                                                    host.numel(), keepalive=host, label=f"{program.name}: load"))
     piece = storage_ranges(alloc.untyped_storage())[0]
-    return alloc, Artifact(device, piece.region, piece.offset), offsets
+    return alloc, Artifact(device, piece.region, piece.offset), offsets, load
+
+
+def _load_image(plan: JobPlan) -> None:
+    """Load the program image again, on the current stream: its last load failed or was skipped
+    (prepared on a stream that had failed), so the image bytes are not the program's. Only the
+    image: the correction areas hold what the plan's patches wrote, which launches rely on."""
+    with plan.lock:
+        load = plan.image_load[0]
+        if load is None or not load.done or load.succeeded:
+            return
+        image = plan.program.image()
+        host = torch.zeros(sticks(len(image)), dtype=torch.uint8, pin_memory=True)
+        host[:len(image)] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
+        where = DeviceAddress(plan.artifact.region, plan.artifact.offset + plan.program.allocation_bytes)
+        plan.image_load[0] = current().queue(plan.device).enqueue(
+            _C.current_stream_id(plan.device),
+            Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), where, host.numel(), keepalive=host,
+                     label=f"{plan.name}: load again"))
 
 
 # ---- launching ------------------------------------------------------------------------------
@@ -461,6 +483,12 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
                           f"got {type(args).__name__}")
     if _prepare_each_launch:
         plan = prepare_kernel(plan.artifact_dir, plan.device)
+    load = plan.image_load[0]
+    if load is not None and load.done:  # (once loaded, None: nothing to look at)
+        if load.succeeded:
+            plan.image_load[0] = None
+        else:
+            _load_image(plan)
     if plan.values and not sizes and (host := host_positions(plan, args)):
         # 0-d inputs given as host values: their bytes travel in a valued correction area (values.py)
         plan, table, bound, extra, turn = bind_values(plan, args, host)
@@ -619,7 +647,7 @@ def preparation_stream(device: int, stream: int) -> int:
 
 def prepare_artifact(program: Program, device: int) -> tuple[torch.Tensor, Artifact]:
     """The program's device allocation, filled before this returns (see _allocate)."""
-    alloc, artifact, _ = _allocate(program, device)
+    alloc, artifact, _, _ = _allocate(program, device)
     current().queue(device).synchronize_stream(_C.current_stream_id(device))
     return alloc, artifact
 

@@ -193,3 +193,22 @@ def test_a_failed_patch_names_the_kernel(add_plan):
     with pytest.raises(StreamError, match=r"add_fp32: patch correction area: h2d \d+ B .* did not complete"):
         torch.spyre.current_stream().synchronize()
     torch.spyre.clear_errors()
+
+
+def test_a_kernel_prepared_on_a_failed_stream_loads_its_program_when_next_launched(tmp_path):
+    """Preparing transfers the program image on the current stream: on a stream that had failed
+    the transfer is skipped, and the image was never written (a launch on any stream then read
+    it as if it had been). The next launch loads it again, on its own stream, and runs."""
+    side = torch.spyre.Stream()
+    current().queue(0).enqueue(side.stream_id, HostCallback(lambda: 1 / 0, name="broken"))
+    with torch.spyre.stream(side):
+        plan = prepare_kernel(compile_kernel(binary_kernel("mul", SHAPE, "fp32"), tmp_path))
+    with pytest.raises(StreamError, match="broken"):
+        side.synchronize()
+    x, y, xs, ys, out = operands(6)
+    launch_jobplan(plan, [xs, ys, out])  # on the default stream, with no clear_errors()
+    torch.testing.assert_close(out.cpu(), x * y, rtol=0, atol=0)
+    image = plan.program.image()
+    start = plan.program.allocation_bytes
+    assert bytes(_C.host_alias(plan.allocation)[start:start + len(image)].numpy()) == bytes(image)
+    torch.spyre.clear_errors()

@@ -659,13 +659,13 @@ def test_waiting_on_a_skipped_op_after_clear_error_still_reports_why_it_was_skip
 
 def test_a_skipped_op_still_passes_simulated_time_along():
     """Stream 1 writes R (1 ms simulated), then fails, so its next write to R is
-    skipped. A read of R on stream 2, enqueued while all of that is pending, waits
+    skipped. A write of R on stream 2, enqueued while all of that is pending, waits
     in host time for the first write, and should also start after it in simulated
-    time."""
+    time. (A write: a read of R would now fail, as the next test pins.)"""
     device = FakeDevice()
     q = device.queue()
     src, addr = host_buffer(b"\x11" * 16)
-    out, out_addr = host_buffer(16)
+    other, other_addr = host_buffer(b"\x22" * 16)
 
     def fail():
         raise RuntimeError("callback failed")
@@ -674,13 +674,182 @@ def test_a_skipped_op_still_passes_simulated_time_along():
     try:
         q.enqueue(1, HostCallback(fail, name="failing callback"))
         skipped = q.enqueue(1, Transfer(H2D, addr, dev(R), 16))
-        reader = q.enqueue(2, Transfer(D2H, dev(R), out_addr, 16))
+        reader = q.enqueue(2, Transfer(H2D, other_addr, dev(R), 16))
     finally:
         gate.open()
     with pytest.raises(StreamError, match="failing callback"):
         q.synchronize()
     assert skipped.skipped and reader.host_start >= write.host_end
     assert reader.sim_start >= write.sim_end
+
+
+# ---- what a failed operation was to write is never read as if it had run (issue 29) ----------
+
+S = Range(2, 0, 16)
+
+
+def _failed_writer(q: DeviceQueue, stream: int, writes=(R,), name="exploding matmul"):
+    """A compute on `stream` that writes `writes`, failing once the test lets it; returns its gate."""
+    boom = Exploding()
+    q.enqueue(stream, Compute(boom, None, Footprint(writes=writes), name=name))
+    return boom
+
+
+def _root_named(info) -> None:
+    message = str(info.value)
+    assert "exploding matmul" in message and "kaboom: bad tile 42" in message, message
+
+
+def test_a_read_on_another_stream_of_what_a_failed_op_was_to_write_fails():
+    """Stream 1's compute was to write R and failed. A read of R on stream 2 (enqueued while the
+    compute ran: a derived edge) and one on stream 3 (enqueued after it failed: no edge) fail
+    instead of reading R, naming the original failure, and stop their streams; a read of memory
+    the failed op did not write runs."""
+    device = FakeDevice(initial=_initial)
+    q = device.queue()
+    boom = _failed_writer(q, 1)
+    out, out_addr = host_buffer(16)
+    before = q.enqueue(2, Transfer(D2H, dev(R), out_addr, 16))
+    boom.go.set()
+    with pytest.raises(StreamError) as info:
+        q.synchronize_stream(2)
+    _root_named(info)
+    assert before.done and before.error is not None and out.raw == bytes(16)  # nothing was read
+    late = q.enqueue(3, Transfer(D2H, dev(Range(1, 8, 8)), out_addr, 8))
+    with pytest.raises(StreamError) as info:
+        q.synchronize_stream(3)
+    _root_named(info)
+    assert late.error is not None and out.raw == bytes(16)
+    unrelated = q.enqueue(4, Transfer(D2H, dev(Range(1, 16, 16)), out_addr, 16))
+    q.synchronize_stream(4)
+    assert unrelated.succeeded and out.raw == device.read(Range(1, 16, 16))
+
+
+def test_a_failure_spreads_through_what_reads_it_and_names_the_original():
+    """A compute that reads R (which a failed op was to write) and writes S fails without running,
+    so S is never written either: a read of S fails too, naming the first failure, not the
+    compute that only followed from it; an index error stays an IndexError all the way."""
+    device = FakeDevice()
+    q = device.queue()
+    _failed_writer(q, 1).go.set()
+    with pytest.raises(StreamError):
+        q.synchronize_stream(1)
+    ran: list = []
+    q.enqueue(2, Compute(Affine(device, ran, "affine"), (R, S), Footprint(reads=(R,), writes=(S,)), name="affine"))
+    _, out_addr = host_buffer(16)
+    q.enqueue(3, Transfer(D2H, dev(S), out_addr, 16))
+    with pytest.raises(StreamError) as info:
+        q.synchronize_stream(3)
+    _root_named(info)
+    assert "affine" in str(info.value) and ran == []
+
+
+def test_a_read_of_what_a_skipped_op_was_to_write_fails():
+    """Stream 1 failed, so its later write of S is skipped: S is never written, and a read of it
+    on stream 2 fails naming the failure that stopped stream 1."""
+    q = FakeDevice().queue()
+    _failed_writer(q, 1, writes=()).go.set()
+    src, addr = host_buffer(b"\x11" * 16)
+    skipped = q.enqueue(1, Transfer(H2D, addr, dev(S), 16))
+    _, out_addr = host_buffer(16)
+    q.enqueue(2, Transfer(D2H, dev(S), out_addr, 16))
+    with pytest.raises(StreamError) as info:
+        q.synchronize_stream(2)
+    _root_named(info)
+    assert skipped.skipped and f"#{skipped.seq}" in str(info.value)
+
+
+def test_an_inline_read_of_a_failed_output_raises_to_its_caller_only():
+    """A host read (inline: item(), a blocking copy, the CPU fallback) of what a failed op was to
+    write raises to its caller, naming the failure, without running; the caller is told at once
+    and nothing was written, so its stream goes on."""
+    q = FakeDevice().queue()
+    _failed_writer(q, 1).go.set()
+    with pytest.raises(StreamError):
+        q.synchronize_stream(1)
+    ran: list = []
+    with pytest.raises(StreamError) as info:
+        q.run_inline(2, HostCallback(lambda: ran.append("read"), Footprint(reads=(R,)), name="item",
+                                     raise_to_caller=True))
+    _root_named(info)
+    out, out_addr = host_buffer(16)
+    with pytest.raises(StreamError) as info:
+        q.run_inline(2, Transfer(D2H, dev(R), out_addr, 16))
+    _root_named(info)
+    assert ran == [] and out.raw == bytes(16)
+    assert q.query_stream(2) is True and q.run_inline(2, HostCallback(lambda: 5)) == 5
+
+
+def test_a_wait_on_a_signal_behind_a_failure_fails_and_stops_its_stream():
+    """A Signal skipped because its stream failed fires failed: the Wait on it fails, naming the
+    original failure, and what follows the wait on the waiting stream is skipped (it would run
+    as if the failed work had run)."""
+    q = FakeDevice().queue()
+    boom = _failed_writer(q, 1, writes=())
+    sig = SoftSignal()
+    q.enqueue(1, Signal(sig))
+    wait = q.enqueue(2, Wait(sig))
+    ran: list = []
+    after = q.enqueue(2, HostCallback(lambda: ran.append("after the wait")))
+    boom.go.set()
+    with pytest.raises(StreamError) as info:
+        q.synchronize_stream(2)
+    _root_named(info)
+    assert f"wait {sig.ident}" in str(info.value) and wait.error is not None
+    assert after.skipped and ran == []
+    assert sig.fired and sig.failure is not None
+
+
+def test_poisoned_memory_is_cleared_by_clear_error_or_a_transfer_over_it():
+    """What a failed op was to write stays unreadable until clear_error() (its bytes then hold
+    whatever they held) or until a transfer writes them anew (a transfer writes every byte of
+    its destination; a compute's declared writes may have holes, so a compute does not clear
+    it). clear_error() also clears the failed mark of the signals fired behind the failure."""
+    device = FakeDevice()
+    q = device.queue()
+    _failed_writer(q, 1).go.set()
+    sig = SoftSignal()
+    q.enqueue(1, Signal(sig))
+    with pytest.raises(StreamError):
+        q.synchronize_stream(1)
+    ran: list = []
+    q.enqueue(2, Compute(Affine(device, ran, "over R"), (S, R), Footprint(reads=(S,), writes=(R,))))
+    q.synchronize_stream(2)
+    assert ran == ["over R"]
+    src, addr = host_buffer(b"\x22" * 8)
+    q.enqueue(2, Transfer(H2D, addr, dev(Range(1, 0, 8)), 8))
+    out, out_addr = host_buffer(16)
+    q.run_inline(3, Transfer(D2H, dev(Range(1, 0, 8)), out_addr, 8))  # rewritten: readable
+    assert out.raw[:8] == b"\x22" * 8
+    with pytest.raises(StreamError, match="exploding matmul"):
+        q.run_inline(3, Transfer(D2H, dev(Range(1, 8, 8)), out_addr, 8))  # only computed over
+    assert sig.failure is not None
+    q.clear_error()
+    assert sig.failure is None
+    q.run_inline(3, Transfer(D2H, dev(R), out_addr, 16))
+    q.synchronize()
+
+
+def test_a_block_handed_out_again_is_not_poisoned():
+    """Memory the allocator hands out anew holds a new tensor's uninitialized bytes, not the failed
+    op's missing output: the queue asks the device to note allocations only while something is
+    poisoned, and a block handed out since clears what it covers."""
+    handed: list = []
+    watching: list = []
+    device = FakeDevice()
+    q = device.queue(watch_allocations=watching.append,
+                     take_allocations=lambda: [handed.pop() for _ in range(len(handed))])
+    _failed_writer(q, 1).go.set()
+    with pytest.raises(StreamError):
+        q.synchronize_stream(1)
+    assert watching == [True]
+    _, out_addr = host_buffer(16)
+    with pytest.raises(StreamError, match="exploding matmul"):
+        q.run_inline(2, Transfer(D2H, dev(R), out_addr, 16))
+    handed.append((R.region, R.offset, R.length))  # the tensor was freed and its block handed out
+    q.run_inline(2, Transfer(D2H, dev(R), out_addr, 16))
+    assert watching == [True, False]  # nothing is poisoned: the device stops noting
+    q.clear_error()
 
 
 # ---- 8. inline operations ----------------------------------------------------------

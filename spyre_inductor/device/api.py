@@ -217,7 +217,8 @@ def set_eager_cache_capacity(n: int) -> None:
 
 
 def clear_errors(device=None) -> None:
-    """Clear the sticky errors of a device's streams (after a failed operation)."""
+    """Forget a device's failures: its streams' sticky errors, the failed mark of events recorded
+    behind them, and the poison on memory failed operations were to write (README: streams)."""
     from . import queues
 
     queues.queue(_device_index(device)).clear_error()

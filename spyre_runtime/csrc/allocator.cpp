@@ -79,6 +79,8 @@ struct DeviceMemory {
   std::unordered_map<c10::StreamId, StreamProgress> progress;
   std::vector<PendingFree> pending;
   size_t pending_bytes = 0;
+  bool watching = false;  // note allocations (see watch_allocations)
+  std::vector<std::tuple<int64_t, size_t, size_t>> handed_out;
 
   void release_block_locked(size_t offset) {
     auto it = live.find(offset);
@@ -422,6 +424,9 @@ c10::DataPtr SpyreAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes)
   const size_t offset = region->base + in_region;
   region->live += 1;
   mem.live[offset] = {region, length, nbytes, {stream}};
+  if (mem.watching) {
+    mem.handed_out.emplace_back(region->handle, in_region, length);
+  }
   mem.allocated += length;
   mem.count_block_locked(length, nbytes, true);
   void* ptr = mem.base.load() + offset;
@@ -602,6 +607,23 @@ void note_completed(c10::DeviceIndex device, c10::StreamId stream, int64_t seq) 
   auto& p = mem.progress[stream];
   p.completed = std::max(p.completed, seq);
   mem.process_pending_locked();
+}
+
+void watch_allocations(c10::DeviceIndex device, bool on) {
+  auto& mem = memory(device);
+  std::lock_guard<std::mutex> lock(mem.mu);
+  mem.watching = on;
+  if (!on) {
+    mem.handed_out.clear();
+  }
+}
+
+std::vector<std::tuple<int64_t, size_t, size_t>> take_allocations(c10::DeviceIndex device) {
+  auto& mem = memory(device);
+  std::vector<std::tuple<int64_t, size_t, size_t>> taken;
+  std::lock_guard<std::mutex> lock(mem.mu);
+  taken.swap(mem.handed_out);
+  return taken;
 }
 
 SpyreAllocator& device_allocator() {

@@ -64,6 +64,13 @@ uint64_t region_epoch();
 void note_enqueued(c10::DeviceIndex device, c10::StreamId stream, int64_t seq);
 void note_completed(c10::DeviceIndex device, c10::StreamId stream, int64_t seq);
 
+// Blocks handed out, for the queue layer's poison (memory a failed operation was to write):
+// a block handed out anew holds uninitialized bytes, not a failed operation's missing output.
+// While watched, every allocation of the device is noted (region handle, offset in region,
+// length); take_allocations returns and forgets those noted so far. Unwatched costs nothing.
+void watch_allocations(c10::DeviceIndex device, bool on);
+std::vector<std::tuple<int64_t, size_t, size_t>> take_allocations(c10::DeviceIndex device);
+
 // One contiguous piece of an allocation: a region handle and a byte range in it.
 struct Piece {
   int64_t region;

@@ -107,11 +107,13 @@ const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
                          std::optional<c10::MemoryFormat> memory_format) {
   // The CPU resize grows storage through the storage's own allocator, which
   // for a spyre tensor is the device allocator, and copies the old bytes on
-  // the host: queued work writing them must finish first.
+  // the host: queued work writing them must finish first. A storage of no
+  // bytes (a fresh out= tensor) has nothing to copy and nothing to wait for:
+  // synchronizing would also raise any other stream's failure here.
   const c10::DeviceGuard guard(self.device());
   const auto needed = at::detail::computeStorageNbytesContiguous(
       C10_AS_INTARRAYREF_SLOW(size), self.dtype().itemsize(), self.storage_offset());
-  if (self.storage() && needed > self.storage().nbytes()) {
+  if (self.storage() && self.storage().nbytes() > 0 && needed > self.storage().nbytes()) {
     bridge::device_synchronize(self.device().index());
   }
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);

@@ -105,6 +105,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("note_completed", [](int device, int64_t stream, int64_t seq) {
     spyre::note_completed(static_cast<c10::DeviceIndex>(device), stream, seq);
   });
+  m.def("watch_allocations", [](int device, bool on) {
+    spyre::watch_allocations(static_cast<c10::DeviceIndex>(device), on);
+  }, py::arg("device"), py::arg("on"), "Note (or stop noting) the blocks a device's allocator hands out.");
+  m.def("take_allocations", [](int device) {
+    return spyre::take_allocations(static_cast<c10::DeviceIndex>(device));
+  }, py::arg("device"), "(region, offset in region, length) of each block handed out since the last call.");
   m.def("pending_free_bytes", [](int device) {
     return spyre::device_allocator().pending_free_bytes(static_cast<c10::DeviceIndex>(device));
   });

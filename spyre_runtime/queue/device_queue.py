@@ -53,6 +53,19 @@ or scatter's IndexError, issue 16) is a StreamIndexError: an IndexError too,
 naming op, value and bound, and sticky like any other stream error: the
 operations enqueued behind it are skipped, so their outputs are never read
 as if they had run (a read raises), until clear_error().
+
+Nor by another stream. What a failed or skipped operation was to write is
+poisoned: an operation of any stream whose reads overlap it fails instead of
+running, naming the original failure (and, like any failure, stops its stream
+and poisons what it was to write in turn). An inline operation (a host read:
+item(), a blocking copy, the CPU fallback) raises to its caller instead: the
+caller is told at once and nothing was written. A Signal behind a failure
+fires failed, and a Wait on it fails the same way (signals.py). Poison lasts
+until clear_error(), a Transfer that completes over the bytes (it writes
+every byte of its destination; a compute's or host callback's declared
+writes are a span that may have holes, so they do not clear it), or the
+allocator hands the block out again (the device reports it through
+`take_allocations`): a new tensor's bytes are uninitialized, not failed.
 """
 
 from __future__ import annotations
@@ -63,10 +76,10 @@ import queue as queue_module
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import signals
-from .operations import NO_FOOTPRINT, Barrier, Compute, DataMovement, HostCallback, Signal, Transfer, Wait
+from .operations import NO_FOOTPRINT, Barrier, Compute, DataMovement, HostCallback, Range, Signal, Transfer, Wait
 from .signals import SoftSignal
 
 PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
@@ -131,6 +144,31 @@ def _index_error(error: BaseException):
     return None
 
 
+def _stream_error(message: str, cause: BaseException) -> StreamError:
+    """A StreamError caused by `cause`: a StreamIndexError if an index out of range is behind it."""
+    bad = _index_error(cause)
+    error = StreamIndexError(message, bad.op, bad.value, bad.bound) if bad is not None else StreamError(message)
+    error.__cause__ = cause
+    root = getattr(cause, "root", None)
+    if root is not None:  # it failed because of an earlier failure: that one is what to name
+        error.root = root
+    return error
+
+
+def _root(error: BaseException) -> BaseException:
+    """The original failure behind `error` (a failure that only follows from another has `root`)."""
+    return getattr(error, "root", None) or error
+
+
+class _Poison(NamedTuple):
+    """Bytes a failed (or skipped) operation was to write: nothing may read them as if it had run."""
+
+    range: Range
+    writer: str   # the operation that was to write them, as errors name it
+    stream: int
+    root: BaseException  # the original failure
+
+
 class WaitTimeout(TimeoutError):
     """A Wait whose signal was never enqueued."""
 
@@ -152,6 +190,9 @@ class Ticket:
     prefetch_on_ready = False
     requires: tuple[Ticket, ...] = ()
     claimant: list | None = None  # enqueue_runs(run_ready=True): the caller runs it once ready
+    # Its failure goes to the thread that waits for it only (an inline operation refused for reading
+    # poisoned memory): it does not stop its stream, and it wrote nothing.
+    to_caller = False
 
     def __init__(self, op, stream, seq: int, inline: bool, device: int = -1):
         self.op = op
@@ -246,9 +287,13 @@ class DeviceQueue:
         on_enqueued: Callable[[int, int], None] = lambda sid, seq: None,
         on_completed: Callable[[int, int], None] = lambda sid, seq: None,
         wait_timeout: float = 60.0,
+        watch_allocations: Callable[[bool], None] = lambda on: None,
+        take_allocations: Callable[[], list] = lambda: [],
     ):
         """`data_movement`: the device's engine that performs and prices this device's
-        Transfers (operations.DataMovement)."""
+        Transfers (operations.DataMovement). `watch_allocations(on)` asks the device to note
+        each block its allocator hands out, `take_allocations()` returns the (region, offset,
+        length) of those handed out since the last call: fresh blocks are not poisoned."""
         if not isinstance(data_movement, DataMovement):
             raise TypeError(f"spyre:{device}: data_movement must be a DataMovement engine, "
                             f"got {type(data_movement).__name__}")
@@ -258,6 +303,12 @@ class DeviceQueue:
         self._stream_priority = stream_priority
         self._on_enqueued = on_enqueued
         self._on_completed = on_completed
+        self._watch_allocations = watch_allocations
+        self._take_allocations = take_allocations
+        # Memory failed operations were to write, and signals fired behind a failure (with their
+        # stream), until clear_error() (lock held).
+        self._poison: list[_Poison] = []
+        self._failed_signals: list[tuple[int, SoftSignal]] = []
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.pipelines = {name: _Pipeline(name, self.lock) for name in PIPELINES}
@@ -603,7 +654,8 @@ class DeviceQueue:
             stream.writers.append(ticket)
         self.inflight[ticket.seq] = ticket
         if ticket.deps_left == 0:
-            if ticket.inline and stream.error is None and ticket.pipeline != "control" and ticket.pending_error is None:
+            if ticket.inline and stream.error is None and ticket.pipeline != "control" and \
+                    ticket.pending_error is None and not self._poison:
                 ticket.ready = True  # nobody waits for it yet: no need to notify
             else:
                 self._make_ready([ticket])
@@ -727,9 +779,14 @@ class DeviceQueue:
             ticket.dependents.append(waiter)
 
     def _fire(self, t: Ticket) -> None:
-        """A Signal completed: waiters on other devices go back to their own queues."""
+        """A Signal completed: waiters on other devices go back to their own queues. Skipped
+        (its stream had failed), it fires failed: the work it covers did not all run."""
         signal = t.op.signal
+        failure = _root(t.pending_error) if t.skipped else None
+        if failure is not None:
+            self._failed_signals.append((t.stream.id, signal))
         with signals.lock:
+            signal.failure = failure
             signal.fired_ns = t.sim_end
             remote, signal.waiters = signal.waiters, []
         for q, waiter in remote:
@@ -766,6 +823,12 @@ class DeviceQueue:
                 work.extend(self._complete(t, None))
             elif t.requires and t.pending_error is None and (failed := self._requirement_failed(t)) is not None:
                 t.pending_error = failed
+                t.sim_start = t.sim_end = t.ready_sim
+                work.extend(self._complete(t, failed))
+            elif (self._poison or type(t.op) is Wait) and t.pending_error is None and \
+                    (failed := self._reads_failed_work(t)) is not None:
+                t.pending_error = failed
+                t.to_caller = t.inline and t.pipeline != "control"
                 t.sim_start = t.sim_end = t.ready_sim
                 work.extend(self._complete(t, failed))
             elif t.pipeline == "control" or t.pending_error is not None or \
@@ -862,14 +925,22 @@ class DeviceQueue:
         footprint = op.footprint
         if stream.writers and footprint.writes:
             _drop(stream.writers, t)
-        if error is not None and stream.error is None and not (kind is HostCallback and op.raise_to_caller):
-            message = (f"spyre:{self.device} stream {stream.id}: operation #{t.seq} ({t.name}) failed: "
-                       f"{type(error).__name__}: {error}")
-            bad = _index_error(error)
-            stream.error = (StreamIndexError(message, bad.op, bad.value, bad.bound) if bad is not None
-                            else StreamError(message))
-            stream.error.__cause__ = error
+        raises_to_caller = kind is HostCallback and op.raise_to_caller
+        if error is not None and stream.error is None and not (raises_to_caller or t.to_caller):
+            stream.error = _stream_error(f"spyre:{self.device} stream {stream.id}: operation #{t.seq} ({t.name}) "
+                                         f"failed: {type(error).__name__}: {error}", error)
             stream.error_seq = t.seq
+        if footprint.writes:
+            # What an inline operation was to write keeps what it held: its caller is told at once.
+            if (error is not None or t.skipped) and not (raises_to_caller or t.inline):
+                # Never written: nothing may read it as if it had been.
+                if error is None:  # skipped: why, the failure that stopped its stream
+                    root = _root(t.pending_error)
+                else:  # its own failure, as its stream's error names it, unless it only followed from another
+                    root = getattr(error, "root", None) or (stream.error if stream.error_seq == t.seq else error)
+                self._add_poison(footprint.writes, t, root)
+            elif self._poison and kind is Transfer:
+                self._drop_poison(footprint.writes)  # a transfer writes every byte of its destination
         ready = []
         if t.dependents:
             end = t.sim_end
@@ -1027,8 +1098,9 @@ class DeviceQueue:
             t.result = None
         return result
 
-    def wait(self, t: Ticket):
-        """Block until `t` is done; return its result or raise its error."""
+    def wait(self, t: Ticket, outcome: bool = True):
+        """Block until `t` is done; return its result or raise its error (with `outcome` False:
+        only block; an event asks its signal how the work it covers went instead)."""
         if in_host_operation() and not t.done:
             raise RuntimeError(f"spyre: waiting for {t!r} from inside a host operation would deadlock")
         with self.lock, _helping(self, lambda ready: ready is t):
@@ -1036,7 +1108,7 @@ class DeviceQueue:
             while not t.done:
                 self._help_or_wait(_local.helping[1])
             self.sim_floor = max(self.sim_floor, t.sim_end)
-        return self._outcome(t)
+        return self._outcome(t) if outcome else None
 
     # A thread that waits for the device runs ready device work itself instead of sleeping
     # until a worker has run it: a launch followed by a synchronize then runs on the caller's
@@ -1110,11 +1182,80 @@ class DeviceQueue:
                     raise stream.error
 
     def clear_error(self, stream_id: int | None = None) -> None:
+        """Forget the failures of one stream (or of all): its sticky error, the failed mark of
+        the signals it fired behind the failure (an event then reports done and synchronizes
+        without raising), and the poison on what its failed operations were to write (those
+        bytes then hold whatever they held; write them before reading them)."""
         with self.lock:
             self._drain()
             for stream in self.streams.values():
                 if stream_id is None or stream.id == stream_id:
                     stream.error = None
+            mine = lambda sid: stream_id is None or sid == stream_id  # noqa: E731
+            with signals.lock:
+                for sid, signal in self._failed_signals:
+                    if mine(sid):
+                        signal.failure = None
+            self._failed_signals = [(sid, sig) for sid, sig in self._failed_signals if not mine(sid)]
+            self._set_poison([p for p in self._poison if not mine(p.stream)])
+
+    # ---- poison: what failed operations were to write (lock held) ---------------------------
+
+    def _add_poison(self, writes, t: Ticket, root: BaseException) -> None:
+        # Blocks handed out before now are older than this poison: they clear only what was there.
+        if self._poison:
+            fresh = self._take_allocations()
+            if fresh:
+                self._drop_poison([Range(*block) for block in fresh])
+        if not self._poison:
+            self._watch_allocations(True)  # before any block can be handed out over it unseen
+            self._take_allocations()
+        writer = f"operation #{t.seq} ({t.name}) on stream {t.stream.id}"
+        self._poison.extend(_Poison(r, writer, t.stream.id, root) for r in writes)
+
+    def _drop_poison(self, ranges) -> None:
+        """The bytes of `ranges` are written anew (or handed out anew): no longer poisoned."""
+        kept = []
+        for p in self._poison:
+            pieces = [p.range]
+            for cut in ranges:
+                pieces = [rest for piece in pieces for rest in _minus(piece, cut)]
+            kept.extend(p._replace(range=piece) for piece in pieces)
+        self._set_poison(kept)
+
+    def _set_poison(self, poison: list[_Poison]) -> None:
+        had = bool(self._poison)
+        self._poison = poison
+        if had and not poison:
+            self._watch_allocations(False)
+
+    def _reads_failed_work(self, t: Ticket) -> BaseException | None:
+        """Why `t` must not run (a Wait on a signal that fired behind a failure, or an operation
+        reading poisoned memory), or None."""
+        op = t.op
+        if type(op) is Wait:
+            failure = op.signal.failure
+            if failure is None:
+                return None
+            error = _stream_error(f"{t.name} on stream {t.stream.id} waited for an event recorded behind a "
+                                  f"failure, so what follows it would read what never ran: {failure}", failure)
+            error.root = failure
+            return error
+        if t.pipeline == "control" or not op.footprint.reads:
+            return None
+        fresh = self._take_allocations()
+        if fresh:
+            self._drop_poison([Range(*block) for block in fresh])
+        for r in op.footprint.reads:
+            for p in self._poison:
+                if r.overlaps(p.range):
+                    error = _stream_error(
+                        f"{t.name} (#{t.seq} on stream {t.stream.id}) reads device memory (region {r.region}, "
+                        f"bytes {max(r.offset, p.range.offset)}..) that {p.writer} was to write and never wrote: "
+                        f"{p.root}", p.root)
+                    error.root = p.root
+                    return error
+        return None
 
     # ---- waits whose signal never comes -------------------------------------
 
@@ -1156,6 +1297,19 @@ class DeviceQueue:
         with self.lock:
             self._drain()
             return {name: p.sim_busy for name, p in self.pipelines.items()}
+
+
+def _minus(a: Range, b: Range) -> list[Range]:
+    """What of `a` lies outside `b`."""
+    if not a.overlaps(b):
+        return [a]
+    rest = []
+    if a.offset < b.offset:
+        rest.append(Range(a.region, a.offset, b.offset - a.offset))
+    end, cut_end = a.offset + a.length, b.offset + b.length
+    if cut_end < end:
+        rest.append(Range(a.region, cut_end, end - cut_end))
+    return rest
 
 
 # ---- handing waiters back to their own device ---------------------------------------------

@@ -66,6 +66,8 @@ class Runtime:
             on_enqueued=lambda sid, seq: native.note_enqueued(device, sid, seq),
             on_completed=lambda sid, seq: native.note_completed(device, sid, seq),
             wait_timeout=wait_timeout,
+            watch_allocations=lambda on: native.watch_allocations(device, on),
+            take_allocations=lambda: native.take_allocations(device),
         )
 
     def queue(self, device: int) -> DeviceQueue:
@@ -85,17 +87,31 @@ class Runtime:
         if entry is not None:  # never recorded: nothing to wait for, as on CUDA
             self.devices[device].enqueue(stream, Wait(entry[1]))
 
+    # An event recorded behind a failure fires failed (signals.py): query and synchronize both
+    # raise the failure, until clear_errors() forgets it; then both report the event done.
+
     def event_query(self, event: int) -> bool:
         with self._lock:
             entry = self._events.get(event)
-        return entry is None or entry[1].fired
+        if entry is None:
+            return True
+        signal = entry[1]
+        if not signal.fired:
+            return False
+        failure = signal.failure
+        if failure is not None:
+            raise failure
+        return True
 
     def event_synchronize(self, event: int) -> None:
         with self._lock:
             entry = self._events.get(event)
         if entry is not None:
             device, signal = entry
-            self.devices[device].wait(signal.ticket)
+            self.devices[device].wait(signal.ticket, outcome=False)
+            failure = signal.failure
+            if failure is not None:
+                raise failure
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         with self._lock:

@@ -10,8 +10,10 @@ record, guarded by one lock that is never held while taking a queue's lock.
 A queue that fires a signal hands each waiter of another queue back to that
 queue (DeviceQueue.signal_fired), so a wait and everything behind it always
 completes on its own device. A Signal skipped because its stream failed
-still fires, on one device or across two alike: the waiter goes on, and the
-failure is raised by the failed stream's query/synchronize.
+still fires, on one device or across two alike, but fires failed: `failure`
+holds the error that stopped its stream, and a Wait on it fails with that
+error (the waiting stream stops too: nothing behind the wait may run as if the
+failed work had run), until the owner's clear_error() forgets it.
 
 Lock order: a queue's lock, then this module's `lock`; never the other way
 round. Every other lock of the runtime is a leaf, held without taking any
@@ -34,7 +36,7 @@ lock = threading.Lock()
 
 
 class SoftSignal:
-    __slots__ = ("ident", "ticket", "owner", "fired_ns", "waiters")
+    __slots__ = ("ident", "ticket", "owner", "fired_ns", "waiters", "failure")
 
     def __init__(self):
         self.ident = next(_ids)
@@ -42,6 +44,7 @@ class SoftSignal:
         self.owner = None     # the queue it was enqueued on
         self.fired_ns = None  # its simulated end, once it fired
         self.waiters = []     # (queue, Wait ticket) to release when it fires
+        self.failure = None   # the error of the work it covers, if it fired behind a failure
 
     @property
     def fired(self) -> bool:
@@ -52,5 +55,6 @@ class SoftSignal:
         return self.fired_ns
 
     def __repr__(self) -> str:
-        state = "fired" if self.fired else ("enqueued" if self.ticket else "pending")
+        state = ("failed" if self.failure is not None else "fired") if self.fired else \
+            ("enqueued" if self.ticket else "pending")
         return f"SoftSignal({self.ident}, {state})"
