@@ -52,6 +52,12 @@ would hand this compute the other's addresses. ``set_preparation_streams(0)``
 (or SPYRE_PREPARATION_STREAMS=0) puts both on the launch's own stream, as one
 stream; results are the same.
 
+``release_plan(plan)`` gives the plan's device memory back for an owner
+that will not launch it again (an evicted eager entry): without waiting, as
+a freed tensor's, once every stream the plan launched on has completed the
+work enqueued before (each launch tells the allocator its streams, once per
+stream and plan; the image transfer's stream is the allocation's own).
+
 A launch that fails on the device stops its stream like any failed
 operation (the error names the kernel); ``torch.spyre.clear_errors()``
 makes the stream usable again.
@@ -91,7 +97,7 @@ from .values import bind_values, host_positions, valued_area_bytes, valued_plan,
 
 __all__ = ["ArgSpec", "ArtifactError", "JobPlan", "LaunchError", "SizeSpec", "bind_sizes", "check_artifact_files",
            "launch_jobplan",
-           "preparation_streams", "prepare_artifact", "prepare_kernel", "run_program", "set_prepare_each_launch",
+           "preparation_streams", "prepare_artifact", "prepare_kernel", "release_plan", "run_program", "set_prepare_each_launch",
            "set_preparation_streams", "write_correction_area"]
 
 # 2: the launch spec records the size, sha256 (and the program's format) of the files it names
@@ -180,6 +186,9 @@ class JobPlan:
     # shared with the valued view). Prepared on a stream that had failed, the load is skipped and
     # the image never written: the next launch loads it again (_load_image).
     image_load: list = field(default_factory=lambda: [None], repr=False, compare=False)
+    # the streams whose launches may read the allocation (the allocator holds it for them once
+    # freed: _use_streams), shared with the valued view, which launches from the same allocation
+    streams: set = field(default_factory=set, repr=False, compare=False)
 
 
 def _steps(doc: dict, program: Program, args: tuple[ArgSpec, ...], bounds: dict | None = None) -> tuple[Step, ...]:
@@ -460,14 +469,16 @@ def _load_image(plan: JobPlan) -> None:
     image: the correction areas hold what the plan's patches wrote, which launches rely on."""
     with plan.lock:
         load = plan.image_load[0]
-        if load is None or not load.done or load.succeeded:
-            return
+        if load is None or not load.done or load.succeeded or plan.allocation is None:
+            return  # (released: the launch refuses it)
+        stream = _C.current_stream_id(plan.device)
+        _use_streams(plan, plan.device, (stream,))  # (this load writes the allocation on it)
         image = plan.program.image()
         host = torch.zeros(sticks(len(image)), dtype=torch.uint8, pin_memory=True)
         host[:len(image)] = torch.frombuffer(bytearray(image), dtype=torch.uint8)
         where = DeviceAddress(plan.artifact.region, plan.artifact.offset + plan.program.allocation_bytes)
         plan.image_load[0] = current().queue(plan.device).enqueue(
-            _C.current_stream_id(plan.device),
+            stream,
             Transfer(TransferKind.H2D, HostAddress(host.data_ptr()), where, host.numel(), keepalive=host,
                      label=f"{plan.name}: load again"))
 
@@ -506,6 +517,11 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
     words_key = (table, bound, extra, _C.region_epoch())
     queue = current().queue(device)
     with plan.lock:
+        if plan.allocation is None:
+            raise LaunchError(f"kernel {plan.name!r}: its plan was released (release_plan); prepare the artifact "
+                              f"again to launch it")
+        if stream not in plan.streams or prep not in plan.streams:
+            _use_streams(plan, device, (stream, prep))
         if turn is None:  # (a launch with host values has its area already: its slot words name it)
             turn = next(plan.turns) % len(plan.areas)
         last = plan.last_patched[turn]
@@ -518,6 +534,39 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
             launch = plan.last_patched[turn] = _Launch(plan, turn, stream, prep, table, bound, extra,
                                                        tuple(args), words_key, True)
             queue.submit(launch, (prep, stream))
+
+
+_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the device type spyre is (torch.Stream takes its number)
+
+
+def _use_streams(plan: JobPlan, device: int, streams) -> None:
+    """Tell the allocator that launches on `streams` read the plan's allocation: once it is freed
+    (release_plan, or the plan dropped), its bytes are reused only after each of them has
+    completed the work enqueued before, these launches among it (their sequence numbers are
+    taken at submit). Once per stream and plan; the plan's lock is held."""
+    for sid in streams:
+        if sid not in plan.streams:
+            plan.allocation.record_stream(torch.Stream(stream_id=sid, device_index=device,
+                                                       device_type=_PRIVATEUSE1))
+            plan.streams.add(sid)
+
+
+def release_plan(plan: JobPlan) -> None:
+    """Give back the plan's device memory (program image, temporaries, correction areas) once the
+    launches already made of it are done; launching it afterwards raises LaunchError. It does not
+    wait: the allocator keeps the bytes until every stream the plan launched on has completed the
+    work enqueued before this call (launches handed over and not yet enqueued included), as it
+    does for a tensor freed while streams still use it. For a plan whose owner goes away (an
+    evicted eager entry's compiled graph): dropping the plan unreleased frees the same bytes under
+    the same rule, but only when the garbage collector gets to it."""
+    views = (plan,) if plan.valued is None else (plan, plan.valued.plan)
+    for view in views:
+        with view.lock:
+            # (the valued view's launches take its own lock: each view is let go under its own)
+            object.__setattr__(view, "allocation", None)
+            view.memo.clear()
+            view.last_compute[:] = [None] * len(view.last_compute)
+            view.last_patched[:] = [None] * len(view.last_patched)
 
 
 class _Launch:

@@ -12,6 +12,7 @@ from compiler.pointwise_ir import KernelBuilder, binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_runtime.launch import (
     HoldFetch, LaunchError, PatchCorrectionArea, ResolveAddresses, RunProgram, launch_jobplan, prepare_kernel,
+    release_plan,
 )
 from spyre_runtime.queue import HostCallback, Signal, SoftSignal, Wait
 from spyre_runtime.queue.runtime import current
@@ -245,3 +246,25 @@ def test_a_launch_does_not_wait_for_unrelated_work_on_other_streams(add_plan):
     assert finished, "the launch waited for an unrelated stream"
     torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
     torch.testing.assert_close(other.cpu(), x, rtol=0, atol=0)
+
+
+def test_a_released_plan_gives_its_memory_back_once_its_launches_are_done(tmp_path):
+    """release_plan does not wait: a launch still held on a side stream (not the stream the plan was
+    prepared on) keeps the program's bytes until it has run, then they come back."""
+    plan = prepare_kernel(compile_kernel(binary_kernel("add", SHAPE, "fp32"), tmp_path))
+    nbytes = plan.allocation.untyped_storage().nbytes()
+    x, y, xs, ys, out = operands(9)
+    torch.spyre.synchronize()
+    q, side, gate = current().queue(0), torch.spyre.Stream(), SoftSignal()
+    q.enqueue(side.stream_id, Wait(gate))
+    with torch.spyre.stream(side):
+        launch_jobplan(plan, [xs, ys, out])  # held behind the gate
+    held = torch.spyre.memory_allocated()
+    release_plan(plan)
+    assert torch.spyre.memory_allocated() == held  # its launch may still fetch the program
+    with pytest.raises(LaunchError, match="released"):
+        launch_jobplan(plan, [xs, ys, out])
+    q.enqueue(torch.spyre.Stream().stream_id, Signal(gate))
+    torch.spyre.synchronize()
+    torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)  # it ran on its program, intact
+    assert torch.spyre.memory_allocated() <= held - nbytes
