@@ -572,6 +572,16 @@ class BucketedPlan:
                 return plan, kernel
         return None
 
+    def release(self) -> None:
+        """Release every prepared plan, each bucket's and each value's (its graph will not be called
+        again: loaded.py)."""
+        from spyre_runtime.launch import release_plan
+
+        with self._lock:
+            for plans in self.plans.values():
+                for plan, _ in plans:
+                    release_plan(plan)
+
     def _compile(self, n: int | None, values: tuple):
         from spyre_runtime.launch import prepare_kernel
 

@@ -202,7 +202,8 @@ def eager_cache_stats():
 
 
 def eager_cache_clear() -> None:
-    """Drop every cached eager entry (and its prepared plans) and zero the statistics."""
+    """Drop every cached eager entry and zero the statistics; each compiled entry's programs give
+    back their device memory once their launches are done."""
     from spyre_inductor.eager.cache import CACHE
 
     CACHE.clear()

@@ -1,13 +1,13 @@
 """The bounded cache of eager entries, and its statistics (exposed as torch.spyre.eager_cache_*).
 
 Least recently used entries are evicted once more than ``capacity`` are held.
-Eviction bounds the entries, not device memory: a compiled entry's prepared
-programs belong to the Python module Inductor generated and keeps loaded (as
-for every torch.compile'd graph), so they stay resident on their device for
-the process; compiling an evicted key again is a miss that reloads that module
-from the FX graph cache (no new plan, no new program memory). Every entry counts:
-a compiled one and a CPU route (an op x inputs the compiler declined, cached so
-the decline is not recompiled per call).
+Every entry counts: a compiled one and a CPU route (an op x inputs the compiler
+declined, cached so the decline is not recompiled per call). An evicted
+compiled entry gives back what it holds once no call still runs it: its
+compiled graph's module leaves Inductor's records and its programs' device
+memory (image, correction areas) is released once their launches are done
+(launch.CompiledEntry, compiler/loaded.py); compiling its key again prepares
+them again.
 
 Statistics: hits and misses of lookups, compiles (entries compiled into
 programs), cpu_routes (entries that run through the CPU fallback: declined or

@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from spyre_inductor.compiler import nesting
+from spyre_inductor.compiler import loaded, nesting
 from spyre_inductor.compiler.nesting import busy, dynamo_compiling
 
 from . import compile as compiling
@@ -181,6 +181,7 @@ def _build(sig: Signature, values, kernel, travel=()):
             return ValueKeyed(f"with the scalar as a 0-d input: {_first_line(e)}", kernel), None
         if travel and (compiled.cpu_calls or not scalars.launched_only(
                 getattr(compiled.fn, "source_code", "") or "", scalars.input_names(tsig, values, travel))):
+            loaded.release(compiled.fn)  # (not kept: its programs would stay on the device for nothing)
             return ValueKeyed("the compiled graph uses a scalar other than as a launch argument", kernel), None
         return CompiledEntry(sig, compiled, travel, dtypes, tsig, checks), compiled
     except compiling.Declined as e:
@@ -200,6 +201,7 @@ def _compiled(sig: Signature, tsig: Signature, values, tensors):
             raise NotImplementedError(f"spyre: {sig.name} cannot run entirely in spyre programs: {e}") from e
         raise compiling.Declined(f"the compile failed: {type(e).__name__}: {_first_line(e)}") from e
     if compiled.programs == 0 and compiled.cpu_calls:
+        loaded.release(compiled.fn)
         raise compiling.Declined(f"Inductor runs it outside any spyre program ({', '.join(compiled.cpu_calls)})")
     return compiled
 

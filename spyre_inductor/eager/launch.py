@@ -21,10 +21,11 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
-from spyre_inductor.compiler import nesting
+from spyre_inductor.compiler import loaded, nesting
 from spyre_inductor.compiler.nesting import STATE  # set while this thread compiles or runs a graph
 from spyre_inductor.device import fallback
 from spyre_runtime.binding import LaunchError
@@ -47,7 +48,8 @@ def not_compiled(sig: Signature, args, kwargs, reason: str):
 
 
 class CompiledEntry:
-    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written", "travel", "hosts", "traced", "checks")
+    __slots__ = ("fn", "mode", "programs", "cpu_calls", "returns", "single", "written", "travel", "hosts", "traced", "checks",
+                 "__weakref__")
 
     def __init__(self, sig: Signature, compiled, travel: tuple[int, ...] = (), dtypes: tuple = (),
                  traced: Signature | None = None, checks: tuple = ()):
@@ -61,6 +63,10 @@ class CompiledEntry:
         self.hosts = HostValues(dtypes) if travel else None
         self.traced = traced or sig  # the signature traced: the op's tensor twin if a Scalar travels
         self.checks = checks  # (position, dtype): values PyTorch converts with an overflow check
+        # The compiled graph is this entry's alone: once the entry is gone (evicted, and no call
+        # still running it) its module leaves Inductor's records and its programs' device memory
+        # comes back (compiler/loaded.py). Not at exit: the process gives everything back then.
+        weakref.finalize(self, loaded.release, compiled.fn).atexit = False
 
     def run(self, sig, values, args, kwargs):
         if self.cpu_calls and fallback.strict():
