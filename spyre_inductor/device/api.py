@@ -210,8 +210,8 @@ def eager_cache_clear() -> None:
 
 
 def set_eager_cache_capacity(n: int) -> None:
-    """Keep at most ``n`` eager entries (least recently used evicted first; default 1024, or
-    ``SPYRE_EAGER_CACHE_SIZE``)."""
+    """Keep at most ``n`` eager entries (those asked for most often and most recently: W-TinyLFU,
+    spyre_inductor/eager/cache.py; default 1024, or ``SPYRE_EAGER_CACHE_SIZE``)."""
     from spyre_inductor.eager.cache import CACHE
 
     CACHE.set_capacity(n)

@@ -1,13 +1,60 @@
-"""The eager cache's bound (spyre_inductor/eager/cache.py): what an evicted entry gives back.
+"""The eager cache's bound (spyre_inductor/eager/cache.py): which entries stay, and what an evicted one gives back.
 
-An evicted compiled entry releases its programs' device memory and its module
-in Inductor's records, so a key compiled again and again does not pile up.
+The policy is W-TinyLFU: a new entry joins the cache's main part only by
+displacing a resident asked for less often, so a scan of keys used once, or a
+cycle of keys wider than the cache, cannot flush the keys in use (under plain
+LRU both leave nothing: 0 hits). An evicted compiled entry releases its
+programs' device memory and its module in Inductor's records, so a key
+compiled again and again does not pile up either.
 """
 
 import pytest
 import torch
 
-from spyre_inductor.eager.cache import CACHE
+from spyre_inductor.eager.cache import CACHE, EagerCache
+
+
+def _use(cache: EagerCache, key) -> bool:
+    """Look `key` up as the eager kernel does, caching a new entry on a miss; True on a hit."""
+    if cache.get(key) is not None:
+        return True
+    cache.put(key, object(), kind="cpu")
+    return False
+
+
+def test_a_hot_key_survives_a_scan_of_keys_used_once():
+    cache = EagerCache(8)
+    for _ in range(4):
+        _use(cache, "hot")
+    for k in range(7):
+        _use(cache, ("warm", k))  # the cache is full
+    for k in range(40):
+        assert not _use(cache, ("scan", k))
+    assert _use(cache, "hot")
+    stats = cache.stats()
+    assert stats.entries == 8 and stats.evictions == 40  # each scanned key was evicted in its turn
+
+
+def test_a_cycle_of_twenty_keys_over_eight_entries_keeps_seven_hitting():
+    cache = EagerCache(8)
+    hits = [sum(_use(cache, k) for k in range(20)) for _ in range(6)]
+    # LRU: [0, 0, 0, 0, 0, 0]. The first cycle fills the cache; from the second on the main part
+    # (7 entries) stays, and the window (1) takes the keys that miss.
+    assert hits == [0, 7, 7, 7, 7, 7]
+    stats = cache.stats()
+    assert stats.evictions == stats.misses - 8 and stats.entries == 8
+
+
+def test_keys_that_stop_being_used_give_way_to_new_ones():
+    """Counts are halved every 10 lookups per entry: a former working set is not kept for ever."""
+    cache = EagerCache(4)
+    for _ in range(60):
+        for k in range(4):
+            _use(cache, ("old", k))
+    for _ in range(30):  # (fewer uses than the old keys had: without aging they would never get in)
+        for k in range(4):
+            _use(cache, ("new", k))
+    assert all(_use(cache, ("new", k)) for k in range(4))
 
 
 @pytest.fixture

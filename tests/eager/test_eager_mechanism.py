@@ -74,7 +74,7 @@ def test_the_key_has_dtypes_shapes_strides_and_scalar_kinds(spyre, fresh_cache):
     assert torch.spyre.eager_cache_stats().hits >= 2
 
 
-def test_a_bounded_cache_evicts_the_least_recently_used(spyre, fresh_cache):
+def test_a_bounded_cache_evicts_the_least_used_and_counts_it(spyre, fresh_cache):
     torch.spyre.set_eager_cache_capacity(2)
     x = torch.randn(4, 4, device=spyre)
     x + x
