@@ -151,12 +151,26 @@ def reset_warnings() -> None:
         _warned.clear()
 
 
-def _inside_tensor_printing() -> bool:
-    # Printing a tensor runs a handful of ops the user never asked for; they
-    # should not each produce a warning.
-    frame = sys._getframe(2)
+# torch._tensor_str._str formats a tensor under torch._C._DisableFuncTorch, which excludes this
+# key in the thread's dispatch state: a test of a thread-local, which the stack walk then confirms
+# (few others disable functorch, none of them while reaching a spyre kernel on every op).
+_FORMATTING_KEY = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
+_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_TENSOR_STR = os.path.join("torch", "_tensor_str.py")
+
+
+def formatting_a_tensor() -> bool:
+    """Whether this thread is inside torch's formatting of a tensor (repr, str, print, a
+    debugger's view, Inductor writing a constant into its repro text). Formatting runs ops on
+    the tensor (isfinite, masked_select, abs, min, max, ceil, item per element...) that the user
+    never called: on spyre they run on the CPU over the device's bytes, never as compiled
+    programs, never warned about, and strict mode does not forbid them (a compile that prints a
+    constant must not fail for it, nor launch or compile anything)."""
+    if not _excluded(_FORMATTING_KEY):
+        return False
+    frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_filename.endswith("_tensor_str.py"):
+        if frame.f_code.co_filename.endswith(_TENSOR_STR):
             return True
         frame = frame.f_back
     return False
@@ -176,6 +190,8 @@ def _inside_inductor_constant_folding() -> bool:
 
 def _announce(plan: _OpPlan, reason: str | None = None, stacklevel: int = 3) -> None:
     # `reason`: why an op that has a compile-backed kernel (spyre_inductor/eager) still runs here.
+    if formatting_a_tensor():
+        return  # (formatting a tensor: not the user's op, neither forbidden nor warned about)
     if strict():
         if _inside_inductor_constant_folding():
             return  # compile-time work of Inductor's, not the user's op: not forbidden
@@ -184,8 +200,7 @@ def _announce(plan: _OpPlan, reason: str | None = None, stacklevel: int = 3) -> 
             f"spyre: {plan.name} {what} and SPYRE_STRICT=1 forbids "
             f"running it through the CPU fallback"
         )
-    if plan.operator in _warned or _inside_tensor_printing() or _inside_inductor_constant_folding() or \
-            not first_warning((plan.operator,)):
+    if plan.operator in _warned or _inside_inductor_constant_folding() or not first_warning((plan.operator,)):
         return  # (nor warned, inside constant folding: the stack is walked only for a first warning)
     what = "has no spyre kernel yet" if reason is None else f"could not run as a spyre program ({reason})"
     warnings.warn(

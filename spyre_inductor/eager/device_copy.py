@@ -17,6 +17,7 @@ from .cache import CACHE
 from .kernel import ENABLED, entry_for
 from .key import make_key
 from spyre_inductor.compiler.nesting import busy, dynamo_compiling
+from spyre_inductor.device.fallback import formatting_a_tensor
 
 from .launch import CompiledEntry
 from .signature import signature_of
@@ -29,6 +30,8 @@ def try_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
     (the caller copies another way)."""
     global _SIG
     if not ENABLED[0] or busy() or dynamo_compiling():  # never compile inside a compile (kernel.py)
+        return False
+    if formatting_a_tensor():  # (torch's casts to format a tensor: not the user's, kernel.py)
         return False
     sig = _SIG
     if sig is None:

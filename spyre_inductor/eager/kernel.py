@@ -16,7 +16,9 @@ evaluating `full` on spyre), it runs the op's composite kernel or the CPU
 fallback, as before issue 19, and never compiles inside a compile. An op reached
 while this thread runs an eager compile or a compiled graph (an extern ATen
 kernel inside the graph, Inductor evaluating a constant) is nested: it runs
-through the CPU fallback, never a compile inside a compile.
+through the CPU fallback, never a compile inside a compile. So does an op
+that torch runs to format a tensor for printing (device/fallback.py:
+formatting_a_tensor): not an op the user called, nothing to compile.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from spyre_inductor.compiler import loaded, nesting
 from spyre_inductor.compiler.nesting import busy, dynamo_compiling
+from spyre_inductor.device import fallback
 
 from . import compile as compiling
 from . import scalars
@@ -55,8 +58,12 @@ def make_kernel(sig: Signature):
     compiling = dynamo_compiling  # (this thread's: nesting.py)
     aliasing = sig.mode is not Mode.FUNCTIONAL
     enabled = ENABLED
+    formatting = fallback.formatting_a_tensor
 
     def kernel(*args, **kwargs):
+        if formatting():
+            # torch formatting a tensor for repr/str: not an op the user called (fallback.py)
+            return fallback.run(op, args, kwargs)
         if not enabled[0]:
             return not_compiled(sig, args, kwargs, "compiled eager ops are off (SPYRE_EAGER_COMPILE=0)")
         if busy():
