@@ -148,7 +148,7 @@ def test_rejects_an_instruction_on_the_wrong_unit():
 
 def test_rejects_queues_whose_pushes_and_pops_cannot_match():
     sfp = (Pop("in"), Push("out"), Push("out"))
-    rejects(scale_program(sfp=sfp), r"queue 'out' gets 2 pushes but 1 pops")
+    rejects(scale_program(sfp=sfp), r"queue 'out' gets 2 pushes \(core 0 unit sfp\) but 1 pops \(core 0 unit ls\)")
 
 
 def test_rejects_queues_that_deadlock():

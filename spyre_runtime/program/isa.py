@@ -66,6 +66,12 @@ class Instruction:
         'sp_tile', 'sp' (with a byte count) or 'dev' (with rows/row bytes/stride)."""
         return ()
 
+    def scratch_modes(self) -> tuple[str, ...]:
+        """Per entry of ``touches``, what it does to scratchpad bytes: "r" (reads them), "w"
+        (writes them), "rw" (reads, then writes them: an accumulation), "" (not scratchpad).
+        The scratchpad hazard check (hazards.py) replays programs by it."""
+        return ()
+
     def problem(self) -> str | None:
         """What is wrong with this instruction's own operands (shapes, dtypes), for the validator."""
         return None
@@ -216,6 +222,9 @@ class Load(Instruction):
         return (("sp_rows", self.dst, self.rows, sticks(self.row_bytes), self.dst_stride),
                 ("dev_rows", self.src, self.rows, self.row_bytes, self.src_stride))
 
+    def scratch_modes(self):
+        return ("w", "")
+
 
 def _bound_rows(b, group, device_side: str, scratch_side: str):
     """(first instruction, device rows, scratchpad rows) bound for a batch of loads or stores
@@ -276,6 +285,9 @@ class Store(Instruction):
         return (("sp_rows", self.src, self.rows, sticks(self.row_bytes), self.src_stride),
                 ("dev_rows", self.dst, self.rows, self.row_bytes, self.dst_stride))
 
+    def scratch_modes(self):
+        return ("r", "")
+
 
 @instruction("copy", ("ls",))
 @dataclass(frozen=True)
@@ -308,6 +320,9 @@ class Copy(Instruction):
         return (("sp_rows", self.dst, 1, self.nbytes, 0), ("sp_rows", self.src, 1, self.nbytes, 0),
                 ("whole_sticks", self.nbytes))
 
+    def scratch_modes(self):
+        return ("w", "r", "")
+
 
 @instruction("send", ("ls",))
 @dataclass(frozen=True)
@@ -329,6 +344,9 @@ class Send(Instruction):
     def touches(self):
         return (("sp_rows", self.src, 1, self.nbytes, 0), ("sp_rows_on", self.core, self.dst, 1, self.nbytes, 0),
                 ("whole_sticks", self.nbytes), ("neighbour", self.core))
+
+    def scratch_modes(self):
+        return ("r", "w", "", "")
 
 
 @instruction("transpose", ("ls",))
@@ -361,6 +379,9 @@ class Transpose(Instruction):
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
+
+    def scratch_modes(self):
+        return ("w", "r")
 
     def problem(self):
         if self.dst.dtype != self.src.dtype:
@@ -425,6 +446,9 @@ class MatMul(Instruction):
 
     def touches(self):
         return (("tile", self.acc), ("tile", self.a), ("tile", self.b))
+
+    def scratch_modes(self):
+        return ("rw" if self.accumulate else "w", "r", "r")
 
 
 # ---- special-function pipeline ------------------------------------------------------
@@ -577,6 +601,9 @@ class Unary(Instruction):
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
 
+    def scratch_modes(self):
+        return ("w", "r")
+
 
 @instruction("binary", ("sfp",))
 @dataclass(frozen=True)
@@ -620,6 +647,9 @@ class Binary(Instruction):
     def touches(self):
         return (("tile", self.dst), ("tile", self.a), ("tile", self.b))
 
+    def scratch_modes(self):
+        return ("w", "r", "r")
+
 
 @instruction("select", ("sfp",))
 @dataclass(frozen=True)
@@ -653,6 +683,9 @@ class Select(Instruction):
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.cond), ("tile", self.a), ("tile", self.b))
+
+    def scratch_modes(self):
+        return ("w", "r", "r", "r")
 
 
 @instruction("reduce", ("sfp",))
@@ -690,6 +723,9 @@ class Reduce(Instruction):
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
+
+    def scratch_modes(self):
+        return ("rw" if self.accumulate else "w", "r")
 
     def problem(self):
         if self.op in INDEX_REDUCE:
@@ -730,6 +766,9 @@ class Scan(Instruction):
     def touches(self):
         carry = (("tile", self.carry),) if self.carry is not None else ()
         return (("tile", self.dst), ("tile", self.src)) + carry
+
+    def scratch_modes(self):
+        return ("w", "r") + (("rw",) if self.carry is not None else ())
 
     def problem(self):
         if self.op not in SCAN:
@@ -775,6 +814,9 @@ class Fill(Instruction):
     def touches(self):
         return (("tile", self.dst),)
 
+    def scratch_modes(self):
+        return ("w",)
+
 
 @instruction("iota", ("ls", "sfp"))
 @dataclass(frozen=True)
@@ -819,6 +861,9 @@ class Iota(Instruction):
 
     def touches(self):
         return (("tile", self.dst),)
+
+    def scratch_modes(self):
+        return ("w",)
 
     def problem(self):
         if self.dst.dtype not in ("int32", "int64"):
@@ -869,6 +914,9 @@ class Philox(Instruction):
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.key), ("tile", self.counter))
+
+    def scratch_modes(self):
+        return ("w", "r", "r")
 
     def problem(self):
         if self.mode not in PHILOX_MODES:
@@ -969,6 +1017,9 @@ class Gather(Instruction):
                 ("dev_indirect", self.src, self.rows, self.row_bytes, self.src_stride, self.indices),
                 *(("tile", term.tile) for term in self.indices))
 
+    def scratch_modes(self):
+        return ("w", "") + ("r",) * len(self.indices)
+
     def problem(self):
         return _index_problem(self.indices, self.rows)
 
@@ -1016,6 +1067,9 @@ class Scatter(Instruction):
         return (("sp_rows", self.src, self.rows, sticks(self.row_bytes), self.src_stride),
                 ("dev_indirect", self.dst, self.rows, self.row_bytes, self.dst_stride, self.indices),
                 *(("tile", term.tile) for term in self.indices))
+
+    def scratch_modes(self):
+        return ("r", "") + ("r",) * len(self.indices)
 
     def problem(self):
         if self.accumulate and (self.dtype not in ITEMSIZE or self.row_bytes % ITEMSIZE[self.dtype]):

@@ -1,6 +1,7 @@
 """The validator: every program is checked before it runs.
 
-Rejects, naming core, unit and instruction index: scratchpad access outside
+Rejects, naming core, unit and instruction index (PlacementError where it is a
+placement's fault: scratchpad and queues): scratchpad access outside
 the core's usable scratchpad; device access outside a buffer (a gather's or
 scatter's: anywhere its indices' bounds let it reach); data movement
 that is not whole, stick-aligned sticks on the scratchpad side; sends to a
@@ -21,6 +22,12 @@ DRY_RUN_LIMIT = 2_000_000  # control steps; beyond this the runtime's own deadlo
 
 class ProgramError(ValueError):
     """A program the device must not run."""
+
+
+class PlacementError(ProgramError):
+    """Scratchpad used outside its usable bytes, off stick boundaries or by a result partly over
+    its operand, or queues whose pushes and pops cannot match: where a program puts its tiles
+    and tokens. Only a planner makes these (a compiler that meets one has a bug: it raises)."""
 
 
 class ProgramIndexError(ProgramError, IndexError):
@@ -133,11 +140,11 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
         elif isinstance(ins, (isa.Push, isa.Pop)):
             q = queues.get(ins.queue)
             if q is None:
-                raise ProgramError(f"{where}: unknown queue {ins.queue!r}")
+                raise PlacementError(f"{where}: unknown queue {ins.queue!r}")
             end = q.producer if isinstance(ins, isa.Push) else q.consumer
             if tuple(end) != (core, unit):
                 role = "pushed by" if isinstance(ins, isa.Push) else "popped by"
-                raise ProgramError(f"{where}: queue {ins.queue!r} is {role} core {end[0]} unit {end[1]}")
+                raise PlacementError(f"{where}: queue {ins.queue!r} is {role} core {end[0]} unit {end[1]}")
         _check_operation(where, ins)
         problem = ins.problem()
         if problem:
@@ -160,12 +167,12 @@ def _check_operation(where: str, ins) -> None:
 
 def _aligned(where: str, what: str, addr: Addr) -> None:
     if addr.base % STICK or any(s % STICK for s in addr.steps):
-        raise ProgramError(f"{where}: {what} address {addr.base} (steps {addr.steps}) is not on a {STICK}-byte stick boundary")
+        raise PlacementError(f"{where}: {what} address {addr.base} (steps {addr.steps}) is not on a {STICK}-byte stick boundary")
 
 
 def _in_scratchpad(where, what, lo, hi, usable) -> None:
     if lo < 0 or hi > usable:
-        raise ProgramError(f"{where}: {what} touches scratchpad bytes [{lo}, {hi}) outside the usable {usable} bytes")
+        raise PlacementError(f"{where}: {what} touches scratchpad bytes [{lo}, {hi}) outside the usable {usable} bytes")
 
 
 def _check_access(program, where, core, access, counts, usable, ncores) -> None:
@@ -179,7 +186,7 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
         _aligned(where, "tile", tile.addr)
         rows, _ = tile.stored_shape
         if rows > 1 and tile.row_stride % STICK:
-            raise ProgramError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks")
+            raise PlacementError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks")
         if tile.dtype not in ITEMSIZE:
             raise ProgramError(f"{where}: unknown dtype {tile.dtype!r}")
         _in_scratchpad(where, "tile", *tile.byte_extent(counts), usable)
@@ -189,7 +196,7 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
         _, addr, rows, nbytes, stride = access
         _aligned(where, "scratchpad", addr)
         if rows > 1 and stride % STICK:
-            raise ProgramError(f"{where}: scratchpad row stride {stride} is not a whole number of sticks")
+            raise PlacementError(f"{where}: scratchpad row stride {stride} is not a whole number of sticks")
         lo, hi = addr.extent(counts)
         _in_scratchpad(where, "transfer", lo, hi + (rows - 1) * stride + nbytes, usable)
     elif kind == "dev_rows":
@@ -236,7 +243,7 @@ def _check_overlap(where, ins, counts) -> None:
         s_lo, s_hi = src.byte_extent(counts)
         same = src.addr == dst.addr and src.row_stride == dst.row_stride and src.stored_shape == dst.stored_shape
         if d_lo < s_hi and s_lo < d_hi and not same:
-            raise ProgramError(
+            raise PlacementError(
                 f"{where}: destination bytes [{d_lo}, {d_hi}) partly overlap an operand's [{s_lo}, {s_hi}); "
                 f"write in place (same tile) or to separate scratchpad")
 
@@ -328,8 +335,10 @@ def _check_queues(program: Program, queues) -> None:
         at = "" if sizes is None else f" at size {', '.join(f'{k}={v}' for k, v in sizes.items())}"
         for name, (pushes, pops) in totals.items():
             if pushes != pops:
-                raise ProgramError(
-                    f"program {program.name!r}: queue {name!r} gets {pushes} pushes but {pops} pops{at}: they "
+                q = queues[name]
+                raise PlacementError(
+                    f"program {program.name!r}: queue {name!r} gets {pushes} pushes (core {q.producer[0]} unit "
+                    f"{q.producer[1]}) but {pops} pops (core {q.consumer[0]} unit {q.consumer[1]}){at}: they "
                     f"cannot match")
     _dry_run(program, queues, units)
 
@@ -372,7 +381,7 @@ def _dry_run(program, queues, units) -> None:
         if not progressed:
             blocked = [f"core {who[0]} unit {who[1]} at {ops[st[0]].opcode} {ops[st[0]].queue!r}"
                        for (who, ops), st in zip(units, states) if st[0] < len(ops)]
-            raise ProgramError(f"program {program.name!r}: queues deadlock: " + "; ".join(blocked))
+            raise PlacementError(f"program {program.name!r}: queues deadlock: " + "; ".join(blocked))
 
 
 def scratchpad_high_water(program: Program) -> dict[int, int]:

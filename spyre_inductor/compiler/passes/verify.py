@@ -1,5 +1,14 @@
-"""An independent check of a pointwise kernel's scratchpad placement, run before emission.
+"""The independent verifier: every family's kept program, and the pointwise placement before emission.
 
+``verify_program`` is the check every kept program goes through (keep.py), whatever its family:
+the finished program replayed (spyre_runtime/program/hazards.py), from its own instructions and
+queues and nothing the planner computed, for two tiles that share scratchpad bytes while both
+are live (a race between units, a value read after part of it was overwritten, a value
+overwritten before anything read it and its bytes read after). Bounds, stick alignment and
+queue balance are the validator's, before it (keep.py). A violation is a planner bug: PlanError
+naming the kernel, core, unit, instruction and bytes, never a program that would corrupt data.
+
+``verify`` checks a pointwise kernel's placement before emission, from the plan's side.
 It recomputes what each tile needs from the tile kernel and the tile shape
 (its own arithmetic, not scratchpad.py's): a constant one stick, a staging
 tile its served tile with rows and columns swapped (and rows that are whole
@@ -11,15 +20,17 @@ others one. Then the shared checks (allocate.py): every tile has exactly
 its copies, each big enough for its rows (``check_needs``), and every
 allocation is stick-aligned, inside the usable scratchpad (the hardware's,
 not only the planner's own figure for it) and shares no byte with another
-one live at the same time (``check_placement``). A violation is a planner
-bug: it raises PlanError naming the buffers, never emits a program that
-would corrupt data.
+one live at the same time (``check_placement``). What this adds to the program's replay:
+two tiles placed on exactly the same bytes (or one inside the other, read alike) within one
+unit's order look like one tile updated there, so only the plan's live ranges tell them apart.
 """
 
 from __future__ import annotations
 
 from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.hazards import ScratchpadHazard, check_scratchpad
 from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.program import Program
 
 from ..errors import PlanError
 from .allocate import Need, Placement, check_needs, check_placement  # noqa: F401 - check_placement: the reductions' import
@@ -55,6 +66,14 @@ def _check_staging(tile_kernel: TileKernel, t, tiling: TilePlan) -> None:
                         f"in device memory (a tile has whole sticks of rows, {per_stick}, or the whole row dim)")
 
 
+def verify_program(kernel, program: Program) -> None:
+    """PlanError naming the kernel if the replay of `program` finds two live tiles on the same bytes."""
+    try:
+        check_scratchpad(program)
+    except ScratchpadHazard as e:
+        raise PlanError(f"kernel {kernel.name!r}: the planned program is wrong: {e}") from e
+
+
 def verify(tile_kernel: TileKernel, tiling: TilePlan, placement: Placement) -> None:
     tile_kernel.check()
     what = "scratchpad plan"
@@ -66,4 +85,4 @@ def verify(tile_kernel: TileKernel, tiling: TilePlan, placement: Placement) -> N
     check_placement(what, placement.allocations, min(placement.usable, HARDWARE.scratchpad_usable_bytes))
 
 
-__all__ = ["check_placement", "verify"]
+__all__ = ["check_placement", "verify", "verify_program"]
