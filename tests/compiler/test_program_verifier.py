@@ -165,3 +165,23 @@ def test_a_compiled_function_with_a_planner_bug_raises_and_never_falls_back(monk
             torch._inductor.config.patch(force_disable_caches=True):
         torch.compile(lambda x: (x * 2).exp())(x)
     torch._dynamo.reset()
+
+
+def test_an_attention_placement_with_two_tiles_on_the_same_bytes_raises(monkeypatch):
+    """The one overlap the replay cannot see: a constant placed exactly on a temporary, both only
+    the sfp's, reads as one tile updated in place. Attention's placement is checked too, as every
+    other family's is (allocate.check_placement): PlanError naming both tiles."""
+    from spyre_inductor.compiler.passes import attention
+
+    place = attention.placement
+
+    def onto(shape, tiling):
+        p = place(shape, tiling)
+        t1 = p.at("t1")
+        return dataclasses.replace(p, allocations=tuple(
+            dataclasses.replace(a, offset=t1.offset) if a.tile == "scale" else a for a in p.allocations))
+
+    monkeypatch.setattr(attention, "placement", onto)
+    with pytest.raises(PlanError, match=r"attention scratchpad plan: (scale|t1) \[\d+, \d+\) and (t1|scale) "
+                                        r"\[\d+, \d+\) overlap while both are live"):
+        plan_kernel(attention_kernel(), cores=1)

@@ -3,8 +3,9 @@
 Candidates (search.py): every tiling that fits (attention_plan.variants) at the most cores the
 units can use, then the best tiling at fewer cores. A candidate is timed by its busiest core
 standing for all of them in step (causal units differ in their work: the busiest core is the
-one the others wait for); the kept program is validated once and carries the kernel's minimum
-traffic (q, k, v, the masks read once, the output written once).
+one the others wait for); the chosen placement is checked (allocate.check_placement), and the
+kept program is validated and verified once and carries the kernel's minimum traffic (q, k, v,
+the masks read once, the output written once).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from spyre_runtime.hardware import HARDWARE
 from ..errors import Unsupported
 from ..kernel_ir import AttentionKernel
 from . import search
+from .allocate import check_placement
 from .attention_codegen import build_attention_program
 from .attention_plan import AttentionShape, analyse, divide, placement, variants, work_units
 from .division import candidate_counts, simulated_ns
@@ -174,6 +176,10 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     chosen = search.choose(results)
     tiling, n = chosen.plan
     program, work, place, nunits = build(tiling, n)
+    # (the placement's own check: two tiles on exactly the same bytes in one unit's order look
+    # to the program's replay like one tile updated in place)
+    check_placement("attention scratchpad plan", place.allocations,
+                    min(place.usable, HARDWARE.scratchpad_usable_bytes))
     program = kept(kernel, program, minimum(kernel, shape))
     division = Division(len(work), f"{nunits} work units (batch, kv head, {tiling.rows} query rows per head)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results),
