@@ -45,9 +45,6 @@ from .operands import ITEMSIZE, STICK, count_at
 from .program import Program
 from .validate import PlacementError, ProgramError
 
-_BIG = np.iinfo(np.int64).max
-
-
 class ScratchpadHazard(PlacementError):
     """Two tiles of a program share scratchpad bytes while both are live."""
 
@@ -60,9 +57,8 @@ class _Unit:
         self.local = isa.UNITS.index(name)
         self.ends = _loop_ends(instrs)
         self.pc, self.loops, self.done = 0, [], False
-        self.clock = np.zeros(nunits + 1, dtype=np.int64)  # the last entry: "never written"
+        self.clock = np.zeros(nunits, dtype=np.int64)  # per unit, the latest of its clock this one knows
         self.clock[g] = 1
-        self.clock[nunits] = _BIG
 
 
 class _Queue:
@@ -75,17 +71,16 @@ class _Queue:
         self.popped = collections.deque(maxlen=depth)  # the popper's clock at the last `depth` pops
 
 
-class _Shadow:
-    """One core's scratchpad, per stick: who wrote it last (unit, its clock then, pc, which value)
-    and, per unit of the core, when that unit last read it since (its clock then, pc)."""
+_PC = 24  # a read mark: the reader's clock << _PC | its pc (the latest read has the largest mark)
 
-    def __init__(self, sticks, nunits):
-        self.w_unit = np.full(sticks, nunits, dtype=np.int64)
-        self.w_clock = np.zeros(sticks, dtype=np.int64)
-        self.w_pc = np.zeros(sticks, dtype=np.int64)
-        self.w_id = np.full(sticks, -1, dtype=np.int64)
-        self.r_clock = np.zeros((len(isa.UNITS), sticks), dtype=np.int64)
-        self.r_pc = np.zeros((len(isa.UNITS), sticks), dtype=np.int64)
+
+class _Shadow:
+    """One core's scratchpad, per stick: the write that holds it (its slot, 0: never written)
+    and, per unit of the core, that unit's latest read of it since (its mark, 0: none)."""
+
+    def __init__(self, sticks):
+        self.slot = np.zeros(sticks, dtype=np.int64)
+        self.marks = np.zeros((len(isa.UNITS), sticks), dtype=np.int64)
 
 
 def check_scratchpad(program: Program, scratchpad_bytes: int | None = None) -> None:
@@ -112,22 +107,22 @@ class _Replay:
         self.queues = {q.name: _Queue(q.depth) for q in program.queues}
         self.shadows: dict[int, _Shadow] = {}
         self.nunits = n
-        # Per value (a write that is not an update in place), by slot in replay order (slot 0:
-        # never written): its writer (unit << 32 | pc), how many of its sticks still hold it, whether
-        # anything read it, whether a later write overwrote some of it (and which: damaged_by).
-        self.origin = np.full(1024, -1, dtype=np.int64)
-        self.was_read = np.zeros(1024, dtype=bool)
-        self.damaged = np.zeros(1024, dtype=bool)
-        self.alive: list[int] = [0]
-        self.damaged_by: dict[int, tuple[int, int]] = {}
-        self.buried = np.zeros(1024, dtype=bool)  # a value written over one nothing read
-        self.buries: dict[int, int] = {}  # -> that value's slot
-        self.shape = np.full(1024, -1, dtype=np.int64)  # how it was written (_shape; -1: as bytes)
+        # Per write, by slot in replay order (slot 0: never written): its unit, its clock then, its
+        # pc, and the value it holds: its own slot, or for an update in place the value updated.
+        self.w_unit, self.w_clock, self.w_pc, self.w_value = [-1], [0], [0], [0]
+        # Per value (by its first slot): how many sticks still hold it, how it was written
+        # (_shape), whether anything read it, whether a later write took some of its sticks
+        # (damaged: by which unit and pc) or it was written over one nothing read (buried: which).
+        self.alive: dict[int, int] = {}
+        self.shape: dict[int, int] = {0: -1}
+        self.was_read: set[int] = set()
+        self.damaged: dict[int, tuple[int, int]] = {}
+        self.buried: dict[int, int] = {}
 
     def shadow(self, core: int) -> _Shadow:
         s = self.shadows.get(core)
         if s is None:
-            s = self.shadows[core] = _Shadow(self.sticks, self.nunits)
+            s = self.shadows[core] = _Shadow(self.sticks)
         return s
 
     # ---- the walk ------------------------------------------------------------------
@@ -212,93 +207,78 @@ class _Replay:
 
     def read(self, u: _Unit, ins, idx, core: int, sticks, shape: int) -> None:
         sh = self.shadow(core)
-        w_unit = sh.w_unit[sticks]
-        late = u.clock[w_unit] < sh.w_clock[sticks]
-        if late.any():
-            k = int(np.argmax(late))
-            other = self.units[int(w_unit[k])]
-            self.race(u, ins, idx, "reads", "writes", other, int(sh.w_pc[sticks][k]), core, sticks, late)
-        ids = sh.w_id[sticks] + 1  # the writes' slots (0: never written)
-        first = ids[0]
-        if (ids == first).all():
-            if self.buried[first]:
-                self.dead(u, ins, idx, core, sticks, ids, int(first))
-            if not _alike(shape, int(self.shape[first])):
-                self.reshaped(u, ins, idx, core, sticks, shape, int(first))
-            self.was_read[first] = True
-        else:
-            hurt = self.damaged[ids]
-            if hurt.any():  # bytes of a value a later write overwrote in part, beside others
-                self.clobbered(u, ins, idx, core, sticks, ids, int(ids[np.argmax(hurt)]))
-            buried = self.buried[ids]
-            if buried.any():
-                self.dead(u, ins, idx, core, sticks, ids, int(ids[np.argmax(buried)]))
-            for slot in np.unique(ids).tolist():
-                if not _alike(shape, int(self.shape[slot])):
-                    self.reshaped(u, ins, idx, core, sticks, shape, slot)
-            self.was_read[ids] = True
-        sh.r_clock[u.local][sticks] = u.clock[u.g]
-        sh.r_pc[u.local][sticks] = u.pc
+        ids = sh.slot[sticks]
+        low, high = int(ids.min()), int(ids.max())
+        slots = (low,) if low == high else np.unique(ids).tolist()
+        values = set()
+        for slot in slots:
+            if slot:
+                self.ordered(u, ins, idx, "reads", "writes", slot, core, sticks, ids == slot)
+                values.add(self.w_value[slot])
+        for value in values:
+            if len(values) > 1 and value in self.damaged:  # some of a value, beside what cut into it
+                self.clobbered(u, ins, idx, sticks, ids, value)
+            if value in self.buried:
+                self.dead(u, ins, idx, sticks, ids, value)
+            if not _alike(shape, self.shape[value]):
+                self.reshaped(u, ins, idx, sticks, shape, value)
+        self.was_read |= values
+        sh.marks[u.local][sticks] = int(u.clock[u.g]) << _PC | u.pc
 
     def write(self, u: _Unit, ins, idx, core: int, sticks, shape: int, in_place: bool) -> None:
         sh = self.shadow(core)
-        w_unit = sh.w_unit[sticks]
-        late = u.clock[w_unit] < sh.w_clock[sticks]
-        if late.any():
-            k = int(np.argmax(late))
-            other = self.units[int(w_unit[k])]
-            self.race(u, ins, idx, "writes", "writes", other, int(sh.w_pc[sticks][k]), core, sticks, late)
-        for local in range(len(isa.UNITS)):
+        latest = sh.marks[:, sticks].max(axis=1).tolist()
+        for local, mark in enumerate(latest):
             reader = self.by_place.get((core, local))
-            if reader is None or reader is u:
-                continue
-            late = u.clock[reader.g] < sh.r_clock[local][sticks]
-            if late.any():
-                k = int(np.argmax(late))
-                self.race(u, ins, idx, "writes", "reads", reader, int(sh.r_pc[local][sticks][k]), core, sticks,
-                          late)
-        if not in_place:  # a new value: the one it overwrites loses these bytes
-            slot = self.new_write(u, _count(sticks), shape)
-            self.retire(u, slot, sh.w_id[sticks] + 1)
-            sh.w_id[sticks] = slot - 1
-        sh.w_unit[sticks] = u.g
-        sh.w_clock[sticks] = u.clock[u.g]
-        sh.w_pc[sticks] = u.pc
-        sh.r_clock[:, sticks] = 0
+            if mark and reader is not u and u.clock[reader.g] < mark >> _PC:
+                self.race(u, ins, idx, "writes", "reads", reader, mark & ((1 << _PC) - 1), core, sticks,
+                          sh.marks[local][sticks] == mark)
+        ids = sh.slot[sticks]
+        low, high = int(ids.min()), int(ids.max())
+        slots = (low,) if low == high else np.unique(ids).tolist()
+        for slot in slots:
+            if slot:
+                self.ordered(u, ins, idx, "writes", "writes", slot, core, sticks, ids == slot)
+        if in_place:  # each stick keeps its value: a new slot per value updated
+            for slot in slots:
+                new = self.new_slot(u, self.w_value[slot])
+                if len(slots) == 1:
+                    sh.slot[sticks] = new
+                else:
+                    _where(sh.slot, sticks, ids == slot, new)
+        else:  # a new value: the ones it overwrites lose these sticks
+            new = self.new_slot(u, None)
+            self.alive[new], self.shape[new] = _count(sticks), shape
+            counts = ((low, ids.size),) if low == high else zip(*np.unique(ids, return_counts=True))
+            for slot, n in counts:
+                if slot:
+                    self.retire(u, new, self.w_value[int(slot)], int(n))
+            sh.slot[sticks] = new
+        sh.marks[:, sticks] = 0
 
-    def new_write(self, u: _Unit, sticks: int, shape: int) -> int:
-        slot = len(self.alive)
-        if slot >= self.origin.size:
-            grow = self.origin.size
-            self.origin = np.concatenate([self.origin, np.zeros(grow, dtype=np.int64)])
-            self.was_read = np.concatenate([self.was_read, np.zeros(grow, dtype=bool)])
-            self.damaged = np.concatenate([self.damaged, np.zeros(grow, dtype=bool)])
-            self.buried = np.concatenate([self.buried, np.zeros(grow, dtype=bool)])
-            self.shape = np.concatenate([self.shape, np.full(grow, -1, dtype=np.int64)])
-        self.origin[slot] = u.g << 32 | u.pc
-        self.shape[slot] = shape
-        self.alive.append(sticks)
+    def ordered(self, u, ins, idx, does, did, slot, core, sticks, which) -> None:
+        """A race unless the write in `slot` is this unit's own or ordered before u's clock."""
+        g = self.w_unit[slot]
+        if g != u.g and u.clock[g] < self.w_clock[slot]:
+            self.race(u, ins, idx, does, did, self.units[g], self.w_pc[slot], core, sticks, which)
+
+    def new_slot(self, u: _Unit, value: int | None) -> int:
+        slot = len(self.w_unit)
+        self.w_unit.append(u.g)
+        self.w_clock.append(int(u.clock[u.g]))
+        self.w_pc.append(u.pc)
+        self.w_value.append(slot if value is None else value)
         return slot
 
-    def retire(self, u, slot, ids) -> None:
-        """The values whose sticks `ids` the new value `slot` takes: one that keeps some is
-        damaged; one that keeps none and that nothing read is buried under `slot` (a program may
-        compute what it never uses, but if it then reads these bytes, it read the wrong value)."""
-        first = ids[0]
-        if (ids == first).all():
-            groups = ((int(first), ids.size),) if first else ()
-        else:
-            values, counts = np.unique(ids[ids > 0], return_counts=True)
-            groups = zip(values.tolist(), counts.tolist())
-        for old, n in groups:
-            self.alive[old] -= n
-            if self.alive[old] > 0:
-                if not self.damaged[old]:
-                    self.damaged[old] = True
-                    self.damaged_by[old] = (u.g, u.pc)
-            elif not self.was_read[old] and not self.buried[slot]:
-                self.buried[slot] = True
-                self.buries[slot] = old
+    def retire(self, u, new: int, value: int, n: int) -> None:
+        """`value` loses `n` sticks to the new value `new`: if it keeps some it is damaged; if it
+        keeps none and nothing read it, `new` is written over it (a program may compute what it
+        never uses, but if it then reads these bytes, it read the wrong value)."""
+        self.alive[value] -= n
+        if self.alive[value] > 0:
+            self.damaged.setdefault(value, (u.g, u.pc))
+        elif value not in self.was_read:
+            self.buried.setdefault(new, value)
 
     # ---- what a hazard says ------------------------------------------------------------
 
@@ -315,34 +295,35 @@ class _Replay:
             f"live at once share these bytes")
 
     def writer(self, slot: int) -> str:
-        if slot == 0:
-            return "nothing (never written)"
-        code = int(self.origin[slot])
-        u = self.units[code >> 32]
-        return self.where(u, code & 0xFFFFFFFF)
+        return self.where(self.units[self.w_unit[slot]], self.w_pc[slot])
 
-    def clobbered(self, u, ins, idx, core, sticks, ids, slot) -> None:
-        kept, other = _bytes(sticks, ids == slot), _bytes(sticks, ids != slot)
-        dg, dpc = self.damaged_by[slot]
+    def holding(self, ids, value):
+        """Which of the sticks read (`ids`: their slots) hold `value`."""
+        return np.isin(ids, [s for s in np.unique(ids).tolist() if self.w_value[s] == value])
+
+    def clobbered(self, u, ins, idx, sticks, ids, value) -> None:
+        mine = self.holding(ids, value)
+        kept, other = _bytes(sticks, mine), _bytes(sticks, ~mine)
+        dg, dpc = self.damaged[value]
         raise ScratchpadHazard(
             f"program {self.program.name!r}: {self.where(u, u.pc, ins)}{_at(idx)} reads scratchpad bytes "
-            f"[{kept[0]}, {kept[1]}) still holding the value {self.writer(slot)} wrote, beside "
+            f"[{kept[0]}, {kept[1]}) still holding the value {self.writer(value)} wrote, beside "
             f"[{other[0]}, {other[1]}) written since, after {self.where(self.units[dg], dpc)} overwrote part "
             f"of that value: two tiles live at once share these bytes")
 
-    def reshaped(self, u, ins, idx, core, sticks, shape, slot) -> None:
+    def reshaped(self, u, ins, idx, sticks, shape, value) -> None:
         lo, hi = _bytes(sticks, slice(None))
         raise ScratchpadHazard(
             f"program {self.program.name!r}: {self.where(u, u.pc, ins)}{_at(idx)} reads scratchpad bytes "
-            f"[{lo}, {hi}) as {_describe(shape)}, which hold the value {self.writer(slot)} wrote as "
-            f"{_describe(int(self.shape[slot]))}: two tiles live at once share these bytes")
+            f"[{lo}, {hi}) as {_describe(shape)}, which hold the value {self.writer(value)} wrote as "
+            f"{_describe(self.shape[value])}: two tiles live at once share these bytes")
 
-    def dead(self, u, ins, idx, core, sticks, ids, slot) -> None:
-        lo, hi = _bytes(sticks, ids == slot)
+    def dead(self, u, ins, idx, sticks, ids, value) -> None:
+        lo, hi = _bytes(sticks, self.holding(ids, value))
         raise ScratchpadHazard(
             f"program {self.program.name!r}: {self.where(u, u.pc, ins)}{_at(idx)} reads scratchpad bytes "
-            f"[{lo}, {hi}) holding the value {self.writer(slot)} wrote over the value "
-            f"{self.writer(self.buries[slot])} wrote before anything read it: two tiles live at once share "
+            f"[{lo}, {hi}) holding the value {self.writer(value)} wrote over the value "
+            f"{self.writer(self.buried[value])} wrote before anything read it: two tiles live at once share "
             f"these bytes")
 
 
@@ -381,6 +362,13 @@ def _same(a, b) -> bool:
     if ca != cb or type(sa) is not type(sb):
         return False
     return sa == sb if isinstance(sa, slice) else (sa.shape == sb.shape and bool((sa == sb).all()))
+
+
+def _where(array, sticks, which, value) -> None:
+    """array[sticks][which] = value, for a slice or an index array of sticks."""
+    if isinstance(sticks, slice):
+        sticks = np.arange(sticks.start, sticks.stop)
+    array[sticks[which]] = value
 
 
 def _count(sticks) -> int:
