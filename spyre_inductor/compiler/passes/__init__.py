@@ -1,6 +1,7 @@
 """Planning passes. Pointwise, in order: layout -> fusion (the tile kernel) -> tiling -> scratchpad
 -> verify -> division -> emit; reductions: reduction_lowering -> reduction_plan -> reduction_division
--> emit.
+-> emit. Every family's kept program goes through keep.py (the validator, then the independent
+verifier of the finished program, verify.verify_program) before it is emitted.
 
 The skeleton every family plugs into: tiles.py (the tile kernel: tiles with a role and a space,
 steps, phases, combine), allocate.py (scratchpad allocation with live ranges and the placement

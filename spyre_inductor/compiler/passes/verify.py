@@ -4,7 +4,8 @@
 the finished program replayed (spyre_runtime/program/hazards.py), from its own instructions and
 queues and nothing the planner computed, for two tiles that share scratchpad bytes while both
 are live (a race between units, a value read after part of it was overwritten, a value
-overwritten before anything read it and its bytes read after). Bounds, stick alignment and
+overwritten before anything read it and its bytes read after, a tile read as other elements
+than it was written as). Bounds, stick alignment and
 queue balance are the validator's, before it (keep.py). A violation is a planner bug: PlanError
 naming the kernel, core, unit, instruction and bytes, never a program that would corrupt data.
 
