@@ -32,7 +32,7 @@ import torch
 
 from spyre_runtime import _C
 
-from . import queues
+from . import queues, random
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -246,13 +246,13 @@ class _Call:
         elif value.device.type != "spyre":
             return value
         host = _host_generator()
-        host.set_state(value.get_state())
+        host.set_state(random.twister_state(value))
         self.generators.append((value, host))
         return host
 
     def finish(self, result):
         for device_gen, host_gen in self.generators:
-            device_gen.set_state(host_gen.get_state())
+            random.set_twister_state(device_gen, host_gen.get_state())
         for name, (tensor, temp) in self.out_temps.items():
             if tensor.shape != temp.shape:
                 tensor.resize_(temp.shape)

@@ -69,6 +69,14 @@ PYBIND11_MODULE(_C, m) {
     return spyre::stream_priority(static_cast<c10::DeviceIndex>(device), id);
   });
   m.def("default_generator", &default_generator, py::arg("device"));
+  m.def("philox_reserve", [](py::handle generator, uint64_t counters) {
+    TORCH_CHECK_TYPE(THPGenerator_Check(generator.ptr()), "philox_reserve: expected a torch.Generator");
+    const auto [seed, offset] = spyre::philox_reserve(reinterpret_cast<THPGenerator*>(generator.ptr())->cdata,
+                                                      counters);
+    return py::make_tuple(seed, offset);
+  }, py::arg("generator"), py::arg("counters"),
+        "(seed, offset) for a fill drawing `counters` Philox counters from a spyre generator, "
+        "its offset advanced past them atomically.");
   m.def("host_alias", &spyre::host_alias, py::arg("tensor"),
         "A CPU tensor viewing the same bytes as a spyre tensor.");
   m.def("describe", [](uintptr_t ptr) {
