@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import warnings
 
+from .nesting import eager_op
+
 # One reading of SPYRE_STRICT, one record of the ops warned about.
 from spyre_inductor.device.fallback import SpyreFallbackWarning, first_warning, operator_name, strict
 
@@ -22,7 +24,11 @@ class SpyreStrictError(NotImplementedError):
 
 
 def origin_ops(nodes) -> str:
-    """The aten ops a group of scheduler nodes came from, e.g. 'aten.sum.dim_IntList'."""
+    """The aten ops a group of scheduler nodes came from, e.g. 'aten.sum.dim_IntList'; in an
+    eager op's graph, that op (nesting.eager_op): what the user called."""
+    called = eager_op()
+    if called is not None:
+        return str(called)
     names = set()
     for node in nodes:
         ir_node = getattr(node, "node", None)

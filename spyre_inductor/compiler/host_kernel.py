@@ -28,6 +28,7 @@ from torch._inductor.virtualized import OpsValue, OpsWrapper, V
 
 from . import host_runtime
 from .capture import loop_body, real_name
+from .nesting import negative_indices_wrap
 
 _UNARY = {
     name: f"torch.{name}({{0}})" for name in (
@@ -259,6 +260,7 @@ class HostHandler(DefaultHandler):
         return tuple(names)
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        wrap_neg = wrap_neg and negative_indices_wrap()
         name = self.w.assign(f"spyre_host.indirect({self._arg(x)}, {self.w.expr(size)}, {wrap_neg!r})")
         symbol = sympy_index_symbol(name)
         self.w.loop_symbols.add(symbol)

@@ -1,0 +1,88 @@
+"""Eager spyre ops refuse what the CPU (and CUDA) refuse, in PyTorch's words, naming the op called.
+
+The compile-backed eager kernels trace an op's Inductor decomposition on fake tensors; fakes and
+decompositions check less than the CPU kernels do (a negative index that aten.index would wrap,
+an output whose shape depends on the data, operands of two dtypes, a tensor on another device),
+and a program's own errors would name the decomposition's ops. Each case here is run against
+the CPU, under SPYRE_STRICT=1 and without.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from spyre_inductor.device.fallback import SpyreFallbackWarning
+
+
+@pytest.fixture(params=[False, True], ids=["lenient", "strict"])
+def is_strict(request, monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1" if request.param else "0")
+    return request.param
+
+
+def _cpu_error(fn, *tensors):
+    with pytest.raises(Exception) as e:  # noqa: PT011 - the CPU's own type and words, compared below
+        fn(*tensors)
+    return e.value
+
+
+# ---- indices: the CPU refuses -1 where aten.index would wrap it -----------------------------------
+
+_INDEX_OPS = {
+    "aten.index_select.default": lambda x, i, s: torch.index_select(x, 0, i),
+    "aten.index_copy_.default": lambda x, i, s: x.index_copy_(0, i, s),
+    "aten.index_add_.default": lambda x, i, s: x.index_add_(0, i, s),
+    "aten.index_copy.default": lambda x, i, s: torch.index_copy(x, 0, i, s),
+    "aten.index_add.default": lambda x, i, s: torch.index_add(x, 0, i, s, alpha=2),
+}
+
+
+@pytest.mark.parametrize("name", list(_INDEX_OPS))
+def test_index_ops_refuse_a_negative_index_naming_the_op_called(spyre, is_strict, name):
+    op = _INDEX_OPS[name]
+    x, source = torch.arange(12.0).reshape(4, 3), torch.ones(2, 3)
+    for bad in (-1, 4):
+        index = torch.tensor([0, bad])
+        _cpu_error(op, x.clone(), index, source)  # the CPU refuses it
+        on_device = x.to(spyre)
+        with pytest.raises(IndexError, match=rf"{name}: index {bad} is out of bounds for size 4"):
+            op(on_device, index.to(spyre), source.to(spyre)).cpu()
+        torch.spyre.clear_errors()
+        assert torch.equal(on_device.cpu(), x)  # nothing written
+    # in range (the last row by its positive index), the CPU's result
+    index = torch.tensor([3, 1])
+    want = op(x.clone(), index, source)
+    got = op(x.to(spyre), index.to(spyre), source.to(spyre))
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_indexing_with_a_negative_index_still_wraps_as_on_the_cpu(spyre, is_strict):
+    x = torch.arange(12.0).reshape(4, 3)
+    index = torch.tensor([0, -1])
+    torch.testing.assert_close(x.to(spyre)[index.to(spyre)].cpu(), x[index])
+    y = x.clone()
+    y[index] = 7.0
+    z = x.to(spyre)
+    z[index.to(spyre)] = 7.0
+    torch.testing.assert_close(z.cpu(), y)
+
+
+# ---- an output whose shape depends on the data ----------------------------------------------------
+
+
+def test_a_boolean_mask_index_is_the_usual_fallback_and_strict_error_naming_the_op(spyre, is_strict):
+    x = torch.arange(12.0).reshape(4, 3)
+    mask = x > 5
+    if is_strict:
+        with pytest.raises(NotImplementedError, match=r"aten::index.Tensor has no spyre program for these inputs "
+                                                      r"\(its output's shape depends on its data.*SPYRE_STRICT=1"):
+            x.to(spyre)[mask.to(spyre)]
+        return
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = x.to(spyre)[mask.to(spyre)]
+    torch.testing.assert_close(got.cpu(), x[mask])
+    assert all("rejects" not in str(w.message) for w in seen)
