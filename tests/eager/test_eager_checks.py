@@ -86,3 +86,24 @@ def test_a_boolean_mask_index_is_the_usual_fallback_and_strict_error_naming_the_
         got = x.to(spyre)[mask.to(spyre)]
     torch.testing.assert_close(got.cpu(), x[mask])
     assert all("rejects" not in str(w.message) for w in seen)
+
+
+# ---- copies onto overlapping memory ---------------------------------------------------------------
+
+
+def test_a_copy_onto_a_partly_overlapping_view_raises_the_cpus_error(spyre, is_strict):
+    x = torch.arange(6.0)
+    cpu = _cpu_error(lambda t: t[1:].copy_(t[:-1]), x.clone())
+    on_device = x.to(spyre)
+    with pytest.raises(RuntimeError) as ours:
+        on_device[1:].copy_(on_device[:-1])
+    assert str(ours.value) == str(cpu) and "some elements of the input tensor" in str(cpu)
+    assert torch.equal(on_device.cpu(), x)
+    expanded = _cpu_error(lambda t: t.expand(2, 6).copy_(torch.ones(2, 6)), x.clone())
+    with pytest.raises(RuntimeError) as ours:
+        on_device.expand(2, 6).copy_(torch.ones(2, 6, device=spyre))
+    assert str(ours.value) == str(expanded)
+    # a copy onto itself, or onto the other half, is allowed as on the CPU
+    on_device.copy_(on_device)
+    on_device[:3].copy_(on_device[3:])
+    assert on_device.cpu().tolist() == [3.0, 4.0, 5.0, 3.0, 4.0, 5.0]
