@@ -189,6 +189,16 @@ def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
     return None
 
 
+def refused_dtypes(sig: Signature, values: tuple, tensors) -> str | None:
+    """The CPU's error if a matmul's operands have different dtypes (fake tensors take them;
+    compiler/operand_dtypes.py), else None."""
+    from spyre_inductor.compiler.operand_dtypes import mixed_dtypes_error
+
+    args, kwargs = _rebuild(sig, values, tensors)
+    error = mixed_dtypes_error(sig.op, args, kwargs)
+    return None if error is None else str(error)
+
+
 def _type_name(dtype: torch.dtype) -> str:
     # PyTorch's words for it (c10's ScalarType names: Float, Long, Bool, Half, BFloat16...)
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",

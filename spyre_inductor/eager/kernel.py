@@ -149,6 +149,8 @@ def _build(sig: Signature, values, kernel, travel=()):
                                      "the operation.")
         if (refused := compiling.unsafe_inplace_cast(sig, values, tensors)) is not None:
             raise compiling.Rejected(refused)
+        if (refused := compiling.refused_dtypes(sig, values, tensors)) is not None:
+            raise compiling.Rejected(refused)
         if not travel and (rejected := compiling.rejection_on_fake(sig, values, tensors)) is not None:
             # the op refuses these inputs where its decomposition would not (an in-place result
             # that cannot be cast to the tensor's dtype): PyTorch's error, not a program

@@ -107,3 +107,35 @@ def test_a_copy_onto_a_partly_overlapping_view_raises_the_cpus_error(spyre, is_s
     on_device.copy_(on_device)
     on_device[:3].copy_(on_device[3:])
     assert on_device.cpu().tolist() == [3.0, 4.0, 5.0, 3.0, 4.0, 5.0]
+
+
+# ---- operands of two dtypes -----------------------------------------------------------------------
+
+_MIXED = {
+    "mm": lambda a, b, c, v: a @ b.half(),
+    "addmm": lambda a, b, c, v: torch.addmm(c, a, b.half()),
+    "addmm bias": lambda a, b, c, v: torch.addmm(c.half(), a, b),
+    "linear": lambda a, b, c, v: torch.nn.functional.linear(a, b.t().half()),
+    "linear bias": lambda a, b, c, v: torch.nn.functional.linear(a, b.t(), c[0].half()),
+    "bmm": lambda a, b, c, v: a[None] @ b[None].half(),
+    "mv": lambda a, b, c, v: a @ v.half(),
+    "dot": lambda a, b, c, v: v @ v.half(),
+    "bf16 mm": lambda a, b, c, v: a.bfloat16() @ b.half(),
+}
+
+
+@pytest.mark.parametrize("case", list(_MIXED))
+def test_a_matmul_of_two_dtypes_raises_the_cpus_error(spyre, is_strict, case):
+    fn = _MIXED[case]
+    a, b, c, v = torch.randn(4, 3), torch.randn(3, 5), torch.randn(4, 5), torch.randn(3)
+    cpu = _cpu_error(fn, a, b, c, v)
+    assert isinstance(cpu, RuntimeError) and ("dtype" in str(cpu) or "scalar type" in str(cpu))
+    with pytest.raises(RuntimeError, match=_escaped(cpu)):
+        fn(*(t.to(spyre) for t in (a, b, c, v)))
+    assert torch.equal((a.to(spyre) * 2).cpu(), a * 2)  # the device stays usable
+
+
+def _escaped(error: BaseException) -> str:
+    import re
+
+    return re.escape(str(error))
