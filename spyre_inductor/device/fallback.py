@@ -321,7 +321,68 @@ def _follow_metadata(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
     )
 
 
+def check_devices(op, args, kwargs) -> None:
+    """Raise PyTorch's error if the call mixes devices, as a CUDA kernel and torch.compile do:
+    "Expected all tensors to be on the same device, but found at least two devices, spyre:0 and
+    cpu!". Beside spyre tensors a CPU 0-d tensor is a scalar and may mix in; for anything else
+    the verdict is fake tensors' (what a torch.compile'd call gets, including the ops that take
+    host tensors, such as indexing with CPU indices), asked once per op and pattern of devices."""
+    mixed = None
+    for t in _tensors_of((args, kwargs)):
+        if t.device.type != "spyre" and not (t.device.type == "cpu" and t.dim() == 0):
+            mixed = True
+            break
+    if mixed is None:
+        return
+    pattern = (op, tuple(_device_pattern((args, kwargs))))
+    verdict = _device_verdicts.get(pattern)
+    if verdict is None:
+        verdict = _device_verdicts[pattern] = _fake_device_verdict(op, args, kwargs)
+    if verdict:
+        raise RuntimeError(verdict)
+
+
+_device_verdicts: dict[tuple, str] = {}  # (op, devices and ranks of its tensors) -> the error, or ""
+
+
+def _tensors_of(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_of(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_of(v)
+
+
+def _device_pattern(value):
+    for t in _tensors_of(value):
+        yield t.device, t.dim() == 0
+
+
+def _fake_device_verdict(op, args, kwargs) -> str:
+    """Fake tensors' error for the call's devices, or "" if they take them (any other error is
+    not about devices: the CPU kernel reports it)."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+    from torch.utils._pytree import tree_map
+
+    mode = FakeTensorMode()
+    try:
+        fake_args, fake_kwargs = tree_map(
+            lambda v: mode.from_tensor(v.detach()) if isinstance(v, torch.Tensor) else v, (args, kwargs))
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*fake_args, **fake_kwargs)
+    except FakeTensorDeviceMismatchError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - not a verdict on devices
+        return ""
+    return ""
+
+
 def _fallback(keyset, op, *args, **kwargs):
+    check_devices(op, args, kwargs)
     plan = _plan_for(op)
     _announce(plan)
     return _on_stream(plan, op, args, kwargs)
@@ -331,6 +392,7 @@ def run(op, args, kwargs, reason: str | None = None):
     """Run `op` through the CPU fallback, as if it had no spyre kernel: for the compile-backed
     eager kernels (spyre_inductor/eager), on inputs they do not compile. `reason` says why (in
     the once-per-op warning, and in strict mode's error)."""
+    check_devices(op, args, kwargs)
     plan = _plan_for(op)
     _announce(plan, reason, stacklevel=4)
     return _on_stream(plan, op, args, kwargs)
@@ -340,6 +402,7 @@ def run_checking_inputs(op, args, kwargs, reason: str):
     """Like run(), for inputs the compiled path could not even trace (most often the caller's
     mistake: shapes that do not broadcast): the CPU kernel runs first, so PyTorch's own error
     reaches the caller, in strict mode too; only a call that succeeds is announced."""
+    check_devices(op, args, kwargs)
     plan = _plan_for(op)
     if strict():
         # nothing may run on the CPU: the trace's error (a fake tensor's: same check, own words)

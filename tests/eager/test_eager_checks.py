@@ -139,3 +139,34 @@ def _escaped(error: BaseException) -> str:
     import re
 
     return re.escape(str(error))
+
+
+# ---- tensors on two devices -----------------------------------------------------------------------
+
+_SAME_DEVICE = "Expected all tensors to be on the same device, but found at least two devices"
+
+
+def test_an_op_on_a_spyre_and_a_cpu_tensor_raises_as_cuda_does(spyre, is_strict):
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match=f"{_SAME_DEVICE}, spyre:0 and cpu!"):
+        a.to(spyre) + b
+    with pytest.raises(RuntimeError, match=f"{_SAME_DEVICE}, spyre:0 and cpu!"):
+        a.to(spyre) @ b.t()
+    with pytest.raises(RuntimeError, match=f"{_SAME_DEVICE}, spyre:0 and cpu!"):
+        torch.cat([a.to(spyre), b])
+    with pytest.raises(RuntimeError, match=_SAME_DEVICE):
+        torch.nn.Linear(3, 2).to(spyre)(a)  # a spyre module fed a CPU input
+    with pytest.raises(RuntimeError, match=f"{_SAME_DEVICE}, spyre:0 and cpu!"):
+        torch.atan2(a.to(spyre), b)  # an op without a spyre kernel: the plain CPU fallback
+
+
+def test_cpu_scalars_and_cpu_indices_still_mix_in(spyre, monkeypatch):
+    # A CPU 0-d tensor is a scalar (CUDA and torch.compile take it), and indexing takes CPU
+    # indices (fake tensors, and CUDA, do): both run, through the CPU fallback, warned.
+    monkeypatch.setenv("SPYRE_STRICT", "0")
+    a = torch.randn(4, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpyreFallbackWarning)
+        torch.testing.assert_close((a.to(spyre) + torch.tensor(2.0)).cpu(), a + 2)
+        index = torch.tensor([2, 0])
+        torch.testing.assert_close(a.to(spyre)[index].cpu(), a[index])
