@@ -288,12 +288,14 @@ class HostHandler(DefaultHandler):
         return self.w.assign(template.format(*(self._arg(a) for a in args)))
 
 
-def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[str]]:
+def write_host_kernel(nodes, kernel_name: str, label: str, reason: str = "") -> tuple[str, list[str]]:
     """Source of a wrapper-level function running `nodes` on the CPU, and its call arguments.
 
     The function takes the nodes' buffers (spyre tensors, by their wrapper
     names) followed by any symbolic sizes, and runs the body as one host
-    operation on the current stream.
+    operation on the current stream. Its name, `label` (the nodes' ops) and
+    `reason` (why they are not a program) travel with it, for the warning of
+    its first run in a process and its fallback report (host_runtime.run).
     """
     w = _Writer()
     for n, node in enumerate(nodes):
@@ -321,6 +323,7 @@ def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[st
         f"    # CPU fallback for {label}",
         f"    def body({signature}):",
         *(f"        {line}" for line in body),
-        f"    spyre_host.run(body, ({''.join(p + ', ' for p in params)}), {written!r}, {label!r})",
+        f"    spyre_host.run(body, ({''.join(p + ', ' for p in params)}), {written!r}, {label!r}, "
+        f"{kernel_name!r}, {reason!r})",
     ])
     return source, params

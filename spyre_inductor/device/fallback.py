@@ -16,6 +16,10 @@ the other. An op is its operator, whatever the overload: eager runs
 structured ops as their out= overload (aten::cos.out) where a compiled graph
 names the functional one (aten.cos.default).
 
+What the fallback does is counted where users look: ``torch.spyre.fallback_reports()`` gives,
+per eager op and per compiled graph's CPU kernel (compiler/host_runtime.py), its calls and the
+host seconds its CPU work took, since ``torch.spyre.reset_fallback_reports()``.
+
 Later issues replace the fallback op by op with compile-backed kernels.
 """
 
@@ -25,7 +29,9 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +48,7 @@ class SpyreFallbackWarning(UserWarning):
 # The ops already warned about (operator names, "aten::cos"), by either fallback. Its lock
 # is a leaf: nothing else is taken while it is held.
 _warned: set[str] = set()
+_warned_kernels: weakref.WeakSet = weakref.WeakSet()  # and the compiled graphs' CPU kernels
 _warned_lock = threading.Lock()
 _lib: torch.library.Library | None = None
 _cpu = torch.device("cpu")
@@ -124,6 +131,48 @@ def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
     return plan
 
 
+@dataclass(frozen=True)
+class FallbackReport:
+    """The CPU fallback work of one eager op, or of one CPU kernel of a compiled graph, since
+    reset_fallback_reports()."""
+
+    kind: str            # "op": an eager op run on the CPU; "kernel": a compiled graph's CPU kernel
+    name: str            # the op ("aten::cummax") or the kernel's name in its graph ("spyre_cpu_kernel_0")
+    ops: str             # the aten ops it computes (a kernel's origin ops; an op: its own name)
+    graph: str           # a kernel's compiled module (its file); "" for an op
+    calls: int
+    host_seconds: float  # host time its CPU work took (in its host operation; queueing not included)
+
+
+_reports: dict[tuple[str, str, str], list] = {}  # (kind, name, graph) -> [ops, calls, seconds]
+_reports_lock = threading.Lock()  # a leaf lock
+
+
+def record_fallback(kind: str, name: str, ops: str, graph: str, seconds: float) -> None:
+    """Count one call of CPU fallback work (the eager fallback's and compiled CPU kernels')."""
+    key = (kind, name, graph)
+    with _reports_lock:
+        entry = _reports.get(key)
+        if entry is None:
+            _reports[key] = [ops, 1, seconds]
+        else:
+            entry[1] += 1
+            entry[2] += seconds
+
+
+def fallback_reports() -> list[FallbackReport]:
+    """Every op and compiled CPU kernel that ran on the CPU since reset_fallback_reports(), in
+    the order each first ran."""
+    with _reports_lock:
+        return [FallbackReport(kind, name, ops, graph, calls, seconds)
+                for (kind, name, graph), (ops, calls, seconds) in _reports.items()]
+
+
+def reset_fallback_reports() -> None:
+    with _reports_lock:
+        _reports.clear()
+
+
 def operator_name(op: str) -> str:
     """The operator an op name denotes, without its overload, as a schema names it:
     "aten.cos.default", "aten::cos.out" and "aten::cos" are all "aten::cos". A name that is
@@ -145,10 +194,21 @@ def first_warning(operators) -> bool:
     return bool(new)
 
 
+def first_kernel_warning(code) -> bool:
+    """Record a compiled graph's CPU kernel (its body's code object: one per kernel of a loaded
+    module) as warned about; True if it was not yet (compiler/fallback_policy.first_run)."""
+    with _warned_lock:
+        if code in _warned_kernels:
+            return False
+        _warned_kernels.add(code)
+    return True
+
+
 def reset_warnings() -> None:
-    """Forget which ops were warned about (tests)."""
+    """Forget which ops and kernels were warned about (tests)."""
     with _warned_lock:
         _warned.clear()
+        _warned_kernels.clear()
 
 
 def _inside_tensor_printing() -> bool:
@@ -445,6 +505,14 @@ def _on_stream(plan: _OpPlan, op, args, kwargs):
 
 
 def _execute(plan: _OpPlan, op, args, kwargs):
+    start = time.perf_counter()
+    try:
+        return _execute_on_host(plan, op, args, kwargs)
+    finally:
+        record_fallback("op", plan.name, plan.name, "", time.perf_counter() - start)
+
+
+def _execute_on_host(plan: _OpPlan, op, args, kwargs):
     call = _Call(plan)
     names = plan.arg_names
     host_args = [call.to_host(names[i], a) for i, a in enumerate(args)]
