@@ -138,6 +138,45 @@ def test_a_second_process_without_the_fx_graph_cache_reuses_every_artifact_witho
         assert torch.equal(a, b)
 
 
+# One process without strict mode: a graph with a CPU kernel (a scan whose combine is not an
+# add: not a program), run twice; what warned, and what the fallback reports counted.
+_CPU_KERNEL_CHILD = """
+import json, warnings
+import torch
+from torch._dynamo.utils import counters
+
+x = torch.arange(64.0).reshape(4, 16) / 64
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    f = torch.compile(lambda a: torch.logcumsumexp(a, 1) * 2)
+    f(x.to("spyre")), f(x.to("spyre"))
+torch.spyre.synchronize()
+print(json.dumps({"fx": dict(counters["inductor"]),
+                  "warned": [str(m.message) for m in caught if "spyre" in str(m.message)],
+                  "reports": [[r.kind, r.name, r.ops, r.calls] for r in torch.spyre.fallback_reports()]}))
+"""
+
+
+def test_a_graph_with_a_cpu_kernel_loaded_from_the_cache_warns_at_its_first_run_and_counts_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"), SPYRE_STRICT="0")
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _CPU_KERNEL_CHILD], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["fx"].get("fxgraph_cache_miss") == 1 and second["fx"] == {"fxgraph_cache_hit": 1}
+    for run in runs:  # the second compiled nothing, and still says what runs on the CPU, once
+        (warning,) = run["warned"]
+        assert re.search(r"aten\.logcumsumexp\.default cannot be compiled for spyre yet \(.*\).*as its kernel "
+                         r"spyre_cpu_kernel_\d+", warning), warning
+        (report,) = run["reports"]
+        assert report[0] == "kernel" and report[1] in warning and report[2] == "aten.logcumsumexp.default"
+        assert report[3] == 2
+
+
 def _flip_a_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     i = len(data) // 2

@@ -222,7 +222,7 @@ def test_explicit_generators_have_their_own_state(spyre):
     b = torch.rand(8, device=spyre, generator=torch.Generator(device="spyre").manual_seed(3)).cpu()
     assert torch.equal(a, b)
     assert not torch.equal(torch.rand(8, device=spyre, generator=g).cpu(), a)
-    g.manual_seed(4)  # a new seed restarts its offset
+    g.manual_seed(4)  # a seed restarts its offset
     assert torch.equal(torch.rand(8, device=spyre, generator=g).cpu(), _reference(4, 0, (8,), "uniform"))
 
 
@@ -231,6 +231,85 @@ def test_the_default_generator_passed_explicitly_is_the_default(spyre):
     a = torch.rand(8, device=spyre).cpu()
     b = torch.rand(8, device=spyre, generator=torch.spyre.default_generators[0]).cpu()
     assert torch.equal(b, _reference(21, 8, (8,), "uniform")) and not torch.equal(a, b)
+
+
+def _draws(spyre, generator=None):
+    """One of each eager fill kind, drawn from `generator` (None: the default generator)."""
+    t = torch.empty(5, 7, device=spyre)
+    return [torch.randn(9, device=spyre, generator=generator).cpu(),
+            torch.rand(3, 4, device=spyre, generator=generator).cpu(),
+            t.normal_(2.0, 0.5, generator=generator).cpu(),
+            torch.randint(0, 100, (6,), device=spyre, generator=generator).cpu()]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_generator_reseeded_with_its_own_seed_replays(spyre):
+    # manual_seed restarts the Philox offset at 0 whatever the seed, as CUDA's generator does,
+    # for torch.Generator objects and the default generator's own object alike.
+    for g in (torch.Generator(device="spyre"), torch.spyre.default_generators[0]):
+        g.manual_seed(7)
+        first = _draws(spyre, g)
+        g.manual_seed(7)
+        assert _same(_draws(spyre, g), first)
+        assert g.get_offset() == sum(t.numel() for t in first)
+    torch.spyre.default_generators[0].manual_seed(7)
+    assert _same(_draws(spyre), first)  # the default generator is the one ops use without one
+
+
+def test_generator_set_state_replays_seed_and_offset(spyre):
+    for g in (torch.Generator(device="spyre"), torch.spyre.default_generators[0]):
+        g.manual_seed(5)
+        torch.rand(10, device=spyre, generator=g)
+        state = g.get_state()
+        first = _draws(spyre, g)
+        g.set_state(state)
+        assert _same(_draws(spyre, g), first)
+        g.manual_seed(6)  # another seed, then back: both the seed and the offset are restored
+        g.set_state(state)
+        assert g.initial_seed() == 5 and g.get_offset() == 10
+        assert _same(_draws(spyre, g), first)
+    # the default generator's state is torch.spyre's RNG state: one state, two views
+    torch.spyre.manual_seed(5)
+    torch.rand(10, device=spyre)
+    assert torch.equal(torch.spyre.get_rng_state(), state)
+    assert _same(_draws(spyre), first)
+
+
+def test_a_refused_rng_state_leaves_the_generator_as_it_was(spyre):
+    g = torch.Generator(device="spyre").manual_seed(8)
+    torch.rand(4, device=spyre, generator=g)
+    state = g.get_state()
+    bad = state.clone()
+    bad[:8] = torch.tensor([12345], dtype=torch.int64).view(torch.uint8)
+    with pytest.raises(ValueError, match="inconsistent"):
+        g.set_state(bad)
+    with pytest.raises(ValueError, match="16 bytes of Philox state"):
+        g.set_state(state[:16].clone())
+    assert torch.equal(g.get_state(), state)
+
+
+def test_cloned_and_offset_set_generators_draw_from_their_state(spyre):
+    g = torch.Generator(device="spyre").manual_seed(9)
+    g.set_offset(40)
+    assert torch.equal(torch.rand(8, device=spyre, generator=g).cpu(), _reference(9, 40, (8,), "uniform"))
+    assert g.get_offset() == 48
+    twin = g.clone_state()
+    assert torch.equal(torch.rand(8, device=spyre, generator=twin).cpu(),
+                       torch.rand(8, device=spyre, generator=g).cpu())
+
+
+def test_reseeding_the_default_generator_replays_dropout(spyre):
+    x = torch.randn(32, 32, device=spyre)
+    torch.spyre.default_generators[0].manual_seed(3)
+    a = torch.nn.functional.dropout(x, 0.5, training=True).cpu()
+    torch.spyre.default_generators[0].manual_seed(3)
+    assert torch.equal(torch.nn.functional.dropout(x, 0.5, training=True).cpu(), a)
+    with torch.random.fork_rng(devices=[0], device_type="spyre"):
+        b = torch.nn.functional.dropout(x, 0.5, training=True).cpu()
+    assert torch.equal(torch.nn.functional.dropout(x, 0.5, training=True).cpu(), b)
 
 
 # (Each device's own state: tests/test_multi_device.py, in a child process, as spyre:1 must stay

@@ -59,6 +59,7 @@ from torch._inductor.utils import sympy_index_symbol
 
 from . import indexing
 from .fallback_policy import origin_ops
+from .nesting import negative_indices_wrap
 from .indexing import (
     NotCapturable,
     affine_index,
@@ -466,6 +467,7 @@ class CaptureHandler(DefaultHandler):
         return self._default("where", (self._as_value(mask), value, fill), {})
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        wrap_neg = wrap_neg and negative_indices_wrap()
         direct = self._index_from_indices(x, size, wrap_neg)
         if direct is not None:
             return direct

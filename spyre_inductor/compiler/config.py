@@ -23,9 +23,12 @@ max_cores: int = MAX_CORES
 def key() -> str:
     # Strict mode too: a graph compiled with CPU fallbacks must not be served from the cache
     # (where nothing is generated, so nothing would warn or refuse) once SPYRE_STRICT=1 is set.
+    # An eager op's graph too: its kernels' errors name the op, whether its indices wrap
+    # follows the op (nesting.py), and two ops may decompose into the same graph.
     from .fallback_policy import strict
+    from .nesting import eager_op
 
-    return f"max_cores={max_cores} strict={strict()}"
+    return f"max_cores={max_cores} strict={strict()} eager_op={eager_op()}"
 
 
 @contextlib.contextmanager

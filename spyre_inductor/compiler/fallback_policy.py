@@ -1,20 +1,31 @@
 """What happens when a compiled graph has to run part of itself on the CPU.
 
-The same contract as the eager fallback (device/fallback.py): a warning once
-per op, naming it, and with ``SPYRE_STRICT=1`` an error naming the op instead,
-raised at compile time so a strict user learns before anything runs. Once per
-op means once for both: the two share the eager fallback's record of the ops
-already warned about (fallback.first_warning), so an op the eager fallback
-has warned about is not warned about again when a compiled graph falls back
-on it, nor the other way round.
+The same contract as the eager fallback (device/fallback.py), and with ``SPYRE_STRICT=1`` an
+error naming the ops, raised at compile time so a strict user learns before anything runs.
+
+Without strict mode, a CPU kernel of a compiled graph (host_kernel.py) warns when it first runs
+in a process, naming itself, its ops and why: a graph compiled in this process, or loaded from
+Inductor's FX graph cache by another one (where nothing is compiled, so a compile-time warning
+would never be seen), and a new kernel of ops some other kernel already warned about. Its calls
+and host seconds are counted in torch.spyre.fallback_reports(). What the compiled graph hands to
+an eager op instead (attention's composite fallback: ``announce``) warns once per op, sharing
+the eager fallback's record of the ops already warned about (fallback.first_warning).
 """
 
 from __future__ import annotations
 
 import warnings
 
-# One reading of SPYRE_STRICT, one record of the ops warned about.
-from spyre_inductor.device.fallback import SpyreFallbackWarning, first_warning, operator_name, strict
+# One reading of SPYRE_STRICT, one record of the ops and kernels warned about.
+from spyre_inductor.device.fallback import (
+    SpyreFallbackWarning,
+    first_kernel_warning,
+    first_warning,
+    operator_name,
+    strict,
+)
+
+from .nesting import eager_op
 
 
 class SpyreStrictError(NotImplementedError):
@@ -22,7 +33,11 @@ class SpyreStrictError(NotImplementedError):
 
 
 def origin_ops(nodes) -> str:
-    """The aten ops a group of scheduler nodes came from, e.g. 'aten.sum.dim_IntList'."""
+    """The aten ops a group of scheduler nodes came from, e.g. 'aten.sum.dim_IntList'; in an
+    eager op's graph, that op (nesting.eager_op): what the user called."""
+    called = eager_op()
+    if called is not None:
+        return str(called)
     names = set()
     for node in nodes:
         ir_node = getattr(node, "node", None)
@@ -38,14 +53,35 @@ def _operators(ops: str) -> list[str]:
     return [operator_name(op.strip()) for op in ops.split(",") if op.strip()]
 
 
-def announce(ops: str, reason: str) -> None:
-    """Warn (or raise in strict mode) that compiled code runs `ops` (an origin_ops() label) on
-    the CPU: once, unless every op of it was already warned about by either fallback."""
+def refuse_in_strict_mode(ops: str, reason: str) -> None:
+    """In strict mode, raise: compiled code would run `ops` (an origin_ops() label) on the CPU."""
     if strict():
         raise SpyreStrictError(
             f"spyre: {ops} cannot be compiled for spyre ({reason}) and SPYRE_STRICT=1 forbids "
             f"the CPU fallback"
         )
+
+
+def first_run(code, kernel: str, ops: str, reason: str) -> None:
+    """Warn, the first time in this process a compiled graph's CPU kernel runs, naming it (its
+    name in the graph, its ops, why it is not a program). `code`: the kernel body's code object,
+    one per kernel of a loaded module. Its ops then count as warned about for the eager fallback."""
+    if not first_kernel_warning(code):
+        return
+    first_warning(_operators(ops))
+    warnings.warn(
+        f"spyre: {ops} cannot be compiled for spyre yet ({reason}); the compiled graph runs it on "
+        f"the CPU over the device bytes, as its kernel {kernel} (this warning is shown once per kernel "
+        f"and process)",
+        SpyreFallbackWarning,
+        stacklevel=4,
+    )
+
+
+def announce(ops: str, reason: str) -> None:
+    """Warn (or raise in strict mode) that compiled code hands `ops` (an origin_ops() label) to
+    eager kernels: once, unless every op of it was already warned about by either fallback."""
+    refuse_in_strict_mode(ops, reason)
     if not first_warning(_operators(ops)):
         return
     warnings.warn(

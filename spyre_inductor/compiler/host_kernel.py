@@ -28,6 +28,7 @@ from torch._inductor.virtualized import OpsValue, OpsWrapper, V
 
 from . import host_runtime
 from .capture import loop_body, real_name
+from .nesting import negative_indices_wrap
 
 _UNARY = {
     name: f"torch.{name}({{0}})" for name in (
@@ -259,6 +260,7 @@ class HostHandler(DefaultHandler):
         return tuple(names)
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        wrap_neg = wrap_neg and negative_indices_wrap()
         name = self.w.assign(f"spyre_host.indirect({self._arg(x)}, {self.w.expr(size)}, {wrap_neg!r})")
         symbol = sympy_index_symbol(name)
         self.w.loop_symbols.add(symbol)
@@ -286,12 +288,14 @@ class HostHandler(DefaultHandler):
         return self.w.assign(template.format(*(self._arg(a) for a in args)))
 
 
-def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[str]]:
+def write_host_kernel(nodes, kernel_name: str, label: str, reason: str = "") -> tuple[str, list[str]]:
     """Source of a wrapper-level function running `nodes` on the CPU, and its call arguments.
 
     The function takes the nodes' buffers (spyre tensors, by their wrapper
     names) followed by any symbolic sizes, and runs the body as one host
-    operation on the current stream.
+    operation on the current stream. Its name, `label` (the nodes' ops) and
+    `reason` (why they are not a program) travel with it, for the warning of
+    its first run in a process and its fallback report (host_runtime.run).
     """
     w = _Writer()
     for n, node in enumerate(nodes):
@@ -319,6 +323,7 @@ def write_host_kernel(nodes, kernel_name: str, label: str) -> tuple[str, list[st
         f"    # CPU fallback for {label}",
         f"    def body({signature}):",
         *(f"        {line}" for line in body),
-        f"    spyre_host.run(body, ({''.join(p + ', ' for p in params)}), {written!r}, {label!r})",
+        f"    spyre_host.run(body, ({''.join(p + ', ' for p in params)}), {written!r}, {label!r}, "
+        f"{kernel_name!r}, {reason!r})",
     ])
     return source, params

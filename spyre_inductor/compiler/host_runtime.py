@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 
 import torch
 
@@ -293,12 +294,25 @@ def scan(values, combine, shape, dtypes) -> tuple[torch.Tensor, ...]:
 # ---- running -----------------------------------------------------------------------
 
 
-def run(body, args, written: tuple[int, ...], name: str) -> None:
-    """Run `body` over flat CPU views of `args` as a host operation on the current stream."""
+def run(body, args, written: tuple[int, ...], name: str, kernel: str = "", reason: str = "") -> None:
+    """Run `body` over flat CPU views of `args` as a host operation on the current stream.
+    `name`: the ops it computes; `kernel`: its name in the graph; `reason`: why it is not a
+    program. Its first run in a process warns, naming it; every run is counted in
+    torch.spyre.fallback_reports() (the graph: the generated module's file)."""
+    from spyre_inductor.device.fallback import record_fallback
+
+    from .fallback_policy import first_run
+
+    code = body.__code__
+    first_run(code, kernel or "(unnamed)", name, reason or "not a spyre program")
     spyre = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "spyre"]
 
     def execute():
-        body(*[flat(a) if isinstance(a, torch.Tensor) else a for a in args])
+        start = time.perf_counter()
+        try:
+            body(*[flat(a) if isinstance(a, torch.Tensor) else a for a in args])
+        finally:
+            record_fallback("kernel", kernel or "(unnamed)", name, code.co_filename, time.perf_counter() - start)
 
     if not spyre:
         execute()

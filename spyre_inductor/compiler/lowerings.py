@@ -41,6 +41,8 @@ from torch._inductor import ir
 from torch._inductor import lowering as L
 from torch._inductor.virtualized import V, ops
 
+from .operand_dtypes import mixed_dtypes_error
+
 aten = torch.ops.aten
 _lock = threading.Lock()
 _installed = False
@@ -117,8 +119,19 @@ def _freeze_reshaped_contiguous(operand) -> None:
             buffer.freeze_layout()
 
 
+def _check_dtypes(op, *operands) -> None:
+    """The CPU's error for a spyre matmul of operands of different dtypes (fake tensors let
+    them through: operand_dtypes.py)."""
+    if _on_spyre(*operands) and (error := mixed_dtypes_error(op, operands)) is not None:
+        raise error
+
+
 def _spyre_mm(inductor_mm, batched: bool):
+    op = aten.bmm.default if batched else aten.mm.default
+
     def lowering(mat1, mat2, out_dtype=None, *, layout=None):
+        if out_dtype is None:
+            _check_dtypes(op, mat1, mat2)
         if out_dtype is None and layout is None and _floating_on_spyre(mat1, mat2):
             return native_matmul(mat1, mat2, 2 if batched else 1)
         return inductor_mm(mat1, mat2, out_dtype, layout=layout)
@@ -127,7 +140,10 @@ def _spyre_mm(inductor_mm, batched: bool):
 
 
 def _spyre_addmm(inductor_addmm, batched: bool):
+    op = aten.baddbmm.default if batched else aten.addmm.default
+
     def lowering(inp, mat1, mat2, *, beta=1, alpha=1, layout=None):
+        _check_dtypes(op, inp, mat1, mat2)
         if layout is None and _floating_on_spyre(inp, mat1, mat2):
             # beta * inp + alpha * (mat1 @ mat2), the matmul's epilogue: computed in fp32 from the
             # unrounded sum and rounded once to the output dtype, as eager does

@@ -29,6 +29,30 @@ def dynamo_compiling() -> bool:
     return CompileContext.try_get() is not None or TracingContext.try_get() is not None
 
 
+def eager_op():
+    """The aten op (an OpOverload) this thread compiles an eager kernel of, or None: every
+    kernel of that graph is the op's decomposition, and its errors and warnings name the op the
+    user called, not the decomposition's pieces."""
+    return getattr(STATE, "eager_op", None)
+
+
+def negative_indices_wrap() -> bool:
+    """Whether an indirect index of the graph being compiled wraps when negative (Python's and
+    aten.index's rule), or is out of range (the CPU kernels of index_select, index_copy_ and
+    index_add_, whose decompositions go through aten.index and aten.index_put)."""
+    return getattr(STATE, "negative_indices_wrap", True)
+
+
+@contextlib.contextmanager
+def compiling_eager_op(op, *, wrap_negative: bool = True):
+    outer = eager_op(), negative_indices_wrap()
+    STATE.eager_op, STATE.negative_indices_wrap = op, wrap_negative
+    try:
+        yield
+    finally:
+        STATE.eager_op, STATE.negative_indices_wrap = outer
+
+
 @contextlib.contextmanager
 def nested():
     """Mark this thread as compiling or running a graph of its own."""

@@ -13,8 +13,8 @@ fuse; for each (fused) node it then asks us for code. Our answers:
 - Code: a group that captures and compiles becomes a dataflow program
   (backend.compile_kernel -> artifact directory) that the wrapper prepares
   once and launches per call. Anything else becomes a CPU fallback kernel
-  inside the graph (host_kernel.py), announced once per op
-  (fallback_policy.py; an error under SPYRE_STRICT=1).
+  inside the graph (host_kernel.py), which warns when it first runs in a process
+  (fallback_policy.py; an error at compile time under SPYRE_STRICT=1).
 
 Extern kernels (``extern_kernels.mm``...) and Inductor's FallbackKernels are
 emitted by Inductor itself; on spyre tensors they run through the eager
@@ -39,7 +39,7 @@ from torch.utils._ordered_set import OrderedSet
 from . import symbolic
 from .capture import Capture, capture
 from .errors import Unsupported
-from .fallback_policy import announce, origin_ops
+from .fallback_policy import origin_ops, refuse_in_strict_mode
 from .host_kernel import HostUnsupported, write_host_kernel
 from .indexing import NotCapturable
 from .kernel_ir import AttentionKernel, Indirect, IndirectKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue
@@ -349,11 +349,11 @@ class SpyreScheduling(BaseScheduling):
 
     def _emit_cpu_fallback(self, nodes, reason: str) -> None:
         label = origin_ops(nodes)
-        announce(label, reason)
+        refuse_in_strict_mode(label, reason)
         wrapper = V.graph.wrapper_code
         name = wrapper.new_kernel_name("spyre_cpu_kernel")
         try:
-            source, args = write_host_kernel(nodes, name, label)
+            source, args = write_host_kernel(nodes, name, label, reason)
         except HostUnsupported as e:
             raise NotImplementedError(
                 f"spyre: {label} can neither be compiled for spyre ({reason}) nor run by the "

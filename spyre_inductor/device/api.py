@@ -192,6 +192,21 @@ def set_kernel_report_window(n: int | None) -> None:
     set_window(n)
 
 
+def fallback_reports():
+    """Per eager op and per compiled graph's CPU kernel that ran on the CPU since
+    reset_fallback_reports(): its calls and the host seconds its CPU work took
+    (spyre_inductor.device.fallback.FallbackReport)."""
+    from .fallback import fallback_reports as reports
+
+    return reports()
+
+
+def reset_fallback_reports() -> None:
+    from .fallback import reset_fallback_reports as reset
+
+    reset()
+
+
 def eager_cache_stats():
     """Statistics of the compile-backed eager ops' cache (spyre_inductor/eager): hits, misses,
     compiles (entries compiled into spyre programs), cpu_routes (entries that run through the

@@ -61,6 +61,7 @@ def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    _C.check_copy_overlap(dst, src)  # (x[1:].copy_(x[:-1]): PyTorch's partial-overlap error)
     _check_shapes(src, dst)
     if dst.numel() == 0:
         return dst

@@ -16,6 +16,10 @@ the other. An op is its operator, whatever the overload: eager runs
 structured ops as their out= overload (aten::cos.out) where a compiled graph
 names the functional one (aten.cos.default).
 
+What the fallback does is counted where users look: ``torch.spyre.fallback_reports()`` gives,
+per eager op and per compiled graph's CPU kernel (compiler/host_runtime.py), its calls and the
+host seconds its CPU work took, since ``torch.spyre.reset_fallback_reports()``.
+
 Later issues replace the fallback op by op with compile-backed kernels.
 """
 
@@ -25,14 +29,16 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from spyre_runtime import _C
 
-from . import queues
+from . import queues, random
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -42,6 +48,7 @@ class SpyreFallbackWarning(UserWarning):
 # The ops already warned about (operator names, "aten::cos"), by either fallback. Its lock
 # is a leaf: nothing else is taken while it is held.
 _warned: set[str] = set()
+_warned_kernels: weakref.WeakSet = weakref.WeakSet()  # and the compiled graphs' CPU kernels
 _warned_lock = threading.Lock()
 _lib: torch.library.Library | None = None
 _cpu = torch.device("cpu")
@@ -124,6 +131,48 @@ def _plan_for(op: torch._ops.OpOverload) -> _OpPlan:
     return plan
 
 
+@dataclass(frozen=True)
+class FallbackReport:
+    """The CPU fallback work of one eager op, or of one CPU kernel of a compiled graph, since
+    reset_fallback_reports()."""
+
+    kind: str            # "op": an eager op run on the CPU; "kernel": a compiled graph's CPU kernel
+    name: str            # the op ("aten::cummax") or the kernel's name in its graph ("spyre_cpu_kernel_0")
+    ops: str             # the aten ops it computes (a kernel's origin ops; an op: its own name)
+    graph: str           # a kernel's compiled module (its file); "" for an op
+    calls: int
+    host_seconds: float  # host time its CPU work took (in its host operation; queueing not included)
+
+
+_reports: dict[tuple[str, str, str], list] = {}  # (kind, name, graph) -> [ops, calls, seconds]
+_reports_lock = threading.Lock()  # a leaf lock
+
+
+def record_fallback(kind: str, name: str, ops: str, graph: str, seconds: float) -> None:
+    """Count one call of CPU fallback work (the eager fallback's and compiled CPU kernels')."""
+    key = (kind, name, graph)
+    with _reports_lock:
+        entry = _reports.get(key)
+        if entry is None:
+            _reports[key] = [ops, 1, seconds]
+        else:
+            entry[1] += 1
+            entry[2] += seconds
+
+
+def fallback_reports() -> list[FallbackReport]:
+    """Every op and compiled CPU kernel that ran on the CPU since reset_fallback_reports(), in
+    the order each first ran."""
+    with _reports_lock:
+        return [FallbackReport(kind, name, ops, graph, calls, seconds)
+                for (kind, name, graph), (ops, calls, seconds) in _reports.items()]
+
+
+def reset_fallback_reports() -> None:
+    with _reports_lock:
+        _reports.clear()
+
+
 def operator_name(op: str) -> str:
     """The operator an op name denotes, without its overload, as a schema names it:
     "aten.cos.default", "aten::cos.out" and "aten::cos" are all "aten::cos". A name that is
@@ -145,10 +194,21 @@ def first_warning(operators) -> bool:
     return bool(new)
 
 
+def first_kernel_warning(code) -> bool:
+    """Record a compiled graph's CPU kernel (its body's code object: one per kernel of a loaded
+    module) as warned about; True if it was not yet (compiler/fallback_policy.first_run)."""
+    with _warned_lock:
+        if code in _warned_kernels:
+            return False
+        _warned_kernels.add(code)
+    return True
+
+
 def reset_warnings() -> None:
-    """Forget which ops were warned about (tests)."""
+    """Forget which ops and kernels were warned about (tests)."""
     with _warned_lock:
         _warned.clear()
+        _warned_kernels.clear()
 
 
 # torch._tensor_str._str formats a tensor under torch._C._DisableFuncTorch, which excludes this
@@ -261,13 +321,13 @@ class _Call:
         elif value.device.type != "spyre":
             return value
         host = _host_generator()
-        host.set_state(value.get_state())
+        host.set_state(random.twister_state(value))
         self.generators.append((value, host))
         return host
 
     def finish(self, result):
         for device_gen, host_gen in self.generators:
-            device_gen.set_state(host_gen.get_state())
+            random.set_twister_state(device_gen, host_gen.get_state())
         for name, (tensor, temp) in self.out_temps.items():
             if tensor.shape != temp.shape:
                 tensor.resize_(temp.shape)
@@ -336,7 +396,68 @@ def _follow_metadata(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
     )
 
 
+def check_devices(op, args, kwargs) -> None:
+    """Raise PyTorch's error if the call mixes devices, as a CUDA kernel and torch.compile do:
+    "Expected all tensors to be on the same device, but found at least two devices, spyre:0 and
+    cpu!". Beside spyre tensors a CPU 0-d tensor is a scalar and may mix in; for anything else
+    the verdict is fake tensors' (what a torch.compile'd call gets, including the ops that take
+    host tensors, such as indexing with CPU indices), asked once per op and pattern of devices."""
+    mixed = None
+    for t in _tensors_of((args, kwargs)):
+        if t.device.type != "spyre" and not (t.device.type == "cpu" and t.dim() == 0):
+            mixed = True
+            break
+    if mixed is None:
+        return
+    pattern = (op, tuple(_device_pattern((args, kwargs))))
+    verdict = _device_verdicts.get(pattern)
+    if verdict is None:
+        verdict = _device_verdicts[pattern] = _fake_device_verdict(op, args, kwargs)
+    if verdict:
+        raise RuntimeError(verdict)
+
+
+_device_verdicts: dict[tuple, str] = {}  # (op, devices and ranks of its tensors) -> the error, or ""
+
+
+def _tensors_of(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_of(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_of(v)
+
+
+def _device_pattern(value):
+    for t in _tensors_of(value):
+        yield t.device, t.dim() == 0
+
+
+def _fake_device_verdict(op, args, kwargs) -> str:
+    """Fake tensors' error for the call's devices, or "" if they take them (any other error is
+    not about devices: the CPU kernel reports it)."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+    from torch.utils._pytree import tree_map
+
+    mode = FakeTensorMode()
+    try:
+        fake_args, fake_kwargs = tree_map(
+            lambda v: mode.from_tensor(v.detach()) if isinstance(v, torch.Tensor) else v, (args, kwargs))
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*fake_args, **fake_kwargs)
+    except FakeTensorDeviceMismatchError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - not a verdict on devices
+        return ""
+    return ""
+
+
 def _fallback(keyset, op, *args, **kwargs):
+    check_devices(op, args, kwargs)
     plan = _plan_for(op)
     _announce(plan)
     return _on_stream(plan, op, args, kwargs)
@@ -346,6 +467,7 @@ def run(op, args, kwargs, reason: str | None = None):
     """Run `op` through the CPU fallback, as if it had no spyre kernel: for the compile-backed
     eager kernels (spyre_inductor/eager), on inputs they do not compile. `reason` says why (in
     the once-per-op warning, and in strict mode's error)."""
+    check_devices(op, args, kwargs)
     plan = _plan_for(op)
     _announce(plan, reason, stacklevel=4)
     return _on_stream(plan, op, args, kwargs)
@@ -355,6 +477,7 @@ def run_checking_inputs(op, args, kwargs, reason: str):
     """Like run(), for inputs the compiled path could not even trace (most often the caller's
     mistake: shapes that do not broadcast): the CPU kernel runs first, so PyTorch's own error
     reaches the caller, in strict mode too; only a call that succeeds is announced."""
+    check_devices(op, args, kwargs)
     plan = _plan_for(op)
     if strict():
         # nothing may run on the CPU: the trace's error (a fake tensor's: same check, own words)
@@ -397,6 +520,14 @@ def _on_stream(plan: _OpPlan, op, args, kwargs):
 
 
 def _execute(plan: _OpPlan, op, args, kwargs):
+    start = time.perf_counter()
+    try:
+        return _execute_on_host(plan, op, args, kwargs)
+    finally:
+        record_fallback("op", plan.name, plan.name, "", time.perf_counter() - start)
+
+
+def _execute_on_host(plan: _OpPlan, op, args, kwargs):
     call = _Call(plan)
     names = plan.arg_names
     host_args = [call.to_host(names[i], a) for i, a in enumerate(args)]

@@ -144,8 +144,24 @@ def _quiet_fakes():
 
 
 def rejection_on_fake(sig: Signature, values: tuple, tensors) -> Exception | None:
-    """The error the op itself raises for these inputs (run on fake tensors), or None."""
-    return on_fakes(sig.op, sig, values, tensors)[2]
+    """The error the op itself raises for these inputs (run on fake tensors), or None. An output
+    whose shape depends on the data (``x[mask]``, ``nonzero``) is no rejection: fake tensors have
+    no data to say it, and the CPU kernel takes the inputs."""
+    error = on_fakes(sig.op, sig, values, tensors)[2]
+    return None if data_dependent(error) else error
+
+
+def data_dependent(error: BaseException | None) -> bool:
+    """Whether `error` (or what caused it) is fake tensors meeting an output shape or a value
+    that only the data decides: no program of a fixed shape can compute the op."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, (DynamicOutputShapeException, DataDependentOutputException)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _functional_twin(op: torch._ops.OpOverload):
@@ -171,6 +187,16 @@ def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, written):
         return f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(written)}"
     return None
+
+
+def refused_dtypes(sig: Signature, values: tuple, tensors) -> str | None:
+    """The CPU's error if a matmul's operands have different dtypes (fake tensors take them;
+    compiler/operand_dtypes.py), else None."""
+    from spyre_inductor.compiler.operand_dtypes import mixed_dtypes_error
+
+    args, kwargs = _rebuild(sig, values, tensors)
+    error = mixed_dtypes_error(sig.op, args, kwargs)
+    return None if error is None else str(error)
 
 
 def _type_name(dtype: torch.dtype) -> str:
@@ -268,15 +294,25 @@ def classify(source: str) -> tuple[int, tuple[str, ...]]:
     return programs, tuple(cpu)
 
 
-def compile_graph(gm: torch.fx.GraphModule, fakes: list) -> Compiled:
-    """Inductor (with our backend registered) on the traced graph."""
+# Ops whose CPU kernel refuses a negative index ("index out of range in self", "index -1 is out
+# of bounds for dimension 0 with size 4") where aten.index and aten.index_put, which their
+# decompositions go through, wrap it as Python does: their graphs are compiled with indices that
+# do not wrap, so the program's gather or scatter stops at a negative one, naming it.
+_NO_NEGATIVE_INDEX = frozenset({"aten::index_select", "aten::index_copy", "aten::index_copy_", "aten::index_add",
+                                "aten::index_add_"})
+
+
+def compile_graph(gm: torch.fx.GraphModule, fakes: list, op: torch._ops.OpOverload) -> Compiled:
+    """Inductor (with our backend registered) on the traced graph of `op`: its kernels' errors
+    and warnings name `op` (not the decomposition's pieces), and index as `op`'s CPU kernel does."""
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from spyre_inductor.compiler import registration
+    from spyre_inductor.compiler import nesting, registration
 
     registration.register()
     start = time.perf_counter()
-    fn = compile_fx_inner(gm, fakes)
+    with nesting.compiling_eager_op(op, wrap_negative=op._schema.name not in _NO_NEGATIVE_INDEX):
+        fn = compile_fx_inner(gm, fakes)
     seconds = time.perf_counter() - start
     programs, cpu = classify(getattr(fn, "source_code", "") or "")
     return Compiled(fn, programs, cpu, seconds)

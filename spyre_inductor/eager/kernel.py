@@ -135,8 +135,11 @@ def entry_for(sig: Signature, key, values, kernel):
             tensors = tensors_of(sig, values)
             if isinstance(trace_error, compiling.Rejected) or not compiling.runs_on_fake(sig, values, tensors):
                 return InputsRejected(str(trace_error))  # the caller's error (not cached)
-            # the op takes these inputs; our trace of it failed: a decline like any other
-            entry, compiled = CpuRoute(f"tracing its decomposition failed: {_first_line(trace_error)}"), None
+            if compiling.data_dependent(trace_error):
+                entry = CpuRoute(f"its output's shape depends on its data ({_first_line(trace_error)})")
+            else:  # the op takes these inputs; our trace of it failed: a decline like any other
+                entry = CpuRoute(f"tracing its decomposition failed: {_first_line(trace_error)}")
+            compiled = None
         kind = "compiled" if compiled is not None else "cpu" if isinstance(entry, CpuRoute) else "other"
         CACHE.put(key, entry, kind=kind, seconds=compiled.seconds if compiled else 0.0)
         return entry
@@ -152,6 +155,8 @@ def _build(sig: Signature, values, kernel, travel=()):
                                      "to a single memory location. Please clone() the tensor before performing "
                                      "the operation.")
         if (refused := compiling.unsafe_inplace_cast(sig, values, tensors)) is not None:
+            raise compiling.Rejected(refused)
+        if (refused := compiling.refused_dtypes(sig, values, tensors)) is not None:
             raise compiling.Rejected(refused)
         if not travel and (rejected := compiling.rejection_on_fake(sig, values, tensors)) is not None:
             # the op refuses these inputs where its decomposition would not (an in-place result
@@ -198,7 +203,7 @@ def _build(sig: Signature, values, kernel, travel=()):
 def _compiled(sig: Signature, tsig: Signature, values, tensors):
     gm, fakes = compiling.trace(tsig, values, tensors)
     try:
-        compiled = compiling.compile_graph(gm, fakes)
+        compiled = compiling.compile_graph(gm, fakes, sig.op)
     except compiling.TraceError:
         raise
     except Exception as e:  # noqa: BLE001 - any compile failure leaves the op on the CPU

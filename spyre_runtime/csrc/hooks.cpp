@@ -5,6 +5,7 @@
 #include "runtime_bridge.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
@@ -15,15 +16,25 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace spyre {
 
 namespace {
 
-// Spyre's random numbers come from the same Mersenne Twister as the CPU, so a
-// seeded spyre generator reproduces exactly what the CPU fallback draws. It is
-// a CPU generator that says it belongs to a spyre device.
+// One generator per spyre device, with two states. Random fills that run in
+// spyre programs draw Philox-4x32-10 at (key = the seed, counter = the Philox
+// offset + i) and advance the offset by the counters they drew, as CUDA's
+// Philox generator does; the ops still on the CPU fallback draw from the CPU's
+// Mersenne Twister, so a seeded spyre generator reproduces what the CPU
+// fallback draws. Both live here, in the generator object, so that every way
+// of seeding or restoring it (manual_seed, seed, set_state, clone; on the
+// default generators and on torch.Generator(device="spyre") alike) resets or
+// restores both, under the generator's own mutex.
+//
+// State tensor (uint8): 16 bytes of Philox state (seed and offset,
+// little-endian int64, CUDA's layout), then the Mersenne Twister's state.
 class SpyreGenerator final : public at::CPUGeneratorImpl {
  public:
   explicit SpyreGenerator(c10::DeviceIndex device, uint64_t seed = c10::default_rng_seed_val)
@@ -32,14 +43,76 @@ class SpyreGenerator final : public at::CPUGeneratorImpl {
     key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
   }
 
+  // A new seed starts the Philox stream at counter 0, as CUDA's does.
+  void set_current_seed(uint64_t seed) override {
+    at::CPUGeneratorImpl::set_current_seed(seed);
+    philox_offset_ = 0;
+  }
+
+  uint64_t seed() override {
+    const uint64_t seed = at::CPUGeneratorImpl::seed();
+    philox_offset_ = 0;
+    return seed;
+  }
+
+  void set_offset(uint64_t offset) override {
+    philox_offset_ = offset;
+  }
+
+  uint64_t get_offset() const override {
+    return philox_offset_;
+  }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    const at::Tensor twister(at::CPUGeneratorImpl::get_state());
+    at::Tensor state = at::empty({static_cast<int64_t>(kPhiloxStateBytes) + twister.numel()}, at::kByte);
+    auto* bytes = state.data_ptr<uint8_t>();
+    const uint64_t philox[2] = {current_seed(), philox_offset_};
+    std::memcpy(bytes, philox, kPhiloxStateBytes);
+    std::memcpy(bytes + kPhiloxStateBytes, twister.const_data_ptr<uint8_t>(), twister.numel());
+    return state.getIntrusivePtr();
+  }
+
+  void set_state(const c10::TensorImpl& new_state) override {
+    at::detail::check_rng_state(new_state);
+    const auto total = static_cast<size_t>(new_state.numel());
+    TORCH_CHECK_VALUE(total > kPhiloxStateBytes, "a spyre RNG state has ", kPhiloxStateBytes,
+                      " bytes of Philox state (seed, offset) and then the Mersenne Twister's; got ",
+                      total, " bytes");
+    const auto* bytes = static_cast<const uint8_t*>(new_state.data());
+    uint64_t philox[2];
+    std::memcpy(philox, bytes, kPhiloxStateBytes);
+    at::Tensor twister = at::empty({static_cast<int64_t>(total - kPhiloxStateBytes)}, at::kByte);
+    std::memcpy(twister.data_ptr<uint8_t>(), bytes + kPhiloxStateBytes, total - kPhiloxStateBytes);
+    // Checked on a probe first, so a refused state leaves this generator as it was.
+    at::CPUGeneratorImpl probe;
+    probe.set_state(*twister.unsafeGetTensorImpl());
+    TORCH_CHECK_VALUE(probe.current_seed() == philox[0],
+                      "inconsistent spyre RNG state: its Philox seed ", philox[0],
+                      " is not its Mersenne Twister's seed ", probe.current_seed());
+    at::CPUGeneratorImpl::set_state(*twister.unsafeGetTensorImpl());
+    philox_offset_ = philox[1];
+  }
+
+  // (seed, offset) for a call drawing `counters` Philox counters, advancing the
+  // offset past them (the caller holds mutex_).
+  std::pair<uint64_t, uint64_t> reserve_locked(uint64_t counters) {
+    const uint64_t offset = philox_offset_;
+    philox_offset_ += counters;
+    return {current_seed(), offset};
+  }
+
  private:
   SpyreGenerator* clone_impl() const override {
     auto copy = new SpyreGenerator(device_.index());
     copy->set_engine(const_cast<SpyreGenerator*>(this)->engine());
     copy->set_next_float_normal_sample(const_cast<SpyreGenerator*>(this)->next_float_normal_sample());
     copy->set_next_double_normal_sample(const_cast<SpyreGenerator*>(this)->next_double_normal_sample());
+    copy->philox_offset_ = philox_offset_;
     return copy;
   }
+
+  uint64_t philox_offset_ = 0;
 };
 
 std::once_flag g_generators_once;
@@ -200,6 +273,14 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
                     "spyre: no generator for device index ", static_cast<int>(index),
                     "; there are ", g_generators.size(), " spyre devices");
   return g_generators[index];
+}
+
+std::pair<uint64_t, uint64_t> philox_reserve(const at::Generator& generator, uint64_t counters) {
+  auto* impl = dynamic_cast<SpyreGenerator*>(generator.unsafeGetGeneratorImpl());
+  TORCH_CHECK_VALUE(impl != nullptr, "philox_reserve: expected a spyre generator, got one of ",
+                    generator.device());
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  return impl->reserve_locked(counters);
 }
 
 }  // namespace spyre

@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 
 // OpenMP's and MKL's thread counts can be set per calling thread; torch.set_num_threads would
@@ -35,6 +36,25 @@ std::pair<int, int> set_intraop_threads(int omp, int mkl) {
   int previous = omp_get_max_threads();
   if (previous != omp) omp_set_num_threads(omp);
   return {previous, mkl_set_num_threads_local_ != nullptr ? mkl_set_num_threads_local_(&mkl) : 0};
+}
+
+// copy_'s memory-overlap checks, as the CPU and CUDA copies make them (Copy.cpp: a copy onto
+// itself, or onto a view of the same data, is a no-op; otherwise TensorIterator refuses a
+// destination whose elements share memory and a source that partly overlaps it). A spyre copy
+// reaches _copy_from before any TensorIterator, so they are made here, in PyTorch's words.
+void check_copy_overlap(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.is_same(src)) {
+    return;
+  }
+  const bool same_data = dst.is_alias_of(src) && dst.storage_offset() == src.storage_offset() &&
+                         dst.strides().equals(src.strides()) && dst.sizes().equals(src.sizes()) &&
+                         dst.scalar_type() == src.scalar_type() && dst.is_conj() == src.is_conj() &&
+                         dst.is_neg() == src.is_neg();
+  if (same_data) {
+    return;
+  }
+  at::assert_no_internal_overlap(dst);
+  at::assert_no_partial_overlap(dst, src);
 }
 
 py::object default_generator(int device) {
@@ -69,6 +89,17 @@ PYBIND11_MODULE(_C, m) {
     return spyre::stream_priority(static_cast<c10::DeviceIndex>(device), id);
   });
   m.def("default_generator", &default_generator, py::arg("device"));
+  m.def("check_copy_overlap", &check_copy_overlap, py::arg("dst"), py::arg("src"),
+        "Raise PyTorch's error if copy_(dst, src) writes memory that dst's elements share or that "
+        "src partly overlaps (a copy onto the same data is allowed).");
+  m.def("philox_reserve", [](py::handle generator, uint64_t counters) {
+    TORCH_CHECK_TYPE(THPGenerator_Check(generator.ptr()), "philox_reserve: expected a torch.Generator");
+    const auto [seed, offset] = spyre::philox_reserve(reinterpret_cast<THPGenerator*>(generator.ptr())->cdata,
+                                                      counters);
+    return py::make_tuple(seed, offset);
+  }, py::arg("generator"), py::arg("counters"),
+        "(seed, offset) for a fill drawing `counters` Philox counters from a spyre generator, "
+        "its offset advanced past them atomically.");
   m.def("host_alias", &spyre::host_alias, py::arg("tensor"),
         "A CPU tensor viewing the same bytes as a spyre tensor.");
   m.def("describe", [](uintptr_t ptr) {

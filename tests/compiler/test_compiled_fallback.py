@@ -44,19 +44,41 @@ def test_a_refused_kernel_with_masked_loads_runs_them_on_the_cpu(monkeypatch):
     assert "spyre_host.where(" in code
 
 
-def test_warning_is_shown_once_per_op():
+def test_each_cpu_kernel_warns_when_it_first_runs_naming_itself():
     x = torch.randn(64, 32)
     fn = lambda a: torch.logcumsumexp(a, 1) * 2  # noqa: E731 - a scan whose combine is not an add: not compiled
-    _, _, _, warned, _ = compile_on_spyre(fn, x)
-    assert len(warned) == 1 and "aten.logcumsumexp" in warned[0]
-    # compile_on_spyre resets the once-per-op memory; compile again without it.
+    _, args, _, warned, _ = compile_on_spyre(fn, x)
+    assert len(warned) == 1 and "aten.logcumsumexp" in warned[0] and "as its kernel spyre_cpu_kernel_" in warned[0]
+    # compile_on_spyre resets the record of what warned; keep it now. The same graph run again
+    # says nothing more; a new graph's CPU kernel of the same op is new CPU work: it warns too.
     import warnings
 
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as again, torch._inductor.config.patch(force_disable_caches=True):
         warnings.simplefilter("always")
-        torch.compile(lambda a: torch.logcumsumexp(a, 1) + 1)(x.to("spyre"))
-    assert not [w for w in again if "aten.logcumsumexp" in str(w.message)]
+        torch.compile(fn)(args[0])
+        other = torch.compile(lambda a: torch.logcumsumexp(a, 0) + 1)
+        other(args[0])
+        other(args[0])
+    about = [str(w.message) for w in again if "aten.logcumsumexp" in str(w.message)]
+    assert len(about) == 1 and "as its kernel spyre_cpu_kernel_" in about[0], about
+
+
+def test_fallback_reports_count_cpu_kernels_and_eager_ops():
+    x = torch.randn(16, 32).to("spyre")
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: torch.logcumsumexp(a, 1) * 2)
+    f(x)  # (compiled: the first call)
+    torch.spyre.reset_fallback_reports()
+    f(x), f(x), f(x)
+    torch.lgamma(x)  # an eager op without a spyre kernel
+    torch.spyre.synchronize()
+    kernel, op = torch.spyre.fallback_reports()
+    assert kernel.name.startswith("spyre_cpu_kernel_") and kernel.ops == "aten.logcumsumexp.default"
+    assert kernel.graph.endswith(".py") and kernel.calls == 3 and kernel.host_seconds > 0
+    assert op.name.startswith("aten::lgamma") and op.calls == 1 and op.host_seconds > 0
+    torch.spyre.reset_fallback_reports()
+    assert torch.spyre.fallback_reports() == []
 
 
 def test_strict_mode_raises_naming_the_op(monkeypatch):

@@ -18,6 +18,7 @@ most its Lipschitz constant (1 for a bias add, 1.13 for GELU): ``EPILOGUE``.
 
 from __future__ import annotations
 
+import re
 
 import pytest
 import torch
@@ -251,3 +252,32 @@ def test_an_integer_matmul_is_a_named_cpu_fallback_refused_under_strict():
     a, b = torch.randint(-5, 5, (8, 16)), torch.randint(-5, 5, (16, 4))
     with pytest.raises(Exception, match="aten::mm.*SPYRE_STRICT=1"):
         compile_on_spyre(torch.mm, a, b)
+
+
+@pytest.mark.parametrize("is_strict", [False, True])
+@pytest.mark.parametrize("case", ["mm", "addmm", "linear", "linear bias"])
+def test_a_matmul_of_two_dtypes_raises_the_cpus_error_as_it_compiles(monkeypatch, case, is_strict):
+    # Fake tensors let f32 @ f16 through (the result in the first dtype); the lowering asks the
+    # CPU kernel, as eager does (tests/eager/test_eager_checks.py).
+    monkeypatch.setenv("SPYRE_STRICT", "1" if is_strict else "0")
+    fn = {"mm": lambda a, w, b: a @ w.t(),
+          "addmm": lambda a, w, b: torch.addmm(b, a, w.t()),
+          "linear": lambda a, w, b: F.linear(a, w),
+          "linear bias": lambda a, w, b: F.linear(a, w, b)}[case]
+    a, w, b = torch.randn(8, 16), torch.randn(4, 16).half(), torch.randn(4)
+    with pytest.raises(RuntimeError) as cpu:
+        fn(a, w, b)
+    with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+        compile_on_spyre(fn, a, w, b)
+    # of one dtype, it compiles
+    (out,), *_ = compile_on_spyre(fn, a, w.float(), b)
+    torch.testing.assert_close(out.cpu(), fn(a, w.float(), b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_matmul_of_a_spyre_and_a_cpu_tensor_raises_as_cuda_does():
+    # (Dynamo's fake tensors raise it while tracing, in eager's words: tests/eager/test_eager_checks.py)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: a @ b)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two "
+                                           "devices, spyre:0 and cpu!"):
+        f(torch.randn(4, 3).to("spyre"), torch.randn(3, 5))

@@ -56,6 +56,25 @@ def test_seeded_reproducible_and_fresh_per_call():
     assert abs(z.var().item() - 1) < 5 * math.sqrt(2 / z.numel())
 
 
+def test_every_reseed_replays_a_compiled_graph():
+    # The graph's seeds are drawn from the default generator, so each way of putting it back
+    # (torch.manual_seed, the generator object's own manual_seed or set_state) replays.
+    f = torch.compile(lambda x: x + torch.rand_like(x), dynamic=False)
+    x = torch.zeros(16, 64).to("spyre")
+    gen = torch.spyre.default_generators[0]
+    torch.manual_seed(7)
+    a = f(x).cpu()
+    torch.manual_seed(7)
+    assert torch.equal(f(x).cpu(), a)
+    gen.manual_seed(7)
+    assert torch.equal(f(x).cpu(), a)
+    state = gen.get_state()
+    b = f(x).cpu()
+    gen.set_state(state)
+    assert torch.equal(f(x).cpu(), b)
+    assert not torch.equal(a, b)
+
+
 def test_randint_and_bernoulli_in_a_graph():
     def f(x):
         k = torch.randint(0, 7, x.shape, device=x.device)

@@ -138,7 +138,7 @@ def test_an_op_outside_the_compiler_keeps_the_fallback_and_strict_mode_names_it(
 
 
 def test_a_failed_compile_falls_back_and_leaves_the_device_usable(spyre, monkeypatch, fresh_cache):
-    def broken(gm, fakes):
+    def broken(gm, fakes, op):
         raise RuntimeError("planner exploded")
 
     monkeypatch.setattr(compiling, "compile_graph", broken)
