@@ -72,7 +72,7 @@ def make_kernel(sig: Signature):
             # Dynamo tracing, or a torch.compile's Inductor evaluating a constant on spyre
             # (constant folding runs `full`/`scalar_tensor` eagerly): never compile inside a compile
             return _in_trace(sig, args, kwargs)
-        values = sig.bind(args, kwargs)
+        values = _scalars_on_device(sig, sig.bind(args, kwargs))
         key = make_key(sig, values)
         if key is None:
             return not_compiled(sig, args, kwargs, "an argument is not a spyre tensor")
@@ -90,6 +90,26 @@ def make_kernel(sig: Signature):
 
     kernel.__name__ = f"spyre_eager_{sig.name.replace('::', '_').replace('.', '_')}"
     return kernel
+
+
+def _scalars_on_device(sig: Signature, values: tuple) -> tuple:
+    """`values` with each CPU 0-d tensor the op reads beside a spyre tensor copied to that
+    tensor's device: PyTorch lets CPU scalars mix in (as CUDA passes them to its kernels), and a
+    0-d spyre tensor promotes exactly as the CPU one does, so the op compiles like any other."""
+    device, scalars = None, []
+    for i in sig.tensor_at:
+        t = values[i]
+        if isinstance(t, torch.Tensor):
+            if t.device.type == "spyre":
+                device = device or t.device
+            elif t.device.type == "cpu" and t.dim() == 0 and i not in sig.written:
+                scalars.append(i)
+    if device is None or not scalars:
+        return values
+    values = list(values)
+    for i in scalars:
+        values[i] = values[i].to(device)
+    return tuple(values)
 
 
 def _in_trace(sig, args, kwargs):

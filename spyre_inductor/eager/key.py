@@ -32,7 +32,7 @@ its VALUE, with its type (1, 1.0 and True are different constants).
   each value to its own value key.
 
 ``None`` as the key means "not for the compiled path": a CPU tensor among the
-arguments (a CPU 0-d tensor with a spyre one, as PyTorch allows), a tensor on
+arguments (a CPU 0-d tensor the op writes: one it only reads is on the card by now, kernel.py), a tensor on
 another device type, or a conjugate/negative view bit.
 """
 

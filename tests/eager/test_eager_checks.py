@@ -161,12 +161,23 @@ def test_an_op_on_a_spyre_and_a_cpu_tensor_raises_as_cuda_does(spyre, is_strict)
 
 
 def test_cpu_scalars_and_cpu_indices_still_mix_in(spyre, monkeypatch):
-    # A CPU 0-d tensor is a scalar (CUDA and torch.compile take it), and indexing takes CPU
-    # indices (fake tensors, and CUDA, do): both run, through the CPU fallback, warned.
+    # Indexing takes CPU indices (fake tensors, and CUDA, do): it runs, through the CPU fallback, warned.
     monkeypatch.setenv("SPYRE_STRICT", "0")
     a = torch.randn(4, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpyreFallbackWarning)
-        torch.testing.assert_close((a.to(spyre) + torch.tensor(2.0)).cpu(), a + 2)
         index = torch.tensor([2, 0])
         torch.testing.assert_close(a.to(spyre)[index].cpu(), a[index])
+
+
+@pytest.mark.parametrize("scalar", [torch.tensor(2.0), torch.tensor(3), torch.tensor(True)], ids=str)
+def test_a_cpu_scalar_tensor_mixes_in_and_runs_in_a_program(spyre, monkeypatch, scalar):
+    # A CPU 0-d tensor is a scalar (CUDA and torch.compile take it): it is copied to the card and
+    # the op runs as a program (strict mode), promoting as the 0-d tensor it is (fp16 stays fp16)
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    a = torch.randn(4, 3)
+    for x in (a, a.half()):
+        for f in (lambda t: t + scalar, lambda t: torch.where(t > 0, t, scalar), lambda t: t.clamp(max=scalar)):
+            got, want = f(x.to(spyre)), f(x)
+            assert got.dtype == want.dtype and got.device.type == "spyre"
+            torch.testing.assert_close(got.cpu(), want)
