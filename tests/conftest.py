@@ -22,6 +22,18 @@ def spyre():
     return torch.device("spyre", 0)
 
 
+@pytest.fixture
+def fresh_cache():
+    """The eager cache, empty, its capacity put back afterwards."""
+    from spyre_inductor.eager.cache import CACHE
+
+    capacity = CACHE.capacity
+    CACHE.clear()
+    yield CACHE
+    CACHE.set_capacity(capacity)
+    CACHE.clear()
+
+
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (for behaviour fixed at import time)."""
     full_env = {**os.environ, **{k: str(v) for k, v in env.items()}}

@@ -57,15 +57,6 @@ def test_keys_that_stop_being_used_give_way_to_new_ones():
     assert all(_use(cache, ("new", k)) for k in range(4))
 
 
-@pytest.fixture
-def fresh_cache():
-    capacity = CACHE.capacity
-    CACHE.clear()
-    yield CACHE
-    CACHE.set_capacity(capacity)
-    CACHE.clear()
-
-
 def test_an_evicted_entry_gives_back_its_programs_and_its_module(spyre, fresh_cache):
     """Three shapes over a capacity of two: misses compile again; what each evicted entry held
     (its program's image and correction areas on the device, its module in Inductor's

@@ -16,15 +16,6 @@ def strict(monkeypatch):
     monkeypatch.setenv("SPYRE_STRICT", "1")
 
 
-@pytest.fixture
-def fresh_cache():
-    capacity = CACHE.capacity
-    CACHE.clear()
-    yield CACHE
-    CACHE.set_capacity(capacity)
-    CACHE.clear()
-
-
 def _programs_launched(fn):
     """(result, how many spyre programs fn launched)."""
     torch.spyre.synchronize()
