@@ -10,6 +10,7 @@ import compiled_reductions
 import data_movement
 import device_overhead
 import eager
+import eager_cache
 import launch
 import launch_cost
 import models
@@ -32,3 +33,4 @@ if __name__ == "__main__":
     data_movement.main()
     models.main()
     eager.main([])
+    eager_cache.main([])
