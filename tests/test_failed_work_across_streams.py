@@ -162,6 +162,18 @@ def test_a_copy_skipped_on_the_failed_stream_is_never_read_either():
     _names_the_gather(info.value)
 
 
+def test_a_blocking_copy_refused_on_the_failed_stream_does_not_clear_its_destination():
+    """A blocking copy into the failed output, on the failed stream, raises and writes nothing: the
+    output is still never written, and a read on the default stream still fails."""
+    side = torch.spyre.Stream()
+    out = _failed_gather_on(side)
+    with torch.spyre.stream(side), pytest.raises(IndexError):
+        out.copy_(torch.ones(2, 4))
+    with pytest.raises(IndexError) as info:
+        out.cpu()
+    _names_the_gather(info.value)
+
+
 def test_another_thread_never_reads_a_failed_output(strict):
     side = torch.spyre.Stream()
     out = _failed_gather_on(side)

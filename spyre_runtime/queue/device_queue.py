@@ -939,8 +939,8 @@ class DeviceQueue:
                 else:  # its own failure, as its stream's error names it, unless it only followed from another
                     root = getattr(error, "root", None) or (stream.error if stream.error_seq == t.seq else error)
                 self._add_poison(footprint.writes, t, root)
-            elif self._poison and kind is Transfer:
-                self._drop_poison(footprint.writes)  # a transfer writes every byte of its destination
+            elif self._poison and kind is Transfer and error is None and not t.skipped:
+                self._drop_poison(footprint.writes)  # a transfer that ran wrote every byte of its destination
         ready = []
         if t.dependents:
             end = t.sim_end
