@@ -412,7 +412,9 @@ def check_devices(op, args, kwargs) -> None:
     pattern = (op, tuple(_device_pattern((args, kwargs))))
     verdict = _device_verdicts.get(pattern)
     if verdict is None:
-        verdict = _device_verdicts[pattern] = _fake_device_verdict(op, args, kwargs)
+        verdict = _fake_device_verdict(op, args, kwargs)
+        if verdict is not None:  # (None: fake tensors failed on something else; ask again next time)
+            _device_verdicts[pattern] = verdict
     if verdict:
         raise RuntimeError(verdict)
 
@@ -436,9 +438,10 @@ def _device_pattern(value):
         yield t.device, t.dim() == 0
 
 
-def _fake_device_verdict(op, args, kwargs) -> str:
-    """Fake tensors' error for the call's devices, or "" if they take them (any other error is
-    not about devices: the CPU kernel reports it)."""
+def _fake_device_verdict(op, args, kwargs) -> str | None:
+    """Fake tensors' error for the call's devices, "" if they take them, None if they failed on
+    something else (a shape: the CPU kernel reports it; the devices may still be refused with
+    other shapes, so that is no verdict)."""
     from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
     from torch.utils._pytree import tree_map
 
@@ -452,7 +455,7 @@ def _fake_device_verdict(op, args, kwargs) -> str:
     except FakeTensorDeviceMismatchError as e:
         return str(e)
     except Exception:  # noqa: BLE001 - not a verdict on devices
-        return ""
+        return None
     return ""
 
 

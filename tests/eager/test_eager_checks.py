@@ -170,6 +170,16 @@ def test_cpu_scalars_and_cpu_indices_still_mix_in(spyre, monkeypatch):
         torch.testing.assert_close(a.to(spyre)[index].cpu(), a[index])
 
 
+def test_a_shape_error_does_not_let_the_same_devices_through_later(spyre):
+    # the first call fails on its shapes, which says nothing of its devices: the next call with
+    # the same devices and fitting shapes still gets the device error
+    a = torch.randn(2, 3).to(spyre)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        a @ torch.randn(4, 5)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a @ torch.randn(3, 4)
+
+
 @pytest.mark.parametrize("scalar", [torch.tensor(2.0), torch.tensor(3), torch.tensor(True)], ids=str)
 def test_a_cpu_scalar_tensor_mixes_in_and_runs_in_a_program(spyre, monkeypatch, scalar):
     # A CPU 0-d tensor is a scalar (CUDA and torch.compile take it): it is copied to the card and
