@@ -107,8 +107,8 @@ def _scalars_on_device(sig: Signature, values: tuple) -> tuple:
     if device is None or not scalars:
         return values
     values = list(values)
-    for i in scalars:
-        values[i] = values[i].to(device)
+    for i in scalars:  # (non-blocking: the source is snapshotted at enqueue, and no sync per call)
+        values[i] = values[i].to(device, non_blocking=True)
     return tuple(values)
 
 
