@@ -62,6 +62,7 @@ from .fallback_policy import origin_ops
 from .nesting import negative_indices_wrap
 from .indexing import (
     NotCapturable,
+    OutOfRange,
     affine_index,
     common_ranges,
     dim_cuts,
@@ -517,8 +518,8 @@ class CaptureHandler(DefaultHandler):
         if wrap_neg and hi < 0:
             expr, lo, hi = expr + size, lo + size, hi + size
         if lo < 0 or hi >= size:
-            raise NotCapturable(f"an index computed from the loop indices spans [{lo}, {hi}], outside "
-                                f"[0, {size}) (negative and positive indices mixed, or out of range)")
+            raise OutOfRange(f"an index computed from the loop indices spans [{lo}, {hi}], outside "
+                             f"[0, {size}) (negative and positive indices mixed, or out of range)")
         return expr
 
     def _is_outer(self, value: _V) -> bool:

@@ -39,6 +39,11 @@ class NotCapturable(Exception):
         self.reason = reason
 
 
+class OutOfRange(NotCapturable):
+    """The kernel would index a static buffer out of its range at these sizes (an embedding's
+    positions past its table): sizes it is never launched at, not a kernel that cannot be captured."""
+
+
 # Issue 18 (symbolic.py): while a kernel over symbolic sizes is captured, each size symbol
 # stands for one value (its bucket's maximum, or a probe); None: sizes must be static. (A
 # context variable: compiles on other threads capture at their own values.)

@@ -49,7 +49,7 @@ import sympy
 import torch
 
 from . import indexing, symbolic_reduce
-from .indexing import NotCapturable
+from .indexing import NotCapturable, OutOfRange
 from .kernel_ir import AttentionKernel, Buffer, Cast, Kernel, Load, Store, SymbolicSizes
 
 FLOOR = 16
@@ -78,12 +78,7 @@ def planned_bucket(sym, hint: int | None = None, env=None) -> tuple[int, int, tu
     graph's, unless given). NotCapturable without a hint, or when the bucket is too small to
     capture at hi and hi - 1, or outside Dynamo's range for it."""
     if hint is None:
-        from torch._inductor.virtualized import V
-
-        try:
-            hint = int(V.graph.sizevars.optimization_hint(sym))  # (no guard: other sizes re-bucket at run time)
-        except Exception as e:  # noqa: BLE001
-            raise NotCapturable(f"symbolic size {sym} without a hint ({type(e).__name__}: {e})") from None
+        hint = hint_of(sym)  # (no guard: other sizes re-bucket at run time)
     limits = dynamo_limits(sym, env)
     try:
         lo, hi = bucket_of(hint, limits)
@@ -190,19 +185,74 @@ def capture_symbolic(nodes, capture_fn, symbols):
 GUARDS: contextvars.ContextVar[bool] = contextvars.ContextVar("spyre_size_guards", default=False)
 
 
-def _bucketed(nodes, capture_fn, sym):
+def _bucketed(nodes, capture_fn, sym, beyond: bool = True):
     """The Capture of `nodes` with size `sym` served by a bucket (and any size specialized per
-    value at the values of indexing.EXACT_VALUES)."""
+    value at the values of indexing.EXACT_VALUES); with `beyond`, checked against captures at
+    the tops of other buckets."""
     lo, hi, limits = planned_bucket(sym)
     planned = _at(nodes, capture_fn, {sym: hi})
     probe = _at(nodes, capture_fn, {sym: hi - 1})
-    if planned.kernel is None or probe.kernel is None:
+    if planned.kernel is None and probe.kernel is None:
         return planned
+    if planned.kernel is None or probe.kernel is None:
+        raise NotCapturable(f"at size {sym}={hi if planned.kernel is None else hi - 1} the kernel has nothing to run")
     kernel = replace_symbolic(planned.kernel, probe.kernel, str(sym), lo, hi)
     kernel = dataclasses.replace(kernel, symbolic=dataclasses.replace(kernel.symbolic,
                                                                       limits=((str(sym), *limits),)))
     check(kernel)
+    if beyond:
+        _check_other_buckets(nodes, capture_fn, sym, planned.kernel, kernel, limits)
     return dataclasses.replace(planned, kernel=kernel)
+
+
+def far_values(base: int, limits, near: tuple = ()) -> list[int]:
+    """Sizes away from `base` inside Dynamo's `limits` (the least, a quarter, and 4x, 64x and
+    2^24 past it), none of them in `near`: where a capture is compared with what a fit predicts.
+    A fit from neighbouring sizes hides what changes only further away: Inductor simplifies an
+    index i % 16 to i while the loop over i is at most 16 long."""
+    least, most = max(limits[0], 2), limits[1]
+    out = []
+    for v in (least, base // 4, 4 * base + 3, 64 * base + 3, (1 << 24) + 3):
+        if v >= least and (most is None or v <= most) and v not in near and v not in out:
+            out.append(v)
+    return out
+
+
+def _steps_only(kernel):
+    """`kernel` with the strides of its buffers' extent-1 dims zeroed (never stepped along: a
+    keepdim's or a batch of one's stride follows the other sizes, and says nothing)."""
+    return dataclasses.replace(kernel, buffers=tuple(
+        dataclasses.replace(b, strides=tuple(st if n != 1 else 0 for st, n in zip(b.strides, b.shape)))
+        for b in kernel.buffers))
+
+
+def _check_other_buckets(nodes, capture_fn, sym, raw, kernel, limits) -> None:
+    """NotCapturable when the kernel captured at the top of another bucket differs from what its
+    fit predicts there (what rebucket will plan), or cannot be captured above it. A size past a
+    static table's range (OutOfRange: an embedding's positions past its table) is skipped: the
+    kernel is never launched there (a launch would fail, naming it); so is a smaller one that
+    cannot be captured (x[32:].sum(0) at 16 reduces nothing)."""
+    (_, _, hi), = kernel.symbolic.sizes
+    fitted = dataclasses.replace(raw, symbolic=kernel.symbolic)
+    n = len(raw.ranges)
+    for v in far_values(hi, limits):
+        top = bucket_of(v, limits)[1]
+        if top in (hi, hi - 1):
+            continue
+        try:
+            found = _at(nodes, capture_fn, {sym: top})
+        except OutOfRange:
+            continue
+        except NotCapturable as e:
+            if top < hi:
+                continue  # (a size too small to make sense of: an empty reduction, x[32:] at 16)
+            raise NotCapturable(f"the kernel over size {sym} cannot be captured at {sym}={top} ({e.reason}), which "
+                                f"its fit from {sym}={hi} would serve") from None
+        full, _ = shapes_at(fitted, top)
+        want = dataclasses.replace(raw, ranges=full[:n], reduction_ranges=full[n:], buffers=buffers_at(fitted, top))
+        if found.kernel is None or _steps_only(found.kernel) != _steps_only(want):
+            raise NotCapturable(f"the kernel over size {sym} captured at {sym}={top} is not what its fit from "
+                                f"{sym}={hi} predicts (an index that bends past the sizes it was captured at)")
 
 
 def _capture_exact(nodes, capture_fn, bucket, exact):
@@ -210,11 +260,14 @@ def _capture_exact(nodes, capture_fn, bucket, exact):
     `bucket` (if any) served by a bucket; the Capture says which sizes, and carries the template."""
     from .symbolic_exact import capture_exact, exact_values
 
+    hints = [hint_of(s) for s in exact]
+
     def at(values):
         with exact_values(values):
-            return _bucketed(nodes, capture_fn, bucket) if bucket is not None else capture_fn(nodes)
+            if bucket is None:
+                return capture_fn(nodes)
+            return _bucketed(nodes, capture_fn, bucket, beyond=list(values.values()) == hints)
 
-    hints = [hint_of(s) for s in exact]
     limits = [dynamo_limits(s) for s in exact]
     found, template = capture_exact(at, exact, hints, limits, artifact_doc)
     return dataclasses.replace(found, exact=tuple(str(s) for s in exact), template=template)
@@ -230,6 +283,7 @@ def artifact_doc(kernel) -> dict:
 
 
 def hint_of(sym) -> int:
+    """Inductor's hint for size `sym` (the call being compiled), without a guard."""
     from torch._inductor.virtualized import V
 
     try:
@@ -270,11 +324,14 @@ def _specialize_all_but_one(nodes, symbols, kept, why: str):
         # (mark_dynamic says the user wants it dynamic: a guard would fail the whole compile)
         raise NotCapturable(f"sizes {', '.join(map(str, symbols))}: {', '.join(map(str, others))} marked dynamic "
                             f"besides the rows, and not served per value ({why})")
-    key = tuple(str(x) for x in others)
+    from .fallback_policy import origin_ops
+
+    key = (origin_ops(nodes), tuple(str(x) for x in others))
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(f"spyre: sizes {', '.join(key)} are specialized by a guard (each new value recompiles the "
-                      f"graph): the kernel cannot be compiled per value of them ({why})", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"spyre: sizes {', '.join(key[1])} of {key[0]} are specialized by a guard (each new value "
+                      f"recompiles the graph): the kernel cannot be compiled per value of them ({why})", RuntimeWarning,
+                      stacklevel=2)
     for other in others:
         V.graph.sizevars.guard_int(other)  # a guard: another value recompiles
     return kept
@@ -548,6 +605,7 @@ class BucketedPlan:
         # values of the specialized sizes -> [(prepared plan, its kernel)], one per bucket
         self.plans = {base: [(prepare_kernel(artifact_dir, device=device), self.kernel)]}
         self.compiled = 0  # artifacts compiled at run time
+        self._failed: dict = {}  # (bucket, values) -> the error its compile raised
         self._lock = threading.Lock()
 
     @property
@@ -562,9 +620,26 @@ class BucketedPlan:
         with self._lock:
             found = self._find(n, values)
             if found is None:
-                found = self._compile(n, values)
+                failed = self._failed.get((self._bucket(n), values))
+                if failed is not None:
+                    raise RuntimeError(str(failed)) from failed.__cause__  # (not compiled again per launch)
+                try:
+                    found = self._compile(n, values)
+                except RuntimeError as e:
+                    self._failed[(self._bucket(n), values)] = e
+                    raise
                 self.plans.setdefault(values, []).append(found)
             return found
+
+    def _bucket(self, n):
+        if n is None:
+            return None
+        (name, _, _), = self.kernel.symbolic.sizes
+        limits = {x: (a, b) for x, a, b in self.kernel.symbolic.limits}.get(name, (0, None))
+        try:
+            return bucket_of(n, limits)
+        except ValueError:
+            return n
 
     def _find(self, n, values):
         for plan, kernel in self.plans.get(values, ()):
@@ -586,6 +661,7 @@ class BucketedPlan:
         from spyre_runtime.launch import prepare_kernel
 
         from . import backend
+        from .errors import PlanError
         from .scheduling import artifact_root, content_name
 
         kernel = self.kernel
@@ -600,7 +676,7 @@ class BucketedPlan:
                 else:
                     kernel = rebucket(kernel, n)
             artifact = backend.compile_kernel(kernel, artifact_root())
-        except (backend.Unsupported, NotCapturable, ValueError) as e:
+        except (backend.Unsupported, NotCapturable, ValueError, PlanError) as e:
             raise RuntimeError(f"spyre: kernel {self.kernel.name!r} cannot be compiled for {_say_sizes(self, n, values)}: "
                                f"{e}") from e
         self.compiled += 1

@@ -42,18 +42,6 @@ SIZE = "z0"  # the size's name in the artifact (positional, as symbolic kernels'
 # ---- capture ---------------------------------------------------------------------------
 
 
-def size_symbol(layouts) -> sympy.Symbol:
-    """The one size symbol in the (size, stride, offset) of `layouts` (Inductor layouts)."""
-    found = set()
-    for layout in layouts:
-        for e in (*layout.size, *layout.stride, layout.offset):
-            found |= sympy.sympify(e).free_symbols
-    if len(found) != 1:
-        raise NotCapturable(f"attention over sizes {', '.join(sorted(map(str, found)))}: one symbolic size (the "
-                            f"sequence length) is compiled for spyre, not {len(found)}")
-    return found.pop()
-
-
 def sequence_symbol(layouts):
     """The size symbol a bucket serves: k's positions' (dim 2 of the second layout: a decode's
     growing KV length), else q's rows' (dim 2 of the first), or None when both are static; the
@@ -314,4 +302,4 @@ def rebucket(kernel: AttentionKernel, n: int) -> AttentionKernel:
 
 
 __all__ = ["capture", "check", "head_args", "head_name", "kv_size", "launch_shape", "layout_symbols", "layouts",
-           "rebucket", "sequence_symbol", "size_symbol", "sized", "split", "symbols"]
+           "rebucket", "sequence_symbol", "sized", "split", "symbols"]

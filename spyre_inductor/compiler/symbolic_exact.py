@@ -28,7 +28,7 @@ from collections.abc import Callable
 from . import indexing
 from .indexing import NotCapturable
 
-MAX_SIZES = 3  # sizes specialized per value in one kernel: 2 ** 3 corner captures
+MAX_SIZES = 3  # sizes specialized per value in one kernel: 2 ** 3 corner captures (twice with a bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,22 +125,31 @@ def _step(sym, base: int, limits) -> int:
 
 
 def _check_far(at, template: Template, symbols, limits, kernel_doc, base_doc) -> None:
-    """The template against a capture at sizes away from every corner (each size about twice
-    its base): an integer the corners fitted wrongly (a floor division inside capture) shows."""
-    far = []
-    for s, b, (least, most) in zip(symbols, template.base, limits):
-        v = 2 * b + 3
-        if most is not None and v > most:
-            v = max(least, 2, b - 3)
-        far.append(v)
-    if all(v in (b, b + st) for v, b, st in zip(far, template.base, template.step)):
-        return  # (a size with two values only: the corners are every size)
-    values = dict(zip(symbols, far))
-    found = at(values)
-    want = json.loads(template.kernel_json(json.dumps(base_doc), far))
-    if found.kernel is None or kernel_doc(found.kernel) != want:
-        raise NotCapturable(f"the kernel does not follow sizes {', '.join(map(str, symbols))} affinely (its capture "
-                            f"at {_say(values)} differs from the one its corners predict)")
+    """The template against captures at sizes away from every corner (symbolic.far_values: the
+    least, below and far above the base): an integer the corners fitted wrongly (a product
+    computed inside capture, an index Inductor simplified because its loop was short at the
+    corners) shows there, or the kernel cannot be captured there. A point past a static table's
+    range (indexing.OutOfRange) is skipped: the kernel is never launched there."""
+    from .symbolic import far_values
+
+    corners = [(b, b + st) for b, st in zip(template.base, template.step)]
+    columns = [far_values(b, lim, near) for b, lim, near in zip(template.base, limits, corners)]
+    for k in range(max((len(c) for c in columns), default=0)):
+        far = [c[k] if k < len(c) else b for c, b in zip(columns, template.base)]
+        values = dict(zip(symbols, far))
+        try:
+            found = at(values)
+        except indexing.OutOfRange:
+            continue
+        except NotCapturable as e:
+            if all(v <= b for v, b in zip(far, template.base)):
+                continue  # (sizes too small to make sense of: an empty reduction)
+            raise NotCapturable(f"the kernel over sizes {', '.join(map(str, symbols))} cannot be captured at "
+                                f"{_say(values)} ({e.reason}), which its template would serve") from None
+        want = json.loads(template.kernel_json(json.dumps(base_doc), far))
+        if found.kernel is None or kernel_doc(found.kernel) != want:
+            raise NotCapturable(f"the kernel does not follow sizes {', '.join(map(str, symbols))} affinely (its "
+                                f"capture at {_say(values)} differs from the one its corners predict)")
 
 
 def _diff(a, b, path, symbols, mask):

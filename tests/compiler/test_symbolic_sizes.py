@@ -876,3 +876,36 @@ def test_a_template_follows_each_size_multilinearly_and_is_checked_far_away():
     bend = True
     with pytest.raises(symbolic.NotCapturable, match=r"does not follow sizes a, b affinely"):
         capture_exact(at, [a, b], [10, 5], [(2, None), (2, 5)], lambda k: k)
+
+
+# ---- an index that bends only past the captured sizes (issue 29, review) ---------------------
+# Inductor simplifies i % 16 to i, and i // 16 to 0, while the loop over i is at most 16 long:
+# a kernel captured for the bucket [2, 16] looked affine, and served 40 with 16, 17, ... where
+# the CPU has 0, 1, .... Captures at other buckets' tops (and, per value, at far sizes) must
+# agree with the fit, else the kernel is refused.
+
+BENDS = {
+    "mod": lambda x: x + (torch.arange(x.shape[-1], device=x.device) % 16).float(),
+    "floordiv": lambda x: x + (torch.arange(x.shape[-1], device=x.device) // 16).float(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BENDS))
+@pytest.mark.parametrize("rows", [None, 4], ids=["bucket", "per value"])
+def test_an_index_that_bends_past_the_captured_sizes_is_refused(counted, name, rows):
+    fn = BENDS[name]
+    x = torch.zeros(6) if rows is None else torch.zeros(rows, 6)
+    xs = x.to(SPYRE)
+    torch._dynamo.mark_dynamic(xs, x.dim() - 1)
+    with pytest.raises(Exception, match=r"(captured at|cannot be captured at) .*SPYRE_STRICT=1 forbids"):
+        torch.compile(fn)(xs)
+
+
+@pytest.mark.parametrize("name", sorted(BENDS))
+def test_an_index_that_bends_past_the_captured_sizes_is_right_without_strict(counted, monkeypatch, name):
+    monkeypatch.delenv("SPYRE_STRICT")
+    fn = BENDS[name]
+    compiled = torch.compile(fn, dynamic=True)
+    for n in (6, 9, 40, 100):
+        x = torch.zeros(n)
+        assert torch.equal(compiled(x.to(SPYRE)).cpu(), fn(x)), n
