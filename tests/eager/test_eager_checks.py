@@ -170,9 +170,12 @@ def test_cpu_scalars_and_cpu_indices_still_mix_in(spyre, monkeypatch):
         torch.testing.assert_close(a.to(spyre)[index].cpu(), a[index])
 
 
-def test_a_shape_error_does_not_let_the_same_devices_through_later(spyre):
+def test_a_shape_error_does_not_let_the_same_devices_through_later(spyre, monkeypatch):
     # the first call fails on its shapes, which says nothing of its devices: the next call with
     # the same devices and fitting shapes still gets the device error
+    from spyre_inductor.device import fallback
+
+    monkeypatch.setattr(fallback, "_device_verdicts", {})  # (no verdict from an earlier test)
     a = torch.randn(2, 3).to(spyre)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         a @ torch.randn(4, 5)
