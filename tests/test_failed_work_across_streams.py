@@ -240,11 +240,18 @@ def test_a_failed_output_freed_and_its_block_handed_out_again_reads_fine():
     gc.collect()
     with pytest.raises(IndexError):
         side.synchronize()
+    nbytes = 2 * width * 4
+
+    def on_the_freed_bytes(t):
+        return t.data_ptr() < ptr + nbytes and ptr < t.data_ptr() + nbytes
+
+    # (the freed block may have merged with a free neighbour: what matters is a tensor handed
+    # any of its bytes; earlier tests leave other holes the allocator may fill first)
     taken = []
-    while len(taken) < 64 and (not taken or taken[-1].data_ptr() != ptr):
+    while len(taken) < 4096 and (not taken or not on_the_freed_bytes(taken[-1])):
         taken.append(torch.empty(2, width, device="spyre"))
     fresh = taken[-1]
-    assert fresh.data_ptr() == ptr  # the same block (else this test shows nothing)
+    assert on_the_freed_bytes(fresh)  # (else this test shows nothing)
     torch.mul(src, 2, out=fresh)  # (a compute's writes alone do not clear poison: see the queue layer)
     assert torch.equal(fresh.cpu(), torch.arange(2.0 * width).reshape(2, width) * 2)
 
