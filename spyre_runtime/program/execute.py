@@ -29,7 +29,7 @@ import torch
 
 from ..hardware import HARDWARE
 from . import isa
-from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile, count_at
+from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile
 from .program import Program
 from .validate import ProgramError, ProgramIndexError
 
@@ -217,7 +217,7 @@ class _Unit:
 
     def __init__(self, core: int, unit: str, instrs):
         self.core, self.unit, self.instrs = core, unit, instrs
-        self.ends = _match_loops(instrs)
+        self.ends = isa.loop_ends(instrs)
         self.pc = 0
         self.loops: list[list[int]] = []  # [start pc, count, counter]
         self.done = False
@@ -242,20 +242,13 @@ class _Unit:
                 m.tokens[ins.queue] += 1
                 if timing is not None:
                     timing.push(self.core, self.unit, ins.queue, m.depth[ins.queue])
-            elif kind is isa.Loop:
-                count = count_at(ins.count, m.sizes)
-                if count <= 0:  # a size-dependent loop with nothing to do at these sizes
-                    self.pc = self.ends[self.pc] + 1
+            elif kind is isa.Loop or kind is isa.EndLoop:
+                after = isa.loop_step(ins, self.pc, self.loops, self.ends, m.sizes)
+                if kind is isa.Loop and after == self.ends[self.pc] + 1:  # skipped: not executed
+                    self.pc = after
                     ran = True
                     continue
-                self.loops.append([self.pc, count, 0])
-            elif kind is isa.EndLoop:
-                top = self.loops[-1]
-                top[2] += 1
-                if top[2] < top[1]:
-                    self.pc = top[0]
-                else:
-                    self.loops.pop()
+                self.pc = after - 1
             else:
                 idx = tuple(loop[2] for loop in self.loops)
                 if timing is not None:
@@ -296,11 +289,3 @@ def failure(program: Program, core: int, unit: str, pc: int, ins, e: Exception) 
         f"{pc} ({ins.opcode}) failed: {type(e).__name__}: {e}")
 
 
-def _match_loops(instrs) -> dict[int, int]:
-    ends, stack = {}, []
-    for i, ins in enumerate(instrs):
-        if isinstance(ins, isa.Loop):
-            stack.append(i)
-        elif isinstance(ins, isa.EndLoop):
-            ends[stack.pop()] = i
-    return ends

@@ -41,9 +41,10 @@ import functools
 import numpy as np
 
 from . import isa
-from .operands import ITEMSIZE, STICK, count_at
+from .operands import ITEMSIZE, STICK
 from .program import Program
 from .validate import PlacementError, ProgramError
+
 
 class ScratchpadHazard(PlacementError):
     """Two tiles of a program share scratchpad bytes while both are live."""
@@ -55,7 +56,7 @@ class _Unit:
     def __init__(self, core, name, instrs, g, nunits):
         self.core, self.name, self.instrs, self.g = core, name, instrs, g
         self.local = isa.UNITS.index(name)
-        self.ends = _loop_ends(instrs)
+        self.ends = isa.loop_ends(instrs)
         self.pc, self.loops, self.done = 0, [], False
         self.clock = np.zeros(nunits, dtype=np.int64)  # per unit, the latest of its clock this one knows
         self.clock[g] = 1
@@ -164,20 +165,10 @@ class _Replay:
                 q.tokens += 1
                 q.pushes.append(u.clock.copy())
                 u.clock[u.g] += 1
-            elif kind is isa.Loop:
-                count = count_at(ins.count, None)
-                if count <= 0:
-                    u.pc = u.ends[u.pc] + 1
-                    ran = True
-                    continue
-                u.loops.append([u.pc, count, 0])
-            elif kind is isa.EndLoop:
-                top = u.loops[-1]
-                top[2] += 1
-                if top[2] < top[1]:
-                    u.pc = top[0]
-                else:
-                    u.loops.pop()
+            elif kind is isa.Loop or kind is isa.EndLoop:
+                u.pc = isa.loop_step(ins, u.pc, u.loops, u.ends, None)  # (a size's loop at its maximum)
+                ran = True
+                continue
             else:
                 self.access(u, ins, tuple(loop[2] for loop in u.loops))
             u.pc += 1
@@ -420,16 +411,6 @@ def _sticks(touch, idx, core: int):
         _, other, addr, rows, nbytes, stride = touch
         return other, _rows(addr.at(idx), rows, nbytes, stride)
     raise ProgramError(f"a scratchpad mode for a {kind!r} access")
-
-
-def _loop_ends(instrs) -> dict[int, int]:
-    ends, stack = {}, []
-    for i, ins in enumerate(instrs):
-        if isinstance(ins, isa.Loop):
-            stack.append(i)
-        elif isinstance(ins, isa.EndLoop):
-            ends[stack.pop()] = i
-    return ends
 
 
 def _cores_to_replay(program: Program) -> set[int]:

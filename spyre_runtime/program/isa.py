@@ -120,6 +120,35 @@ class EndLoop(Instruction):
     pass
 
 
+def loop_ends(instrs) -> dict[int, int]:
+    """Each Loop's position in `instrs` -> its matching EndLoop's (the validator proved them nested)."""
+    ends, stack = {}, []
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, Loop):
+            stack.append(i)
+        elif isinstance(ins, EndLoop):
+            ends[stack.pop()] = i
+    return ends
+
+
+def loop_step(ins, pc: int, loops: list, ends: dict, sizes) -> int:
+    """The position after Loop or EndLoop `ins` at `pc`, in one unit's stream: `loops` is its stack
+    of [Loop position, count, iteration] (updated), `ends` its loop_ends, `sizes` the launch's
+    (None: a size-dependent count at its maximum). A loop of count 0 is skipped whole."""
+    if isinstance(ins, Loop):
+        count = count_at(ins.count, sizes)
+        if count <= 0:  # a size-dependent loop with nothing to do at these sizes
+            return ends[pc] + 1
+        loops.append([pc, count, 0])
+        return pc + 1
+    top = loops[-1]
+    top[2] += 1
+    if top[2] < top[1]:
+        return top[0] + 1
+    loops.pop()
+    return pc + 1
+
+
 @instruction("push", UNITS)
 @dataclass(frozen=True)
 class Push(Instruction):
