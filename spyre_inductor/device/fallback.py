@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from spyre_runtime import _C
 
@@ -402,14 +403,10 @@ def check_devices(op, args, kwargs) -> None:
     cpu!". Beside spyre tensors a CPU 0-d tensor is a scalar and may mix in; for anything else
     the verdict is fake tensors' (what a torch.compile'd call gets, including the ops that take
     host tensors, such as indexing with CPU indices), asked once per op and pattern of devices."""
-    mixed = None
-    for t in _tensors_of((args, kwargs)):
-        if t.device.type != "spyre" and not (t.device.type == "cpu" and t.dim() == 0):
-            mixed = True
-            break
-    if mixed is None:
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if all(t.device.type == "spyre" or (t.device.type == "cpu" and t.dim() == 0) for t in tensors):
         return
-    pattern = (op, tuple(_device_pattern((args, kwargs))))
+    pattern = (op, tuple((t.device, t.dim() == 0) for t in tensors))
     verdict = _device_verdicts.get(pattern)
     if verdict is None:
         verdict = _fake_device_verdict(op, args, kwargs)
@@ -420,22 +417,6 @@ def check_devices(op, args, kwargs) -> None:
 
 
 _device_verdicts: dict[tuple, str] = {}  # (op, devices and ranks of its tensors) -> the error, or ""
-
-
-def _tensors_of(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors_of(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors_of(v)
-
-
-def _device_pattern(value):
-    for t in _tensors_of(value):
-        yield t.device, t.dim() == 0
 
 
 def _fake_device_verdict(op, args, kwargs) -> str | None:
