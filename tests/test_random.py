@@ -278,6 +278,22 @@ def test_generator_set_state_replays_seed_and_offset(spyre):
     assert _same(_draws(spyre), first)
 
 
+def test_the_cpu_fallback_writes_back_its_twister_and_keeps_the_philox_offset(spyre):
+    # A random op on the CPU fallback draws from the generator's Mersenne Twister and writes its
+    # state back: in one step that keeps the Philox seed and offset as they are then (a program's
+    # draw by another thread in between is not undone), and it takes spyre generators only.
+    g = torch.Generator(device=spyre)
+    g.manual_seed(3)
+    twister = device_random.twister_state(g)
+    torch.rand(100, device=spyre, generator=g)  # a Philox draw after the fallback read the Twister
+    offset = g.get_offset()
+    assert offset > 0
+    device_random.set_twister_state(g, twister)
+    assert (g.get_offset(), g.initial_seed()) == (offset, 3)
+    with pytest.raises(ValueError, match="set_twister_state: expected a spyre generator, got one of cpu"):
+        device_random.set_twister_state(torch.Generator(), twister)
+
+
 def test_a_refused_rng_state_leaves_the_generator_as_it_was(spyre):
     g = torch.Generator(device="spyre").manual_seed(8)
     torch.rand(4, device=spyre, generator=g)

@@ -81,8 +81,9 @@ def twister_state(generator: torch.Generator) -> torch.Tensor:
 
 
 def set_twister_state(generator: torch.Generator, twister: torch.Tensor) -> None:
-    """Set the Mersenne Twister part of a spyre generator's state, its Philox part kept."""
-    generator.set_state(torch.cat([generator.get_state()[:PHILOX_BYTES], twister]))
+    """Set the Mersenne Twister part of a spyre generator's state, its Philox part kept (one step
+    under the generator's lock: a Philox draw by another thread meanwhile is not undone)."""
+    _C.set_twister_state(generator, twister.to("cpu", torch.uint8).contiguous())
 
 
 def manual_seed(seed: int) -> None:

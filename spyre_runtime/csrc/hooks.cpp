@@ -94,6 +94,15 @@ class SpyreGenerator final : public at::CPUGeneratorImpl {
     philox_offset_ = philox[1];
   }
 
+  // The Mersenne Twister's state alone, the Philox offset kept (the caller holds
+  // mutex_): what the CPU fallback's random ops drew, written back without undoing
+  // a Philox draw another thread made meanwhile.
+  void set_twister_locked(const at::Tensor& twister) {
+    const uint64_t offset = philox_offset_;
+    at::CPUGeneratorImpl::set_state(*twister.unsafeGetTensorImpl());
+    philox_offset_ = offset;
+  }
+
   // (seed, offset) for a call drawing `counters` Philox counters, advancing the
   // offset past them (the caller holds mutex_).
   std::pair<uint64_t, uint64_t> reserve_locked(uint64_t counters) {
@@ -275,12 +284,26 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   return g_generators[index];
 }
 
-std::pair<uint64_t, uint64_t> philox_reserve(const at::Generator& generator, uint64_t counters) {
+namespace {
+
+SpyreGenerator* spyre_generator(const at::Generator& generator, const char* what) {
   auto* impl = dynamic_cast<SpyreGenerator*>(generator.unsafeGetGeneratorImpl());
-  TORCH_CHECK_VALUE(impl != nullptr, "philox_reserve: expected a spyre generator, got one of ",
-                    generator.device());
+  TORCH_CHECK_VALUE(impl != nullptr, what, ": expected a spyre generator, got one of ", generator.device());
+  return impl;
+}
+
+}  // namespace
+
+std::pair<uint64_t, uint64_t> philox_reserve(const at::Generator& generator, uint64_t counters) {
+  auto* impl = spyre_generator(generator, "philox_reserve");
   std::lock_guard<std::mutex> lock(impl->mutex_);
   return impl->reserve_locked(counters);
+}
+
+void set_twister_state(const at::Generator& generator, const at::Tensor& twister) {
+  auto* impl = spyre_generator(generator, "set_twister_state");
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  impl->set_twister_locked(twister);
 }
 
 }  // namespace spyre

@@ -100,6 +100,11 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("generator"), py::arg("counters"),
         "(seed, offset) for a fill drawing `counters` Philox counters from a spyre generator, "
         "its offset advanced past them atomically.");
+  m.def("set_twister_state", [](py::handle generator, const at::Tensor& twister) {
+    TORCH_CHECK_TYPE(THPGenerator_Check(generator.ptr()), "set_twister_state: expected a torch.Generator");
+    spyre::set_twister_state(reinterpret_cast<THPGenerator*>(generator.ptr())->cdata, twister);
+  }, py::arg("generator"), py::arg("twister"),
+        "Set a spyre generator's Mersenne Twister state, its Philox seed and offset kept, atomically.");
   m.def("host_alias", &spyre::host_alias, py::arg("tensor"),
         "A CPU tensor viewing the same bytes as a spyre tensor.");
   m.def("describe", [](uintptr_t ptr) {
