@@ -536,9 +536,6 @@ def launch_jobplan(plan: JobPlan, args, sizes=()) -> None:
             queue.submit(launch, (prep, stream))
 
 
-_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the device type spyre is (torch.Stream takes its number)
-
-
 def _use_streams(plan: JobPlan, device: int, streams) -> None:
     """Tell the allocator that launches on `streams` read the plan's allocation: once it is freed
     (release_plan, or the plan dropped), its bytes are reused only after each of them has
@@ -546,8 +543,8 @@ def _use_streams(plan: JobPlan, device: int, streams) -> None:
     taken at submit). Once per stream and plan; the plan's lock is held."""
     for sid in streams:
         if sid not in plan.streams:
-            plan.allocation.record_stream(torch.Stream(stream_id=sid, device_index=device,
-                                                       device_type=_PRIVATEUSE1))
+            kind = torch.accelerator.current_stream(device).device_type  # (spyre's number, as torch.Stream takes it)
+            plan.allocation.record_stream(torch.Stream(stream_id=sid, device_index=device, device_type=kind))
             plan.streams.add(sid)
 
 
