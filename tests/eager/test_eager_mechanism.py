@@ -98,6 +98,21 @@ def test_in_place_and_out_forms_write_their_tensors(spyre, strict, fresh_cache):
     torch.testing.assert_close(base.cpu(), (a * 3).t())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=str)
+def test_linspace_is_a_program(spyre, strict, fresh_cache, dtype):
+    # (a module's buffer made with linspace on spyre ran on the CPU, and raised under strict)
+    for start, end, steps in ((-1.0, 1.0, 16), (0, 10, 7), (2.5, -3.0, 1), (0.0, 1.0, 0)):
+        got, programs = _programs_launched(lambda: torch.linspace(start, end, steps, device=spyre, dtype=dtype))
+        assert programs == (1 if steps else 0)
+        # Inductor's decomposition, as a torch.compile'd linspace on the CPU computes it ...
+        inductor = torch.compile(lambda: torch.linspace(start, end, steps, dtype=dtype), backend="inductor")()
+        assert torch.equal(got.cpu(), inductor)
+        # ... which rounds once more than the CPU's eager kernel: within one ulp of it
+        want = torch.linspace(start, end, steps, dtype=dtype)
+        ulp = 0 if dtype == torch.int64 else torch.finfo(dtype).eps * 2
+        torch.testing.assert_close(got.cpu(), want, rtol=ulp, atol=ulp)
+
+
 def test_fills_and_copies_across_dtypes_and_layouts_are_programs(spyre, strict, fresh_cache):
     (z, o, f), programs = _programs_launched(lambda: (torch.zeros(5, 7, device=spyre), torch.ones(3, device=spyre),
                                                       torch.full((4,), 2.5, device=spyre, dtype=torch.float16)))
@@ -235,8 +250,9 @@ def test_threads_compile_a_key_once(spyre, fresh_cache):
     assert len(_entry(torch.ops.aten.tanh.default)) == 1
 
 
-def test_cpu_scalar_tensors_keep_the_fallback(spyre, fresh_cache):
-    # PyTorch lets a CPU 0-d tensor meet a spyre tensor; a program cannot read host memory
+def test_cpu_scalar_tensors_mix_in(spyre, fresh_cache):
+    # PyTorch lets a CPU 0-d tensor meet a spyre tensor: it is copied to the card (a program
+    # cannot read host memory) and the op runs as a program (test_eager_checks.py: under strict)
     assert torch.equal((torch.ones(2, device=spyre) * torch.tensor(3.0)).cpu(), torch.full((2,), 3.0))
 
 
