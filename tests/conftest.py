@@ -1,6 +1,7 @@
 """Shared set-up: three simulated devices, so multi-device behaviour is testable (devices 0 and 1;
-device 2 is test_regions.py's alone: compiled eager ops keep their prepared programs resident on
-the device they ran on, so only a device no test computes on stays empty between tests).
+device 2 is test_regions.py's alone: compiled eager ops keep their prepared programs on the
+device they ran on while their cache entry lives, so only a device no test computes on stays
+empty between tests).
 
 SPYRE_NUM_DEVICES is read once, when the device registers (on `import torch`
 through autoload), so it is set here before anything imports torch.
