@@ -9,6 +9,7 @@ import compiled_pointwise
 import compiled_reductions
 import data_movement
 import device_overhead
+import dynamic_sizes
 import eager
 import eager_cache
 import launch
@@ -32,5 +33,6 @@ if __name__ == "__main__":
     compiled_matmul.main()
     data_movement.main()
     models.main()
+    dynamic_sizes.main()
     eager.main([])
     eager_cache.main([])
