@@ -18,13 +18,13 @@ import time
 import warnings
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="spyre-dynamic-bench-"))
-os.environ["SPYRE_STRICT"] = "1"
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 from _bench import print_table  # noqa: E402
+from spyre_inductor.device.fallback import strict_mode  # noqa: E402
 
 warnings.filterwarnings("ignore")
 torch._dynamo.config.cache_size_limit = 64  # (the static runs may recompile past 8 here)
@@ -65,8 +65,9 @@ def _run(fn, dynamic, shapes):
 def main(argv=None) -> None:
     rows = []
     for name, fn, dynamic, shapes in CASES:
-        graphs, new, again = _run(fn, dynamic, shapes)
-        static_graphs, static_new, _ = _run(fn, False, shapes)
+        with strict_mode(True):
+            graphs, new, again = _run(fn, dynamic, shapes)
+            static_graphs, static_new, _ = _run(fn, False, shapes)
         rows.append([name, len(shapes), graphs, f"{new * 1e3:.0f}", f"{again * 1e3:.1f}", static_graphs,
                      f"{static_new * 1e3:.0f}"])
     print_table("sizes specialized per value at launch (SPYRE_STRICT=1; ms are host time per call, median)",
