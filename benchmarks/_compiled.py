@@ -77,7 +77,7 @@ def kernel_row(name: str, fn, dev_args, cpu_args, want, label) -> list:
     """The shared columns of a compiled-kernel table row: KERNEL_HEADER, TRAFFIC_HEADER, what the
     plans chose (`label(records)`), max |err| against `want`, compile seconds."""
     from _bench import traffic_columns
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     with record_kernels() as records:
         spyre_s, compiled = compile_seconds(fn, *dev_args)

@@ -58,7 +58,7 @@ def _timed(fn, repeats: int, before=None) -> float:
 def _fma_plan():
     """A prepared 4-argument pointwise kernel: out = a * b + c, 64 x 64 fp32."""
     from spyre_inductor.compiler.backend import compile_kernel
-    from spyre_inductor.compiler.kernel_ir import Buffer, Index, Load, Op, PointwiseKernel, Store
+    from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Load, Op, PointwiseKernel, Store
     from spyre_runtime.launch import prepare_kernel
 
     shape, strides = (64, 64), (64, 1)
@@ -158,7 +158,7 @@ def _idle_fraction(plan, arg_sets, launches: int) -> tuple[float, float]:
 
 def idle_table(launches: int = 200) -> dict:
     from spyre_inductor.compiler.backend import compile_kernel
-    from spyre_inductor.compiler.kernel_ir import Buffer, Index, Load, Op, PointwiseKernel, Store
+    from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Load, Op, PointwiseKernel, Store
     from spyre_runtime import launch
     from spyre_runtime.launch import prepare_kernel
 

@@ -35,7 +35,7 @@ import torch
 from _bench import print_table
 from _compiled import _warm_up, compile_seconds
 
-from spyre_inductor.compiler.scheduling import record_kernels
+from spyre_inductor.compiler.inductor.scheduling import record_kernels
 from spyre_inductor.testing import models
 
 warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")

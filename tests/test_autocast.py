@@ -113,7 +113,7 @@ def test_autograd_through_autocast_gives_fp32_gradients(eager):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_autocast_inside_torch_compile_runs_in_spyre_programs(monkeypatch, dtype):
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     monkeypatch.setenv("SPYRE_STRICT", "1")
     torch._dynamo.reset()
@@ -143,7 +143,7 @@ def test_autocast_inside_torch_compile_runs_in_spyre_programs(monkeypatch, dtype
 def test_a_compiled_training_step_under_autocast_with_dropout(monkeypatch):
     # Parts of issue 19 together, under SPYRE_STRICT=1: autocast's casts, dropout's Philox mask,
     # cross_entropy in fp32, and the backward, all in spyre programs; gradients come back fp32.
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     monkeypatch.setenv("SPYRE_STRICT", "1")
     torch._dynamo.reset()

@@ -20,8 +20,8 @@ import torch
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spyre_inductor.compiler import randperm
-from spyre_inductor.compiler.random import philox_reference
+from spyre_inductor.compiler.inductor import randperm
+from spyre_inductor.compiler.inductor.random import philox_reference
 from spyre_inductor.device import fallback
 from spyre_inductor.device import random as device_random
 from spyre_runtime.program.philox import philox, philox4x32
@@ -527,7 +527,7 @@ def test_integer_and_bool_fills(spyre):
 
 
 def test_compiled_kernels_are_cached_per_shape(spyre):
-    from spyre_inductor.compiler.random import cache_stats
+    from spyre_inductor.compiler.inductor.random import cache_stats
 
     torch.rand(5, 7, device=spyre)
     before = cache_stats()
@@ -585,7 +585,7 @@ def test_the_validator_refuses_a_bad_philox():
 
 def test_the_kernel_functions_are_callable_directly(spyre):
     # what a compile-backed eager dispatcher routes to (spyre_inductor/compiler/random.py)
-    from spyre_inductor.compiler import random as kernels
+    from spyre_inductor.compiler.inductor import random as kernels
 
     torch.spyre.manual_seed(30)
     k = kernels.randint(-3, 3, (50,), device=spyre).cpu()

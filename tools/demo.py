@@ -33,7 +33,7 @@ def swiglu_residual(x, gate, up):
 def compiled_model_piece() -> None:
     from pathlib import Path
 
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     section("torch.compile on spyre: a transformer MLP's SwiGLU + residual, (1024, 4096) fp16")
     g = torch.Generator().manual_seed(0)
@@ -72,7 +72,7 @@ class MLP(nn.Module):
 
 
 def compiled_mlp_strict() -> None:
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     section("torch.compile under SPYRE_STRICT=1: a transformer MLP (512 tokens, 1024 -> 4096 -> 1024, fp16), "
             "every op in spyre programs, matmuls on the PE arrays")
@@ -133,7 +133,7 @@ def _kernel_table(reports, indent="    ") -> float:
 
 
 def compiled_llama_strict() -> None:
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
     from spyre_inductor.testing.models import build, fp32_copy, llama_config
 
     cfg = llama_config(attention="sdpa")
@@ -199,7 +199,7 @@ def _best_ms(fn, repeats: int = 5) -> float:
 def dynamic_sizes_strict() -> None:
     section("torch.compile(dynamic=True) under SPYRE_STRICT=1: one compile serves five sequence lengths "
             "(a size bucket; the size travels to the program with the addresses)")
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     def f(x, w):
         return torch.softmax((x @ w.t()) * 0.125, dim=-1)
@@ -275,7 +275,7 @@ def dynamic_sizes_strict() -> None:
 
 
 def compiled_small_model() -> None:
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     section("torch.compile of a small model: what compiles, what runs on the CPU inside the graph")
     torch.spyre.synchronize()

@@ -32,26 +32,26 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.launch import check_artifact_files
 from spyre_runtime.program.program import Program
 
-from .errors import PlanError, Unsupported
-from .kernel_ir import AttentionKernel, IndirectKernel, Kernel, MatmulKernel
-from .passes.tiles import PhaseKind
-from .passes.codegen import build_program
-from .passes.division import TIE, choose_division, chosen_ns, representative, simulated_ns
-from .passes.emit import write_artifact
-from .passes.fusion import plan_fusion
-from .passes import pieces
-from .passes.indirect_plan import plan as indirect_plan
-from .passes.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
-from .passes.attention import plan_attention
-from .passes.matmul import plan_matmul
-from .passes.keep import kept
-from .passes.minimum import union_traffic
-from .passes.plans import Division, Plans
-from .passes.reduction_division import plan as reduction_plan
-from .passes.reduction_lowering import empty_as_pointwise
-from .passes.scratchpad import plan_scratchpad
-from .passes.tiling import BUFFER_CHOICES, ROW_STICKS, TARGETS, plan_tiling
-from .passes.verify import verify
+from .ir.errors import PlanError, Unsupported
+from .ir.kernel_ir import AttentionKernel, IndirectKernel, Kernel, MatmulKernel
+from .core.tiles import PhaseKind
+from .core.codegen import build_program
+from .core.division import TIE, choose_division, chosen_ns, representative, simulated_ns
+from .core.emit import write_artifact
+from .core.fusion import plan_fusion
+from .families.pointwise import pieces
+from .families.indirect.plan import plan as indirect_plan
+from .core.layout import TRANSPOSED_MODE, BufferLayout, buffers_of, plan_layout, symbols_of
+from .families.attention.planner import plan_attention
+from .families.matmul.planner import plan_matmul
+from .core.keep import kept
+from .core.minimum import union_traffic
+from .core.plans import Division, Plans
+from .families.reduction.division import plan as reduction_plan
+from .families.reduction.lowering import empty_as_pointwise
+from .core.scratchpad import plan_scratchpad
+from .core.tiling import BUFFER_CHOICES, ROW_STICKS, TARGETS, plan_tiling
+from .core.verify import verify
 
 __all__ = ["COMPILER_VERSION", "Compiled", "PlanError", "Unsupported", "artifact_key", "compile_kernel",
            "plan_kernel"]
@@ -76,7 +76,7 @@ def _build(kernel: Kernel, fixed, division: Division, check: bool = True) -> Pro
         return kept(kernel, program)
     # a candidate, only timed; the chosen program is built again and validated
     if getattr(kernel, "symbolic", None) is not None:  # (candidates are validated when timed: sizes first)
-        from .symbolic import program_with_sizes
+        from .symbolic.planning import program_with_sizes
 
         program = program_with_sizes(program, kernel)
     return program

@@ -25,8 +25,8 @@ def key() -> str:
     # (where nothing is generated, so nothing would warn or refuse) once SPYRE_STRICT=1 is set.
     # An eager op's graph too: its kernels' errors name the op, whether its indices wrap
     # follows the op (nesting.py), and two ops may decompose into the same graph.
-    from .fallback_policy import strict
-    from .nesting import eager_op
+    from ..launcher.fallback_policy import strict
+    from ..launcher.nesting import eager_op
 
     return f"max_cores={max_cores} strict={strict()} eager_op={eager_op()}"
 

@@ -132,7 +132,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # Read by Inductor's init_backend_registration on the first compile. Resolved
 # lazily so that `import torch` does not import Inductor (seconds); the first
-# read registers the whole spyre backend (spyre_inductor.compiler.registration).
+# read registers the whole spyre backend (spyre_inductor.compiler.inductor.registration).
 _INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
 
 
@@ -142,7 +142,7 @@ def __getattr__(name: str):
 
         return tuple(default_generator(i) for i in range(_C.device_count()))
     if name in _INDUCTOR_NAMES:
-        from spyre_inductor.compiler.registration import inductor_attribute
+        from spyre_inductor.compiler.inductor.registration import inductor_attribute
 
         return inductor_attribute(name)
     raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")

@@ -31,7 +31,7 @@ INTEGERS = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.u
 
 
 def _kernels():
-    from spyre_inductor.compiler import random
+    from spyre_inductor.compiler.inductor import random
 
     return random
 
@@ -107,7 +107,7 @@ def _native_dropout_backward(grad_output, mask, scale):
 
 
 def _randperm_out(n, *, generator=None, out):
-    from spyre_inductor.compiler import randperm
+    from spyre_inductor.compiler.inductor import randperm
 
     n = int(n)
     if n < 0:

@@ -192,7 +192,7 @@ def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
 def refused_dtypes(sig: Signature, values: tuple, tensors) -> str | None:
     """The CPU's error if a matmul's operands have different dtypes (fake tensors take them;
     compiler/operand_dtypes.py), else None."""
-    from spyre_inductor.compiler.operand_dtypes import mixed_dtypes_error
+    from spyre_inductor.compiler.inductor.operand_dtypes import mixed_dtypes_error
 
     args, kwargs = _rebuild(sig, values, tensors)
     error = mixed_dtypes_error(sig.op, args, kwargs)
@@ -307,7 +307,8 @@ def compile_graph(gm: torch.fx.GraphModule, fakes: list, op: torch._ops.OpOverlo
     and warnings name `op` (not the decomposition's pieces), and index as `op`'s CPU kernel does."""
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from spyre_inductor.compiler import nesting, registration
+    from spyre_inductor.launcher import nesting
+    from spyre_inductor.compiler.inductor import registration
 
     registration.register()
     start = time.perf_counter()

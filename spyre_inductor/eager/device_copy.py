@@ -16,7 +16,7 @@ import torch
 from .cache import CACHE
 from .kernel import ENABLED, entry_for
 from .key import make_key
-from spyre_inductor.compiler.nesting import busy, dynamo_compiling
+from spyre_inductor.launcher.nesting import busy, dynamo_compiling
 from spyre_inductor.device.fallback import formatting_a_tensor
 
 from .launch import CompiledEntry

@@ -27,8 +27,8 @@ import os
 
 import torch
 
-from spyre_inductor.compiler import loaded, nesting
-from spyre_inductor.compiler.nesting import busy, dynamo_compiling
+from spyre_inductor.launcher import loaded, nesting
+from spyre_inductor.launcher.nesting import busy, dynamo_compiling
 from spyre_inductor.device import fallback
 
 from . import compile as compiling
@@ -240,7 +240,7 @@ def _compiled(sig: Signature, tsig: Signature, values, tensors):
 
 def _strict_refusal(e: BaseException) -> bool:
     """Whether strict mode refusing a CPU part is behind `e` (Inductor wraps what a backend raises)."""
-    from spyre_inductor.compiler.fallback_policy import SpyreStrictError
+    from spyre_inductor.launcher.fallback_policy import SpyreStrictError
 
     seen = 0
     while e is not None and seen < 16:

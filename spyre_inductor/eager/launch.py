@@ -25,8 +25,8 @@ import weakref
 
 import torch
 
-from spyre_inductor.compiler import loaded, nesting
-from spyre_inductor.compiler.nesting import STATE  # set while this thread compiles or runs a graph
+from spyre_inductor.launcher import loaded, nesting
+from spyre_inductor.launcher.nesting import STATE  # set while this thread compiles or runs a graph
 from spyre_inductor.device import fallback
 from spyre_runtime.binding import LaunchError
 

@@ -39,7 +39,7 @@ import threading
 
 import torch
 
-from spyre_inductor.compiler.scalars import scalar_as
+from spyre_inductor.compiler.ir.scalars import scalar_as
 
 from .signature import Kind, Signature
 

@@ -373,7 +373,7 @@ def run_group(ops, inputs: dict[str, torch.Tensor], dtype: torch.dtype, compile_
     ops = list(ops)
     kinds = tuple(inputs)  # the graph's inputs, in the pool's order
     fn = group_fn(ops, kinds)
-    from spyre_inductor.compiler.scheduling import record_kernels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
     try:
         with record_kernels() as seen:  # kept when the call raises: a failing fallback is named

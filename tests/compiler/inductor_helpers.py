@@ -7,8 +7,8 @@ import warnings
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from spyre_inductor.compiler.kernel_ir import Constant, Load, Op
-from spyre_inductor.compiler.scheduling import record_kernels
+from spyre_inductor.compiler.ir.kernel_ir import Constant, Load, Op
+from spyre_inductor.compiler.inductor.scheduling import record_kernels
 from spyre_inductor.device import fallback
 
 SPYRE = torch.device("spyre", 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spyre_inductor.compiler.kernel_ir import (
+from spyre_inductor.compiler.ir.kernel_ir import (
     DTYPE_NAMES, Buffer, Cast, Constant, Index, Load, Op, PointwiseKernel, Store,
 )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spyre_inductor.compiler.kernel_ir import Index, Kernel, Reduction, Store
+from spyre_inductor.compiler.ir.kernel_ir import Index, Kernel, Reduction, Store
 
 from pointwise_ir import KernelBuilder, contiguous
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from inductor_helpers import compile_on_spyre
 from pointwise_ir import contiguous
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_inductor.compiler.kernel_ir import DTYPE_NAMES, AttentionKernel, Buffer, attention_reference
+from spyre_inductor.compiler.ir.kernel_ir import DTYPE_NAMES, AttentionKernel, Buffer, attention_reference
 from spyre_runtime.launch import launch_jobplan, prepare_kernel
 
 FP32 = dict(rtol=1e-5, atol=2e-6)

@@ -127,7 +127,7 @@ def test_compiled_graph_on_the_second_device():
         "import torch, warnings\n"
         "warnings.simplefilter('ignore')\n"
         "from torch._inductor.utils import run_and_get_code\n"
-        "from spyre_inductor.compiler.scheduling import record_kernels\n"
+        "from spyre_inductor.compiler.inductor.scheduling import record_kernels\n"
         "x, y = torch.randn(8, 64), torch.randn(8, 64)\n"
         "fn = lambda a, b: ((a - b).abs(), torch.logcumsumexp(a, 1))  # compiled, CPU fallback\n"
         "with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):\n"

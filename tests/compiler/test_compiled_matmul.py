@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spyre_inductor.compiler.kernel_ir import MatmulKernel
+from spyre_inductor.compiler.ir.kernel_ir import MatmulKernel
 
 from inductor_helpers import compile_on_spyre
 
@@ -213,7 +213,7 @@ def test_a_matmul_the_pe_plans_decline_is_planned_as_a_reduction_on_the_card(mon
     """What the PE family refuses is still a reduction (the dot a sum of products): strict mode
     passes, one program, the right values."""
     from spyre_inductor.compiler import backend
-    from spyre_inductor.compiler.errors import Unsupported
+    from spyre_inductor.compiler.ir.errors import Unsupported
 
     def refuse(kernel, **kwargs):
         raise Unsupported("refused by the test")
@@ -231,7 +231,7 @@ def test_a_matmul_no_family_takes_runs_on_the_cpu_inside_the_graph(monkeypatch):
     """Without strict mode a MatmulKernel the backend refuses is an in-graph CPU fallback, warned
     about by name, and right: the dot contracts its operands (no (m, n, k) product in memory)."""
     from spyre_inductor.compiler import backend
-    from spyre_inductor.compiler.errors import Unsupported
+    from spyre_inductor.compiler.ir.errors import Unsupported
 
     monkeypatch.delenv("SPYRE_STRICT")
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from spyre_inductor.compiler.backend import plan_kernel
-from spyre_inductor.compiler.kernel_ir import Scan
+from spyre_inductor.compiler.ir.kernel_ir import Scan
 from spyre_runtime.program.timing import estimate
 
 from inductor_helpers import compile_on_spyre, refuse_every_kernel

@@ -108,7 +108,7 @@ def test_strict_mode_compiles_every_kernel(monkeypatch):
 def test_a_new_order_the_backend_would_not_fuse_is_undone(monkeypatch):
     """The pass keeps an epilogue's new loop order only if our backend then fuses it: refused, the
     epilogue is its own program again, over its memory order (rows, columns)."""
-    from spyre_inductor.compiler.scheduling import SpyreScheduling
+    from spyre_inductor.compiler.inductor.scheduling import SpyreScheduling
 
     monkeypatch.setattr(SpyreScheduling, "can_fuse_vertical", lambda self, a, b: False)
     x = _data((64, 128))
@@ -122,7 +122,7 @@ def test_a_new_order_the_backend_would_not_fuse_is_undone(monkeypatch):
 def test_install_chains_a_pass_already_set_and_is_idempotent():
     from torch._inductor import config as inductor_config
 
-    from spyre_inductor.compiler import loop_order
+    from spyre_inductor.compiler.inductor import loop_order
 
     seen = []
 
@@ -146,7 +146,7 @@ def test_install_chains_a_pass_already_set_and_is_idempotent():
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
 def test_cpu_graphs_are_untouched():
     """The pass is global Inductor config: it must leave other devices' nodes alone."""
-    from spyre_inductor.compiler import registration
+    from spyre_inductor.compiler.inductor import registration
 
     registration.register()
     torch._dynamo.reset()
@@ -212,9 +212,9 @@ def test_the_calibration_softmax_over_dim0_on_the_card():
 def test_column_tiles_keep_memory_order_and_fold_in_scratch():
     from reduction_ir import softmax_kernel
 
-    from spyre_inductor.compiler.passes.reduction_lowering import lower
-    from spyre_inductor.compiler.passes.reduction_space import COLUMN_AXES
-    from spyre_inductor.compiler.passes.tiles import Role
+    from spyre_inductor.compiler.families.reduction.lowering import lower
+    from spyre_inductor.compiler.families.reduction.space import COLUMN_AXES
+    from spyre_inductor.compiler.core.tiles import Role
 
     low = lower(softmax_kernel((512, 1024), "fp16", dim=0), "resident", columns=True)
     tk = low.tile_kernel
@@ -233,8 +233,8 @@ def test_column_tiles_keep_memory_order_and_fold_in_scratch():
 def test_column_tiles_refuse_what_runs_along_tile_rows_only():
     from reduction_ir import row_reduce
 
-    from spyre_inductor.compiler.errors import Unsupported
-    from spyre_inductor.compiler.passes.reduction_lowering import lower
+    from spyre_inductor.compiler.ir.errors import Unsupported
+    from spyre_inductor.compiler.families.reduction.lowering import lower
 
     with pytest.raises(Unsupported, match="argmax"):
         lower(row_reduce("argmax", (67, 71), 0), "resident", columns=True)

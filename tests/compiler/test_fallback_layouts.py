@@ -143,7 +143,7 @@ def test_a_fallback_result_in_another_layout_is_restrided_for_the_graph(size_ass
 def test_a_fallback_result_already_in_the_traced_layout_is_the_tensor_itself():
     """No copy when the strides agree (a view of an input stays that view); the stride of a dim
     of one element does not count, as in assert_size_stride."""
-    from spyre_inductor.compiler.host_runtime import with_traced_layout
+    from spyre_inductor.launcher.host import with_traced_layout
 
     t = torch.randn(4, 6, device="spyre")
     assert with_traced_layout(t, (4, 6), (6, 1)) is t

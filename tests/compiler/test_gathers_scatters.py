@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from inductor_helpers import compile_on_spyre
-from spyre_inductor.compiler.kernel_ir import IndirectKernel, Indirect, Load
+from spyre_inductor.compiler.ir.kernel_ir import IndirectKernel, Indirect, Load
 
 
 @pytest.fixture(autouse=True)
@@ -179,10 +179,10 @@ def test_scatter_without_accumulate():
 
 
 def test_an_accumulating_scatter_is_never_split_where_cores_could_collide():
-    from spyre_inductor.compiler.kernel_ir import Buffer, Index, Kernel, Store
-    from spyre_inductor.compiler.passes.indirect_lowering import lower
-    from spyre_inductor.compiler.passes.indirect_plan import plan, safe_dims
-    from spyre_inductor.compiler.passes.tiling import plan_tiling
+    from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Kernel, Store
+    from spyre_inductor.compiler.families.indirect.lowering import lower
+    from spyre_inductor.compiler.families.indirect.plan import plan, safe_dims
+    from spyre_inductor.compiler.core.tiling import plan_tiling
 
     # index_put(accumulate) of 512 rows of 64 into a (10, 64) buffer: the rows may repeat, the
     # columns never meet

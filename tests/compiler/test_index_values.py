@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from inductor_helpers import compile_on_spyre
-from spyre_inductor.compiler.errors import Unsupported
-from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, IndexValue, Kernel, Load, Op, Store
-from spyre_inductor.compiler.passes import pieces
+from spyre_inductor.compiler.ir.errors import Unsupported
+from spyre_inductor.compiler.ir.kernel_ir import Buffer, Constant, Index, IndexValue, Kernel, Load, Op, Store
+from spyre_inductor.compiler.families.pointwise import pieces
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -337,7 +337,7 @@ def test_a_masked_load_inside_a_reduction_is_refused_by_name():
               Load("a", Index((8, 1), -1), "fp32"), Constant(0.0, "fp32"), Op("where", (2, 3, 4), "fp32"),
               )
     from spyre_inductor.compiler.backend import plan_kernel
-    from spyre_inductor.compiler.kernel_ir import Reduction
+    from spyre_inductor.compiler.ir.kernel_ir import Reduction
 
     kernel = Kernel.of("padsum", (8,), bufs, values + (Reduction("sum", 5, "fp32"),),
                        (Store("out", Index((1, 0)), 6),), (8,))

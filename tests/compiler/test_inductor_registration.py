@@ -14,10 +14,10 @@ def test_import_torch_does_not_import_inductor_or_the_compiler():
         "import sys, torch\n"
         "assert torch.device('spyre').type == 'spyre'\n"
         "loaded = [m for m in ('torch._inductor.scheduler', 'torch._inductor.codegen.common',\n"
-        "          'spyre_inductor.compiler.registration') if m in sys.modules]\n"
+        "          'spyre_inductor.compiler.inductor.registration') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
         # Reading a name Inductor reads registers everything.
-        "from spyre_inductor.compiler.scheduling import SpyreScheduling\n"
+        "from spyre_inductor.compiler.inductor.scheduling import SpyreScheduling\n"
         "assert torch.spyre.Scheduling is SpyreScheduling\n"
         "from torch._inductor.codegen.common import get_scheduling_for_device, get_device_op_overrides\n"
         "from torch._dynamo.device_interface import get_interface_for_device\n"
@@ -40,7 +40,7 @@ def test_all_four_inductor_names_exist():
 _CACHE_PROBE = """
 import sys, torch
 from torch._dynamo.utils import counters
-import spyre_inductor.compiler.version as version
+import spyre_inductor.compiler.inductor.version as version
 version.compiler_version = lambda: {version!r}
 fn = lambda a: (a * 3).sigmoid() + 1
 x = torch.randn(8, 32)
@@ -87,7 +87,7 @@ def test_the_cache_key_changes_with_the_compiler_config():
     # A graph compiled under max_cores=1 must never be served from the FX graph cache under
     # another setting: the config is part of the key Inductor hashes (the version pass's uuid).
     from spyre_inductor.compiler import config
-    from spyre_inductor.compiler.registration import VERSION_PASS
+    from spyre_inductor.compiler.inductor.registration import VERSION_PASS
 
     default = VERSION_PASS.uuid()
     with config.patch(max_cores=1):

@@ -14,12 +14,12 @@ import dataclasses
 import pytest
 
 from spyre_inductor.compiler.backend import plan_kernel
-from spyre_inductor.compiler.errors import PlanError, Unsupported
-from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Kernel, Load, MatmulKernel, Op, Reduction, Store
-from spyre_inductor.compiler.passes.allocate import check_needs
-from spyre_inductor.compiler.passes.matmul import plan_matmul
-from spyre_inductor.compiler.passes.matmul_plan import tile_needs
-from spyre_inductor.compiler.passes.tiles import Relayout, Role
+from spyre_inductor.compiler.ir.errors import PlanError, Unsupported
+from spyre_inductor.compiler.ir.kernel_ir import Buffer, Constant, Index, Kernel, Load, MatmulKernel, Op, Reduction, Store
+from spyre_inductor.compiler.core.allocate import check_needs
+from spyre_inductor.compiler.families.matmul.planner import plan_matmul
+from spyre_inductor.compiler.families.matmul.plan import tile_needs
+from spyre_inductor.compiler.core.tiles import Relayout, Role
 from spyre_runtime.program.isa import Load as LoadInstr
 from spyre_runtime.program.isa import Transpose
 from spyre_runtime.program.timing import estimate
@@ -115,6 +115,6 @@ def test_a_slice_beyond_the_per_core_span_is_refused_by_name(monkeypatch):
     from spyre_runtime import hardware
 
     small = dataclasses.replace(hardware.HARDWARE, core_span_bytes=64 * 1024)
-    monkeypatch.setattr("spyre_inductor.compiler.passes.matmul_plan.HARDWARE", small)
+    monkeypatch.setattr("spyre_inductor.compiler.families.matmul.plan.HARDWARE", small)
     with pytest.raises(Unsupported, match="per-core addressable span"):
         plan_matmul(matmul_kernel(64, 4096, 64, dtype="fp32"))

@@ -11,9 +11,9 @@ import itertools
 
 import pytest
 
-from spyre_inductor.compiler import kernel_ir as ir
-from spyre_inductor.compiler.passes import minimum
-from spyre_inductor.compiler.passes.minimum import distinct_elements, minimum_bytes, minimum_traffic
+from spyre_inductor.compiler.ir import kernel_ir as ir
+from spyre_inductor.compiler.core import minimum
+from spyre_inductor.compiler.core.minimum import distinct_elements, minimum_bytes, minimum_traffic
 from pointwise_ir import contiguous
 
 

@@ -46,8 +46,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from spyre_inductor.compiler.kernel_ir import MatmulKernel
-from spyre_inductor.compiler.scheduling import record_kernels
+from spyre_inductor.compiler.ir.kernel_ir import MatmulKernel
+from spyre_inductor.compiler.inductor.scheduling import record_kernels
 from spyre_inductor.device import fallback
 from spyre_inductor.testing import models
 

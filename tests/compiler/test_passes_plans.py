@@ -11,14 +11,14 @@ import torch
 
 from pointwise_ir import KernelBuilder, binary_kernel, unary_kernel
 from spyre_inductor.compiler.backend import Unsupported, compile_kernel, plan_kernel
-from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.passes.division import choose_division, divide, simulated_ns, split_dim
-from spyre_inductor.compiler.passes.fusion import plan_fusion
-from spyre_inductor.compiler.passes.layout import plan_layout
-from spyre_inductor.compiler.passes.scratchpad import plan_scratchpad
-from spyre_inductor.compiler.passes.tiles import PhaseKind, Role
-from spyre_inductor.compiler.passes.tiling import plan_tiling
-from spyre_inductor.compiler.passes.verify import verify
+from spyre_inductor.compiler.ir.errors import PlanError
+from spyre_inductor.compiler.core.division import choose_division, divide, simulated_ns, split_dim
+from spyre_inductor.compiler.core.fusion import plan_fusion
+from spyre_inductor.compiler.core.layout import plan_layout
+from spyre_inductor.compiler.core.scratchpad import plan_scratchpad
+from spyre_inductor.compiler.core.tiles import PhaseKind, Role
+from spyre_inductor.compiler.core.tiling import plan_tiling
+from spyre_inductor.compiler.core.verify import verify
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.launch import launch_jobplan, prepare_kernel
 from spyre_runtime.program.run import kernel_reports, reset_kernel_reports

@@ -19,11 +19,12 @@ import torch
 from pointwise_ir import binary_kernel, contiguous
 from reduction_ir import layer_norm_kernel
 from test_matmul_plans import matmul_kernel
-from spyre_inductor.compiler import backend, scheduling
+from spyre_inductor.compiler import backend
+from spyre_inductor.compiler.inductor import scheduling
 from spyre_inductor.compiler.backend import plan_kernel
-from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.kernel_ir import AttentionKernel, Buffer, Index, Indirect, Kernel, Load, Store
-from spyre_inductor.compiler.passes.keep import validated
+from spyre_inductor.compiler.ir.errors import PlanError
+from spyre_inductor.compiler.ir.kernel_ir import AttentionKernel, Buffer, Index, Indirect, Kernel, Load, Store
+from spyre_inductor.compiler.core.keep import validated
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program import isa
 from spyre_runtime.program.operands import STICK, Addr, RowIndex, Tile
@@ -171,7 +172,7 @@ def test_an_attention_placement_with_two_tiles_on_the_same_bytes_raises(monkeypa
     """The one overlap the replay cannot see: a constant placed exactly on a temporary, both only
     the sfp's, reads as one tile updated in place. Attention's placement is checked too, as every
     other family's is (allocate.check_placement): PlanError naming both tiles."""
-    from spyre_inductor.compiler.passes import attention
+    from spyre_inductor.compiler.families.attention import planner as attention
 
     place = attention.placement
 

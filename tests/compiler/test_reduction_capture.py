@@ -8,9 +8,9 @@ the result is compared with CPU eager either way.
 import pytest
 import torch
 
-from spyre_inductor.compiler.capture import CaptureHandler, _Group
-from spyre_inductor.compiler.indexing import NotCapturable, reduction_common_ranges
-from spyre_inductor.compiler.kernel_ir import Cast, Index, Load, PointwiseKernel, Reduction
+from spyre_inductor.compiler.inductor.capture import CaptureHandler, _Group
+from spyre_inductor.compiler.ir.indexing import NotCapturable, reduction_common_ranges
+from spyre_inductor.compiler.ir.kernel_ir import Cast, Index, Load, PointwiseKernel, Reduction
 
 from inductor_helpers import assert_close_to_cpu, compile_on_spyre, input_like, loads, op_names
 

@@ -8,9 +8,9 @@ import pytest
 
 from reduction_ir import layer_norm_kernel, row_reduce, softmax_kernel
 from spyre_inductor.compiler.backend import plan_kernel
-from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.passes.reduction_plan import verify_reduction
-from spyre_inductor.compiler.passes.tiles import Role
+from spyre_inductor.compiler.ir.errors import PlanError
+from spyre_inductor.compiler.families.reduction.plan import verify_reduction
+from spyre_inductor.compiler.core.tiles import Role
 from spyre_runtime.program.timing import estimate
 
 
@@ -82,7 +82,7 @@ def test_the_verifier_rejects_overlapping_accumulators():
 
 def test_an_int64_constant_beyond_int32_stays_int64_not_wrapped():
     from spyre_inductor.compiler.backend import plan_kernel
-    from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Kernel, Load, Op, Reduction, Store
+    from spyre_inductor.compiler.ir.kernel_ir import Buffer, Constant, Index, Kernel, Load, Op, Reduction, Store
 
     k = Kernel.of("big", (4,), (Buffer("x", "int64", (4, 64), (64, 1)), Buffer("out", "int64", (4,), (1,))),
                         (Load("x", Index((64, 1)), "int64"), Constant(2 ** 40, "int64"),

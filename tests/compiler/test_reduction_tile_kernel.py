@@ -18,15 +18,15 @@ import torch
 from reduction_ir import layer_norm_kernel, row_reduce, softmax_kernel
 from spyre_inductor.compiler import backend
 from spyre_inductor.compiler.backend import plan_kernel
-from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.kernel_ir import Buffer, Constant, Index, Kernel, Load, MatmulKernel, Op, Reduction, Store
-from spyre_inductor.compiler.passes import reduction_division
-from spyre_inductor.compiler.passes.reduction_argreduce import SLICE_START
-from spyre_inductor.compiler.passes.reduction_codegen import build_reduction_program
-from spyre_inductor.compiler.passes.reduction_division import plan
-from spyre_inductor.compiler.passes.reduction_lowering import empty_as_pointwise
-from spyre_inductor.compiler.passes.reduction_plan import verify_reduction
-from spyre_inductor.compiler.passes.tiles import ChunkValue, PhaseKind, Relayout, Role, Step
+from spyre_inductor.compiler.ir.errors import PlanError
+from spyre_inductor.compiler.ir.kernel_ir import Buffer, Constant, Index, Kernel, Load, MatmulKernel, Op, Reduction, Store
+from spyre_inductor.compiler.families.reduction import division as reduction_division
+from spyre_inductor.compiler.families.reduction.argreduce import SLICE_START
+from spyre_inductor.compiler.families.reduction.codegen import build_reduction_program
+from spyre_inductor.compiler.families.reduction.division import plan
+from spyre_inductor.compiler.families.reduction.lowering import empty_as_pointwise
+from spyre_inductor.compiler.families.reduction.plan import verify_reduction
+from spyre_inductor.compiler.core.tiles import ChunkValue, PhaseKind, Relayout, Role, Step
 
 OUTER, REDUCED = "outer", "reduced"
 
@@ -101,7 +101,7 @@ def test_a_ring_plan_lands_each_partial_in_the_accumulators_landing_tile():
 
 
 def test_relayouts_pass_through_staging_tiles_of_the_tile_they_serve():
-    from spyre_inductor.compiler.passes.reduction_lowering import lower
+    from spyre_inductor.compiler.families.reduction.lowering import lower
 
     # the reduced dim is not the contiguous one: the row-tile lowering (the planner may prefer
     # column tiles, which move x as it lies: tests/compiler/test_dim0_fusion.py)

@@ -21,13 +21,13 @@ import torch
 from inductor_helpers import compile_on_spyre
 from pointwise_ir import KernelBuilder
 from spyre_inductor.compiler.backend import compile_kernel, plan_kernel
-from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.passes.fusion import plan_fusion
-from spyre_inductor.compiler.passes.layout import plan_layout
-from spyre_inductor.compiler.passes.scratchpad import plan_scratchpad
-from spyre_inductor.compiler.passes.tiles import Relayout, Role
-from spyre_inductor.compiler.passes.tiling import plan_tiling
-from spyre_inductor.compiler.passes.verify import verify
+from spyre_inductor.compiler.ir.errors import PlanError
+from spyre_inductor.compiler.core.fusion import plan_fusion
+from spyre_inductor.compiler.core.layout import plan_layout
+from spyre_inductor.compiler.core.scratchpad import plan_scratchpad
+from spyre_inductor.compiler.core.tiles import Relayout, Role
+from spyre_inductor.compiler.core.tiling import plan_tiling
+from spyre_inductor.compiler.core.verify import verify
 from spyre_runtime.launch import launch_jobplan, prepare_kernel
 from spyre_runtime.program.timing import estimate
 

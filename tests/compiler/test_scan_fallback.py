@@ -29,9 +29,9 @@ from torch._inductor.codegen.common import BackendFeature
 from torch._inductor import virtualized
 from torch.utils._ordered_set import OrderedSet
 
-from spyre_inductor.compiler import host_runtime
-from spyre_inductor.compiler.host_kernel import HostHandler, HostUnsupported, _Writer
-from spyre_inductor.compiler.scheduling import SpyreScheduling
+from spyre_inductor.launcher import host as host_runtime
+from spyre_inductor.compiler.inductor.host_kernel import HostHandler, HostUnsupported, _Writer
+from spyre_inductor.compiler.inductor.scheduling import SpyreScheduling
 
 from inductor_helpers import compile_on_spyre, refuse_every_kernel
 

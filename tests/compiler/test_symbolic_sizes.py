@@ -115,8 +115,9 @@ def test_the_validator_refuses_queue_loops_that_match_at_one_size_only():
 
 import warnings  # noqa: E402
 
-from spyre_inductor.compiler import backend, symbolic  # noqa: E402
-from spyre_inductor.compiler.scheduling import record_kernels  # noqa: E402
+from spyre_inductor.compiler import backend
+from spyre_inductor.compiler.symbolic import planning as symbolic  # noqa: E402
+from spyre_inductor.compiler.inductor.scheduling import record_kernels  # noqa: E402
 from spyre_runtime.launch import LaunchError, launch_jobplan, prepare_kernel  # noqa: E402
 
 SPYRE = torch.device("spyre", 0)
@@ -134,7 +135,7 @@ SIZES = (33, 40, 47, 55, 64)  # one bucket: (32, 64]
 def counted(monkeypatch, tmp_path):
     """The kernels compiled into artifacts (in a fresh artifact root), in order; the graphs
     Dynamo compiles are counted by _graphs()."""
-    from spyre_inductor.compiler import scheduling
+    from spyre_inductor.compiler.inductor import scheduling
 
     planned = []
     compile_kernel = backend.compile_kernel
@@ -247,7 +248,7 @@ def test_a_size_a_bucket_cannot_serve_is_specialized_per_value_on_the_card(count
 
 
 def test_the_clipping_check_refuses_a_store_of_rows_past_the_size():
-    from spyre_inductor.compiler.kernel_ir import Buffer, Index, Kernel, Load, Store, SymbolicSizes
+    from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Kernel, Load, Store, SymbolicSizes
 
     def kernel(out_rows_const):
         # out[i] = x[i] for i < s, but out has s + out_rows_const rows: a pad the kernel does not write
@@ -363,9 +364,9 @@ def test_the_attention_check_refuses_what_the_head_split_cannot_compute():
     # From the kernel IR alone: a symbolic AttentionKernel whose written heads interleave, whose
     # rows' stride depends on the size, or that reads a mask, is refused; a size past Dynamo's
     # range is refused when rebucketed, naming the size and the range
-    from spyre_inductor.compiler import symbolic_attention as sa
-    from spyre_inductor.compiler.errors import Unsupported
-    from spyre_inductor.compiler.kernel_ir import AttentionKernel, Buffer, SymbolicSizes
+    from spyre_inductor.compiler.families.attention import sizes as sa
+    from spyre_inductor.compiler.ir.errors import Unsupported
+    from spyre_inductor.compiler.ir.kernel_ir import AttentionKernel, Buffer, SymbolicSizes
 
     def kernel(out_strides, out_sym_strides=(), limits=(2, None), batch=1):
         qkv = [Buffer(n, "fp32", (batch, 4, 64, 64), (16384, 4096, 64, 1)) for n in "qkv"]
@@ -426,7 +427,7 @@ def test_each_head_reads_and_writes_only_its_own_rows(counted):
 
 
 def test_an_attention_launch_checks_the_sizes_and_strides_it_binds(counted):
-    from spyre_inductor.compiler.symbolic import launch_bucketed, prepare_bucketed
+    from spyre_inductor.compiler.symbolic.planning import launch_bucketed, prepare_bucketed
 
     rec = _compiled_attention(counted)
     plan = prepare_bucketed(str(rec.artifact), 0)
@@ -579,8 +580,8 @@ def test_welford_over_a_dynamic_dim_is_specialized_per_value(counted):
 def test_a_reduction_over_a_symbolic_range_must_be_masked_or_zero_past_the_size():
     # The check proves it from the kernel IR: a sum over a symbolic range without the mask, or a
     # dot with an operand whose bytes do not end where the size does, is refused.
-    from spyre_inductor.compiler import symbolic_reduce
-    from spyre_inductor.compiler.kernel_ir import Buffer, Index, Kernel, Load, Op, Reduction, Store, SymbolicSizes
+    from spyre_inductor.compiler.symbolic import reduce as symbolic_reduce
+    from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Kernel, Load, Op, Reduction, Store, SymbolicSizes
 
     # x: (s0, 4), summed over its rows (its symbolic dim is its outermost: the bytes past the size
     # are a suffix, so its clipped loads are zeros there)
@@ -791,7 +792,7 @@ def test_only_an_affine_size_expression_is_captured():
     import sympy
     from torch.utils._sympy.functions import FloorDiv, Max, Min
 
-    from spyre_inductor.compiler.indexing import SIZE_VALUES, non_affine_term, static_int
+    from spyre_inductor.compiler.ir.indexing import SIZE_VALUES, non_affine_term, static_int
 
     s = sympy.Symbol("s0", integer=True, positive=True)
     assert [non_affine_term(e) for e in (64 * s - 3, 2 * (s + 1), sympy.Integer(7))] == [None] * 3
@@ -855,7 +856,7 @@ def test_automatic_dynamic_attention_over_batch_and_length_stays_fused(counted):
 
 
 def test_a_template_follows_each_size_multilinearly_and_is_checked_far_away():
-    from spyre_inductor.compiler.symbolic_exact import capture_exact
+    from spyre_inductor.compiler.symbolic.exact import capture_exact
 
     class Found:
         def __init__(self, doc):

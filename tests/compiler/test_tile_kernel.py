@@ -10,15 +10,15 @@ import pytest
 
 from pointwise_ir import KernelBuilder, binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel, plan_kernel
-from spyre_inductor.compiler.errors import PlanError
-from spyre_inductor.compiler.passes.allocate import Need, allocate, check_needs, check_placement
-from spyre_inductor.compiler.passes.fusion import plan_fusion
-from spyre_inductor.compiler.passes.layout import plan_layout
-from spyre_inductor.compiler.passes.plans import Division, Plans
-from spyre_inductor.compiler.passes.scratchpad import plan_scratchpad
-from spyre_inductor.compiler.passes.tiles import PhaseKind, Role, Step, TileKernel, broadcast_of, space
-from spyre_inductor.compiler.passes.tiling import plan_tiling
-from spyre_inductor.compiler.passes.verify import verify
+from spyre_inductor.compiler.ir.errors import PlanError
+from spyre_inductor.compiler.core.allocate import Need, allocate, check_needs, check_placement
+from spyre_inductor.compiler.core.fusion import plan_fusion
+from spyre_inductor.compiler.core.layout import plan_layout
+from spyre_inductor.compiler.core.plans import Division, Plans
+from spyre_inductor.compiler.core.scratchpad import plan_scratchpad
+from spyre_inductor.compiler.core.tiles import PhaseKind, Role, Step, TileKernel, broadcast_of, space
+from spyre_inductor.compiler.core.tiling import plan_tiling
+from spyre_inductor.compiler.core.verify import verify
 from spyre_runtime.program.isa import Binary, Load
 
 FULL = space("rows", "sticks")

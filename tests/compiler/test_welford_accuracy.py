@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from spyre_inductor.compiler import config
-from spyre_inductor.compiler.scheduling import record_kernels
+from spyre_inductor.compiler.inductor.scheduling import record_kernels
 
 CONSTANT = 123456.789  # fp32 123456.7890625
 

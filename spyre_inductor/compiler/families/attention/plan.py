@@ -1,0 +1,337 @@
+"""The attention family's plan: the problem's shape, its tilings, its work units and their cores.
+
+A **work unit** is one (batch, kv head, block of query rows): the G query heads that read one
+kv head, stacked into one Q tile of G x rows rows, so every K and V chunk a core loads serves
+all of them (grouped-query attention never copies K or V per head). A unit walks the kv
+positions in **chunks** of ``kv`` positions; under a causal mask it visits only the chunks some
+of its rows can see, and in each only the rows that see any of it (rows ``r0`` and below are
+skipped: their scores would all be -inf), with the mask computed on chip on the diagonal chunks.
+
+The **tiling** is (rows per head per unit, kv positions per chunk, K/V slots); the scratchpad
+need of a tiling is fixed (every core allocates the largest unit's tiles), and a tiling that
+does not fit the scratchpad is not a candidate. Units are spread over cores longest first
+(each to the core with the least work so far), the work of a unit being its score elements:
+causal units differ, and the last cores must not wait on the first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import AttentionKernel
+from ...core._dump import Describable
+from ...core.allocate import Need, Placement, allocate
+
+FLOAT_INPUTS = ("fp16", "bf16", "fp32")
+ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)   # query rows per head per unit
+KV = (64, 128, 256, 512, 1024)                   # kv positions per chunk
+SLOTS = (2, 3)                                   # K/V chunk buffers in flight
+COLUMN_TILES = ("m", "l", "t1", "t2", "t3")      # fp32 per-row statistics, one stick per row
+
+
+@dataclass(frozen=True)
+class Access(Describable):
+    """element = offset + sum(strides[k] * index_k) over (batch, head, row, column)."""
+
+    buffer: str
+    dtype: str
+    strides: tuple[int, int, int, int]
+    offset: int
+    heads: bool = False  # issue 18: each (batch, head) is its own placeholder (symbolic_attention.py)
+
+    def at(self, b: int, h: int, i: int, j: int) -> int:
+        s = self.strides
+        return self.offset + s[0] * b + s[1] * h + s[2] * i + s[3] * j
+
+    def dev(self, b: int, h: int, i: int, j: int) -> tuple[str, int]:
+        """(placeholder, element in it) of element (b, h, i, j)."""
+        if not self.heads:
+            return self.buffer, self.at(b, h, i, j)
+        from .sizes import head_name
+
+        return head_name(self.buffer, b, h), self.offset + self.strides[2] * i + self.strides[3] * j
+
+
+@dataclass(frozen=True)
+class AttentionShape(Describable):
+    B: int
+    H: int
+    KVH: int
+    L: int
+    S: int
+    D: int
+    Dv: int
+    q: Access
+    k: Access
+    v: Access
+    out: Access
+    bias: Access | None
+    keep: Access | None
+    scale: float
+    causal: int | None
+    empty_rows: str
+    p_dtype: str           # the probabilities' dtype for PV (the output's: softmax(...).to(v.dtype) @ v)
+    masked_score: float    # what the keep mask makes a dropped position's score
+    positions: Access | None = None  # per-row positions (strides (0, 0, stride, 0)): the diagonal is theirs
+    # Issue 18: the kv length known only at launch, when positions past it must be masked: (the
+    # SizeExpr the program fills, its value at the bucket's least size: chunks before it need no mask)
+    kv_size: object | None = None
+    kv_least: int = 0
+
+    @property
+    def skips(self) -> bool:
+        """Whether units skip the chunks and rows a causal diagonal hides (not with data positions)."""
+        return self.causal is not None and self.positions is None
+
+    @property
+    def G(self) -> int:
+        return self.H // self.KVH
+
+    def visible(self, i_last: int) -> int:
+        """How many kv positions row i_last sees (S without a causal mask, or with data positions)."""
+        if not self.skips:
+            return self.S
+        return max(0, min(self.S, i_last + self.causal + 1))
+
+
+def analyse(kernel: AttentionKernel) -> AttentionShape:
+    where = f"attention kernel {kernel.name!r}"
+    try:
+        kernel.check()
+    except ValueError as e:
+        raise Unsupported(str(e)) from e
+    B, H, KVH, L, S, D, Dv = kernel.dims
+    for role, buf in (("q", kernel.q), ("k", kernel.k), ("v", kernel.v), ("out", kernel.out)):
+        if buf.dtype not in FLOAT_INPUTS:
+            raise Unsupported(f"{where}: {role} is {buf.dtype} (the PE arrays multiply fp16, bf16 or fp32)")
+        if buf.strides[3] != 1 and buf.shape[3] > 1:
+            raise Unsupported(f"{where}: {role}'s feature dim is not contiguous (stride {buf.strides[3]})")
+    if min(B, H, L, S, D, Dv) == 0:
+        raise Unsupported(f"{where}: an empty dim in {kernel.dims}")
+
+    heads = set()
+    kv_size, kv_least = None, 0
+    if kernel.symbolic is not None:
+        from spyre_runtime.program.operands import SizeExpr
+
+        from .sizes import kv_size as kv_of, split
+
+        heads = set(split(kernel))
+        fit = kv_of(kernel)
+        if fit is not None:
+            (name, lo, _), = kernel.symbolic.sizes
+            kv_size, kv_least = SizeExpr(name, hi=S, coef=fit[0], const=fit[1]), fit[0] * lo + fit[1]
+
+    def access(buf, strides=None) -> Access:
+        # offset 0: a buffer's storage offset is already in the address its symbol resolves to
+        return Access(buf.name, buf.dtype, tuple(strides or buf.strides), 0, buf.name in heads)
+
+    masks = {}
+    for role, buf, strides in (("bias", kernel.bias, kernel.bias_strides), ("keep", kernel.keep, kernel.keep_strides)):
+        if buf is None:
+            masks[role] = None
+            continue
+        if strides[3] != 1 and S > 1:
+            raise Unsupported(f"{where}: the {role} mask is not contiguous along the kv positions "
+                              f"(strides {strides})")
+        if role == "bias" and buf.dtype not in FLOAT_INPUTS:
+            raise Unsupported(f"{where}: a {buf.dtype} bias")
+        masks[role] = access(buf, strides)
+    positions = None
+    if kernel.positions is not None:
+        positions = access(kernel.positions, (0, 0, kernel.positions_stride, 0))
+    return AttentionShape(B, H, KVH, L, S, D, Dv, access(kernel.q), access(kernel.k), access(kernel.v),
+                          access(kernel.out), masks["bias"], masks["keep"], kernel.scale, kernel.causal,
+                          kernel.empty_rows, kernel.p_dtype or kernel.out.dtype, kernel.masked_score, positions,
+                          kv_size, kv_least)
+
+
+@dataclass(frozen=True)
+class AttentionTiling(Describable):
+    rows: int       # query rows per head in one unit
+    kv: int         # kv positions per chunk
+    slots: int      # K/V chunk buffers
+    label: str = ""
+    kv_split: int = 1  # >1: each (batch, kv head, rows) is split over this many neighbouring cores along S
+
+
+@dataclass(frozen=True)
+class Chunk:
+    j0: int         # first kv position
+    n: int          # positions
+    r0: int         # the first row of the unit (per head) that sees any of them
+    masked: bool    # some of the rows [r0, rows) see only part of it (the causal diagonal)
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    b: int
+    kvh: int
+    i0: int
+    rows: int
+    chunks: tuple[Chunk, ...]
+    part: int = 0      # with a kv split: which part of the positions this unit has (0 stores the result)
+    parts: int = 1
+
+    @property
+    def work(self) -> int:
+        return sum((self.rows - c.r0) * c.n for c in self.chunks) + self.rows
+
+
+def work_units(shape: AttentionShape, tiling: AttentionTiling, cores: int | None = None) -> list[WorkUnit]:
+    """The units of `tiling`: (batch, kv head, blocks of at most `tiling.rows` query rows). For
+    `cores`, when the units do not divide evenly among them (48 heads on 32 cores), the last
+    ones are split into smaller row blocks so that every core gets the same rows (each core one
+    head and one half): their K and V are read once more, which costs less than half the cores
+    idling through a second round."""
+    blocks = []
+    for b in range(shape.B):
+        for kvh in range(shape.KVH):
+            blocks += [(b, kvh, i0, min(tiling.rows, shape.L - i0)) for i0 in range(0, shape.L, tiling.rows)]
+    if cores and len(blocks) > cores and len(blocks) % cores:
+        whole, rest = divmod(len(blocks), cores)
+        parts = cores // math.gcd(rest, cores)
+        if whole <= 3 and blocks[-1][3] >= 8 * parts:
+            split = []
+            for b, kvh, i0, rows in blocks[len(blocks) - rest:]:
+                step = -(-(-(-rows // parts)) // 8) * 8   # ceil(rows / parts), rounded up to 8 rows
+                split += [(b, kvh, r, min(step, i0 + rows - r)) for r in range(i0, i0 + rows, step)]
+            blocks = blocks[:len(blocks) - rest] + split
+    if tiling.kv_split > 1:
+        return _split_units(shape, tiling, blocks)
+    return [WorkUnit(b, kvh, i0, rows, _chunks(shape, tiling, i0, rows)) for b, kvh, i0, rows in blocks]
+
+
+def _split_units(shape, tiling, blocks) -> list[WorkUnit]:
+    """Every block's chunks dealt in kv_split contiguous runs, one unit per run (flash decoding:
+    a decode step's few rows on many cores, their partial softmaxes combined over the ring)."""
+    out = []
+    for b, kvh, i0, rows in blocks:
+        chunks = _chunks(shape, tiling, i0, rows)
+        q, r = divmod(len(chunks), tiling.kv_split)   # (every part at least one chunk: variants checks)
+        start = 0
+        for part in range(tiling.kv_split):
+            n = q + (part < r)
+            out.append(WorkUnit(b, kvh, i0, rows, chunks[start:start + n], part, tiling.kv_split))
+            start += n
+    return out
+
+
+def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
+    chunks = []
+    for j0 in range(0, shape.visible(i0 + rows - 1), tiling.kv):
+        n = min(tiling.kv, shape.S - j0)
+        if not shape.skips:
+            chunks.append(Chunk(j0, n, 0, shape.positions is not None))
+            continue
+        r0 = max(0, j0 - shape.causal - i0)   # rows before r0 see no position of this chunk
+        if r0 >= rows:
+            continue
+        masked = j0 + n - 1 > i0 + r0 + shape.causal
+        chunks.append(Chunk(j0, n, r0, masked))
+    return tuple(chunks)
+
+
+@dataclass(frozen=True)
+class CoreWork(Describable):
+    core: int
+    units: tuple[WorkUnit, ...]
+
+
+def divide(units: list[WorkUnit], cores: int) -> tuple[CoreWork, ...]:
+    """Longest first, each unit to the least loaded core; each core's units in problem order.
+    Split units (kv_split) go one per core, the parts of a block on neighbouring cores in order
+    (part p on the core after part p - 1's: their partials travel the ring one hop)."""
+    if units and units[0].parts > 1:
+        if len(units) > cores:
+            return ()
+        return tuple(CoreWork(c, (u,)) for c, u in enumerate(units))
+    load = [0] * cores
+    mine: list[list[int]] = [[] for _ in range(cores)]
+    for u in sorted(range(len(units)), key=lambda k: -units[k].work):
+        c = min(range(cores), key=lambda k: (load[k], k))
+        load[c] += units[u].work
+        mine[c].append(u)
+    return tuple(CoreWork(c, tuple(units[u] for u in sorted(mine[c]))) for c in range(cores) if mine[c])
+
+
+def _row(cols: int, dtype: str) -> int:
+    return sticks(cols * ITEMSIZE[dtype])
+
+
+def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
+    """Every tile of one core, whole-program (the allocation is the same for every unit)."""
+    G, R, kv, D, Dv = shape.G, t.rows, t.kv, shape.D, shape.Dv
+    qd, kd, vd, od, pd = shape.q.dtype, shape.k.dtype, shape.v.dtype, shape.out.dtype, shape.p_dtype
+
+    def need(name, rows, cols, dtype, copies=1):
+        rs = _row(cols, dtype)
+        return Need(name, rows * rs, rs, copies)
+
+    out = [need("q", G * R, D, qd, 2), need("k_rows", kv, D, kd, t.slots), need("kt", D, kv, kd, t.slots),
+           need("v", kv, Dv, vd, t.slots), need("s", G * R, kv, "fp32", 2), need("p", G * R, kv, pd, 2),
+           need("acc", G * R, Dv, "fp32"), need("o", G * R, Dv, od, 2)]
+    for name, m in (("bias", shape.bias), ("keep", shape.keep)):
+        if m is not None:
+            rows = (R if m.strides[2] else 1) * (G if m.strides[1] else 1)
+            out.append(need(name, rows, kv, m.dtype, t.slots))
+    if shape.causal is not None or shape.kv_size is not None:
+        out += [need("diag_index", R, kv, "int32"), need("diag_keep", R, kv, "bool")]
+    if shape.kv_size is not None:
+        out.append(Need("kv_size", STICK, STICK))
+    if shape.positions is not None:
+        out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
+    out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
+    if t.kv_split > 1:  # a neighbour's partial lands here
+        out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", G * R * STICK, STICK), Need("l_in", G * R * STICK, STICK)]
+    out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
+    return out
+
+
+def placement(shape: AttentionShape, t: AttentionTiling) -> Placement | None:
+    p = allocate(needs(shape, t), HARDWARE.scratchpad_usable_bytes)
+    return p if p.fits else None
+
+
+def variants(shape: AttentionShape) -> list[AttentionTiling]:
+    """Every (rows, kv, slots) that fits, rows no more than L (rounded up to 8), kv no more than S."""
+    rows_cap = -(-shape.L // 8) * 8 if shape.L > 1 else 1
+    kv_cap = max(64, -(-shape.S // 64) * 64)
+    out = []
+    for rows in ROWS:
+        if rows > max(rows_cap, 1) and rows != ROWS[0]:
+            continue
+        if shape.L > 1 and rows == 1:
+            continue
+        for kv in KV:
+            if kv > kv_cap:
+                continue
+            for slots in SLOTS:
+                t = AttentionTiling(min(rows, shape.L), kv, slots,
+                                    f"{min(rows, shape.L)} rows x {kv} kv positions, {slots} K/V slots")
+                if placement(shape, t) is not None:
+                    out.append(t)
+    # few rows (decode) and many kv positions for few cores: split the positions over cores too
+    groups = shape.B * shape.KVH * -(-shape.L // max(rows_cap, 1))
+    if not shape.skips and shape.L <= 8:
+        for t in list(out):
+            for split in (2, 4, 8, 16, 32):
+                chunks = -(-shape.S // t.kv)
+                if groups * split <= HARDWARE.cores and chunks >= split and t.rows >= shape.L:
+                    st = AttentionTiling(t.rows, t.kv, t.slots, f"{t.label}, positions split over {split} cores",
+                                         split)
+                    if placement(shape, st) is not None:
+                        out.append(st)
+    if not out:
+        raise Unsupported(f"attention with head dims {shape.D}/{shape.Dv} and {shape.G} heads per kv head: no "
+                          f"tiling fits the {HARDWARE.scratchpad_usable_bytes} usable scratchpad bytes")
+    return out
+
+
+__all__ = ["Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
+           "needs", "placement", "variants", "work_units"]

@@ -1,0 +1,192 @@
+"""The attention family end to end: lowering, tilings and core counts timed by the timing model.
+
+Candidates (search.py): every tiling that fits (attention_plan.variants) at the most cores the
+units can use, then the best tiling at fewer cores. A candidate is timed by its busiest core
+standing for all of them in step (causal units differ in their work: the busiest core is the
+one the others wait for); the chosen placement is checked (allocate.check_placement), and the
+kept program is validated and verified once and carries the kernel's minimum traffic (q, k, v,
+the masks read once, the output written once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spyre_runtime.hardware import HARDWARE
+
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import AttentionKernel
+from ...core import search
+from ...core.allocate import check_placement
+from .codegen import build_attention_program
+from .plan import AttentionShape, analyse, divide, placement, variants, work_units
+from ...core.division import candidate_counts, simulated_ns
+from ...core.keep import kept
+from ...core.layout import buffers_of, symbols_of
+from ...core.minimum import Traffic
+from ...core.plans import Division, Plans
+from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
+
+# Tilings are timed only when they move at most PRUNE times the bytes of the tiling that moves
+# fewest (fewer query rows per unit re-read K and V once more per extra block), at most MAX_TIMED.
+PRUNE = 1.3
+MAX_TIMED = 6
+
+
+def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
+    from spyre_runtime.program.operands import ITEMSIZE
+
+    def distinct(buf, strides, dims):
+        n = 1
+        for extent, stride in zip(dims, strides):
+            if stride and extent > 1:
+                n *= extent
+        return n * ITEMSIZE[buf.dtype]
+
+    B, H, KVH, L, S, D, Dv = kernel.dims
+    S = shape.visible(L - 1)  # (positions no row sees are never needed)
+    read = (distinct(kernel.q, kernel.q.strides, (B, H, L, D)) + distinct(kernel.k, kernel.k.strides, (B, KVH, S, D))
+            + distinct(kernel.v, kernel.v.strides, (B, KVH, S, Dv)))
+    for buf, strides in ((kernel.bias, kernel.bias_strides), (kernel.keep, kernel.keep_strides)):
+        if buf is not None:
+            read += distinct(buf, strides, (B, H, L, S))
+    if kernel.positions is not None:
+        read += distinct(kernel.positions, (kernel.positions_stride,), (L,))
+    return Traffic(read, distinct(kernel.out, kernel.out.strides, (B, H, L, Dv)))
+
+
+def traffic(shape: AttentionShape, tiling) -> int:
+    """The bytes a tiling moves (Q and the output once, K, V and the masks once per unit that sees them)."""
+    from spyre_runtime.program.operands import ITEMSIZE
+
+    q, k, v, o = (ITEMSIZE[a.dtype] for a in (shape.q, shape.k, shape.v, shape.out))
+    total = 0
+    for u in work_units(shape, tiling):
+        total += shape.G * u.rows * (shape.D * q + shape.Dv * o)
+        for c in u.chunks:
+            total += c.n * (shape.D * k + shape.Dv * v)
+            if shape.positions is not None:
+                total += u.rows * ITEMSIZE[shape.positions.dtype]
+            for m in (shape.bias, shape.keep):
+                if m is not None:
+                    total += (u.rows - c.r0 if m.strides[2] else 1) * (shape.G if m.strides[1] else 1) * c.n * \
+                             ITEMSIZE[m.dtype]
+    return total
+
+
+def tile_kernel(shape: AttentionShape) -> TileKernel:
+    """What the program does per chunk, for a person (the family's codegen emits it)."""
+    t = lambda name, dtype, sp, role, **kw: Tile(name, dtype, space(*sp), role, **kw)  # noqa: E731
+    tiles = [t("q", shape.q.dtype, ("rows", "d"), Role.INPUT), t("kt", shape.k.dtype, ("d", "kv"), Role.INPUT),
+             t("k_rows", shape.k.dtype, ("d", "kv"), Role.STAGING, of="kt", relayout=Relayout.TRANSPOSED),
+             t("v", shape.v.dtype, ("kv", "d"), Role.INPUT), t("s", "fp32", ("rows", "kv"), Role.TEMPORARY),
+             t("p", shape.p_dtype, ("rows", "kv"), Role.TEMPORARY), t("m", "fp32", ("rows",), Role.ACCUMULATOR),
+             t("l", "fp32", ("rows",), Role.ACCUMULATOR), t("alpha", "fp32", ("rows",), Role.TEMPORARY),
+             t("acc", "fp32", ("rows", "d"), Role.ACCUMULATOR), t("o", shape.out.dtype, ("rows", "d"), Role.OUTPUT),
+             t("scale", "fp32", (), Role.CONSTANT)]
+    loads = [("q", "q"), ("k_rows", "k"), ("v", "v")]
+    steps = [Step("matmul", "matmul", "s", ("q", "kt")), Step("binary", "mul", "s", ("s", "scale"))]
+    for name in ("bias", "keep"):
+        m = getattr(shape, name)
+        if m is not None:
+            tiles.append(t(name, m.dtype, ("rows", "kv") if m.strides[2] else ("kv",), Role.INPUT))
+            loads.append((name, name))
+            steps.append(Step("binary", "add", "s", ("s", name)) if name == "bias"
+                         else Step("select", "where", "s", (name, "s", "scale")))
+    steps += [Step("reduce", "max", "alpha", ("s",)), Step("binary", "max", "m", ("m", "alpha")),
+              Step("binary", "sub", "s", ("s", "m")), Step("unary", "exp", "s", ("s",)),
+              Step("reduce", "sum", "l", ("s",), accumulate=True), Step("binary", "mul", "acc", ("acc", "alpha")),
+              Step("unary", "copy", "p", ("s",)), Step("matmul", "matmul", "acc", ("p", "v"), accumulate=True)]
+    notes = [f"out[{shape.B}, {shape.H}, {shape.L}, {shape.Dv}] = softmax({shape.scale:.6g} * q k^T"
+             + (f", keep j <= positions[i] + {shape.causal}" if shape.positions is not None
+                else f", causal diagonal {shape.causal}" if shape.causal is not None else "")
+             + (", + bias" if shape.bias else "") + (", keep mask" if shape.keep else "") + ") v",
+             f"{shape.G} query head(s) per kv head share every K and V chunk ({shape.KVH} kv heads)",
+             "the scores stay in the scratchpad: an online softmax per chunk of kv positions (flash attention)"]
+    return TileKernel("attention", ("rows", "kv", "d"), tuple(tiles), (("scale", shape.scale),),
+                      (Phase(PhaseKind.INIT, (Step("fill", "fill", "m", value=float("-inf")),
+                                              Step("fill", "fill", "l", value=0.0),
+                                              Step("fill", "fill", "acc", value=0.0)), (), (), "per unit"),
+                       Phase(PhaseKind.CHUNK, tuple(steps), tuple(loads), (), "one chunk of kv positions"),
+                       Phase(PhaseKind.EPILOGUE, (Step("binary", "div", "acc", ("acc", "l")),
+                                                  Step("unary", "copy", "o", ("acc",))), (), (("o", "out"),),
+                             "once per unit")), None, tuple(notes))
+
+
+def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cores: int | None = None):
+    from ...backend import COMPILER_VERSION, Compiled
+
+    shape = analyse(kernel)
+    if kernel.symbolic is not None:  # (issue 18: each head of a buffer over the sequence is its own placeholder)
+        from .sizes import layouts, symbols as head_symbols
+
+        symbols, buffers = head_symbols(kernel), layouts(kernel)
+    else:
+        symbols, buffers = symbols_of(kernel), buffers_of(kernel)
+    limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
+    tilings = variants(shape)
+    moved = {t: traffic(shape, t) for t in tilings}
+    least = min(moved.values())
+    # Timed: the tilings that move the fewest bytes, and for every rows-per-unit the best of its
+    # tilings (fewer rows re-read K and V, but give more units to the cores: a small prefill
+    # needs them), and the kv splits of those (decode: few rows on many cores)
+    order = sorted((t for t in tilings if t.kv_split == 1), key=lambda t: (moved[t], -(t.rows * t.kv), -t.slots))
+    base = [t for t in order if moved[t] <= PRUNE * least][:MAX_TIMED]
+    for rows in sorted({t.rows for t in order}):
+        best = next(t for t in order if t.rows == rows)
+        if best not in base:
+            base.append(best)
+    bare = {dataclasses.replace(b, label="") for b in base}
+    tilings = base + [t for t in tilings if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in bare]
+    errors: list[str] = []
+
+    def build(tiling, n, representative=False):
+        """The program of `tiling` on `n` cores, or (representative) only its busiest core's."""
+        units = work_units(shape, tiling, n)
+        work = divide(units, n)
+        place = placement(shape, tiling)
+        notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
+                 f"{len(work)} core(s)")
+        # (split units differ: the first part of each block combines and stores, the rest send)
+        if not work:
+            return None, work, place, len(units)
+        busiest = max(work, key=lambda w: sum(u.work for u in w.units))
+        cores = (busiest,) if representative and tiling.kv_split == 1 else work
+        program = build_attention_program(kernel.name, symbols, shape, tiling, place, cores, notes)
+        return program, work, place, len(units)
+
+    timed: dict = {}
+
+    def evaluate(tiling, n):
+        n = min(n, len(work_units(shape, tiling)))  # (no more cores than units)
+        if (tiling, n) not in timed:
+            # timed by its busiest core standing for all of them in step (timing.estimate's replicas)
+            program, work, _, _ = build(tiling, n, representative=True)
+            if not work:
+                return None  # (split units need a core each)
+            replicas = len(work) if tiling.kv_split == 1 else 1
+            timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work),
+                                                simulated_ns(program, replicas, check=False), (tiling, n))
+        return timed[tiling, n]
+
+    counts = [cores] if cores else [c for c in candidate_counts(limit)]
+    results = search.search(tilings, counts, evaluate, errors)
+    if not results:
+        raise Unsupported(f"attention kernel {kernel.name!r}: no plan ({'; '.join(errors[:3]) or 'no candidate'})")
+    chosen = search.choose(results)
+    tiling, n = chosen.plan
+    program, work, place, nunits = build(tiling, n)
+    # (the placement's own check: two tiles on exactly the same bytes in one unit's order look
+    # to the program's replay like one tile updated in place)
+    check_placement("attention scratchpad plan", place.allocations,
+                    min(place.usable, HARDWARE.scratchpad_usable_bytes))
+    program = kept(kernel, program, minimum(kernel, shape))
+    division = Division(len(work), f"{nunits} work units (batch, kv head, {tiling.rows} query rows per head)",
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results),
+                        tuple((w.core, len(w.units)) for w in work), chosen.ns)
+    plans = Plans("attention", buffers, tile_kernel(shape), (("shape", shape), ("tiling", tiling)), place,
+                  division)
+    return Compiled(plans, program)
+
+
+__all__ = ["minimum", "plan_attention", "tile_kernel"]

@@ -1,0 +1,414 @@
+"""Matmul code generation: one core's block of the output as ls, pe and sfp instruction streams.
+
+Per core, the output tiles of its block in order, each ``K / tk`` k-steps:
+
+* ls: every operand tile a k-step needs that is not already in a slot is
+  moved into one (``pop free``, load, ``push full``; a transposed operand
+  is moved in its own layout into the staging tile, fenced, and transposed
+  on chip into the slot); then the epilogue operands of the output tile;
+  a *shared* operand (every core needs the same tiles in the same order:
+  A when the cores split the columns, B when they split the rows) is
+  all-gathered instead: each core loads one slice of rows of the tile from
+  device memory and the slices travel core to core along the chain of
+  neighbours in both directions (``ring_fill``), so the operand is read
+  from device memory once, not once per core;
+  then the store of the previous output tile (one behind, so the loads of
+  the next tile are not held up by the sfp).
+* pe: per k-step, ``pop full`` of each slot at its first use since it was
+  filled, the MatMul into the tile's accumulator (the first k-step
+  initializes it), ``push free`` after its last use; per output tile
+  ``push acc_full``.
+* sfp: per output tile, the epilogue steps from the fp32 accumulator into
+  the output tiles (the one rounding to the output dtype is their copy),
+  then ``push out_full``.
+
+Accumulators, epilogue operands and outputs alternate between two copies,
+so the pe fills one output tile while the sfp finishes the other. Every
+queue is primed by its consumer's side (one free token per slot up front,
+popped again at the end), so the loop bodies are uniform. The schedule is
+unrolled: addresses are plain offsets.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from spyre_runtime.program.emitter import Unit
+from spyre_runtime.program.isa import Fence, Fill, Load, MatMul, Pop, Push, Store, Transpose
+from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+
+from ...core.allocate import Placement
+from ...core.codegen import emit_elementwise
+from .lowering import MAccess, MatmulShape
+from .plan import Block, Grid, MatmulTiling, operand_tiles
+from ...core.tiles import Role, TileKernel, broadcast_of
+
+# More instructions than this per core is a plan the timing model should not have to replay.
+MAX_INSTRUCTIONS_PER_CORE = 200_000
+
+
+def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulShape, tk: TileKernel,
+                         tiling: MatmulTiling, placement: Placement, grid: Grid, notes: str = "",
+                         blocks: tuple[Block, ...] | None = None, share: str | None = None) -> Program:
+    """`blocks` (default: the grid's) lets a planner time one representative core; `share` ("a"
+    or "b") all-gathers that operand over the ring between the grid's cores."""
+    cores, queues = [], []
+    for block in (grid.blocks if blocks is None else blocks):
+        units, qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
+        queues += qs
+        cores.append(CoreProgram(block.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
+    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
+    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+
+
+def _batch_index(shape: MatmulShape, flat: int) -> tuple[int, ...]:
+    idx = []
+    for extent in reversed(shape.batch):
+        flat, r = divmod(flat, extent)
+        idx.append(r)
+    return tuple(reversed(idx))
+
+
+def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
+    return (access.offset + sum(s * i for s, i in zip(access.batch_strides, bidx)) + access.m_stride * m
+            + access.n_stride * n + access.k_stride * k)
+
+
+PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
+
+
+def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
+                    sp_stride: int) -> None:
+    """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
+    serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
+    per = max(1, PIECE_BYTES // max(sp_stride, 1))
+    for r0 in range(0, rows, per):
+        n = min(per, rows - r0)
+        ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
+                     dev_stride if n > 1 else 0, sp_stride))
+
+
+class _Pool:
+    """Optimal slot assignment for one operand over the core's whole schedule (Belady): a
+    miss evicts the slot whose tile is needed again farthest ahead (then the least recently
+    used), so a miss never waits on a slot the next steps still read."""
+
+    def __init__(self, keys: list, slots: int):
+        n = len(keys)
+        next_same, seen = [n] * n, {}
+        for t in range(n - 1, -1, -1):
+            next_same[t] = seen.get(keys[t], n)
+            seen[keys[t]] = t
+        self.slot, self.new, self.fill = [], [], []
+        self.last: dict[int, int] = {}  # fill -> its last step
+        holding: dict[int, tuple] = {}
+        fill_of: dict[int, int] = {}
+        last_used: dict[int, int] = {}
+        where: dict[tuple, int] = {}
+        for t, key in enumerate(keys):
+            hit = where.get(key)
+            created = hit is None
+            if created:
+                free = [s for s in range(slots) if s not in holding]
+                hit = free[0] if free else max(holding, key=lambda s: (next_same[last_used[s]], -last_used[s]))
+                if hit in holding:
+                    del where[holding[hit]]
+                holding[hit], where[key] = key, hit
+                fill_of[hit] = len(self.last)
+                self.last[fill_of[hit]] = t
+            self.new.append(created)
+            self.slot.append(hit)
+            self.fill.append(fill_of[hit])
+            last_used[hit] = t
+            self.last[fill_of[hit]] = t
+
+    def last_use(self, t: int) -> bool:
+        return self.last[self.fill[t]] == t
+
+
+class _Core:
+    def __init__(self, shape, tk, tiling, placement, block: Block, share: str | None = None, group: int = 1):
+        self.shape, self.tk, self.t, self.p, self.block = shape, tk, tiling, placement, block
+        self.core = block.core
+        self.share, self.group = share, group
+        self.ta, self.tb = operand_tiles(tk)
+        self.staging = {t.of: t.name for t in tk.tiles if t.role is Role.STAGING}
+        self.acc = tk.with_role(Role.ACCUMULATOR)[0].name
+        self.epi = tk.phases[1]
+        self.queues: list[Queue] = []
+
+    def q(self, name, producer, consumer, depth=2) -> str:
+        full = f"c{self.core}.{name}"
+        self.queues.append(Queue(full, (self.core, producer), (self.core, consumer), depth))
+        return full
+
+    # ---- the schedule --------------------------------------------------------------------
+
+    def schedule(self):
+        """(output tiles, k-steps in order, A pool, B pool); a k-step is (output, batch, m, n, k)."""
+        s, t, b = self.shape, self.t, self.block
+        m_tiles = [(m, min(t.tm, b.m0 + b.mc - m)) for m in range(b.m0, b.m0 + b.mc, t.tm)]
+        n_tiles = [(n, min(t.tn, b.n0 + b.nc - n)) for n in range(b.n0, b.n0 + b.nc, t.tn)]
+        k_tiles = [(k, min(t.tk, s.K - k)) for k in range(0, s.K, t.tk)]
+        outputs, steps = [], []
+        for flat in range(b.b0, b.b0 + b.bc):
+            bidx = _batch_index(s, flat)
+            pairs = (itertools.product(m_tiles, n_tiles) if t.label != "B resident" else
+                     ((mt, nt) for nt in n_tiles for mt in m_tiles))
+            block = [(len(outputs) + i, (bidx, mt, nt)) for i, (mt, nt) in enumerate(pairs)]
+            outputs += [o for _, o in block]
+            if t.order == "k-outer":  # a batch's output tiles advance together, one k chunk at a time
+                steps += [(o, bi, mt, nt, kt) for kt in k_tiles for o, (bi, mt, nt) in block]
+            else:
+                steps += [(o, bi, mt, nt, kt) for o, (bi, mt, nt) in block for kt in k_tiles]
+        a_keys = [(_element(s.a, bidx, mt[0], 0, kt[0]), mt[1], kt[1]) for _, bidx, mt, nt, kt in steps]
+        b_keys = [(_element(s.b, bidx, 0, nt[0], kt[0]), kt[1], nt[1]) for _, bidx, mt, nt, kt in steps]
+        return outputs, steps, _Pool(a_keys, t.a_slots), _Pool(b_keys, t.b_slots)
+
+    def shared_fills(self) -> list:
+        """The shared operand's fills in order, each (batch, tile, k chunk, slot): every core must
+        have the same, slots included (a slice lands at the sender's own slot address)."""
+        outputs, steps, pa, pb = self.schedule()
+        pool = pa if self.share == "a" else pb
+        return [(steps[i][1], steps[i][2 if self.share == "a" else 3], steps[i][4], pool.slot[i])
+                for i in range(len(steps)) if pool.new[i]]
+
+    # ---- emission --------------------------------------------------------------------------
+
+    def emit(self):
+        ls, pe, sfp = Unit(), Unit(), Unit()
+        outputs, steps, pa, pb = self.schedule()
+        if len(steps) * 4 > MAX_INSTRUCTIONS_PER_CORE:
+            from ...ir.errors import Unsupported
+
+            raise Unsupported(f"matmul plan with {len(steps)} k-steps on core {self.core}: too many to unroll")
+        if self.share:
+            self.ring_queues()
+        A = self.t.acc_copies
+        qa = {s: (self.q(f"a_full{s}", "ls", "pe"), self.q(f"a_free{s}", "pe", "ls")) for s in set(pa.slot)}
+        qb = {s: (self.q(f"b_full{s}", "ls", "pe"), self.q(f"b_free{s}", "pe", "ls")) for s in set(pb.slot)}
+        qacc = [(self.q(f"acc_full{c}", "pe", "sfp"), self.q(f"acc_free{c}", "sfp", "pe")) for c in range(A)]
+        qepi = [(self.q(f"epi_full{c}", "ls", "sfp"), self.q(f"epi_free{c}", "sfp", "ls")) for c in (0, 1)]
+        qout = [(self.q(f"out_full{c}", "sfp", "ls"), self.q(f"out_free{c}", "ls", "sfp")) for c in (0, 1)]
+        first, last = {}, {}
+        for i, st in enumerate(steps):
+            first.setdefault(st[0], i)
+            last[st[0]] = i
+        done = sorted(range(len(outputs)), key=lambda o: last[o])  # completion order
+        rank = {o: r for r, o in enumerate(done)}   # epilogue copies alternate in completion order
+        has_epi_loads = bool(self.epi.loads)
+        acc_used = range(min(A, len(outputs)))
+        io_used = range(min(2, len(outputs)))
+        # priming: one free token per slot / copy from the consumer of the data
+        for slot in sorted(qa):
+            pe.emit(Push(qa[slot][1]))
+        for slot in sorted(qb):
+            pe.emit(Push(qb[slot][1]))
+        for name, value in self.tk.constants:
+            a = self.p.at(name)
+            sfp.emit(Fill(sfp.tile(a.offset, self.tk.tile(name).dtype, 1, 1, STICK), value))
+        for c in acc_used:
+            sfp.emit(Push(qacc[c][1]))
+        for c in io_used:
+            if has_epi_loads:
+                sfp.emit(Push(qepi[c][1]))
+            ls.emit(Push(qout[c][1]))
+        stored = 0
+        for i, (o, bidx, mt, nt, kt) in enumerate(steps):
+            # ls: this step's new operand tiles; after an output's last step, its epilogue
+            # operands and the store of the output finished before it
+            # A shared operand's fill goes last: every hop of its slices pushes a token, and a push
+            # waits for the unit's transfers in flight, so a private load issued after it would
+            # hold up the whole chain of cores at every hop.
+            fills = [("a", pa, qa), ("b", pb, qb)]
+            for which, pool, queues in sorted(fills, key=lambda f: f[0] == self.share):
+                if pool.new[i]:
+                    fill = self.ring_fill if self.share == which else self.load_operand
+                    fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
+            if i == last[o]:
+                c = rank[o] % 2
+                if has_epi_loads:
+                    ls.emit(Pop(qepi[c][1]))
+                    self.epilogue_loads(ls, c, bidx, mt, nt)
+                    ls.emit(Push(qepi[c][0]))
+                if rank[o] >= 1:
+                    prev = done[rank[o] - 1]
+                    self.store(ls, qout[(rank[o] - 1) % 2], (rank[o] - 1) % 2, *outputs[prev])
+                    stored += 1
+            # pe
+            slot = o % A
+            if i == first[o]:
+                pe.emit(Pop(qacc[slot][1]))
+            if pa.new[i]:
+                pe.emit(Pop(qa[pa.slot[i]][0]))
+            if pb.new[i]:
+                pe.emit(Pop(qb[pb.slot[i]][0]))
+            acc = self.p.at(self.acc, slot)
+            a, b = self.p.at(self.ta, pa.slot[i]), self.p.at(self.tb, pb.slot[i])
+            pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
+                           pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
+                           pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
+                           accumulate=i != first[o]))
+            if pa.last_use(i):
+                pe.emit(Push(qa[pa.slot[i]][1]))
+            if pb.last_use(i):
+                pe.emit(Push(qb[pb.slot[i]][1]))
+            if i == last[o]:
+                pe.emit(Push(qacc[slot][0]))
+        for o in done:  # sfp: the epilogue of each output in the order the pe finishes them
+            slot, c = o % A, rank[o] % 2
+            sfp.emit(Pop(qacc[slot][0]))
+            if has_epi_loads:
+                sfp.emit(Pop(qepi[c][0]))
+            sfp.emit(Pop(qout[c][1]))
+            self.epilogue(sfp, slot, c, outputs[o][1][1], outputs[o][2][1])
+            sfp.emit(Push(qacc[slot][1]))
+            if has_epi_loads:
+                sfp.emit(Push(qepi[c][1]))
+            sfp.emit(Push(qout[c][0]))
+        if done:
+            r = len(done) - 1
+            self.store(ls, qout[r % 2], r % 2, *outputs[done[r]])
+        for slot in sorted(qa):
+            ls.emit(Pop(qa[slot][1]))
+        for slot in sorted(qb):
+            ls.emit(Pop(qb[slot][1]))
+        for c in acc_used:
+            pe.emit(Pop(qacc[c][1]))
+        for c in io_used:
+            if has_epi_loads:
+                ls.emit(Pop(qepi[c][1]))
+            sfp.emit(Pop(qout[c][1]))
+        return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
+
+    def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt):
+        s = self.shape
+        full, free = queues
+        name = self.ta if which == "a" else self.tb
+        access = s.a if which == "a" else s.b
+        transposed = s.a_transposed if which == "a" else s.b_transposed
+        rows, cols = (mt[1], kt[1]) if which == "a" else (kt[1], nt[1])
+        row_stride = access.m_stride if which == "a" else access.k_stride   # device stride between tile rows
+        col_stride = access.k_stride if which == "a" else access.n_stride   # ... between tile columns
+        origin = _element(access, bidx, mt[0], nt[0], kt[0])
+        isz = ITEMSIZE[access.dtype]
+        dst = self.p.at(name, slot)
+        ls.emit(Pop(free))
+        if not transposed:
+            rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
+                            dst.row_stride)
+        else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
+            st = self.p.at(self.staging[name])
+            rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
+                            st.row_stride)
+            ls.emit(Fence(),
+                    Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
+                              ls.tile(st.offset, access.dtype, cols, rows, st.row_stride)))
+        ls.emit(Push(full))
+
+    # ---- the shared operand, all-gathered along the chain of cores ---------------------------
+
+    def ring_queues(self) -> None:
+        """The queues this core consumes: slices arriving from each side, and each neighbour's
+        word that its slot is open for this core's sends."""
+        j, g = self.core, self.group
+        for side, nb in (("L", j - 1), ("R", j + 1)):
+            if 0 <= nb < g:
+                for kind in ("from", "open"):
+                    self.queues.append(Queue(f"r{j}.{kind}{side}", (nb, "ls"), (j, "ls"), depth=g))
+
+    def ring_fill(self, ls, queues, which, slot, bidx, mt, nt, kt):
+        from spyre_runtime.program.emitter import split_evenly
+        from spyre_runtime.program.isa import Send
+
+        s, j, g = self.shape, self.core, self.group
+        full, free = queues
+        name = self.ta if which == "a" else self.tb
+        access = s.a if which == "a" else s.b
+        rows, cols = (mt[1], kt[1]) if which == "a" else (kt[1], nt[1])
+        row_stride = access.m_stride if which == "a" else access.k_stride
+        isz = ITEMSIZE[access.dtype]
+        dst = self.p.at(name, slot)
+        pieces = split_evenly(rows, g)
+        origin = _element(access, bidx, mt[0], nt[0], kt[0])
+
+        def send(to, p):
+            r0, rc = pieces[p]
+            at = ls.sp(dst.offset + r0 * dst.row_stride)
+            ls.emit(Send(to, at, at, rc * dst.row_stride))
+
+        ls.emit(Pop(free))
+        if j > 0:
+            ls.emit(Push(f"r{j - 1}.openR"))
+        if j < g - 1:
+            ls.emit(Push(f"r{j + 1}.openL"))
+        r0, rc = pieces[j]
+        rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, (origin + r0 * row_stride) * isz, rc,
+                        cols * isz, row_stride * isz, dst.row_stride)
+        ls.emit(Fence())  # the slice has landed before it is sent on
+        if j < g - 1:
+            ls.emit(Pop(f"r{j}.openR"))
+            send(j + 1, j)
+            ls.emit(Push(f"r{j + 1}.fromL"))
+        if j > 0:
+            ls.emit(Pop(f"r{j}.openL"))
+            send(j - 1, j)
+            ls.emit(Push(f"r{j - 1}.fromR"))
+        for p in range(j - 1, -1, -1):  # slices from the left, nearest first
+            ls.emit(Pop(f"r{j}.fromL"))
+            if j < g - 1:
+                send(j + 1, p)
+                ls.emit(Push(f"r{j + 1}.fromL"))
+        for p in range(j + 1, g):  # slices from the right, nearest first
+            ls.emit(Pop(f"r{j}.fromR"))
+            if j > 0:
+                send(j - 1, p)
+                ls.emit(Push(f"r{j - 1}.fromR"))
+        ls.emit(Push(full))
+
+    def epilogue_loads(self, ls, c, bidx, mt, nt):
+        for name, access in self.epi.loads:
+            tile = self.tk.tile(name)
+            a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
+            rows = mt[1] if "m" in tile.space else 1
+            cols = nt[1] if "n" in tile.space else 1
+            origin = _element(access, bidx, mt[0], nt[0], 0)
+            ls.emit(Load(ls.sp(a.offset), ls.dev(access.buffer, origin * isz), rows, cols * isz,
+                         access.m_stride * isz if rows > 1 else 0, a.row_stride))
+
+    def store(self, ls, queues, c, bidx, mt, nt):
+        full, free = queues
+        ls.emit(Pop(full))
+        for name, access in self.epi.stores:
+            a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
+            origin = _element(access, bidx, mt[0], nt[0], 0)
+            ls.emit(Store(ls.dev(access.buffer, origin * isz), ls.sp(a.offset), mt[1], nt[1] * isz,
+                          access.m_stride * isz if mt[1] > 1 else 0, a.row_stride))
+        ls.emit(Push(free))
+
+    def epilogue(self, sfp, acc_slot, c, rows, cols):
+        def tile(name):
+            t = self.tk.tile(name)
+            if t.role is Role.CONSTANT:
+                a = self.p.at(name)
+                return sfp.tile(a.offset, t.dtype, rows, cols, STICK, "scalar")
+            a = self.p.at(name, acc_slot if t.role is Role.ACCUMULATOR else c)
+            return sfp.tile(a.offset, t.dtype, rows, cols, a.row_stride, broadcast_of(t.space, "m", "n"))
+
+        for st in self.epi.steps:
+            emit_elementwise(sfp, st, tile)
+
+
+def ring_ready(shape, tk, tiling, placement, grid) -> bool:
+    """Whether the grid's cores can all-gather the shared operand: each fill splits into a slice
+    per core (at least one row each), and every core fills the same tiles in the same order."""
+    cores = [_Core(shape, tk, tiling, placement, b, tiling.share, grid.cores) for b in grid.blocks]
+    fills = [c.shared_fills() for c in cores]
+    if any(f != fills[0] for f in fills[1:]) or not fills[0]:
+        return False
+    rows = [(mt[1] if tiling.share == "a" else kt[1]) for _, mt, kt, _ in fills[0]]
+    return min(rows) >= grid.cores
+
+
+__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "build_matmul_program", "ring_ready"]

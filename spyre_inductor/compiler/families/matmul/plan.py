@@ -1,0 +1,295 @@
+"""Matmul planning: tile shape, operand slots and the division of the output over cores.
+
+A core owns a block of the output (batches x rows x columns) and walks it in
+output tiles of ``tm x tn``; each output tile is ``K / tk`` k-steps, one PE
+matmul of an A tile [tm, tk] by a B tile [tk, tn] into an fp32 accumulator.
+
+Operand tiles live in **slots**: each operand has a pool of them, and a
+tile already in a slot is not moved again. The schedule of the whole core
+is known before emission, so eviction is optimal (the slot whose tile is
+needed again farthest in the future, then the least recently used): a pool
+as large as the operand's distinct tiles keeps it resident (each byte read
+once per core: weights stationary), two slots double-buffer a stream.
+The re-fetch factor (bytes read from device memory over the kernel's
+minimum) follows from the pools and the division, and the timing model
+chooses among them.
+
+Division: the output's batches, rows and columns are split into a grid of
+``gb x gm x gn`` blocks, one per core. Columns split in whole sticks of the
+output dtype, so no two cores store into one stick. A block's operands are
+read once per block, so a grid reads A ``gn`` times and B ``gm`` times: for
+each core count the grid that moves the fewest bytes is the candidate, and
+the timing model picks the count (search.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.emitter import split_evenly
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+
+from ...ir.errors import Unsupported
+from ...core._dump import Describable
+from ...core.allocate import Need, Placement, allocate
+from .lowering import MatmulShape
+from ...core.tiles import Role, TileKernel, live_ranges
+
+PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
+
+
+@dataclass(frozen=True)
+class MatmulTiling(Describable):
+    tm: int
+    tn: int
+    tk: int
+    a_slots: int
+    b_slots: int
+    label: str
+    order: str = "output"      # "output": each output tile's k-steps in turn; "k-outer": every
+                               # output tile of the block advances one k chunk at a time (their
+                               # accumulators all resident), so each operand tile is used in one go
+    acc_copies: int = 2
+    share: str | None = None   # "a" / "b": that operand is all-gathered over the ring, read once
+
+
+@dataclass(frozen=True)
+class Block:
+    """One core's share of the output: flat batch indices [b0, b0 + bc), rows, columns."""
+
+    core: int
+    b0: int
+    bc: int
+    m0: int
+    mc: int
+    n0: int
+    nc: int
+
+
+@dataclass(frozen=True)
+class Grid(Describable):
+    gb: int
+    gm: int
+    gn: int
+    blocks: tuple[Block, ...]
+
+    @property
+    def cores(self) -> int:
+        return len(self.blocks)
+
+
+def n_granule(shape: MatmulShape) -> int:
+    return STICK // ITEMSIZE[shape.out_dtype]
+
+
+def grids(shape: MatmulShape, cores: int) -> list[Grid]:
+    """Every grid of at most `cores` blocks that uses all of them it can."""
+    g = n_granule(shape)
+    n_units = -(-shape.N // g)
+    out = []
+    for gb in range(1, min(shape.batches, cores) + 1):
+        for gn in range(1, min(n_units, cores // gb) + 1):
+            gm = min(shape.M, cores // (gb * gn))
+            if gm < 1:
+                continue
+            out.append(make_grid(shape, gb, gm, gn))
+    best = max(o.cores for o in out)
+    return [o for o in out if o.cores == best]
+
+
+def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int) -> Grid:
+    g = n_granule(shape)
+    n_units = -(-shape.N // g)
+    blocks = []
+    for b0, bc in split_evenly(shape.batches, gb):
+        for m0, mc in split_evenly(shape.M, gm):
+            for u0, un in split_evenly(n_units, gn):
+                n0 = u0 * g
+                nc = min(un * g, shape.N - n0)
+                if bc and mc and nc > 0:
+                    blocks.append(Block(len(blocks), b0, bc, m0, mc, n0, nc))
+    return Grid(gb, gm, gn, tuple(blocks))
+
+
+def _span(access, block: Block, shape: MatmulShape, m: bool, n: bool, k: bool) -> int:
+    """Bytes between the first and the last element `access` touches in `block`."""
+    offsets = [_batch_offset(shape, access, f) for f in range(block.b0, block.b0 + block.bc)]
+    extent = max(offsets) - min(offsets)
+    extent += abs(access.m_stride) * (block.mc - 1) if m else 0
+    extent += abs(access.n_stride) * (block.nc - 1) if n else 0
+    extent += abs(access.k_stride) * (shape.K - 1) if k else 0
+    return (extent + 1) * ITEMSIZE[access.dtype]
+
+
+def _batch_offset(shape: MatmulShape, access, flat: int) -> int:
+    off = 0
+    for extent, stride in zip(reversed(shape.batch), reversed(access.batch_strides)):
+        flat, i = divmod(flat, extent)
+        off += stride * i
+    return off
+
+
+def span_problem(shape: MatmulShape, grid: Grid) -> str | None:
+    """Why a core's slice of some tensor spreads over more than the per-core addressable span."""
+    limit = HARDWARE.core_span_bytes
+    for block in grid.blocks:
+        checks = [("A", shape.a, True, False, True), ("B", shape.b, False, True, True)]
+        checks += [(a.buffer, a, True, True, False) for _, a in shape.epilogue_loads + shape.stores]
+        for what, access, m, n, k in checks:
+            span = _span(access, block, shape, m, n, k)
+            if span > limit:
+                return (f"core {block.core}'s slice of {what} ({access.buffer}) spans {span} B of device memory, "
+                        f"more than the per-core addressable span of {limit} B")
+    return None
+
+
+def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
+    """Device bytes the grid moves if each block reads its operands once: A once per column
+    block, B once per row block (per batch block too, unless B is batched), the output once."""
+    ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
+    a_bytes = shape.batches * shape.M * shape.K * ia
+    batched_b = any(shape.b.batch_strides)
+    b_bytes = (shape.batches if batched_b else 1) * shape.K * shape.N * ib
+    out = shape.batches * shape.M * shape.N * io
+    return grid.gn * a_bytes + grid.gm * (1 if batched_b else grid.gb) * b_bytes + out
+
+
+def block_bytes(shape: MatmulShape, block: Block) -> int:
+    """Device bytes one block moves if it reads its operands once."""
+    ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
+    return block.bc * (block.mc * shape.K * ia + shape.K * block.nc * ib + block.mc * block.nc * io)
+
+
+def best_grid(shape: MatmulShape, cores: int) -> Grid:
+    """The grid that moves the fewest bytes, counting a ragged grid as if every core moved its
+    largest block's bytes (the cores finish when the largest does)."""
+    def cost(g: Grid):
+        return (max(grid_bytes(shape, g), g.cores * max(block_bytes(shape, b) for b in g.blocks)), -g.gm)
+
+    return min(grids(shape, cores), key=cost)
+
+
+# ---- tiles and scratchpad ----------------------------------------------------------------
+
+
+def operand_tiles(tk_: TileKernel) -> tuple[str, str]:
+    """The A and B tiles: the two loads of the chunk phase."""
+    (ta, _), (tb, _) = tk_.phases[0].loads
+    return ta, tb
+
+
+def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
+    """What every tile needs at this tiling (the verifier recomputes the same from the tile kernel):
+    A tiles are [tm, tk] rows, B tiles [tk, tn], everything else [tm, tn], a staging tile is its
+    operand with the axes swapped; an axis a tile does not vary over has extent 1. Operand
+    pools have their slots, accumulators, epilogue operands and outputs two copies (the PE
+    fills one while the sfp drains the other), staging and temporaries one."""
+    ta, tb = operand_tiles(tk_)
+    size = {"m": t.tm, "n": t.tn, "k": t.tk}
+    # the epilogue's temporaries live from the step that writes them to the last that reads them:
+    # later ones reuse the bytes of dead ones (an activation is a chain of them, each a full tile)
+    live = live_ranges(tk_.phases[1].steps)
+    needs = []
+    for tile in tk_.tiles:
+        if tile.role is Role.CONSTANT:
+            needs.append(Need(tile.name, STICK, STICK))
+            continue
+        served = tile.of or tile.name
+        rows_axis, cols_axis = ("m", "k") if served == ta else ("k", "n") if served == tb else ("m", "n")
+        rows = size[rows_axis] if rows_axis in tile.space else 1
+        cols = size[cols_axis] if cols_axis in tile.space else 1
+        if tile.role is Role.STAGING:
+            rows, cols = cols, rows
+        row = sticks(cols * ITEMSIZE[tile.dtype])
+        if tile.name in (ta, tb):
+            copies = t.a_slots if tile.name == ta else t.b_slots
+        elif tile.role is Role.ACCUMULATOR:
+            copies = t.acc_copies
+        else:
+            copies = 1 if tile.role in (Role.STAGING, Role.TEMPORARY) else 2
+        needs.append(Need(tile.name, rows * row, row, copies,
+                          live.get(tile.name) if tile.role is Role.TEMPORARY else None))
+    return needs
+
+
+def place(tk_: TileKernel, t: MatmulTiling) -> tuple[list[Need], Placement]:
+    needs = tile_needs(tk_, t)
+    return needs, allocate(needs, HARDWARE.scratchpad_usable_bytes)
+
+
+# Tile-shape targets (rows, columns, k) the search tries; a tile is the target clipped to the
+# core's block.
+TARGETS = ((128, 256, 1024), (64, 256, 256), (128, 128, 256))
+POOLS = ("B resident", "A resident", "streamed")
+# Shared-operand plans: the k-outer order walks every operand tile once per core, and the
+# shared one is all-gathered, so each operand is read from device memory once in all. Its
+# tiles are large (each core's slice of one is 1/32 of it, and a slice pays a ring hop).
+SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (512, 128, 128), (256, 256, 512), (128, 256, 256))
+
+
+def variants() -> list[tuple]:
+    out = [(tgt, pool, "output", None) for tgt in TARGETS for pool in POOLS]
+    out += [(tgt, "streamed", "k-outer", None) for tgt in TARGETS[1:]]
+    return out
+
+
+def shared_variants(shape: MatmulShape) -> list[tuple]:
+    """Ring plans sharing the smaller operand (the larger stays private, read once per core's slice)."""
+    a_bytes = shape.batches * shape.M * shape.K * ITEMSIZE[shape.a.dtype]
+    b_bytes = (shape.batches if any(shape.b.batch_strides) else 1) * shape.K * shape.N * ITEMSIZE[shape.b.dtype]
+    order = ("a", "b") if a_bytes <= b_bytes else ("b", "a")
+    return [(tgt, "streamed", "k-outer", share) for share in order for tgt in SHARED_TARGETS]
+
+
+def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
+    """The grid of a variant at `cores`: a shared operand needs every core on the same tiles of
+    it (A: split the columns only; B: the rows only); otherwise the fewest bytes."""
+    share = variant[3]
+    if share is None:
+        return best_grid(shape, cores)
+    if cores < 2 or (share == "a" and shape.a_transposed) or (share == "b" and shape.b_transposed):
+        return None
+    if share == "a":
+        units = -(-shape.N // n_granule(shape))
+        return make_grid(shape, 1, 1, min(cores, units)) if units >= 2 else None
+    return make_grid(shape, 1, min(cores, shape.M), 1) if shape.M >= 2 else None
+
+
+def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
+    (tm_t, tn_t, tk_t), pool, order, share = variant
+    mc = max(b.mc for b in grid.blocks)
+    nc = max(b.nc for b in grid.blocks)
+    g = n_granule(shape)
+    tm, tk = min(mc, tm_t), min(shape.K, tk_t)
+    tn = min(nc, max(g, tn_t // g * g))
+    if share == "b":  # the shared B tile is [tk, tn]: make it as large as the rows' tile is for A
+        tn, tm = min(nc, max(g, tm_t // g * g)), min(mc, tn_t)
+    ktiles = -(-shape.K // tk)
+    m_tiles, n_tiles = -(-mc // tm), -(-nc // tn)
+    a_tiles, b_tiles = m_tiles * ktiles, n_tiles * ktiles
+    if order == "k-outer":  # per k chunk: the A tiles of every row tile, the B tiles of every column tile
+        # a shared operand's fill waits on the slowest core of the chain: one more slot lets the
+        # load/store unit run a tile further ahead of the PE
+        ahead = 3 if share else 2
+        a_slots = min(a_tiles, ahead if share != "b" else 2)
+        b_slots = min(b_tiles, n_tiles + (ahead - 1 if share == "b" else 1))
+        acc = m_tiles * n_tiles
+        label = "k-outer" + (f", {share.upper()} shared over the ring" if share else "")
+    else:
+        a_slots = a_tiles if pool == "A resident" else min(2, a_tiles)
+        b_slots = b_tiles if pool == "B resident" else min(2, b_tiles)
+        acc, label = 2, pool
+    return MatmulTiling(tm, tn, tk, a_slots, b_slots, label, order, acc, share)
+
+
+def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[MatmulTiling, Placement] | None:
+    """The variant's tiling on this grid and its placement, or None if it does not fit."""
+    t = tiling_for(shape, grid, variant)
+    _, p = place(tk_, t)
+    return (t, p) if p.fits else None
+
+
+__all__ = ["Block", "Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
+           "grid_for", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem", "tile_needs", "tiling_for",
+           "variants"]

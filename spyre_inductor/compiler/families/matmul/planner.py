@@ -1,0 +1,134 @@
+"""The matmul family end to end: lowering, tilings and grids timed by the timing model, the kept program.
+
+Candidates (search.py): for each core count the grid that moves the fewest
+bytes (matmul_plan.best_grid), and at it every tiling that fits
+(matmul_plan.fitting: tile shapes and operand pools). A candidate is timed
+by one core's program standing for all of them in step (timing.estimate's
+replicas: the blocks differ only in where they start, the first is the
+largest); the program kept is built for every core and validated once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spyre_runtime.hardware import HARDWARE
+
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import MatmulKernel
+from ...core import search
+from ...core.allocate import check_needs, check_placement
+from ...core.division import candidate_counts, simulated_ns
+from ...core.layout import buffers_of, symbols_of
+from .codegen import build_matmul_program, ring_ready
+from .lowering import analyse
+from ...core.keep import kept
+from ...core.minimum import minimum_traffic
+from .plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
+from ...core.plans import Division, Plans
+
+
+SMALL_BYTES = 16 << 20  # kernels moving at most this try two ring tile shapes per shared operand
+REFETCH_WORTH_SHARING = 1.15  # a plain grid moving more than this over the minimum shares over the ring
+
+
+def refetch(shape, grid) -> float:
+    """Bytes a plain grid moves over the minimum (each operand read once, the output written once)."""
+    from .plan import grid_bytes, make_grid
+
+    return grid_bytes(shape, grid) / max(1, grid_bytes(shape, make_grid(shape, 1, 1, 1)))
+
+
+def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: int | None = None,
+                estimate=None):
+    from ...backend import COMPILER_VERSION, Compiled
+
+    shape, tk = analyse(kernel)
+    symbols = symbols_of(kernel)
+    limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
+    counts = [cores] if cores else candidate_counts(limit)
+    errors: list[str] = []
+    seen: set = set()  # variants that clip to the same tiling of the same grid are timed once
+
+    def evaluate(variant, n):
+        grid = grid_for(shape, n, variant)
+        if grid is None:
+            return None
+        problem = span_problem(shape, grid)
+        if problem is not None:
+            errors.append(problem)
+            return None
+        fit = fitting(tk, shape, grid, variant)
+        if fit is None:
+            return None
+        tiling, placement = fit
+        key = (grid.gb, grid.gm, grid.gn, dataclasses.replace(tiling, label=""))
+        if key in seen:
+            return None
+        seen.add(key)
+        if tiling.share:
+            # the cores meet on the ring: time them all (their programs differ in who sends where)
+            if not ring_ready(shape, tk, tiling, placement, grid):
+                return None
+            program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
+                                           share=tiling.share)
+            ns = estimate(program) if estimate is not None else simulated_ns(program, check=False)
+        else:
+            program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
+                                           blocks=grid.blocks[:1])
+            ns = (estimate(program) if estimate is not None
+                  else simulated_ns(program, grid.cores, check=False))
+        label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
+                 f"{tiling.label}")
+        return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
+
+    top = max(counts)
+    results = []
+    if top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
+        # Every plain grid would re-read an operand: share the smaller one over the ring instead
+        # (timed whole: the cores meet on the ring, so one core cannot stand for the others).
+        # each is timed whole, which costs as much as the kernel is big: the first two tile
+        # shapes that fit per operand shared, one for big kernels
+        per_share = 2 if minimum_traffic(kernel).total <= SMALL_BYTES else 1
+        for share in ("a", "b"):
+            found = 0
+            for v in (v for v in shared_variants(shape) if v[3] == share):
+                try:
+                    r = evaluate(v, top)
+                except Unsupported as e:  # e.g. too many instructions to unroll: the next shape
+                    errors.append(str(e))
+                    continue
+                if r is not None:
+                    results.append(r)
+                    found += 1
+                    if found == per_share:
+                        break
+        if results:  # next to the best plain tiling at the same count (one core stands for all)
+            results += search.search(variants()[:3], [top], evaluate, errors)
+    if not results:
+        results = search.search([v for v in variants() if v[3] is None], counts, evaluate, errors)
+    if not results:
+        raise Unsupported(f"kernel {kernel.name!r}: no matmul plan: no tiling fits the "
+                          f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad" +
+                          (f", or {'; '.join(dict.fromkeys(errors))}" if errors else ""))
+    chosen = search.choose(results)
+    grid, tiling, placement = chosen.plan
+    needs = tile_needs(tk, tiling)
+    check_needs("matmul scratchpad plan", needs, placement)
+    check_placement("matmul scratchpad plan", placement.allocations,
+                    min(placement.usable, HARDWARE.scratchpad_usable_bytes))
+    notes = (f"{COMPILER_VERSION}: matmul {shape.M}x{shape.K}x{shape.N}"
+             + (f" x{shape.batches}" if shape.batch else "")
+             + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
+    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
+                                   share=tiling.share)
+    program = kept(kernel, program)
+    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
+                        chosen.ns)
+    plans = Plans("matmul", buffers_of(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),
+                  placement, division)
+    return Compiled(plans, program)
+
+
+__all__ = ["plan_matmul"]

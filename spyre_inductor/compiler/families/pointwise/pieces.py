@@ -1,0 +1,283 @@
+"""Pieces: a pointwise kernel whose index masks cut its iteration space into boxes.
+
+A cat, a pad, a rotary embedding's ``rotate_half`` reach us as ONE kernel
+over the output, each element choosing its source with masks on the loop
+indices (Inductor's ``masked``: where(i1 < 64, x[i1], y[i1 - 64])). Computed
+as written, every element would load from every source, at indices outside
+the sources where the mask is false. Instead the iteration space is cut
+where a mask can change (a compare of a one-dim index value with a
+constant), and each box is a kernel of its own in which every such mask is
+a constant: the where picks one side, the other side's loads are dead, and
+what remains is a plain copy (or fill, or the pad's border constant). The
+boxes are planned by the pointwise family one by one and their programs run
+one after another on each core, as ONE program that writes each part.
+
+Masks that do not cut along one dim (a causal ``i1 <= i0``) stay on chip:
+an iota and a compare (fusion.py). Every load left in a box must stay
+inside its buffer over the whole box (``check_bounds``): a kernel whose
+masked-off loads would leave their buffer somewhere no cut removes them is
+refused, never run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+from spyre_runtime.program.isa import Fence, Pop, Push
+from spyre_runtime.program.program import CoreProgram, Program, Queue
+
+from ...ir.errors import PlanError, Unsupported
+from ...ir.kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, PointwiseKernel, needed, renumbered
+from ...core._dump import Describable
+
+COMPARES = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+            "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+LOGICAL = {"logical_and": all, "bitwise_and": all, "logical_or": any, "bitwise_or": any}
+MAX_PIECES = 64  # beyond this the unrolled program is too long to be worth it: masks stay on chip
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One box of the iteration space (per IR dim: first index, extent) as a kernel of its own."""
+
+    starts: tuple[int, ...]
+    counts: tuple[int, ...]
+    kernel: PointwiseKernel
+
+
+@dataclass(frozen=True)
+class PiecesPlan(Describable):
+    """What the cut made of a kernel, for the summary: each piece's box, core count and time."""
+
+    cuts: tuple[tuple[int, ...], ...]   # per IR dim, the cut points
+    boxes: tuple[tuple[int, ...], ...]  # per piece: starts then counts
+    cores: tuple[int, ...]
+    ns: tuple[float, ...]
+    reason: str
+
+
+def _compare(kernel, v) -> tuple[int, int, int, str] | None:
+    """(dim, stride, offset - constant, op) when `v` compares a one-dim index value with a
+    constant (either side), else None."""
+    if not isinstance(v, Op) or v.name not in COMPARES:
+        return None
+    a, b = (kernel.values[x] for x in v.args)
+    op = v.name
+    if isinstance(a, Constant) and isinstance(b, IndexValue):
+        a, b = b, a
+        op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}.get(op, op)
+    if not (isinstance(a, IndexValue) and isinstance(b, Constant)) or isinstance(b.value, float):
+        return None
+    dims = [d for d, s in enumerate(a.index.strides) if s]
+    if len(dims) != 1:
+        return None
+    return dims[0], a.index.strides[dims[0]], a.index.offset - int(b.value), op
+
+
+def cut_points(kernel: PointwiseKernel) -> tuple[tuple[int, ...], ...]:
+    """Per IR dim, the indices (0 < k < extent) where some one-dim index compare changes value."""
+    cuts = [set() for _ in kernel.ranges]
+    for v in kernel.values:
+        c = _compare(kernel, v)
+        if c is None:
+            continue
+        d, stride, shift, op = c
+        test = COMPARES[op]
+        n = kernel.ranges[d]
+        # the compare of stride*i + shift with 0 changes at most twice (eq/ne), once otherwise:
+        # around the real root -shift / stride
+        root = -shift / stride
+        for k in {math.floor(root), math.floor(root) + 1, math.ceil(root), math.ceil(root) + 1}:
+            if 0 < k < n and test(stride * (k - 1) + shift, 0) != test(stride * k + shift, 0):
+                cuts[d].add(k)
+    return tuple(tuple(sorted(c)) for c in cuts)
+
+
+def split(kernel: PointwiseKernel) -> tuple[Piece, ...] | None:
+    """The kernel's pieces, or None when no mask cuts it (plan it whole)."""
+    cuts = cut_points(kernel)
+    count = math.prod(len(c) + 1 for c in cuts)
+    if count == 1 or count > MAX_PIECES:
+        return None
+    bounds = [list(zip((0,) + c, c + (r,))) for c, r in zip(cuts, kernel.ranges)]
+    pieces = []
+    for box in itertools.product(*bounds):
+        starts = tuple(lo for lo, _ in box)
+        counts = tuple(hi - lo for lo, hi in box)
+        pieces.append(Piece(starts, counts, box_kernel(kernel, starts, counts)))
+    return tuple(pieces)
+
+
+def stacked(group: tuple[Piece, ...]) -> PointwiseKernel | None:
+    """Pieces of one shape as ONE kernel over that shape: every piece's values and stores side by
+    side, so a tile computes all of them and the pointwise family loads each distinct (buffer,
+    index) once per tile. A rotary embedding's two halves read x[:, :64] and x[:, 64:] each (its
+    own half, and the other one rotated): stacked, x is read once, not twice. None when stacking
+    could change the answer: a piece reads a buffer another piece writes (an in-place update
+    through a mask, as a slice assignment is)."""
+    first = group[0]
+    if len(group) < 2 or any(p.counts != first.counts for p in group):
+        return None
+    written = {st.buffer for p in group for st in p.kernel.stores}
+    read = {v.buffer for p in group for v in p.kernel.values if isinstance(v, Load)}
+    if written & read:
+        return None
+    values, stores = [], []
+    for p in group:
+        base = len(values)
+        values += [renumbered(v, lambda x, b=base: x + b) for v in p.kernel.values]
+        stores += [renumbered(st, lambda x, b=base: x + b) for st in p.kernel.stores]
+    return Kernel.of(first.kernel.name, first.counts, first.kernel.buffers, tuple(values), tuple(stores))
+
+
+def box_kernel(kernel: PointwiseKernel, starts, counts) -> PointwiseKernel:
+    """The kernel over one box: indices shifted to the box's origin, masks that are constant over
+    the box folded, dead values dropped."""
+    def shifted(index: Index) -> Index:
+        return replace(index, offset=index.offset + sum(s * a for s, a in zip(index.strides, starts)))
+
+    values = []
+    for v in kernel.values:
+        if isinstance(v, (Load, IndexValue)):
+            v = replace(v, index=shifted(v.index))
+        values.append(v)
+    stores = tuple(replace(s, index=shifted(s.index)) for s in kernel.stores)
+    values, stores = _fold(values, stores, counts)
+    return Kernel.of(kernel.name, tuple(counts), kernel.buffers, values, stores)
+
+
+def _range(v, counts) -> tuple[int, int]:
+    """(min, max) of an index value over a box of `counts` at its origin."""
+    lo = hi = v.index.offset
+    for s, n in zip(v.index.strides, counts):
+        lo += min(0, s * (n - 1))
+        hi += max(0, s * (n - 1))
+    return lo, hi
+
+
+def _fold(values, stores, counts):
+    """Constant-fold what the box decides (compares of index values, logic of constants, a where
+    with a constant condition), then keep only what the stores need."""
+    out, where = [], {}  # new values; old position -> new position
+
+    def const(pos):
+        v = out[pos]
+        return v.value if isinstance(v, Constant) else None
+
+    def add(v) -> int:
+        out.append(v)
+        return len(out) - 1
+
+    for i, v in enumerate(values):
+        if isinstance(v, Op):
+            args = tuple(where[a] for a in v.args)
+            v = replace(v, args=args)
+            folded = None
+            if v.name in COMPARES:
+                a, b = (out[x] for x in args)
+                if isinstance(a, IndexValue) and isinstance(b, Constant) or isinstance(a, Constant) and isinstance(b, IndexValue):
+                    iv, c, flip = (a, b.value, False) if isinstance(a, IndexValue) else (b, a.value, True)
+                    lo, hi = _range(iv, counts)
+                    test = COMPARES[v.name]
+                    at = [test(c, x) if flip else test(x, c) for x in (lo, hi)]
+                    # monotone compares are decided by the two ends; eq/ne only when lo == hi or c is outside
+                    decided = at[0] == at[1] and (v.name not in ("eq", "ne") or lo == hi or not lo <= c <= hi)
+                    if decided:
+                        folded = Constant(bool(at[0]), v.dtype)
+            elif v.name in LOGICAL and (v.name.startswith("logical") or all(out[x].dtype == "bool" for x in args)):
+                # (a bitwise and/or of integers is arithmetic, not logic: 6 & 3 is 2, left to the sfp)
+                cs = [const(x) for x in args]
+                if all(c is not None for c in cs):
+                    folded = Constant(bool(LOGICAL[v.name](cs)), v.dtype)
+                elif v.name in ("logical_and", "bitwise_and") and any(c is False for c in cs):
+                    folded = Constant(False, v.dtype)
+                elif v.name in ("logical_or", "bitwise_or") and any(c is True for c in cs):
+                    folded = Constant(True, v.dtype)
+            elif v.name == "logical_not" and const(args[0]) is not None:
+                folded = Constant(not const(args[0]), v.dtype)
+            elif v.name == "where" and const(args[0]) is not None:
+                kept = args[1] if const(args[0]) else args[2]
+                # the where's dtype is its operands' promotion: keep it (a Cast), as the where would
+                where[i] = kept if out[kept].dtype == v.dtype else add(Cast(kept, v.dtype))
+                continue
+            where[i] = add(folded if folded is not None else v)
+        else:
+            where[i] = add(renumbered(v, where.__getitem__))
+    stores = tuple(renumbered(s, where.__getitem__) for s in stores)
+    return _live(tuple(out), stores)
+
+
+def _live(values, stores):
+    live = sorted(needed(values, stores))
+    new = {old: k for k, old in enumerate(live)}
+    return (tuple(renumbered(values[p], new.__getitem__) for p in live),
+            tuple(renumbered(s, new.__getitem__) for s in stores))
+
+
+def _extent(buffer) -> int:
+    """Elements from the buffer's first to one past its last (PyTorch strides, non-negative)."""
+    if any(n == 0 for n in buffer.shape):
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(buffer.shape, buffer.strides))
+
+
+def check_bounds(kernel, why: str = "its mask keeps it in bounds, but does not cut the iteration space "
+                                     "along one dim") -> None:
+    """Every load and store stays inside its buffer over the whole iteration space (any family's
+    kernel), or Unsupported naming it and `why` it was not cut: a mask that keeps a load in
+    bounds but cannot be cut is not something we run."""
+    extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
+    live = needed(kernel.values, kernel.stores)
+    # (a load no store needs is never moved: an empty reduction's operand; a gather's or scatter's
+    # rows are bounded by its checked index instead: the validator's footprint)
+    for what, buffer, index in ([("load of", v.buffer, v.index) for k, v in enumerate(kernel.values)
+                                 if isinstance(v, Load) and k in live and not v.index.indirect]
+                                + [("store to", s.buffer, s.index) for s in kernel.stores if not s.index.indirect]):
+        lo, hi = _range(IndexValue(index, "int64"), extents)
+        n = _extent(kernel.buffer(buffer))
+        if math.prod(extents) and (lo < 0 or hi >= n):
+            raise Unsupported(f"kernel {kernel.name!r}: the {what} {buffer!r} reaches elements [{lo}, {hi}] of a "
+                              f"buffer of {n}: {why} (masked loads outside a buffer are not run)")
+
+
+def check_independent(kernel: PointwiseKernel) -> None:
+    """PlanError unless every buffer the kernel both reads and writes is read exactly where it is
+    written: the pieces run on each core in order but on different cores unordered, so no piece
+    may read what another writes (capture refuses such kernels; this is the planner's check)."""
+    stored = {(s.buffer, s.index) for s in kernel.stores}
+    written = {b for b, _ in stored}
+    for v in kernel.values:
+        if isinstance(v, Load) and v.buffer in written and (v.buffer, v.index) not in stored:
+            raise PlanError(f"kernel {kernel.name!r}: {v.buffer!r} is read at another index than it is written; "
+                            f"its pieces could read what another piece writes")
+
+
+def in_sequence(name: str, symbols, programs, notes: str = "") -> Program:
+    """The pieces' programs as one: on each core, each unit runs piece after piece, with each
+    piece's queues renamed apart. Between two pieces the ls unit waits for its transfers and hands
+    the sfp a token (a push waits for in-flight transfers) that the sfp takes before the next
+    piece: so the next piece's loads and fills cannot touch scratchpad a previous store still
+    reads, and the pieces' scratchpad placements may share bytes."""
+    units: dict[int, dict[str, list]] = {}
+    queues = []
+    for k, program in enumerate(programs):
+        prefix = f"p{k}."
+        queues += [replace(q, name=prefix + q.name) for q in program.queues]
+        for cp in program.cores:
+            core = units.setdefault(cp.core, {})
+            mine = dict(cp.units)
+            if k and core.get("ls") and mine.get("sfp"):
+                token = f"{prefix}next.c{cp.core}"
+                queues.append(Queue(token, (cp.core, "ls"), (cp.core, "sfp"), 1))
+                core["ls"] += [Fence(), Push(token)]
+                core.setdefault("sfp", []).append(Pop(token))
+            for unit, instrs in cp.units:
+                core.setdefault(unit, []).extend(
+                    replace(i, queue=prefix + i.queue) if isinstance(i, (Push, Pop)) else i for i in instrs)
+    cores = tuple(CoreProgram(c, tuple((u, tuple(i)) for u, i in sorted(us.items()))) for c, us in sorted(units.items()))
+    return Program(name, tuple(symbols), cores, tuple(queues), notes=notes)
+
+
+__all__ = ["Piece", "PiecesPlan", "box_kernel", "stacked", "check_bounds", "check_independent", "cut_points", "in_sequence", "split"]

@@ -1,0 +1,186 @@
+"""Reduction planning: group and chunk shape, what each tile needs in scratchpad, and their verifier.
+
+A *group* is G consecutive elements of the innermost outer dim; a *chunk*
+is Kc elements of the reduced dim (Kc = K when the rows are resident).
+Tile bytes by space (reduction_space.py): full [G, Kc] rows padded to
+whole sticks, per-row [G, 1] one stick per row, along-reduced [1, Kc], a
+scalar one stick; by relayout for a STAGING tile: a transposed move's
+[Kc, G], a gathered one's [Kc, 1] column (one stick per element), a
+per-row value's packed [1, G] row (the column of results is transposed on
+chip, so the store moves whole packed sticks, not one stick per element).
+A RING_LANDING tile is the size of the accumulator it lands; a
+CHUNK_CONSTANT tile has two copies, one for the full chunk's extent and
+one for the remainder's. Column tiles (reduction_space.py) turn the
+shapes round: full [Kc, G] (Kc rows of G outer elements padded to whole
+sticks), per-row one packed row [1, G], along-reduced a [Kc, 1] column (one
+stick per row); a SCRATCH tile, where a reduction folds a full tile's rows,
+is [ceil(Kc / 2), G], pinned for the whole program like the accumulators.
+
+Live ranges (allocate.py): tiles moved in a chunk phase (full-space loads
+and outputs, chunked along-reduced loads, and in the resident mode the
+per-group per-row loads and outputs) and their staging tiles have
+``buffers`` copies, live for the whole program: the load/store unit fills
+one while the sfp computes on another. Accumulators, carries and every
+other per-row tile are pinned for the whole program (a group's results must
+survive its passes). Full-space temporaries live from the step that writes
+them to the last step that reads them, numbered over the chunk and epilogue
+phases (the only ones with full-space work), so a later temporary reuses
+the bytes of dead ones (first fit).
+
+``verify_reduction`` recomputes each tile's need from the tile kernel and
+the shape (not from the allocator's arithmetic) and checks copies, sizes,
+stick alignment, bounds, that every ring accumulator has its landing tile,
+and that no two live allocations share a byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+
+from ...ir.errors import PlanError, Unsupported
+from ...core._dump import Describable, plain
+from ...core.allocate import Need, Placement, allocate, check_needs, check_placement
+from .lowering import ReductionLowering
+from .space import ALONG_REDUCED, FULL, PER_ROW
+from ...core.tiles import ChunkValue, PhaseKind, Relayout, Role, Tile
+
+CHUNK_COPIES = ("full", "remainder")  # a CHUNK_CONSTANT's copies, by index
+
+
+@dataclass(frozen=True)
+class ReductionPlan(Describable):
+    mode: str                 # resident, chunked, ring
+    group: int                # G: outer elements per tile
+    chunk: int                # Kc: reduced elements per tile
+    buffers: int
+    passes: int               # passes over the rows in device memory (1: read once)
+    pass_reasons: tuple[str, ...]
+    placement: Placement      # reported by the Plans it belongs to
+
+    def describe(self) -> dict:
+        return {k: plain(getattr(self, k)) for k in ("mode", "group", "chunk", "buffers", "passes", "pass_reasons")}
+
+    def at(self, tile: str, copy: int | None = None):
+        return self.placement.at(tile, copy)
+
+
+def streamed(low: ReductionLowering, name: str) -> bool:
+    return name in low.moved_per_chunk
+
+
+def tile_bytes(t: Tile, G: int, Kc: int, columns: bool = False) -> tuple[int, int]:
+    """(bytes, row stride) of tile `t` at group G and chunk Kc (module docstring)."""
+    isz = ITEMSIZE[t.dtype]
+    if columns:
+        row = sticks(G * isz)
+        if t.role is Role.SCRATCH:
+            return max(1, -(-Kc // 2)) * row, row
+        if t.space == FULL:
+            return Kc * row, row
+        if t.space == PER_ROW:
+            return row, row
+        if t.space == ALONG_REDUCED:
+            return Kc * STICK, STICK
+        return STICK, STICK
+    if t.role is Role.STAGING:
+        if t.relayout is Relayout.TRANSPOSED:
+            return Kc * sticks(G * isz), sticks(G * isz)
+        if t.relayout is Relayout.GATHERED:
+            return Kc * STICK, STICK
+        return sticks(G * isz), sticks(G * isz)
+    if t.space == FULL:
+        return G * sticks(Kc * isz), sticks(Kc * isz)
+    if t.space == PER_ROW:
+        return G * STICK, STICK
+    if t.space == ALONG_REDUCED:
+        return sticks(Kc * isz), sticks(Kc * isz)
+    return STICK, STICK
+
+
+def work_live(low: ReductionLowering) -> dict[str, tuple[int, int]]:
+    """Full-space temporaries: [first, last] step over the chunk and epilogue phases, in order."""
+    first, last, k = {}, {}, 0
+    for p in low.tile_kernel.phases:
+        if p.kind not in (PhaseKind.CHUNK, PhaseKind.EPILOGUE):
+            continue
+        for st in p.steps:
+            for a in st.args:
+                if a in first:
+                    last[a] = k
+            first.setdefault(st.dst, k)
+            last[st.dst] = max(last.get(st.dst, k), k)
+            k += 1
+    return {n: (first[n], last[n]) for n in first if _temporary(low.tile(n))}
+
+
+def _temporary(t: Tile) -> bool:
+    return t.role is Role.TEMPORARY and t.space == FULL
+
+
+def needs(low: ReductionLowering, G: int, Kc: int, buffers: int) -> list[Need]:
+    """What every tile needs, in placement order: each tile of a value with its staging tiles,
+    then the ring landing tiles, then the chunk constants."""
+    tk = low.tile_kernel
+    live = work_live(low)
+
+    def need(t: Tile) -> Need:
+        nbytes, row = tile_bytes(t, G, Kc, low.columns)
+        if _temporary(t):
+            return Need(t.name, nbytes, row, live=live.get(t.name, (0, 0)))
+        if t.role is Role.CHUNK_CONSTANT:
+            return Need(t.name, nbytes, row, copies=len(CHUNK_COPIES))
+        return Need(t.name, nbytes, row, copies=buffers if streamed(low, t.name) else 1)
+
+    out = []
+    for t in tk.tiles:
+        if t.role not in (Role.STAGING, Role.RING_LANDING, Role.CHUNK_CONSTANT):
+            out.append(need(t))
+            out += [need(s) for s in tk.serving(t.name, Role.STAGING)]
+    for acc in (tk.combine.tiles if tk.combine else ()):
+        out += [need(s) for s in tk.serving(acc, Role.RING_LANDING)]
+    by_value = {t.chunk_value: t for t in tk.with_role(Role.CHUNK_CONSTANT)}
+    out += [need(by_value[v]) for v in ChunkValue if v in by_value]
+    return out
+
+
+def place(low: ReductionLowering, G: int, Kc: int, buffers: int, usable: int | None = None) -> ReductionPlan:
+    usable = HARDWARE.scratchpad_usable_bytes if usable is None else usable
+    placement = allocate(needs(low, G, Kc, buffers), usable)
+    passes = low.passes
+    reasons = tuple(f"pass {k}: {p.chunk.reason}" for k, p in enumerate(passes, 1))
+    return ReductionPlan(low.mode, G, Kc, buffers, 1 if low.mode == "resident" else len(passes), reasons,
+                         placement)
+
+
+def fit(low: ReductionLowering, G: int, Kc: int, buffers: int, granule: int) -> ReductionPlan:
+    """The plan at (G, Kc), G halved (then Kc, for chunked plans) until it fits."""
+    while True:
+        plan = place(low, G, Kc, buffers)
+        if plan.placement.fits:
+            return plan
+        if G > 1:
+            G = max(1, G // 2) if G <= granule or G // 2 < granule else G // 2 // granule * granule or 1
+        elif low.mode != "resident" and Kc > granule:
+            Kc = max(granule, (Kc // 2) // granule * granule)
+        else:
+            raise Unsupported(f"{low.mode} reduction tiles need {plan.placement.high_water} B of scratchpad at "
+                              f"G={G}, Kc={Kc}; {plan.placement.usable} B are usable")
+
+
+def verify_reduction(plan: ReductionPlan, low: ReductionLowering) -> None:
+    """Independent check (see the module docstring): raises PlanError naming the tile or allocations."""
+    tk = low.tile_kernel
+    tk.check()
+    for acc in (tk.combine.tiles if tk.combine else ()):
+        if not tk.serving(acc, Role.RING_LANDING):
+            raise PlanError(f"reduction plan: accumulator {acc!r} has no ring landing tile")
+    check_needs("reduction plan", needs(low, plan.group, plan.chunk, plan.buffers), plan.placement)
+    check_placement("reduction plan", plan.placement.allocations,
+                    min(plan.placement.usable, HARDWARE.scratchpad_usable_bytes))
+
+
+__all__ = ["CHUNK_COPIES", "ReductionPlan", "fit", "needs", "place", "streamed", "tile_bytes", "verify_reduction",
+           "work_live"]

@@ -1,0 +1,393 @@
+"""SpyreScheduling: Inductor's per-device code generator for spyre.
+
+Inductor's scheduler decides the order of nodes and asks us which pairs may
+fuse; for each (fused) node it then asks us for code. Our answers:
+
+- Fusion: scheduler nodes fuse (vertically or horizontally) when the merged
+  group still captures into ONE kernel (capture.py: common ranges, affine
+  indices, intermediates forwarded on chip). That covers pointwise chains,
+  a pointwise prologue into a reduction, several reductions with the same
+  (outer, reduced) sizes, and pointwise epilogues after them over the whole
+  space or the outer space: softmax, layer_norm, var... become one kernel.
+  Extern kernels and templates never fuse here.
+- Code: a group that captures and compiles becomes a dataflow program
+  (backend.compile_kernel -> artifact directory) that the wrapper prepares
+  once and launches per call. Anything else becomes a CPU fallback kernel
+  inside the graph (host_kernel.py), which warns when it first runs in a process
+  (fallback_policy.py; an error at compile time under SPYRE_STRICT=1).
+
+Extern kernels (``extern_kernels.mm``...) and Inductor's FallbackKernels are
+emitted by Inductor itself; on spyre tensors they run through the eager
+device's kernels or its CPU fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch._inductor.codegen.common import BackendFeature
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+from torch._inductor.scheduler import BaseScheduling, SchedulerNode
+from torch._inductor.utils import sympy_product
+from torch._inductor.virtualized import V
+from torch.utils._ordered_set import OrderedSet
+
+from ..symbolic import planning as symbolic
+from .capture import Capture, capture
+from ..ir.errors import Unsupported
+from ...launcher.fallback_policy import origin_ops, refuse_in_strict_mode
+from .host_kernel import HostUnsupported, write_host_kernel
+from ..ir.indexing import NotCapturable
+from ..ir.kernel_ir import (AttentionKernel, Indirect, IndirectKernel, Kernel, Load, MatmulKernel, Op, Reduction,
+    Scan, SizeValue)
+from .version import compiler_version
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """What became of one scheduled (fused) node: its kernel IR if it captured (with Inductor's
+    buffer names; its artifact was compiled from the same kernel with the buffers named by
+    position, positional_names), its artifact if it compiled, else why it runs on the CPU."""
+
+    nodes: tuple[str, ...]
+    ops: str
+    kernel: Kernel | None
+    artifact: Path | None
+    fallback_reason: str | None
+
+
+_recorders: list[list[KernelRecord]] = []
+
+
+@contextlib.contextmanager
+def record_kernels():
+    """``with record_kernels() as records:`` lists every node generated meanwhile
+    (for tests and debugging; a compile served from the FX graph cache generates nothing)."""
+    records: list[KernelRecord] = []
+    _recorders.append(records)
+    try:
+        yield records
+    finally:
+        _recorders.remove(records)
+
+
+def _record(nodes, kernel, artifact, reason) -> None:
+    if _recorders:
+        record(tuple(n.get_name() for n in nodes), origin_ops(nodes), kernel, artifact, reason)
+
+
+def record(names: tuple[str, ...], ops: str, kernel, artifact, reason) -> None:
+    """One KernelRecord for every active recorder (a kernel that is not a scheduler node's:
+    the fused attention, attention_node.py)."""
+    entry = KernelRecord(tuple(names), ops, kernel, artifact, reason)
+    for records in _recorders:
+        records.append(entry)
+
+
+def artifact_root() -> Path:
+    """Where artifacts go: Inductor's cache dir, per compiler version (so a new
+    compiler never picks up an old compiler's programs)."""
+    return Path(cache_dir()) / "spyre" / compiler_version()
+
+
+def content_name(kernel: Kernel) -> Kernel:
+    """The kernel, named after what it computes and its content hash, e.g.
+    ``spyre_pw_mul_add_sigmoid_sub_relu_3f2a...`` or ``spyre_red_max_sub_exp_sum_truediv_...``
+    (reports and listings say what ran; the artifact key ignores the name, so
+    identical kernels still share one artifact)."""
+    digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:12]
+    if isinstance(kernel, AttentionKernel):
+        return replace(kernel, name=f"spyre_attn_{digest}")
+    ops = []
+    for v in kernel.values:
+        name = (v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction)
+                else f"cum{v.op}" if isinstance(v, Scan) else None)
+        if name is not None and name not in ops:
+            ops.append(name)
+    label = "_".join(ops[:5]) + ("_etc" if len(ops) > 5 else "") if ops else "copy"
+    kind = ("mm" if isinstance(kernel, MatmulKernel) else "scan" if kernel.has_scan else "red" if kernel.reduction_ranges
+            else "pw")
+    return replace(kernel, name=f"spyre_{kind}_{label}_{digest}")
+
+
+def positional_names(kernel: Kernel) -> Kernel:
+    """The kernel with its buffers named by their position (``b0``, ``b1``, ...), in the same order.
+
+    What a kernel computes does not depend on Inductor's buffer names (``arg3_1``, ``buf12``): the
+    wrapper binds its arguments by position. Named by position, the same kernel in every layer of
+    a model is ONE kernel: one content name, one artifact, planned, written and prepared once, and
+    launched per layer with that layer's buffers (a 2-layer decoder plans 21 kernels, not 38)."""
+    names = {b.name: f"b{i}" for i, b in enumerate(kernel.buffers)}
+    symbolic = getattr(kernel, "symbolic", None)
+    if all(old == new for old, new in names.items()) and (
+            symbolic is None or all(n == f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes))):
+        return kernel
+    sizes = {}
+    if symbolic is not None:
+        # Sizes by position too (z0): the launch passes them in order, and the same kernel in
+        # another graph (where Dynamo named the size s27, not s77) is the same artifact.
+        sizes = {n: f"z{i}" for i, (n, _, _) in enumerate(symbolic.sizes)}
+        symbolic = replace(
+            symbolic,
+            sizes=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.sizes),
+            ranges=tuple((d, sizes[n], c, k) for d, n, c, k in symbolic.ranges),
+            buffers=tuple((names[b], d, sizes[n], c, k) for b, d, n, c, k in symbolic.buffers),
+            limits=tuple((sizes[n], lo, hi) for n, lo, hi in symbolic.limits),
+            strides=tuple((names[b], d, sizes[n], c, k) for b, d, n, c, k in symbolic.strides))
+    return replace(
+        kernel,
+        symbolic=symbolic,
+        buffers=tuple(replace(b, name=names[b.name]) for b in kernel.buffers),
+        values=tuple(replace(v, buffer=names[v.buffer]) if isinstance(v, Load) else
+                     replace(v, symbol=sizes[v.symbol]) if isinstance(v, SizeValue) else v for v in kernel.values),
+        stores=tuple(replace(st, buffer=names[st.buffer]) for st in kernel.stores),
+    )
+
+
+def compile_kernel(kernel: Kernel) -> tuple[Path | None, str | None]:
+    """(artifact dir, None), or (None, why the backend cannot compile it)."""
+    from .. import backend, config
+
+    try:
+
+        max_cores = None if config.max_cores == config.MAX_CORES else config.max_cores
+        return Path(backend.compile_kernel(kernel, artifact_root(), max_cores=max_cores)), None
+    except backend.Unsupported as e:
+        return None, f"backend: {e}"
+
+
+def _plannable_shape(kernel: Kernel | None) -> bool:
+    """False if the reduction planner would refuse the kernel's iteration space outright: fusing
+    into such a group would turn nodes that compile on their own into one CPU fallback (found
+    by the graph fuzzer). Reduced dims that do not merge into one are planned (chunked, the
+    others looped) unless the kernel scans over them. A cheap check, not a plan."""
+    if kernel is None or not kernel.reduction_ranges or 0 in kernel.reduction_ranges:
+        return True
+    from ..families.reduction.lowering import canonical
+
+    looped = canonical(kernel)[4]
+    return not (looped and kernel.has_scan)
+
+
+def _masks_plannable(kernel: Kernel | None) -> bool:
+    """False for a reduction (or matmul) group with a masked load outside its buffer (a pad fused
+    into a reduction as its prologue), or with a gather or scatter: only pointwise kernels are
+    cut at their masks, only they gather, so the group would run on the CPU where its nodes apart
+    compile (found by the graph fuzzer)."""
+    if isinstance(kernel, IndirectKernel) and not _indices_loaded(kernel):
+        return False  # (a gather takes its indices from memory: their computation stays apart)
+    if kernel is None or not kernel.reduction_ranges:
+        return True
+    if isinstance(kernel, IndirectKernel):
+        return False  # (a gather or scatter inside a reduction is not planned: apart, each compiles)
+    from ..ir.errors import Unsupported
+    from ..families.pointwise.pieces import check_bounds
+
+    try:
+        check_bounds(kernel)
+    except Unsupported:
+        return False
+    return True
+
+
+def _indices_loaded(kernel) -> bool:
+    from ..ir.errors import Unsupported
+    from ..families.indirect.lowering import index_load
+
+    try:
+        for pos, v in enumerate(kernel.values):
+            if isinstance(v, Indirect):
+                index_load(kernel, pos)
+    except Unsupported:
+        return False
+    return True
+
+
+def _several_dots(kernel: Kernel | None) -> bool:
+    """Two matmuls in one group (q, k and v projections of one x, fused horizontally because they
+    share it): the PE plans take one dot per program, and as a reduction the group re-reads its
+    operands once per output tile (80x the minimum bytes for a QKV projection); apart, each is a
+    PE program that reads x once more, which costs far less."""
+    if kernel is None:
+        return False
+    return sum(1 for v in kernel.values if isinstance(v, Reduction) and v.op == "dot") > 1
+
+
+def _sizes_key(node) -> tuple:
+    return tuple(tuple(s) for s in node.get_ranges()) if isinstance(node, SchedulerNode) else ()
+
+
+def _pe_declined(kernel: Kernel | None) -> bool:
+    """True for a matmul group the PE plans decline (passes/matmul_lowering.analyse refuses it):
+    it would be planned as a reduction on the special-function pipeline, which re-reads an
+    operand per output row."""
+    if not isinstance(kernel, MatmulKernel):
+        return False
+    from ..families.matmul.lowering import analyse
+
+    try:
+        analyse(kernel)
+    except Unsupported:
+        return True
+    return False
+
+
+class SpyreScheduling(BaseScheduling):
+    def __init__(self, scheduler):
+        super().__init__(scheduler)
+        # Fusion asks about the same groups many times; capture each once.
+        self._captures: dict[tuple[str, ...], Capture | NotCapturable] = {}
+
+    def get_backend_features(self, device) -> OrderedSet[BackendFeature]:
+        # A reduction stays one node (one kernel, or one CPU fallback) instead
+        # of Inductor's split into two. SCAN: cumsum/cumprod/logcumsumexp become
+        # Scan nodes we capture or run as in-graph CPU kernels, not aten
+        # fallbacks (multi-output scans, cummax/cummin, still fall back to aten:
+        # no TUPLE_REDUCTION).
+        return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT, BackendFeature.SCAN])
+
+    def group_fn(self, sizes):
+        # SIMD-style (numel, rnumel): the scheduler's other heuristics expect it.
+        return tuple(V.graph.sizevars.simplify(sympy_product(s)) for s in sizes)
+
+    # ---- fusion --------------------------------------------------------------------
+
+    def try_capture(self, nodes) -> Capture | NotCapturable:
+        # By node and loop sizes: the scheduler (and loop_order.py) may reorder a node's loops
+        # while it asks, and a group captures over the loops its nodes have.
+        key = tuple((n.get_name(), _sizes_key(n)) for n in nodes)
+        found = self._captures.get(key)
+        if found is None:
+            try:
+                found = capture(nodes)
+            except NotCapturable as e:
+                found = e
+            # Anything else is a capture bug: it raises (DESIGN: a compiler bug must surface,
+            # not turn into a quiet CPU fallback that no test notices).
+            self._captures[key] = found
+        return found
+
+    def _can_fuse(self, node1, node2) -> bool:
+        # The scheduler has already checked dependencies and order; what is left
+        # is whether the merged group is still ONE kernel of our IR.
+        nodes = [*node1.get_nodes(), *node2.get_nodes()]
+        if not all(isinstance(n, SchedulerNode) for n in nodes):
+            return False
+        found = self.try_capture(nodes)
+        if not (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
+                and _masks_plannable(found.kernel)):
+            return False
+        if _pe_declined(found.kernel):
+            # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
+            # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
+            # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
+            # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
+            # kernel of its own.
+            for part in (node1, node2):
+                alone = self.try_capture(list(part.get_nodes()))
+                if isinstance(alone, Capture) and isinstance(alone.kernel, MatmulKernel) \
+                        and not _pe_declined(alone.kernel):
+                    return False
+        return True
+
+    def can_fuse_vertical(self, node1, node2) -> bool:
+        return self._can_fuse(node1, node2)
+
+    def can_fuse_horizontal(self, node1, node2) -> bool:
+        return self._can_fuse(node1, node2)
+
+    # ---- code ----------------------------------------------------------------------
+
+    def codegen_node(self, node) -> None:
+        nodes = list(node.get_nodes())
+        result = self.try_capture(nodes)
+        if getattr(result, "guardable", False):  # (symbolic.GUARDS: sizes specialized by a guard, last)
+            token = symbolic.GUARDS.set(True)
+            try:
+                result = capture(nodes)
+            except NotCapturable as e:
+                result = e
+            finally:
+                symbolic.GUARDS.reset(token)
+        kernel = None
+        if isinstance(result, Capture):
+            if result.kernel is None:  # no elements, or nothing leaves the kernel
+                _record(nodes, None, None, None)
+                self._finish(nodes, result.removed)
+                return
+            program = content_name(positional_names(result.kernel))  # what the artifact is compiled from
+            kernel = replace(result.kernel, name=program.name)  # (Inductor's buffer names: the record's)
+            artifact, reason = compile_kernel(program)
+            if artifact is not None:
+                _record(nodes, kernel, artifact, None)
+                self._emit_program(nodes, kernel, artifact, result)
+                return
+        else:
+            reason = result.reason
+        _record(nodes, kernel, None, reason)
+        self._emit_cpu_fallback(nodes, reason)
+
+    def _emit_program(self, nodes, kernel: Kernel, artifact: Path, captured: Capture) -> None:
+        wrapper = V.graph.wrapper_code
+        args = [b.name for b in kernel.buffers]  # the artifact's b0, b1, ... (positional_names)
+        comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
+        device = nodes[0].get_device()
+        index = device.index if device.index is not None else torch.spyre.current_device()
+        # (the bucket's size, then those specialized per value: symbolic.launch_bucketed's order)
+        sizes = [n for n, _, _ in kernel.symbolic.sizes] if kernel.symbolic is not None else []
+        sizes += list(captured.exact)
+        plan = wrapper.define_spyre_kernel(str(artifact), index, comment, bucketed=bool(sizes),
+                                           exact=captured.template)
+        V.graph.removed_buffers |= captured.removed  # before mark_run: never allocated
+        for n in nodes:
+            n.mark_run()  # allocates outputs; FusedSchedulerNode.mark_run itself crashes
+        wrapper.call_spyre_kernel(plan, args, sizes)
+        self.free_buffers_in_scheduler()
+
+    def _emit_cpu_fallback(self, nodes, reason: str) -> None:
+        label = origin_ops(nodes)
+        refuse_in_strict_mode(label, reason)
+        wrapper = V.graph.wrapper_code
+        name = wrapper.new_kernel_name("spyre_cpu_kernel")
+        try:
+            source, args = write_host_kernel(nodes, name, label, reason)
+        except HostUnsupported as e:
+            raise NotImplementedError(
+                f"spyre: {label} can neither be compiled for spyre ({reason}) nor run by the "
+                f"CPU fallback ({e})"
+            ) from e
+        wrapper.define_host_kernel(source)
+        for n in nodes:
+            n.mark_run()
+        wrapper.call_host_kernel(name, args)
+        self.free_buffers_in_scheduler()
+
+    def _finish(self, nodes, removed) -> None:
+        V.graph.removed_buffers |= removed
+        for n in nodes:
+            n.mark_run()
+        self.free_buffers_in_scheduler()
+
+    # ---- the rest of BaseScheduling's contract -------------------------------------------
+
+    def codegen_template(self, template_node, epilogue_nodes, prologue_nodes):
+        raise NotImplementedError("spyre has no kernel templates")
+
+    def codegen_sync(self) -> None:
+        # Kernels are ordered on the current stream; a debug sync waits for them.
+        V.graph.wrapper_code.writeline("torch.spyre.synchronize()")
+
+    def flush(self) -> None:
+        # Each kernel is written out as soon as it is generated; nothing is pending.
+        pass
+
+    def ready_to_flush(self) -> bool:
+        return False
+
+    def benchmark_fused_nodes(self, nodes):
+        # Asked only when benchmark_fusion is on; we have no timing to offer here.
+        return 0.0, ""
