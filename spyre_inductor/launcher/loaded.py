@@ -37,7 +37,7 @@ def plans_of(namespace: dict) -> list:
     """The prepared plans a generated module holds (a JobPlan each, or a BucketedPlan)."""
     from spyre_runtime.launch import JobPlan
 
-    from ..compiler.symbolic.planning import BucketedPlan
+    from .bucketed import BucketedPlan
 
     return [v for v in namespace.values() if isinstance(v, (JobPlan, BucketedPlan))]
 

@@ -212,13 +212,13 @@ def test_large_matmul_2048x2048x4096():
 def test_a_matmul_the_pe_plans_decline_is_planned_as_a_reduction_on_the_card(monkeypatch):
     """What the PE family refuses is still a reduction (the dot a sum of products): strict mode
     passes, one program, the right values."""
-    from spyre_inductor.compiler import backend
+    from spyre_inductor.compiler.families.matmul import family
     from spyre_inductor.compiler.ir.errors import Unsupported
 
     def refuse(kernel, **kwargs):
         raise Unsupported("refused by the test")
 
-    monkeypatch.setattr(backend, "plan_matmul", refuse)
+    monkeypatch.setattr(family, "plan_matmul", refuse)
     torch.manual_seed(9)
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     (out,), _, records, _, code = compile_on_spyre(lambda x, y: torch.relu(x @ y), a, b)

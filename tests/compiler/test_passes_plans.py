@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pointwise_ir import KernelBuilder, binary_kernel, unary_kernel
-from spyre_inductor.compiler.backend import Unsupported, compile_kernel, plan_kernel
+from spyre_inductor.compiler.backend import compile_kernel, plan_kernel
+from spyre_inductor.compiler.ir.errors import Unsupported
 from spyre_inductor.compiler.ir.errors import PlanError
 from spyre_inductor.compiler.core.division import choose_division, divide, simulated_ns, split_dim
 from spyre_inductor.compiler.core.fusion import plan_fusion

@@ -19,7 +19,7 @@ import torch
 from pointwise_ir import binary_kernel, contiguous
 from reduction_ir import layer_norm_kernel
 from test_matmul_plans import matmul_kernel
-from spyre_inductor.compiler import backend
+from spyre_inductor.compiler.families.pointwise import plan as pointwise_plan
 from spyre_inductor.compiler.inductor import scheduling
 from spyre_inductor.compiler.backend import plan_kernel
 from spyre_inductor.compiler.ir.errors import PlanError
@@ -150,7 +150,7 @@ def test_a_compiled_function_with_a_planner_bug_raises_and_never_falls_back(monk
     """A pointwise plan whose temporary lands on the input's stream buffer: compiling raises the
     PlanError, strict or not (a CPU fallback would hide the bug)."""
     monkeypatch.setenv("SPYRE_STRICT", strict)
-    build = backend.build_program
+    build = pointwise_plan.build_program
 
     def buggy(name, layout, tile_kernel, tiling, placement, division, notes, *args):
         program = build(name, layout, tile_kernel, tiling, placement, division, notes, *args)
@@ -158,7 +158,7 @@ def test_a_compiled_function_with_a_planner_bug_raises_and_never_falls_back(monk
         one, zero = copies[1], copies[0]  # two stream buffers, live together
         return moved(program, one.offset, one.offset + one.nbytes, zero.offset)
 
-    monkeypatch.setattr(backend, "build_program", buggy)
+    monkeypatch.setattr(pointwise_plan, "build_program", buggy)
     monkeypatch.setattr(scheduling, "artifact_root", lambda: tmp_path)  # (planned now, not an artifact reused)
     torch._dynamo.reset()
     x = torch.randn(1024, 4096).to("spyre")  # (several tiles per core: the buffers take turns)

@@ -116,6 +116,7 @@ def test_the_validator_refuses_queue_loops_that_match_at_one_size_only():
 import warnings  # noqa: E402
 
 from spyre_inductor.compiler import backend
+from spyre_inductor.compiler.symbolic import capture as symbolic_capture  # noqa: E402
 from spyre_inductor.compiler.symbolic import planning as symbolic  # noqa: E402
 from spyre_inductor.compiler.inductor.scheduling import record_kernels  # noqa: E402
 from spyre_runtime.launch import LaunchError, launch_jobplan, prepare_kernel  # noqa: E402
@@ -427,10 +428,11 @@ def test_each_head_reads_and_writes_only_its_own_rows(counted):
 
 
 def test_an_attention_launch_checks_the_sizes_and_strides_it_binds(counted):
-    from spyre_inductor.compiler.symbolic.planning import launch_bucketed, prepare_bucketed
+    from spyre_inductor.compiler.inductor.buckets import BUCKETS
+    from spyre_inductor.launcher.bucketed import launch_bucketed, prepare_bucketed
 
     rec = _compiled_attention(counted)
-    plan = prepare_bucketed(str(rec.artifact), 0)
+    plan = prepare_bucketed(str(rec.artifact), 0, BUCKETS)
     q = torch.randn(1, 4, 40, 64).to(SPYRE)
     out = torch.full((1, 4, 40, 64), 7.0).to(SPYRE)
     # heads 40 * 64 apart: a tensor laid out (batch, seq, heads, dim) has the right shape, not the strides
@@ -726,10 +728,10 @@ def test_a_whole_gpt2_compiled_with_dynamic_true_serves_five_lengths(counted):
 
 
 def test_a_hint_outside_dynamos_range_is_named_not_a_raw_error(monkeypatch):
-    monkeypatch.setattr(symbolic, "dynamo_limits", lambda sym, env=None: (10, 20))
+    monkeypatch.setattr(symbolic_capture, "dynamo_limits", lambda sym, env=None: (10, 20))
     with pytest.raises(symbolic.NotCapturable, match=r"symbolic size s0: size 5 is outside the sizes Dynamo "
                                                      r"admits \[10, 20\]"):
-        symbolic.planned_bucket("s0", hint=5)
+        symbolic_capture.planned_bucket("s0", hint=5)
 
 
 # ---- a size used non-affinely (issue 29) ----------------------------------------------------

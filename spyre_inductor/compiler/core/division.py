@@ -36,7 +36,6 @@ from spyre_runtime.program.emitter import split_evenly
 from ..ir.errors import Unsupported
 from . import search
 from .plans import Division
-from .search import TIE, TIE_NS  # noqa: F401 - the reductions' import
 from .tiling import TilePlan
 
 

@@ -30,7 +30,8 @@ from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one
 from spyre_runtime.program.program import FORMAT_VERSION as PROGRAM_FORMAT, Program
 
 from ..ir.kernel_ir import Kernel
-from ..symbolic.planning import launch_shape, launch_sizes
+from ..symbolic.planning import launch_sizes
+from .family import family_of
 from ._dump import plain
 from .plans import Plans
 
@@ -68,11 +69,12 @@ def _summary(plans: Plans):
 def launch_args(kernel: Kernel, buffers) -> list[dict]:
     """The launch arguments, in order: `buffers` (Plans.buffers), each a BufferLayout."""
     read = set(kernel.inputs)
+    family = family_of(kernel)
     args = []
     for i, b in enumerate(buffers):
         role = "inout" if (b.role == "output" and b.name in read) else b.role
         args.append({"index": i, "name": b.name, "role": role, "dtype": b.dtype,
-                     "shape": launch_shape(kernel, b.name, b.shape),
+                     "shape": family.launch_shape(kernel, b.name, b.shape),
                      "stride": list(b.strides), "storage_offset": b.offset, "slot": i})
     return args
 

@@ -19,6 +19,7 @@ import dataclasses
 from spyre_runtime.program.program import Program
 from spyre_runtime.program.validate import PlacementError, ProgramError, validate_once
 
+from .family import family_of
 from ..ir.errors import PlanError, Unsupported
 from .minimum import Traffic, recorded
 from .verify import verify_program
@@ -41,9 +42,7 @@ def validated(kernel, program: Program) -> Program:
     symbolic sizes (issue 18) declares them on its program first (its size fills and symbolic
     dims are then checked against them, whatever the family)."""
     if getattr(kernel, "symbolic", None) is not None:
-        from ..symbolic.planning import program_with_sizes
-
-        program = program_with_sizes(program, kernel)
+        program = family_of(kernel).program_with_sizes(program, kernel)
     try:
         validate_once(program)
     except PlacementError as e:  # scratchpad or queues: the planner's doing, never the kernel's

@@ -32,7 +32,7 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.operands import ITEMSIZE, sticks
 
 from ..ir.errors import Unsupported
-from .allocate import Need, Placement, allocate, first_fit  # noqa: F401 - first_fit: the reductions' import
+from .allocate import Need, Placement, allocate
 from .fusion import ROWS, STICKS, streamed
 from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges
 from .tiling import BUFFER_CHOICES, BUFFERS, TilePlan  # noqa: F401 - re-exported

@@ -521,7 +521,7 @@ def _probe_values(symbols, fake_mode):
     """(the sizes at the bucket's maximum, [(size, the same with it one less)...]) for a graph over
     symbolic sizes (symbolic.py's buckets, inside Dynamo's guards), or None."""
     from ..ir.indexing import NotCapturable
-    from ..symbolic.planning import planned_bucket
+    from ..symbolic.capture import planned_bucket
 
     env = getattr(fake_mode, "shape_env", None)
     if env is None:

@@ -10,7 +10,7 @@ allocates its output like any buffer, and the scheduler orders it by its reads a
 
 Over a dynamic sequence length (issue 18) the layouts are symbolic: the kernel is built at the
 size's bucket maximum and at one less (symbolic_attention.capture), planned for the bucket, and
-launched through a symbolic.BucketedPlan with the size's value (another bucket's artifact is
+launched through a launcher.bucketed.BucketedPlan with the size's value (another bucket's artifact is
 compiled on first use).
 """
 
@@ -101,7 +101,7 @@ def _out_layout(device, out_dtype, q_layout, v_layout, heads_last) -> ir.FixedLa
 def _symbolic_kernel(named, realized, make):
     """(the kernel, the sequence length's symbol served by a bucket or None, the other sizes it
     is specialized to per value, their template), or NotCapturable."""
-    from ..symbolic import planning as symbolic
+    from ..symbolic import capture as symbolic
     from ..families.attention import sizes as sa
     from ..symbolic.exact import capture_exact, exact_values
 

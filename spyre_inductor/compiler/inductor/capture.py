@@ -735,7 +735,7 @@ def _plan_vars(nodes, node_ranges):
 def capture(nodes, name: str = "spyre_kernel") -> Capture:
     """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable. Nodes whose loop
     ranges have size symbols are captured for their size bucket (symbolic.py)."""
-    from ..symbolic import planning as symbolic
+    from ..symbolic import capture as symbolic
 
     nodes = list(nodes)
     symbols = symbolic.size_symbols(nodes) if _has_nodes_with_bodies(nodes) else []

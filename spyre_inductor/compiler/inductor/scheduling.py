@@ -36,14 +36,15 @@ from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
-from ..symbolic import planning as symbolic
+from .. import families  # noqa: F401 - registers every kernel family: fusion asks them all
+from ..core.family import fusion_vetoed
+from ..symbolic import capture as symbolic_capture
 from .capture import Capture, capture
 from ..ir.errors import Unsupported
 from ...launcher.fallback_policy import origin_ops, refuse_in_strict_mode
 from .host_kernel import HostUnsupported, write_host_kernel
 from ..ir.indexing import NotCapturable
-from ..ir.kernel_ir import (AttentionKernel, Indirect, IndirectKernel, Kernel, Load, MatmulKernel, Op, Reduction,
-    Scan, SizeValue)
+from ..ir.kernel_ir import AttentionKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue
 from .version import compiler_version
 
 
@@ -156,84 +157,12 @@ def compile_kernel(kernel: Kernel) -> tuple[Path | None, str | None]:
 
         max_cores = None if config.max_cores == config.MAX_CORES else config.max_cores
         return Path(backend.compile_kernel(kernel, artifact_root(), max_cores=max_cores)), None
-    except backend.Unsupported as e:
+    except Unsupported as e:
         return None, f"backend: {e}"
-
-
-def _plannable_shape(kernel: Kernel | None) -> bool:
-    """False if the reduction planner would refuse the kernel's iteration space outright: fusing
-    into such a group would turn nodes that compile on their own into one CPU fallback (found
-    by the graph fuzzer). Reduced dims that do not merge into one are planned (chunked, the
-    others looped) unless the kernel scans over them. A cheap check, not a plan."""
-    if kernel is None or not kernel.reduction_ranges or 0 in kernel.reduction_ranges:
-        return True
-    from ..families.reduction.lowering import canonical
-
-    looped = canonical(kernel)[4]
-    return not (looped and kernel.has_scan)
-
-
-def _masks_plannable(kernel: Kernel | None) -> bool:
-    """False for a reduction (or matmul) group with a masked load outside its buffer (a pad fused
-    into a reduction as its prologue), or with a gather or scatter: only pointwise kernels are
-    cut at their masks, only they gather, so the group would run on the CPU where its nodes apart
-    compile (found by the graph fuzzer)."""
-    if isinstance(kernel, IndirectKernel) and not _indices_loaded(kernel):
-        return False  # (a gather takes its indices from memory: their computation stays apart)
-    if kernel is None or not kernel.reduction_ranges:
-        return True
-    if isinstance(kernel, IndirectKernel):
-        return False  # (a gather or scatter inside a reduction is not planned: apart, each compiles)
-    from ..ir.errors import Unsupported
-    from ..families.pointwise.pieces import check_bounds
-
-    try:
-        check_bounds(kernel)
-    except Unsupported:
-        return False
-    return True
-
-
-def _indices_loaded(kernel) -> bool:
-    from ..ir.errors import Unsupported
-    from ..families.indirect.lowering import index_load
-
-    try:
-        for pos, v in enumerate(kernel.values):
-            if isinstance(v, Indirect):
-                index_load(kernel, pos)
-    except Unsupported:
-        return False
-    return True
-
-
-def _several_dots(kernel: Kernel | None) -> bool:
-    """Two matmuls in one group (q, k and v projections of one x, fused horizontally because they
-    share it): the PE plans take one dot per program, and as a reduction the group re-reads its
-    operands once per output tile (80x the minimum bytes for a QKV projection); apart, each is a
-    PE program that reads x once more, which costs far less."""
-    if kernel is None:
-        return False
-    return sum(1 for v in kernel.values if isinstance(v, Reduction) and v.op == "dot") > 1
 
 
 def _sizes_key(node) -> tuple:
     return tuple(tuple(s) for s in node.get_ranges()) if isinstance(node, SchedulerNode) else ()
-
-
-def _pe_declined(kernel: Kernel | None) -> bool:
-    """True for a matmul group the PE plans decline (passes/matmul_lowering.analyse refuses it):
-    it would be planned as a reduction on the special-function pipeline, which re-reads an
-    operand per output row."""
-    if not isinstance(kernel, MatmulKernel):
-        return False
-    from ..families.matmul.lowering import analyse
-
-    try:
-        analyse(kernel)
-    except Unsupported:
-        return True
-    return False
 
 
 class SpyreScheduling(BaseScheduling):
@@ -278,21 +207,16 @@ class SpyreScheduling(BaseScheduling):
         if not all(isinstance(n, SchedulerNode) for n in nodes):
             return False
         found = self.try_capture(nodes)
-        if not (isinstance(found, Capture) and _plannable_shape(found.kernel) and not _several_dots(found.kernel)
-                and _masks_plannable(found.kernel)):
+        if not isinstance(found, Capture):
             return False
-        if _pe_declined(found.kernel):
-            # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
-            # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
-            # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
-            # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
-            # kernel of its own.
+
+        def alone():  # (each part's own kernel, captured only when a family asks)
             for part in (node1, node2):
-                alone = self.try_capture(list(part.get_nodes()))
-                if isinstance(alone, Capture) and isinstance(alone.kernel, MatmulKernel) \
-                        and not _pe_declined(alone.kernel):
-                    return False
-        return True
+                captured = self.try_capture(list(part.get_nodes()))
+                yield captured.kernel if isinstance(captured, Capture) else None
+
+        # each family vetoes what it would refuse or plan far worse fused (core/family.py)
+        return not fusion_vetoed(found.kernel, alone)
 
     def can_fuse_vertical(self, node1, node2) -> bool:
         return self._can_fuse(node1, node2)
@@ -305,14 +229,14 @@ class SpyreScheduling(BaseScheduling):
     def codegen_node(self, node) -> None:
         nodes = list(node.get_nodes())
         result = self.try_capture(nodes)
-        if getattr(result, "guardable", False):  # (symbolic.GUARDS: sizes specialized by a guard, last)
-            token = symbolic.GUARDS.set(True)
+        if getattr(result, "guardable", False):  # (symbolic_capture.GUARDS: sizes specialized by a guard, last)
+            token = symbolic_capture.GUARDS.set(True)
             try:
                 result = capture(nodes)
             except NotCapturable as e:
                 result = e
             finally:
-                symbolic.GUARDS.reset(token)
+                symbolic_capture.GUARDS.reset(token)
         kernel = None
         if isinstance(result, Capture):
             if result.kernel is None:  # no elements, or nothing leaves the kernel
@@ -337,7 +261,7 @@ class SpyreScheduling(BaseScheduling):
         comment = f"# {kernel.name}: {origin_ops(nodes)} over {kernel.ranges}"
         device = nodes[0].get_device()
         index = device.index if device.index is not None else torch.spyre.current_device()
-        # (the bucket's size, then those specialized per value: symbolic.launch_bucketed's order)
+        # (the bucket's size, then those specialized per value: launcher.bucketed.launch_bucketed's order)
         sizes = [n for n, _, _ in kernel.symbolic.sizes] if kernel.symbolic is not None else []
         sizes += list(captured.exact)
         plan = wrapper.define_spyre_kernel(str(artifact), index, comment, bucketed=bool(sizes),

@@ -42,7 +42,8 @@ from torch._inductor.utils import IndentedBuffer
 from torch._inductor.virtualized import V
 
 LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan, prepare_kernel"
-BUCKETED_IMPORT = "from spyre_inductor.compiler.symbolic.planning import launch_bucketed, prepare_bucketed"
+BUCKETED_IMPORT = "from spyre_inductor.launcher.bucketed import launch_bucketed, prepare_bucketed"
+BUCKETS_IMPORT = "from spyre_inductor.compiler.inductor.buckets import BUCKETS"  # (the launcher asks it)
 HOST_IMPORT = "from spyre_inductor.launcher import host as spyre_host"
 # Layouts that describe another buffer's memory (a view into it, a mutation of it).
 _NOT_OWN_LAYOUT = (ir.NonOwningLayout, ir.MutationLayoutSHOULDREMOVE)
@@ -77,8 +78,8 @@ class SpyreWrapperMixin:
         prepare_kernel places the program on one device, so a graph on
         spyre:1 gets its own plan there (and launch_jobplan checks the buffers
         are on it). A kernel over symbolic sizes (`bucketed`, issue 18) gets a
-        symbolic.BucketedPlan: the artifact of its bucket, and of any other bucket a call needs; one
-        specialized per value of some sizes (`exact`, a symbolic_exact.Template, issue 29) carries
+        launcher.bucketed.BucketedPlan: the artifact of its bucket, and of any other bucket a call needs; one
+        specialized per value of some sizes (`exact`, a symbolic.exact.Template, issue 29) carries
         the template that makes the kernel of another value."""
         root = self._definitions()
         doc = json.dumps(exact.to_doc(), separators=(",", ":")) if exact is not None else None
@@ -88,9 +89,12 @@ class SpyreWrapperMixin:
             name = f"spyre_plan_{root.next_kernel_suffix()}"
             root.spyre_plans[key] = name
             root.add_import_once(BUCKETED_IMPORT if bucketed else LAUNCH_IMPORT)
+            if bucketed:
+                root.add_import_once(BUCKETS_IMPORT)
             prepare = "prepare_bucketed" if bucketed else "prepare_kernel"
+            hooks = ", hooks=BUCKETS" if bucketed else ""
             template = f", exact={doc!r}" if doc is not None else ""
-            root.define_kernel(name, f"{prepare}({artifact_dir!r}, device={device_index}{template})",
+            root.define_kernel(name, f"{prepare}({artifact_dir!r}, device={device_index}{hooks}{template})",
                                metadata=comment, gpu=False)
         return name
 

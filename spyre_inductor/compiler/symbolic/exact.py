@@ -6,7 +6,7 @@ matmul's K or N, a second size beside the rows (automatic dynamic shapes make M,
 matmul symbolic). Dynamo would recompile the whole graph for each value of such a size, if the
 compiler put a guard on it, until its limit of 8 graphs, then run the function eagerly. Here
 the graph stays one: the kernel is planned at the sizes of the call it was compiled for, and
-the wrapper hands every call's values to its symbolic.BucketedPlan, which compiles and prepares
+the wrapper hands every call's values to its launcher.bucketed.BucketedPlan, which compiles and prepares
 the artifact of a new value on its first launch (a kernel compile: no trace, no guard).
 
 The artifact of a value is made without Inductor's graph, from a template: the kernel IR (its
@@ -29,6 +29,19 @@ from ..ir import indexing
 from ..ir.indexing import NotCapturable
 
 MAX_SIZES = 3  # sizes specialized per value in one kernel: 2 ** 3 corner captures (twice with a bucket)
+
+
+def far_values(base: int, limits, near: tuple = ()) -> list[int]:
+    """Sizes away from `base` inside Dynamo's `limits` (the least, a quarter, and 4x, 64x and
+    2^24 past it), none of them in `near`: where a capture is compared with what a fit predicts.
+    A fit from neighbouring sizes hides what changes only further away: Inductor simplifies an
+    index i % 16 to i while the loop over i is at most 16 long."""
+    least, most = max(limits[0], 2), limits[1]
+    out = []
+    for v in (least, base // 4, 4 * base + 3, 64 * base + 3, (1 << 24) + 3):
+        if v >= least and (most is None or v <= most) and v not in near and v not in out:
+            out.append(v)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +143,6 @@ def _check_far(at, template: Template, symbols, limits, kernel_doc, base_doc) ->
     computed inside capture, an index Inductor simplified because its loop was short at the
     corners) shows there, or the kernel cannot be captured there. A point past a static table's
     range (indexing.OutOfRange) is skipped: the kernel is never launched there."""
-    from .planning import far_values
 
     corners = [(b, b + st) for b, st in zip(template.base, template.step)]
     columns = [far_values(b, lim, near) for b, lim, near in zip(template.base, limits, corners)]

@@ -114,7 +114,7 @@ def tile_kernel(shape: AttentionShape) -> TileKernel:
 
 
 def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cores: int | None = None):
-    from ...backend import COMPILER_VERSION, Compiled
+    from ...core.compiled import COMPILER_VERSION, Compiled
 
     shape = analyse(kernel)
     if kernel.symbolic is not None:  # (issue 18: each head of a buffer over the sequence is its own placeholder)

@@ -23,7 +23,7 @@ other families' symbolic kernels (symbolic.py), and this module answers both:
 
 The kernel is captured like every symbolic kernel: its buffers evaluated at the bucket's
 maximum and at one less, the difference giving `coef * size + const` dims, ranges and strides
-(SymbolicSizes, with ``strides``). Buckets, limits and BucketedPlan are symbolic.py's.
+(SymbolicSizes, with ``strides``). Buckets and limits are compiler/symbolic's; the launcher's BucketedPlan launches it.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK
 from ...ir.errors import Unsupported
 from ...core import search
 from ...core.codegen import build_program
-from ...core.division import TIE, candidate_counts, choose_division, chosen_ns, divide, representative
+from ...core.division import candidate_counts, choose_division, chosen_ns, divide, representative
+from ...core.search import TIE
 from .lowering import Lowered, lower
 from ...core.keep import kept
 from ...core.plans import Division, Plans

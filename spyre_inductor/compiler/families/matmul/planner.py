@@ -41,7 +41,7 @@ def refetch(shape, grid) -> float:
 
 def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: int | None = None,
                 estimate=None):
-    from ...backend import COMPILER_VERSION, Compiled
+    from ...core.compiled import COMPILER_VERSION, Compiled
 
     shape, tk = analyse(kernel)
     symbols = symbols_of(kernel)

@@ -1,0 +1,72 @@
+"""The matmul family: a dot of two operands on the PE arrays, with its prologue and epilogue.
+
+What the PE plans decline (a prologue, operands walking several row dims) is still a reduction:
+the dot is a sum of products, planned by the reduction family on the special-function pipeline.
+"""
+
+from __future__ import annotations
+
+from ...core.family import Family, family, register
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import MatmulKernel, Reduction
+from ..pointwise.pieces import check_bounds
+from .lowering import analyse
+from .planner import plan_matmul
+
+
+class MatmulFamily(Family):
+    name = "matmul"
+
+    def claims(self, kernel) -> bool:
+        return isinstance(kernel, MatmulKernel) and 0 not in kernel.reduction_ranges
+
+    def check(self, kernel) -> None:
+        super().check(kernel)
+        check_bounds(kernel, "a reduction's masks are not cut into pieces (only pointwise kernels are)")
+
+    def plan(self, kernel, *, cores, max_cores, estimate):
+        try:
+            return plan_matmul(kernel, cores=cores, max_cores=max_cores)
+        except Unsupported as declined:
+            try:
+                return family("reduction").plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
+            except Unsupported as e:
+                raise Unsupported(f"{declined}; as a reduction: {e}") from e
+
+    def fusion_vetoed(self, fused, alone) -> bool:
+        if _several_dots(fused):
+            return True
+        if _pe_declined(fused):
+            # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
+            # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
+            # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
+            # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
+            # kernel of its own.
+            return any(isinstance(part, MatmulKernel) and not _pe_declined(part) for part in alone())
+        return False
+
+
+def _several_dots(kernel) -> bool:
+    """Two matmuls in one group (q, k and v projections of one x, fused horizontally because they
+    share it): the PE plans take one dot per program, and as a reduction the group re-reads its
+    operands once per output tile (80x the minimum bytes for a QKV projection); apart, each is a
+    PE program that reads x once more, which costs far less."""
+    if kernel is None:
+        return False
+    return sum(1 for v in kernel.values if isinstance(v, Reduction) and v.op == "dot") > 1
+
+
+def _pe_declined(kernel) -> bool:
+    """True for a matmul group the PE plans decline (lowering.analyse refuses it): it would be
+    planned as a reduction on the special-function pipeline, which re-reads an operand per
+    output row."""
+    if not isinstance(kernel, MatmulKernel):
+        return False
+    try:
+        analyse(kernel)
+    except Unsupported:
+        return True
+    return False
+
+
+FAMILY = register(MatmulFamily())
