@@ -39,7 +39,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            targets = [f"{base}.{a.name}" for a in node.names]
+            if not all(t in known for t in targets):  # (names from the module itself, not submodules)
+                targets.append(base)
         else:
             continue
         for t in targets:

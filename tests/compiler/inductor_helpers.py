@@ -40,9 +40,10 @@ def refuse_every_kernel(monkeypatch) -> None:
     """Make the backend refuse every kernel (Unsupported "refused by the test"), so each node
     runs as an in-graph CPU fallback kernel."""
     from spyre_inductor.compiler import backend
+    from spyre_inductor.compiler.ir.errors import Unsupported
 
     def refuse(kernel, artifact_root, **kwargs):
-        raise backend.Unsupported("refused by the test")
+        raise Unsupported("refused by the test")
 
     monkeypatch.setattr(backend, "compile_kernel", refuse)
 

@@ -9,7 +9,7 @@ the same accumulators in row-major order.
 argmax/argmin over several dims: Inductor reorders a node's loops by stride,
 and the index an argmax returns counts in loop order; Inductor corrects it
 only for its own Triton and C++ backends. Spyre runs such a node in the
-logical order of its dims (capture.loop_body), compiled or on the CPU; both
+logical order of its dims (nodes.loop_body), compiled or on the CPU; both
 return eager's index (they returned the memory-order index before).
 """
 

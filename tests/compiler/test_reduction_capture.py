@@ -126,7 +126,7 @@ def test_reductions_over_several_dims_keepdim_and_indices():
     ops = {r.op for k in kernels for r in reductions(k)}
     assert {"sum", "min", "max", "argmax", "any"} <= ops
     whole = [k for k in kernels if k.ranges == (1,)]  # argmax over everything: one element out
-    # in the logical order of its dims (capture.loop_body); the planner merges them again
+    # in the logical order of its dims (nodes.loop_body); the planner merges them again
     assert whole and all(k.reduction_ranges == (4, 12, 10) for k in whole)
     for k in kernels:
         for s in k.stores:

@@ -151,7 +151,8 @@ def _doc(kernel) -> dict:
 def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
                     masked_score):
     from ..ir.indexing import NotCapturable
-    from .scheduling import compile_kernel, content_name, record
+    from ..ir.naming import content_name
+    from .scheduling import compile_kernel, record
 
     named = [("q", q), ("k", k), ("v", v), ("bias", bias), ("keep", keep), ("positions", positions)]
     named = [(n, x) for n, x in named if x is not None]

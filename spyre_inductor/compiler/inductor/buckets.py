@@ -13,7 +13,8 @@ from ..ir.errors import PlanError, Unsupported
 from ..ir.indexing import NotCapturable
 from ..symbolic.exact import Template
 from ..symbolic.planning import bucket_of
-from .scheduling import artifact_root, content_name
+from ..ir.naming import content_name
+from .scheduling import artifact_root
 
 
 class Buckets:

@@ -57,6 +57,7 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from torch._inductor.utils import sympy_index_symbol
 
+from .nodes import loop_body, real_name
 from ..ir import indexing
 from ...launcher.fallback_policy import origin_ops
 from ...launcher.nesting import negative_indices_wrap
@@ -110,11 +111,6 @@ class _V:
     pos: int
     dtype: torch.dtype
     is_scalar: bool = False  # read by Inductor's dtype propagation rules
-
-
-def real_name(name: str) -> str:
-    scheduler = V.graph.scheduler
-    return scheduler.mutation_real_name.get(name, name) if scheduler is not None else name
 
 
 def dtype_name(dtype: torch.dtype, what: str) -> str:
@@ -598,24 +594,6 @@ def _scan_op(combine_fn) -> str | None:
     if sorted(map(str, args)) != ["a", "b"]:
         return None
     return {"add": "sum", "mul": "prod"}.get(name)
-
-
-def loop_body(node):
-    """((sizes, reduction sizes), body) of a scheduler node, as capture and the CPU fallback run it.
-
-    Inductor reorders a node's loops by stride (ir.ComputedBuffer.simplify_and_reorder). For an
-    argmax/argmin over several dims that changes the answer: the index it returns counts in loop
-    order, and Inductor adds the logical index only for its own Triton and C++ backends
-    (lowering.py, ``supports_logical_index_argreduce``). So such a node runs its default body, in
-    the logical order of its dims (a transposed input then walks memory with strides, which the
-    planner handles as looped reduced dims).
-    """
-    data = getattr(node.node, "data", None)
-    if (isinstance(data, ir.Reduction) and data.reduction_type in ("argmax", "argmin")
-            and sum(1 for r in data.reduction_ranges if r != 1) > 1):
-        sizes, body, _ = node.node.get_default_sizes_body()
-        return sizes, body
-    return node.get_ranges(), node._body
 
 
 def _node_ranges(node) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -27,7 +27,7 @@ from torch._inductor.utils import sympy_index_symbol
 from torch._inductor.virtualized import OpsValue, OpsWrapper, V
 
 from ...launcher import host as host_runtime
-from .capture import loop_body, real_name
+from .nodes import loop_body, real_name
 from ...launcher.nesting import negative_indices_wrap
 
 _UNARY = {

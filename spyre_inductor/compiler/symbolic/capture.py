@@ -67,7 +67,7 @@ def size_symbols(nodes) -> list[sympy.Symbol]:
     write (empty: a static group)."""
     from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-    from ..inductor.capture import loop_body
+    from ..inductor.nodes import loop_body
 
     found: set = set()
     for n in nodes:
@@ -208,7 +208,7 @@ def _capture_exact(nodes, capture_fn, bucket, exact):
 
 def artifact_doc(kernel) -> dict:
     """The kernel's JSON as its artifact records it (buffers and sizes named by position), no name."""
-    from ..inductor.scheduling import positional_names
+    from ..ir.naming import positional_names
 
     doc = json.loads(positional_names(kernel).to_json())
     doc.pop("name", None)
@@ -229,7 +229,7 @@ def _rows_symbol(nodes, symbols):
     """The one size symbol of the group's output's outermost dim, if it has exactly one."""
     from torch._inductor.virtualized import V
 
-    from ..inductor.capture import real_name
+    from ..inductor.nodes import real_name
 
     try:
         out = nodes[-1].get_outputs()[0].node
