@@ -1165,9 +1165,9 @@ def test_enqueueing_looks_only_at_streams_that_can_still_order_it():
     gate, held = hold_compute(q, 2000, Footprint(writes=(Range(1, 5, 1),)))
     try:
         reader = q.enqueue(3000, HostCallback(lambda: None, Footprint(reads=(Range(1, 5, 1),))))
-        assert [s.id for s in q._busy] == [2000, 3000]
+        assert [s.id for s in q.graph.busy] == [2000, 3000]
         assert (held, "derived") in reader.edges
-        assert len(q._recent) <= 1  # the idle streams were dropped
+        assert len(q.graph.recent) <= 1  # the idle streams were dropped
     finally:
         gate.open()
     q.synchronize()
