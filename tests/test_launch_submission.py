@@ -16,7 +16,8 @@ import torch
 from compiler.pointwise_ir import binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_runtime import _C, launch
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.queue import StreamError
 from spyre_runtime.queue.runtime import current
 
@@ -270,7 +271,7 @@ def test_host_values_in_other_places_patch_again():
     # the second must patch the area the first left.
     import gc
 
-    from spyre_runtime.launch import JobPlan
+    from spyre_runtime.prepare import JobPlan
 
     before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
     fn = torch.compile(lambda c, a, b: torch.where(c, a, b))
@@ -295,7 +296,7 @@ def test_a_host_value_travels_as_its_value_and_a_bad_one_is_named():
     import gc
 
     from spyre_runtime.binding import LaunchError
-    from spyre_runtime.launch import JobPlan
+    from spyre_runtime.prepare import JobPlan
 
     before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
     fn = torch.compile(lambda c, a, b: torch.where(c, a, b))

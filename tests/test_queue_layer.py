@@ -1333,7 +1333,8 @@ def test_the_queue_layer_imports_neither_programs_nor_the_device_nor_torch():
     r = run_python(
         "import sys, spyre_runtime.queue\n"
         "print(sorted(m for m in sys.modules if m == 'ctypes' or m.startswith(('torch', "
-        "'spyre_runtime.program', 'spyre_runtime.device', 'spyre_runtime.launch'))))\n",
+        "'spyre_runtime.program', 'spyre_runtime.device', 'spyre_runtime.launch', 'spyre_runtime.prepare', "
+        "'spyre_runtime.direct', 'spyre_runtime.artifact'))))\n",
         TORCH_DEVICE_BACKEND_AUTOLOAD="0",
     )
     assert r.returncode == 0, r.stderr

@@ -21,7 +21,8 @@ import torch
 
 from compiler.pointwise_ir import binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.queue import Transfer
 from spyre_runtime.queue.submission import Submission
 

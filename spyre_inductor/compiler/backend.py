@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import check_artifact_files
+from spyre_runtime.artifact import check_artifact_files
 from spyre_runtime.program.program import Program
 
 from .errors import PlanError, Unsupported

@@ -593,7 +593,7 @@ class BucketedPlan:
     launches through it (launch_bucketed) with the size values of the call."""
 
     def __init__(self, artifact_dir: str, device: int, exact: str | None = None):
-        from spyre_runtime.launch import prepare_kernel
+        from spyre_runtime.prepare import prepare_kernel
 
         from .symbolic_exact import Template
 
@@ -658,7 +658,7 @@ class BucketedPlan:
                     release_plan(plan)
 
     def _compile(self, n: int | None, values: tuple):
-        from spyre_runtime.launch import prepare_kernel
+        from spyre_runtime.prepare import prepare_kernel
 
         from . import backend
         from .errors import PlanError

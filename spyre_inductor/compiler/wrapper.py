@@ -41,7 +41,7 @@ from torch._inductor.codegen.wrapper import (
 from torch._inductor.utils import IndentedBuffer
 from torch._inductor.virtualized import V
 
-LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan, prepare_kernel"
+LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan\nfrom spyre_runtime.prepare import prepare_kernel"
 BUCKETED_IMPORT = "from spyre_inductor.compiler.symbolic import launch_bucketed, prepare_bucketed"
 HOST_IMPORT = "from spyre_inductor.compiler import host_runtime as spyre_host"
 # Layouts that describe another buffer's memory (a view into it, a mutation of it).
