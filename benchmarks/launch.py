@@ -59,7 +59,7 @@ def _fma_plan():
     """A prepared 4-argument pointwise kernel: out = a * b + c, 64 x 64 fp32."""
     from spyre_inductor.compiler.backend import compile_kernel
     from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Load, Op, PointwiseKernel, Store
-    from spyre_runtime.launch import prepare_kernel
+    from spyre_runtime.prepare import prepare_kernel
 
     shape, strides = (64, 64), (64, 1)
     buffers = tuple(Buffer(n, "fp32", shape, strides, 0) for n in ("a", "b", "c", "out"))
@@ -160,7 +160,7 @@ def idle_table(launches: int = 200) -> dict:
     from spyre_inductor.compiler.backend import compile_kernel
     from spyre_inductor.compiler.ir.kernel_ir import Buffer, Index, Load, Op, PointwiseKernel, Store
     from spyre_runtime import launch
-    from spyre_runtime.launch import prepare_kernel
+    from spyre_runtime.prepare import prepare_kernel
 
     rows, out = [], {}
     for shape in ((64, 64), (64, 1024), (256, 1024)):

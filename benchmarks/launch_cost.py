@@ -22,7 +22,7 @@ warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 
 def main() -> None:
     import spyre_inductor  # noqa: F401
-    from spyre_runtime.launch import JobPlan
+    from spyre_runtime.prepare import JobPlan
     from spyre_runtime.program.execute import Machine
     from spyre_runtime.program.timing import Timing
 

@@ -98,7 +98,7 @@ PHASES = [  # (label, (file suffix, function name)) of the functions whose cumul
     ("  timing-model replays of candidates", ("program/timing.py", "estimate")),
     ("  validation of kept programs", ("program/validate.py", "validate")),
     ("emission (write_artifact)", ("passes/emit.py", "write_artifact")),
-    ("prepare_kernel (module load)", ("spyre_runtime/launch.py", "prepare_kernel")),
+    ("prepare_kernel (module load)", ("spyre_runtime/prepare.py", "prepare_kernel")),
 ]
 
 

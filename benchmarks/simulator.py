@@ -24,7 +24,7 @@ import torch
 
 from _bench import per_call_us, print_table
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import run_program
+from spyre_runtime.direct import run_program
 from spyre_runtime.program import Machine
 from spyre_authoring.handwritten import row_softmax, tiled_matmul
 

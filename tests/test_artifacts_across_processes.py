@@ -46,7 +46,9 @@ import torch
 from compiler.pointwise_ir import binary_kernel
 from spyre_inductor.compiler import backend
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_runtime.launch import ArtifactError, check_artifact_files, launch_jobplan, prepare_kernel
+from spyre_runtime.artifact import ArtifactError, check_artifact_files
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 
 # ---- two processes --------------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ import torch
 from spyre_authoring import calibration
 from spyre_authoring.handwritten import ring_sum, row_softmax, tiled_matmul, vector_add
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import JobPlan, launch_jobplan, run_program
+from spyre_runtime.direct import run_program
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import JobPlan
 from spyre_runtime.program import isa
 from spyre_runtime.program.execute import Machine, ScratchBank
 from spyre_runtime.program.operands import Addr, DevAddr, RowIndex, Tile
@@ -255,7 +257,7 @@ def test_an_unaligned_binding_moves_the_sticks_it_touches():
 
 
 def test_every_launch_gets_its_own_report_object():
-    from spyre_runtime.launch import prepare_kernel  # noqa: F401 - the device is set up by the import
+    from spyre_runtime.prepare import prepare_kernel  # noqa: F401 - the device is set up by the import
 
     program = vector_add(1000)
     x, y = torch.randn(1000).to("spyre"), torch.randn(1000).to("spyre")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from spyre_runtime.launch import run_program
+from spyre_runtime.direct import run_program
 from spyre_authoring.handwritten import row_softmax, tiled_matmul
 
 pytestmark = pytest.mark.slow

@@ -31,7 +31,7 @@ import math
 import pytest
 import torch
 
-from spyre_runtime.launch import run_program
+from spyre_runtime.direct import run_program
 from spyre_runtime.program import Program, validate
 from spyre_authoring.handwritten import (
     cast_round_trip, ring_sum, row_softmax, tiled_matmul, vector_add,

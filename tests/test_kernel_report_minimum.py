@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import run_program
+from spyre_runtime.direct import run_program
 from spyre_runtime.program import (
     Addr, Binary, CoreProgram, DevAddr, Load, Pop, Program, ProgramFormatError, Push, Queue, Store, Symbol, Tile,
 )

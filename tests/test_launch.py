@@ -10,10 +10,9 @@ import torch
 
 from compiler.pointwise_ir import KernelBuilder, binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_runtime.launch import (
-    HoldFetch, LaunchError, PatchCorrectionArea, ResolveAddresses, RunProgram, launch_jobplan, prepare_kernel,
-    release_plan,
-)
+from spyre_runtime.binding import LaunchError
+from spyre_runtime.launch import launch_jobplan, release_plan
+from spyre_runtime.prepare import HoldFetch, PatchCorrectionArea, ResolveAddresses, RunProgram, prepare_kernel
 from spyre_runtime.queue import HostCallback, Signal, SoftSignal, Wait
 from spyre_runtime.queue.runtime import current
 from spyre_runtime import _C

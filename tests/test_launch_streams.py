@@ -14,7 +14,8 @@ from compiler.pointwise_ir import binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_runtime import _C, launch
 from spyre_runtime.binding import slot_words
-from spyre_runtime.launch import launch_jobplan, prepare_kernel, preparation_stream, set_preparation_streams
+from spyre_runtime.launch import launch_jobplan, preparation_stream, set_preparation_streams
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.queue import HostCallback, Signal, SoftSignal, StreamError, Wait
 from spyre_runtime.queue.runtime import current
 

@@ -16,7 +16,8 @@ import torch
 from compiler.pointwise_ir import binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_runtime import _C, launch
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.queue import StreamError
 from spyre_runtime.queue.runtime import current
 
@@ -36,9 +37,9 @@ def test_a_launch_runs_without_the_host_waiting_for_it(add_plan):
     queue = current().queue(0)
     deadline = time.monotonic() + 30
     # Nothing here takes the queue: only the submission worker can enqueue and run it.
-    while not (queue.inflight == {} and not queue._submitted) and time.monotonic() < deadline:
+    while not (queue.inflight == {} and not queue.submission.submitted) and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert not queue._submitted and not queue.inflight, "the handed-over launch never ran"
+    assert not queue.submission.submitted and not queue.inflight, "the handed-over launch never ran"
     assert torch.equal(out.cpu(), x + y)
 
 
@@ -55,7 +56,7 @@ def test_an_input_freed_right_after_its_launch_stays_allocated_until_the_launch_
     allocated = torch.spyre.memory_allocated()
     with queue.lock:  # hold the queue: the launch stays handed over, not enqueued
         launch_jobplan(add_plan, [xs, ys, out])
-        assert queue._submitted
+        assert queue.submission.submitted
         del xs
         assert torch.spyre.memory_allocated() == allocated  # the handed-over launch holds it
     assert not queue.query_stream(stream)  # enqueued now, and it lets go of its arguments
@@ -144,14 +145,14 @@ def test_a_launch_handed_over_during_enqueue_runs_lands_before_its_runs_not_betw
     from spyre_runtime.queue import HostCallback
 
     q, log = _fake_queue(), []
-    real = q._take_seq
+    real = q.submission.take_seq
 
     def take(n=1):
         q.submit(_Record(log, "other"), (1,))  # another thread hands a launch over right now
-        q._take_seq = real
+        q.submission.take_seq = real
         return real(n)
 
-    q._take_seq = take
+    q.submission.take_seq = take
     tickets = q.enqueue_runs(((1, [HostCallback(lambda: log.append("a")), HostCallback(lambda: log.append("b"))]),))
     q.synchronize()
     assert log == ["other", "a", "b"]
@@ -187,7 +188,7 @@ def test_the_submission_worker_comes_back_after_a_failure(monkeypatch):
     died = []
     monkeypatch.setattr(threading, "excepthook", died.append)  # the worker dies of it, on purpose
     q.submit(Broken([], "broken"), (1,))
-    first = q._submitter
+    first = q.submission.submitter
     first.join(10)
     assert not first.is_alive() and "enqueued failed" in str(died[0].exc_value)
     q.submit(_Record(log, "good"), (1,))
@@ -270,7 +271,7 @@ def test_host_values_in_other_places_patch_again():
     # the second must patch the area the first left.
     import gc
 
-    from spyre_runtime.launch import JobPlan
+    from spyre_runtime.prepare import JobPlan
 
     before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
     fn = torch.compile(lambda c, a, b: torch.where(c, a, b))
@@ -295,7 +296,7 @@ def test_a_host_value_travels_as_its_value_and_a_bad_one_is_named():
     import gc
 
     from spyre_runtime.binding import LaunchError
-    from spyre_runtime.launch import JobPlan
+    from spyre_runtime.prepare import JobPlan
 
     before = {id(o) for o in gc.get_objects() if type(o) is JobPlan}
     fn = torch.compile(lambda c, a, b: torch.where(c, a, b))

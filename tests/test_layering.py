@@ -41,7 +41,7 @@ def test_the_authoring_modules_left_the_simulator():
 def test_authored_programs_build_and_run_through_the_launch_layer():
     from spyre_authoring.calibration import CALIBRATION, neg
     from spyre_authoring.handwritten import vector_add
-    from spyre_runtime.launch import run_program
+    from spyre_runtime.direct import run_program
 
     assert CALIBRATION
     x = torch.randn(64, 64).half()
@@ -63,6 +63,29 @@ def test_the_authoring_package_is_packaged():
     assert '"spyre_authoring*"' in include
 
 
+# ---- the artifact format ----------------------------------------------------------------
+
+
+def test_the_artifact_format_imports_neither_torch_nor_the_extension(tmp_path):
+    """The compiler reads the artifact format (spyre_runtime.artifact) instead of the launch
+    layer: importing it, and checking an artifact's files with it, loads no torch and no _C."""
+    from compiler.pointwise_ir import binary_kernel
+    from conftest import run_python
+    from spyre_inductor.compiler.backend import compile_kernel
+
+    artifact_dir = compile_kernel(binary_kernel("add", (8, 64), "fp32"), tmp_path)
+    r = run_python(
+        "import sys\n"
+        "from spyre_runtime.artifact import LAUNCH_FORMAT, check_artifact_files\n"
+        f"spec = check_artifact_files({str(artifact_dir)!r})\n"
+        "assert spec['format'] == LAUNCH_FORMAT\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m in "
+        "('spyre_runtime._C', 'spyre_runtime.program', 'spyre_runtime.queue')))\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
 # ---- one runtime, one staging pool ------------------------------------------------------
 
 
@@ -77,7 +100,8 @@ def test_one_runtime_for_the_device_and_the_launch_layer():
 def test_copies_and_launches_draw_from_one_staging_pool(monkeypatch, tmp_path):
     from compiler.pointwise_ir import binary_kernel
     from spyre_inductor.compiler.backend import compile_kernel
-    from spyre_runtime.launch import launch_jobplan, prepare_kernel
+    from spyre_runtime.launch import launch_jobplan
+    from spyre_runtime.prepare import prepare_kernel
 
     pool = queues.staging()
     drawn = []

@@ -11,7 +11,7 @@ from spyre_inductor.device import queues
 from spyre_runtime.program import (
     Addr, Binary, CoreProgram, DevAddr, EndLoop, Load, Loop, Pop, Program, ProgramError, ProgramExecutable, ProgramFormatError, Push, Queue, Send, Store, Symbol, Tile, Unary, validate,
 )
-from spyre_runtime.launch import prepare_artifact, run_program, write_correction_area
+from spyre_runtime.direct import prepare_artifact, run_program, write_correction_area
 from spyre_runtime.device import ProgramExecutor
 from spyre_runtime.queue import Barrier, Compute, Executor, HostAddress, Transfer, TransferKind
 

@@ -1165,9 +1165,9 @@ def test_enqueueing_looks_only_at_streams_that_can_still_order_it():
     gate, held = hold_compute(q, 2000, Footprint(writes=(Range(1, 5, 1),)))
     try:
         reader = q.enqueue(3000, HostCallback(lambda: None, Footprint(reads=(Range(1, 5, 1),))))
-        assert [s.id for s in q._busy] == [2000, 3000]
+        assert [s.id for s in q.graph.busy] == [2000, 3000]
         assert (held, "derived") in reader.edges
-        assert len(q._recent) <= 1  # the idle streams were dropped
+        assert len(q.graph.recent) <= 1  # the idle streams were dropped
     finally:
         gate.open()
     q.synchronize()
@@ -1333,7 +1333,8 @@ def test_the_queue_layer_imports_neither_programs_nor_the_device_nor_torch():
     r = run_python(
         "import sys, spyre_runtime.queue\n"
         "print(sorted(m for m in sys.modules if m == 'ctypes' or m.startswith(('torch', "
-        "'spyre_runtime.program', 'spyre_runtime.device', 'spyre_runtime.launch'))))\n",
+        "'spyre_runtime.program', 'spyre_runtime.device', 'spyre_runtime.launch', 'spyre_runtime.prepare', "
+        "'spyre_runtime.direct', 'spyre_runtime.artifact'))))\n",
         TORCH_DEVICE_BACKEND_AUTOLOAD="0",
     )
     assert r.returncode == 0, r.stderr

@@ -565,7 +565,7 @@ def _philox_program(mode="uniform", key_dtype="int64", cores=2, n=64):
 
 @pytest.mark.parametrize("mode", ["uniform", "normal", "bits63"])
 def test_the_philox_instruction_is_the_reference(mode):
-    from spyre_runtime.launch import run_program
+    from spyre_runtime.direct import run_program
 
     out = run_program(_philox_program(mode))["out"].cpu()
     want = philox(torch.tensor(-7), 1000 + torch.arange(128), mode)

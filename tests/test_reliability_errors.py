@@ -22,7 +22,7 @@ from conftest import run_python
 
 from spyre_inductor.device import queues
 from spyre_runtime.queue import HostCallback
-from spyre_runtime.queue.device_queue import StreamError
+from spyre_runtime.queue.tickets import StreamError
 
 
 # ---- a failed operation's error keeps its type through synchronize ---------------

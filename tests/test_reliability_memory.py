@@ -201,7 +201,7 @@ def test_the_kernel_report_window_is_settable_and_keeps_the_newest(report_window
 
 def test_real_launches_land_in_the_window(report_window):
     """The reports of actual program launches go through the same bounded window."""
-    from spyre_runtime.launch import run_program
+    from spyre_runtime.direct import run_program
     from spyre_authoring.handwritten import vector_add
 
     run = report_window

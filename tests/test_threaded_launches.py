@@ -21,9 +21,10 @@ import torch
 
 from compiler.pointwise_ir import binary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.queue import Transfer
-from spyre_runtime.queue.device_queue import DeviceQueue
+from spyre_runtime.queue.submission import Submission
 
 from conftest import run_in_threads
 
@@ -51,7 +52,7 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
     out1, out2 = torch.zeros(SHAPE).to("spyre"), torch.zeros(SHAPE).to("spyre")
     other = torch.spyre.Stream() if intruder_stream == "another stream" else torch.spyre.current_stream()
     intruded = []
-    real_enqueue_locked = DeviceQueue._enqueue_locked
+    real_enqueue_locked = Submission.enqueue_locked
 
     def enqueue_locked(self, stream_id, op, inline, **how):
         # Right after the first launch's patch is enqueued, from inside the queue: the second
@@ -63,7 +64,7 @@ def test_a_launch_sneaking_in_right_after_another_launchs_patch_cannot_corrupt_i
                 launch_jobplan(plan, [dc, dd, out2])
         return ticket
 
-    monkeypatch.setattr(DeviceQueue, "_enqueue_locked", enqueue_locked)
+    monkeypatch.setattr(Submission, "enqueue_locked", enqueue_locked)
     launch_jobplan(plan, [da, db, out1])
     torch.spyre.synchronize()  # (whoever enqueues the handed-over launch meets the hook)
     monkeypatch.undo()

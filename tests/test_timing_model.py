@@ -17,7 +17,7 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program import (
     Addr, CoreProgram, DevAddr, EndLoop, Load, Loop, Machine, Pop, Program, Push, Queue, Symbol, Tile, Unary,
 )
-from spyre_runtime.launch import run_program
+from spyre_runtime.direct import run_program
 from spyre_authoring.handwritten import ring_sum, vector_add
 from spyre_runtime.program.run import kernel_reports, reset_kernel_reports
 from spyre_runtime.program.timing import Timing

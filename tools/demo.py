@@ -392,7 +392,7 @@ def main() -> None:
           f"trace with {len(tl.tickets)} operations in artifacts/timeline.json (open in Perfetto)")
 
     section("a hand-written dataflow program on the simulated cores")
-    from spyre_runtime.launch import run_program
+    from spyre_runtime.direct import run_program
     from spyre_authoring.handwritten import tiled_matmul
 
     program = tiled_matmul(256, 512, 256, "fp16", cores=4, tile_k=128)

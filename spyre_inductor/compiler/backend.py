@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import check_artifact_files
+from spyre_runtime.artifact import check_artifact_files
 
 from . import families  # noqa: F401 - registers every kernel family, in dispatch order
 from .core.compiled import COMPILER_VERSION, Compiled

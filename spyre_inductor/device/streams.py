@@ -106,7 +106,7 @@ def synchronize(device=None) -> None:
 
     What torch.accelerator.synchronize does (the C++ guard calls the runtime), called directly:
     the round trip through C++ lets go of the GIL, and a queue worker that takes it then runs
-    the work this thread would have run itself while it waits (DeviceQueue._help_or_wait)."""
+    the work this thread would have run itself while it waits (queue.workers.Workers.help_or_wait)."""
     from . import queues
 
     queues.queue(device_index(device)).synchronize()

@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from spyre_runtime.launch import launch_jobplan, prepare_kernel, release_plan
+from spyre_runtime.launch import launch_jobplan, release_plan
+from spyre_runtime.prepare import prepare_kernel
 
 from ..compiler.ir.kernel_ir import AttentionKernel, Kernel
 

@@ -35,7 +35,7 @@ def module_globals(compiled) -> dict | None:
 
 def plans_of(namespace: dict) -> list:
     """The prepared plans a generated module holds (a JobPlan each, or a BucketedPlan)."""
-    from spyre_runtime.launch import JobPlan
+    from spyre_runtime.prepare import JobPlan
 
     from .bucketed import BucketedPlan
 
@@ -47,7 +47,8 @@ def release(compiled) -> bool:
     call the graph again). False if it has no generated module (nothing done)."""
     from torch._inductor.codecache import PyCodeCache
 
-    from spyre_runtime.launch import JobPlan, release_plan
+    from spyre_runtime.launch import release_plan
+    from spyre_runtime.prepare import JobPlan
 
     namespace = module_globals(compiled)
     if namespace is None:

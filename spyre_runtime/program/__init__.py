@@ -1,7 +1,7 @@
 """Dataflow programs for Spyre: the format, its validator and the functional simulator.
 
-Running a program on spyre tensors is the launch layer's job (spyre_runtime.launch:
-run_program for a hand-written program, prepare_kernel/launch_jobplan for compiled ones).
+Running a program on spyre tensors is the launch layer's job (spyre_runtime.direct.run_program
+for a hand-written program, prepare.prepare_kernel / launch.launch_jobplan for compiled ones).
 Programs written by hand (reference and calibration programs) are program authoring,
 not part of the simulator: they live in spyre_authoring.
 """

@@ -27,10 +27,11 @@ def _indent(instrs) -> str:
 
 
 def render(program) -> str:
-    from .program import FORMAT_VERSION, SLOT_BYTES
+    from ..artifact import PROGRAM_FORMAT
+    from .program import SLOT_BYTES
 
     checksum = program.checksum()
     return _env.get_template("program_listing.j2").render(
-        p=program, version=FORMAT_VERSION, checksum=checksum, slot_bytes=SLOT_BYTES,
+        p=program, version=PROGRAM_FORMAT, checksum=checksum, slot_bytes=SLOT_BYTES,
         high_water=program.scratchpad_high_water(), indent=_indent, list=list,
     )

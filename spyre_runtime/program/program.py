@@ -43,10 +43,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..artifact import PROGRAM_FORMAT
 from . import isa
 from .operands import ITEMSIZE, Addr, DevAddr, RowIndex, SizeExpr, Tile, sticks
 
-FORMAT_VERSION = 1
 MAGIC = "spyre-program"
 SLOT_BYTES = 16  # (region, offset) as two little-endian uint64
 SIZE_BYTES = 8  # one size word (issue 18): a little-endian int64, after the address slots
@@ -241,7 +241,7 @@ class Program:
         body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         header = {
             "magic": MAGIC,
-            "version": FORMAT_VERSION,
+            "version": PROGRAM_FORMAT,
             "name": self.name,
             "checksum": hashlib.sha256(body_text.encode()).hexdigest(),
             "symbols": [_encode(s) for s in self.symbols],
@@ -266,10 +266,10 @@ class Program:
         header, body = doc.get("header", {}), doc.get("body", {})
         if header.get("magic") != MAGIC:
             raise ProgramFormatError(f"not a spyre program (magic {header.get('magic')!r})")
-        if header.get("version") != FORMAT_VERSION:
+        if header.get("version") != PROGRAM_FORMAT:
             raise ProgramFormatError(
                 f"program {header.get('name')!r} has format version {header.get('version')}, "
-                f"this runtime reads version {FORMAT_VERSION}"
+                f"this runtime reads version {PROGRAM_FORMAT}"
             )
         body_text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         found = hashlib.sha256(body_text.encode()).hexdigest()

@@ -1,7 +1,7 @@
 """The device's side of running a program: what the queue layer runs for a Compute.
 
 Preparing an artifact and enqueueing the Compute is the launch layer's job
-(spyre_runtime/launch.py: run_program, prepare_kernel, launch_jobplan); the
+(spyre_runtime: direct.run_program, prepare.prepare_kernel, launch.launch_jobplan); the
 queue itself never learns what a program is, and this module never enqueues.
 
 A launched program owns one device allocation, laid out as in program.py:

@@ -5,7 +5,7 @@ a Compute runs the Executor it carries, a Transfer the DataMovement engine the
 device handed the queue (spyre_runtime.device provides the simulated one).
 """
 
-from .device_queue import DeviceQueue, StreamError, Ticket, WaitTimeout, in_host_operation
+from .device_queue import DeviceQueue
 from .operations import (
     Barrier,
     Compute,
@@ -25,7 +25,9 @@ from .operations import (
 from .runtime import Runtime
 from .signals import SoftSignal
 from .staging import StagingBuffer, StagingPool
+from .tickets import StreamError, Ticket, WaitTimeout
 from .timeline import Timeline
+from .workers import in_host_operation
 
 __all__ = [
     "Barrier", "Compute", "DataMovement", "DeviceAddress", "DeviceQueue", "Executor", "Footprint", "HostAddress",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .device_queue import PIPELINES, DeviceQueue, Ticket
+from .device_queue import DeviceQueue
+from .tickets import Ticket
+from .workers import PIPELINES
 
 _PIPELINE_TID = {name: i + 1 for i, name in enumerate(PIPELINES)}
 _STREAM_TID0 = 100

@@ -23,7 +23,8 @@ from inductor_helpers import compile_on_spyre
 from pointwise_ir import contiguous
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_inductor.compiler.ir.kernel_ir import DTYPE_NAMES, AttentionKernel, Buffer, attention_reference
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 
 FP32 = dict(rtol=1e-5, atol=2e-6)
 FP16 = dict(rtol=2e-3, atol=2e-3)

@@ -108,7 +108,7 @@ def test_dropout_in_training_compiles_forward_and_backward():
 
 
 def test_the_program_uses_the_philox_instruction():
-    from spyre_runtime.launch import prepare_kernel  # noqa: F401  (the artifact's program)
+    from spyre_runtime.prepare import prepare_kernel  # noqa: F401  (the artifact's program)
     from spyre_runtime.program.program import Program
 
     (out,), _, records, _, _ = compile_on_spyre(lambda x: torch.rand_like(x) * x, torch.ones(16, 64))

@@ -196,7 +196,8 @@ def test_cumsum_over_dim0_scans_transposed_tiles():
 
 def _run(kernel, root, *tensors, cores=None):
     from spyre_inductor.compiler.backend import compile_kernel
-    from spyre_runtime.launch import launch_jobplan, prepare_kernel
+    from spyre_runtime.launch import launch_jobplan
+    from spyre_runtime.prepare import prepare_kernel
 
     plan = prepare_kernel(compile_kernel(kernel, root, cores=cores))
     dev = [t.to("spyre") for t in tensors]

@@ -37,7 +37,8 @@ from inductor_helpers import compile_on_spyre, refuse_every_kernel
 from pointwise_ir import KernelBuilder
 from spyre_inductor.compiler.backend import compile_kernel
 from spyre_inductor.compiler.core.layout import operand_value
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.program.run import kernel_reports, reset_kernel_reports
 
 F32_INF = float(torch.tensor(1e40, dtype=torch.float64).to(torch.float32))  # PyTorch's own conversion: inf

@@ -21,7 +21,8 @@ import torch
 
 from pointwise_ir import KernelBuilder, binary_kernel, unary_kernel
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 
 TOL = {"fp32": dict(rtol=1.3e-6, atol=1e-5), "fp16": dict(rtol=2.0 ** -10, atol=1e-5)}
 TORCH = {"fp32": torch.float32, "fp16": torch.float16, "int32": torch.int32, "bool": torch.bool}

@@ -21,7 +21,8 @@ from spyre_inductor.compiler.core.tiles import PhaseKind, Role
 from spyre_inductor.compiler.core.tiling import plan_tiling
 from spyre_inductor.compiler.core.verify import verify
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.program.run import kernel_reports, reset_kernel_reports
 
 

@@ -13,7 +13,8 @@ import torch
 
 from reduction_ir import ReductionBuilder, layer_norm_kernel, row_reduce, softmax_kernel
 from spyre_inductor.compiler.backend import compile_kernel
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 
 TOL = {"fp32": dict(rtol=1e-5, atol=1e-5), "fp16": dict(rtol=2.0 ** -10, atol=1e-5)}
 TORCH = {"fp32": torch.float32, "fp16": torch.float16}

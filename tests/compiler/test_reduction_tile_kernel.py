@@ -240,7 +240,8 @@ def _matmul(M, K, N, dtype="fp32"):
 
 
 def test_a_dot_is_planned_as_a_sum(tmp_path):
-    from spyre_runtime.launch import launch_jobplan, prepare_kernel
+    from spyre_runtime.launch import launch_jobplan
+    from spyre_runtime.prepare import prepare_kernel
 
     k = _matmul(8, 48, 24)
     assert isinstance(k, MatmulKernel)

@@ -28,7 +28,8 @@ from spyre_inductor.compiler.core.scratchpad import plan_scratchpad
 from spyre_inductor.compiler.core.tiles import Relayout, Role
 from spyre_inductor.compiler.core.tiling import plan_tiling
 from spyre_inductor.compiler.core.verify import verify
-from spyre_runtime.launch import launch_jobplan, prepare_kernel
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel
 from spyre_runtime.program.timing import estimate
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

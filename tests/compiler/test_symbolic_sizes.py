@@ -16,7 +16,7 @@ import pytest
 import sympy
 import torch
 
-from spyre_runtime.launch import run_program
+from spyre_runtime.direct import run_program
 from spyre_runtime.program import isa
 from spyre_runtime.program.operands import Addr, DevAddr, SizeExpr, Tile
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
@@ -119,7 +119,9 @@ from spyre_inductor.compiler import backend
 from spyre_inductor.compiler.symbolic import capture as symbolic_capture  # noqa: E402
 from spyre_inductor.compiler.symbolic import planning as symbolic  # noqa: E402
 from spyre_inductor.compiler.inductor.scheduling import record_kernels  # noqa: E402
-from spyre_runtime.launch import LaunchError, launch_jobplan, prepare_kernel  # noqa: E402
+from spyre_runtime.binding import LaunchError
+from spyre_runtime.launch import launch_jobplan
+from spyre_runtime.prepare import prepare_kernel  # noqa: E402
 
 SPYRE = torch.device("spyre", 0)
 W = torch.randn(128, 256)

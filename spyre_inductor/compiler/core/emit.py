@@ -26,8 +26,8 @@ from pathlib import Path
 
 import jinja2
 
-from spyre_runtime.launch import LAUNCH_FORMAT  # the reader's format is the one written
-from spyre_runtime.program.program import FORMAT_VERSION as PROGRAM_FORMAT, Program
+from spyre_runtime.artifact import LAUNCH_FORMAT, PROGRAM_FORMAT  # the reader's format is the one written
+from spyre_runtime.program.program import Program
 
 from ..ir.kernel_ir import Kernel
 from ..symbolic.planning import launch_sizes

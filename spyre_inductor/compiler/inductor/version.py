@@ -22,7 +22,7 @@ RELEASE = "0.1"
 # ISA and timing model the planner builds and times its candidates with.
 _PACKAGE = Path(__file__).resolve().parents[1]  # the compiler package, every layer of it
 _RUNTIME = _PACKAGE.parent.parent / "spyre_runtime"
-_LAUNCH = _RUNTIME / "launch.py"
+_LAUNCH = [_RUNTIME / name for name in ("artifact.py", "prepare.py", "launch.py")]
 
 
 @functools.cache
@@ -30,8 +30,7 @@ def compiler_version() -> str:
     """``<release>+<sha256 prefix of the compiler sources>``, computed once per process."""
     digest = hashlib.sha256()
     files = sorted(p for p in _PACKAGE.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".jinja"))
-    if _LAUNCH.is_file():
-        files.append(_LAUNCH)
+    files += [p for p in _LAUNCH if p.is_file()]
     files += sorted(p for p in (_RUNTIME / "program").glob("*.py")) + [_RUNTIME / "hardware.py"]
     for path in files:
         digest.update(str(path.relative_to(_PACKAGE.parent.parent)).encode())

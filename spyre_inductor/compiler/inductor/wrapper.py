@@ -41,7 +41,8 @@ from torch._inductor.codegen.wrapper import (
 from torch._inductor.utils import IndentedBuffer
 from torch._inductor.virtualized import V
 
-LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan, prepare_kernel"
+LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan"
+PREPARE_IMPORT = "from spyre_runtime.prepare import prepare_kernel"
 BUCKETED_IMPORT = "from spyre_inductor.launcher.bucketed import launch_bucketed, prepare_bucketed"
 BUCKETS_IMPORT = "from spyre_inductor.compiler.inductor.buckets import BUCKETS"  # (the launcher asks it)
 HOST_IMPORT = "from spyre_inductor.launcher import host as spyre_host"
@@ -88,9 +89,8 @@ class SpyreWrapperMixin:
         if name is None:
             name = f"spyre_plan_{root.next_kernel_suffix()}"
             root.spyre_plans[key] = name
-            root.add_import_once(BUCKETED_IMPORT if bucketed else LAUNCH_IMPORT)
-            if bucketed:
-                root.add_import_once(BUCKETS_IMPORT)
+            for line in (BUCKETED_IMPORT, BUCKETS_IMPORT) if bucketed else (LAUNCH_IMPORT, PREPARE_IMPORT):
+                root.add_import_once(line)
             prepare = "prepare_bucketed" if bucketed else "prepare_kernel"
             hooks = ", hooks=BUCKETS" if bucketed else ""
             template = f", exact={doc!r}" if doc is not None else ""
