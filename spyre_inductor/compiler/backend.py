@@ -71,8 +71,9 @@ def compile_kernel(kernel: Kernel, artifact_root: Path, *, cores: int | None = N
 
     An existing directory is reused once its files check out
     (spyre_runtime.artifact.check_artifact_files: the launch spec parses and each file it reads
-    has the size and sha256 recorded, a few hashes, no decoding). A directory that does not (truncated, altered, of another format, incomplete) is
-    rebuilt in place, with one warning saying why. Writing is rename-based: the artifact is
+    has the size and sha256 recorded, a few hashes, no decoding). A directory that does not
+    (truncated, altered, of another format, incomplete) is rebuilt in place, with one warning
+    saying why. Writing is rename-based: the artifact is
     written in a staging directory and renamed into place, a corrupt one is first renamed out of
     the way, so a reader sees a whole artifact or none, and processes compiling the same kernel
     at once each end with an intact directory (whichever rename lands)."""
