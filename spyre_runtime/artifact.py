@@ -3,7 +3,7 @@
 An artifact directory holds the program (program.json), the launch spec
 (launch_spec.json: the arguments, the sizes, and the size and sha256 of
 each file it names) and the execution plan (execution_plan.json). The
-compiler writes them (spyre_inductor.compiler.passes.emit) and checks an
+compiler writes them (spyre_inductor.compiler.core.emit) and checks an
 existing directory before it reuses it (check_artifact_files); the launch
 layer checks the same files before it prepares them (prepare.py).
 

@@ -69,10 +69,11 @@ def compile_kernel(kernel: Kernel, artifact_root: Path, *, cores: int | None = N
                    max_cores: int | None = None) -> Path:
     """The artifact directory of `kernel` under `artifact_root`.
 
-    An existing directory is reused once its files check out (launch.check_artifact_files: the
-    launch spec parses and each file it reads has the size and sha256 recorded, a few hashes, no
-    decoding). A directory that does not (truncated, altered, of another format, incomplete) is
-    rebuilt in place, with one warning saying why. Writing is rename-based: the artifact is
+    An existing directory is reused once its files check out
+    (spyre_runtime.artifact.check_artifact_files: the launch spec parses and each file it reads
+    has the size and sha256 recorded, a few hashes, no decoding). A directory that does not
+    (truncated, altered, of another format, incomplete) is rebuilt in place, with one warning
+    saying why. Writing is rename-based: the artifact is
     written in a staging directory and renamed into place, a corrupt one is first renamed out of
     the way, so a reader sees a whole artifact or none, and processes compiling the same kernel
     at once each end with an intact directory (whichever rename lands)."""
@@ -83,7 +84,7 @@ def compile_kernel(kernel: Kernel, artifact_root: Path, *, cores: int | None = N
         artifact_stats["reused"] += 1
         return final
     # (a symbolic kernel is planned at its bucket's maximum; its program declares the size and
-    # its symbolic dims where every family's program is validated: passes/keep.py)
+    # its symbolic dims where every family's program is validated: core/keep.py)
     compiled = plan_kernel(kernel, cores=cores, max_cores=max_cores)
     artifact_stats["planned"] += 1
     root.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ def key() -> str:
     # Strict mode too: a graph compiled with CPU fallbacks must not be served from the cache
     # (where nothing is generated, so nothing would warn or refuse) once SPYRE_STRICT=1 is set.
     # An eager op's graph too: its kernels' errors name the op, whether its indices wrap
-    # follows the op (nesting.py), and two ops may decompose into the same graph.
+    # follows the op (launcher/nesting.py), and two ops may decompose into the same graph.
     from ..launcher.fallback_policy import strict
     from ..launcher.nesting import eager_op
 

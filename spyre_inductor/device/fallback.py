@@ -10,14 +10,14 @@ are only known once it has run). Each op warns once, naming itself; ``SPYRE_STRI
 fallback into an error naming the op.
 
 "Once" is per op for the whole process: this fallback and the compiled
-graph's (compiler/fallback_policy.py) share one record of the ops already
+graph's (launcher/fallback_policy.py) share one record of the ops already
 warned about (first_warning), so an op shown by one is not shown again by
 the other. An op is its operator, whatever the overload: eager runs
 structured ops as their out= overload (aten::cos.out) where a compiled graph
 names the functional one (aten.cos.default).
 
 What the fallback does is counted where users look: ``torch.spyre.fallback_reports()`` gives,
-per eager op and per compiled graph's CPU kernel (compiler/host_runtime.py), its calls and the
+per eager op and per compiled graph's CPU kernel (launcher/host.py), its calls and the
 host seconds its CPU work took, since ``torch.spyre.reset_fallback_reports()``.
 
 Later issues replace the fallback op by op with compile-backed kernels.

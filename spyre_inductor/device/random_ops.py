@@ -3,14 +3,14 @@
 ``normal_``, ``uniform_``, ``bernoulli_`` (float and tensor p), ``bernoulli``, ``random_`` (all
 three overloads; ``randint`` reaches it through its composite), ``exponential_``,
 ``log_normal_``, ``cauchy_``, ``geometric_``, ``native_dropout`` and its backward are compiled kernels drawing from the device generator's Philox state
-(spyre_inductor/compiler/random.py). Factories (``torch.randn(4, device="spyre")``, ``rand``,
+(spyre_inductor/compiler/inductor/random.py). Factories (``torch.randn(4, device="spyre")``, ``rand``,
 ``randint``, ``*_like``) are composites over these, so they run in programs too, under
 SPYRE_STRICT=1 as well.
 
 Dtypes the programs do not have (fp64, complex) keep the CPU fallback, visibly (warned once,
 refused under SPYRE_STRICT=1), drawing from the C++ generator's Mersenne Twister as before.
 ``randperm`` (every overload reaches ``randperm.generator_out``) runs in a program too, without
-a sort (compiler/randperm.py: random keys ranked by counting, then a scatter), up to
+a sort (compiler/inductor/randperm.py: random keys ranked by counting, then a scatter), up to
 ``randperm.MAX_N`` elements (O(n**2) work); above it, and for float64, it keeps the CPU
 fallback, visibly (SPYRE_STRICT=1 refuses it naming randperm and the limit).
 

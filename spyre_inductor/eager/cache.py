@@ -7,7 +7,7 @@ the decline is not recompiled per call). An evicted compiled entry gives back
 what it holds once no call still runs it: its compiled graph's module leaves
 Inductor's records and its programs' device memory (image, correction areas)
 is released once their launches are done (launch.CompiledEntry,
-compiler/loaded.py); compiling its key again prepares them again.
+launcher/loaded.py); compiling its key again prepares them again.
 
 Statistics: hits and misses of lookups, compiles (entries compiled into
 programs), cpu_routes (entries that run through the CPU fallback: declined or

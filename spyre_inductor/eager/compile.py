@@ -33,7 +33,7 @@ import torch
 
 from .signature import Kind, Mode, Signature
 
-# The dtypes the ISA computes (compiler: passes/layout): anything else goes to the CPU fallback
+# The dtypes the ISA computes (compiler/core/layout.py): anything else goes to the CPU fallback
 # without trying (float64, complex, int16, uint8 would only fail in the planner).
 COMPILED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                              torch.int8, torch.bool})
@@ -191,7 +191,7 @@ def unsafe_inplace_cast(sig: Signature, values: tuple, tensors) -> str | None:
 
 def refused_dtypes(sig: Signature, values: tuple, tensors) -> str | None:
     """The CPU's error if a matmul's operands have different dtypes (fake tensors take them;
-    compiler/operand_dtypes.py), else None."""
+    compiler/inductor/operand_dtypes.py), else None."""
     from spyre_inductor.compiler.inductor.operand_dtypes import mixed_dtypes_error
 
     args, kwargs = _rebuild(sig, values, tensors)

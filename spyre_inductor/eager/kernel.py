@@ -55,7 +55,7 @@ def make_kernel(sig: Signature):
     """The PrivateUse1 kernel for `sig`'s op."""
     op = sig.op
     generator_at = tuple(i for i, n in enumerate(sig.names) if sig.has_generator and n == "generator")
-    compiling = dynamo_compiling  # (this thread's: nesting.py)
+    compiling = dynamo_compiling  # (this thread's: launcher/nesting.py)
     aliasing = sig.mode is not Mode.FUNCTIONAL
     enabled = ENABLED
     formatting = fallback.formatting_a_tensor

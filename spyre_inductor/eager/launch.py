@@ -65,7 +65,7 @@ class CompiledEntry:
         self.checks = checks  # (position, dtype): values PyTorch converts with an overflow check
         # The compiled graph is this entry's alone: once the entry is gone (evicted, and no call
         # still running it) its module leaves Inductor's records and its programs' device memory
-        # comes back (compiler/loaded.py). Not at exit: the process gives everything back then.
+        # comes back (launcher/loaded.py). Not at exit: the process gives everything back then.
         weakref.finalize(self, loaded.release, compiled.fn).atexit = False
 
     def run(self, sig, values, args, kwargs):

@@ -3,7 +3,7 @@
 The same contract as the eager fallback (device/fallback.py), and with ``SPYRE_STRICT=1`` an
 error naming the ops, raised at compile time so a strict user learns before anything runs.
 
-Without strict mode, a CPU kernel of a compiled graph (host_kernel.py) warns when it first runs
+Without strict mode, a CPU kernel of a compiled graph (compiler/inductor/host_kernel.py) warns when it first runs
 in a process, naming itself, its ops and why: a graph compiled in this process, or loaded from
 Inductor's FX graph cache by another one (where nothing is compiled, so a compile-time warning
 would never be seen), and a new kernel of ops some other kernel already warned about. Its calls

@@ -1,6 +1,6 @@
 """What generated CPU fallback kernels call at run time (imported as ``spyre_host``).
 
-A fallback kernel (host_kernel.py) is the node's own loop body, evaluated
+A fallback kernel (compiler/inductor/host_kernel.py) is the node's own loop body, evaluated
 with whole-tensor torch CPU ops instead of a loop: each loop variable is an
 ``arange`` broadcast along its dim, an index expression evaluates to a
 tensor of element positions, a load gathers, a store scatters. The buffers
@@ -197,7 +197,7 @@ def fma(a, b, c):
 # ---- reductions --------------------------------------------------------------------
 
 
-# What reduce() and store() implement: the generator (host_kernel.py) refuses anything else at
+# What reduce() and store() implement: the generator (compiler/inductor/host_kernel.py) refuses anything else at
 # compile time, so an unknown kind can never reach a queued host operation.
 REDUCTIONS = frozenset({"sum", "prod", "max", "min", "any", "argmax", "argmin", "xor_sum", "welford_reduce",
                         "welford_combine", "dot"})

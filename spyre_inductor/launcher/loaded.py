@@ -1,6 +1,6 @@
 """Letting go of a compiled graph's generated module, and of the device memory its plans hold.
 
-A spyre graph's module prepares its programs when it is loaded (wrapper.py:
+A spyre graph's module prepares its programs when it is loaded (compiler/inductor/wrapper.py:
 ``spyre_plan_0 = prepare_kernel(...)`` at module level), so every loaded
 module holds each program's image and correction areas in device memory.
 Inductor keeps every module it loads, for the process: PyCodeCache.modules

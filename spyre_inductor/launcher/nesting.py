@@ -3,8 +3,8 @@
 Set while an eager op compiles or launches, and while the random-fill kernels compile their
 graphs: an eager op reached then (an extern ATen kernel inside the graph, Inductor evaluating a
 constant or setting up its patterns on spyre tensors) is nested, and goes to the composite
-kernel or the CPU fallback rather than compiling inside a compile. Kept in the compiler layer,
-which both the eager layer (above it) and the random-fill kernels (in it) read.
+kernel or the CPU fallback rather than compiling inside a compile. Kept in the launcher, below
+both readers: the eager layer and the compiler's random-fill kernels (compiler/inductor/random.py).
 """
 
 from __future__ import annotations

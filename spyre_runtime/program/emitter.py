@@ -2,7 +2,7 @@
 
 Hand-written reference programs (spyre_authoring/handwritten.py,
 calibration.py) and the compiler's code generation
-(spyre_inductor/compiler/passes/*codegen.py) build programs the same way. ``Unit`` keeps the loop depth of one unit's
+(spyre_inductor/compiler/core/codegen.py, families/*/codegen.py) build programs the same way. ``Unit`` keeps the loop depth of one unit's
 instruction stream, so that addresses are written as affine expressions in
 loop counters (``Aff``) and turned into ``Addr``/``DevAddr`` steps for
 whatever loops enclose the instruction. Two idioms recur:

@@ -23,7 +23,7 @@ the kernel's minimum traffic when the author knows it).
 The minimum traffic (``minimum_bytes``, and of it ``minimum_read_bytes``) is
 what the kernel needs to move at least: every distinct input element read
 once and every output element written once (the compiler computes it from
-the kernel IR: spyre_inductor/compiler/passes/minimum.py). It is optional:
+the kernel IR: spyre_inductor/compiler/core/minimum.py). It is optional:
 ``None`` means unknown, as in hand-written programs and artifacts written
 before the field existed; such artifacts load unchanged (the keys are absent
 from their body, so their checksum is the same). When known, it is part of

@@ -29,7 +29,7 @@ that. When the row dim is a loop in blocks of rows (TilePlan.row_block),
 the stream runs once per block: a loop over a share's full blocks, then
 its shorter last block, if any.
 
-The gather/scatter family (indirect_lowering.py) reuses this with `gathers`
+The gather/scatter family (families/indirect/lowering.py) reuses this with `gathers`
 (loaded tile -> its move) and `scatters` (per store, its move or None): such a
 tile is moved by an isa Gather or Scatter whose row-index columns are tiles
 of the same stream buffer, and the gathers come after a fence, once the

@@ -140,9 +140,9 @@ def choose_division(tiling: TilePlan, build: Callable[[Division], object], force
         plan = divide(tiling, n, dim, granule)
         return search.Candidate(_label(plan.cores), plan.cores, estimate(build(plan)), plan)
 
-    # One variant (the tile shape and buffers are chosen before, backend.py): the search times
-    # it from the most cores down until a count is clearly slower than the best so far, and
-    # ties go to fewer cores (search.py).
+    # One variant (the tile shape and buffers are chosen before, by the family's plan): the
+    # search times it from the most cores down until a count is clearly slower than the best so
+    # far, and ties go to fewer cores (search.py).
     errors: list[str] = []
     results = search.search([None], counts, evaluate, errors)
     if errors:  # a candidate that cannot be built is the kernel's problem, not a slower candidate

@@ -4,7 +4,7 @@
     program.json          the program (program.py's checksummed format)
     listing.txt           its per-core, per-unit listing (listing.py)
     symbols.json          the symbol table: placeholders and temporaries
-    execution_plan.json   what a launch does, step by step (launch.py reads it)
+    execution_plan.json   what a launch does, step by step (spyre_runtime/prepare.py reads it)
     launch_spec.json      the arguments: order, role, dtype, shape, stride
     plan.json             every pass's result (Plans.describe()), for debugging and tests
     summary.txt           a person's view of the plan (templates/summary.txt.j2, any family)
@@ -81,7 +81,7 @@ def launch_args(kernel: Kernel, buffers) -> list[dict]:
 
 # The files the launch layer reads besides the launch spec: the spec records each one's size and
 # sha256 (and the program's format), so a truncated or altered file is found without decoding it
-# (spyre_runtime.launch.check_artifact_files, run by the compiler on every reuse of an artifact).
+# (spyre_runtime.artifact.check_artifact_files, run by the compiler on every reuse of an artifact).
 RECORDED = ("program.json", "execution_plan.json")
 
 

@@ -46,8 +46,8 @@ class Family:
 
     def fusion_vetoed(self, fused: Kernel | None, alone) -> bool:
         """True if fusing two groups into `fused` (their kernel as one) would leave this family
-        with a kernel it refuses or plans far worse than the parts apart. `alone(part)` is the
-        kernel of one of the two parts on its own (or None), for a veto that compares."""
+        with a kernel it refuses or plans far worse than the parts apart. `alone()` yields the
+        kernel of each of the two parts on its own (or None), for a veto that compares."""
         return False
 
     # ---- symbolic sizes --------------------------------------------------------------------

@@ -102,7 +102,7 @@ def counting_space(strides: tuple[int, ...], layout: LayoutPlan) -> frozenset[st
 
 class ValueTiles:
     """The tiles and sfp steps of a pointwise-shaped kernel's computed values, shared by the
-    pointwise lowering (plan_fusion) and the gather/scatter one (indirect_lowering): the family
+    pointwise lowering (plan_fusion) and the gather/scatter one (families/indirect/lowering.py): the family
     brings its loads, this makes the rest: constants (one tile per value, filled once), index
     values (an iota from the tile's position), casts (an alias where the value cannot change),
     ops, and each store's source tile (module docstring)."""

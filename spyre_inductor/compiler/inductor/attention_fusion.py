@@ -8,7 +8,7 @@ a mask added or filled in, ``softmax(scores.float()).to(q.dtype) @ v``). Left al
 programs with the score matrix written to device memory and read back three times. This pass
 finds every ``bmm(P, V)`` whose P is a softmax over the last dim of scores that come from a
 ``bmm(Q, K^T)``, and replaces it with ``spyre::attention`` (attention_op.py), which Inductor lowers
-to one flash-style program (attention_node.py, passes/attention*.py).
+to one flash-style program (attention_node.py, families/attention/).
 
 How the operands are found: from each bmm operand the pass walks up through view-like ops,
 scalings by a number and lossless casts to the tensor they come from, and pushes an index tensor
@@ -26,7 +26,7 @@ diagonal and no mask is read at all. A pattern the pass does not recognise is le
 
 Symbolic sizes (issue 18): a graph over a dynamic sequence length has SymInt shapes, and the index
 maps and constant masks above need numbers. The pass then matches twice, with the size at its
-bucket's maximum and at one less (as symbolic.py captures kernels): every shape, view argument
+bucket's maximum and at one less (as symbolic/capture.py captures kernels): every shape, view argument
 and constant mask is evaluated at that value (``_SIZES``), and the two matches must find the same
 attention (scale, causal diagonal, kv groups, dtypes). Under symbolic sizes the op reads q, k and
 v where they are, so each must be the very tensor its operand views ([B, H, rows, features] in
@@ -519,7 +519,7 @@ def _unsized(found):
 
 def _probe_values(symbols, fake_mode):
     """(the sizes at the bucket's maximum, [(size, the same with it one less)...]) for a graph over
-    symbolic sizes (symbolic.py's buckets, inside Dynamo's guards), or None."""
+    symbolic sizes (symbolic/planning.py's buckets, inside Dynamo's guards), or None."""
     from ..ir.indexing import NotCapturable
     from ..symbolic.capture import planned_bucket
 

@@ -9,7 +9,7 @@ The node is an ExternKernelOut whose code is the prepared program's launch: the 
 allocates its output like any buffer, and the scheduler orders it by its reads and writes.
 
 Over a dynamic sequence length (issue 18) the layouts are symbolic: the kernel is built at the
-size's bucket maximum and at one less (symbolic_attention.capture), planned for the bucket, and
+size's bucket maximum and at one less (families/attention/sizes.capture), planned for the bucket, and
 launched through a launcher.bucketed.BucketedPlan with the size's value (another bucket's artifact is
 compiled on first use).
 """
@@ -34,7 +34,7 @@ class SpyreAttention(ir.ExternKernelOut):
     def __init__(self, layout, inputs, kernel: AttentionKernel, artifact: Path, size=None, exact=(), template=None):
         super().__init__(layout, inputs, python_kernel_name="spyre_attention")
         self.kernel, self.artifact, self.size = kernel, artifact, size  # size: the sequence length's symbol
-        self.exact, self.template = exact, template  # sizes specialized per value (symbolic_exact.py)
+        self.exact, self.template = exact, template  # sizes specialized per value (symbolic/exact.py)
 
     def codegen(self, wrapper) -> None:
         device = self.get_device()
@@ -134,7 +134,7 @@ def _symbolic_kernel(named, realized, make):
 
 
 class _Captured:
-    """What symbolic_exact.capture_exact reads of a capture: the kernel, no buffers kept on chip."""
+    """What symbolic/exact.capture_exact reads of a capture: the kernel, no buffers kept on chip."""
 
     def __init__(self, kernel):
         self.kernel, self.removed = kernel, frozenset()

@@ -98,7 +98,7 @@ class Capture:
 
     kernel: Kernel | None  # None: nothing to run (no elements, or nothing stored)
     removed: frozenset[str]  # Inductor buffers that stay on chip (the wrapper must not allocate them)
-    # Sizes the kernel is specialized to per value at launch (symbolic_exact.py): their symbols, in
+    # Sizes the kernel is specialized to per value at launch (symbolic/exact.py): their symbols, in
     # the order the launch passes their values, and the Template that makes a value's kernel.
     exact: tuple[str, ...] = ()
     template: object = None
@@ -243,7 +243,7 @@ class CaptureHandler(DefaultHandler):
 
     def _size_term(self, expr):
         """(expr without it, its SizeValue) when `expr` adds coef * size to what the loop indices
-        give (a mean's divisor, x.shape[0] in a value) while symbolic.py captures over that size
+        give (a mean's divisor, x.shape[0] in a value) while symbolic/capture.py captures over that size
         (issue 18): the size is read at launch, not baked at the capture's value. None otherwise."""
         values = indexing.SIZE_VALUES.get()
         if not values:
@@ -425,7 +425,7 @@ class CaptureHandler(DefaultHandler):
     def masked(self, mask, body, other):
         # where(mask, body, other). The body's loads may index outside their buffers where the
         # mask is false (a cat's other parts, a pad's border): the planner splits the iteration
-        # space at the mask's bounds (passes/pieces.py) so that no program reads there, and
+        # space at the mask's bounds (families/pointwise/pieces.py) so that no program reads there, and
         # refuses a kernel whose masked-off loads it cannot keep in bounds.
         value = self._as_value(body())
         if isinstance(other, _V):
@@ -712,7 +712,7 @@ def _plan_vars(nodes, node_ranges):
 
 def capture(nodes, name: str = "spyre_kernel") -> Capture:
     """The kernel for `nodes` (SchedulerNodes, in order), or NotCapturable. Nodes whose loop
-    ranges have size symbols are captured for their size bucket (symbolic.py)."""
+    ranges have size symbols are captured for their size bucket (symbolic/capture.py)."""
     from ..symbolic import capture as symbolic
 
     nodes = list(nodes)

@@ -7,7 +7,7 @@ not guess which aten op the node came from: fusion, inlining and views have
 already changed that. We run the node's own loop body, the exact thing
 Inductor would have compiled, under an ops handler that writes one line of
 torch code per op (vectorised over the whole iteration space; see
-host_runtime.py for the helpers it calls). That covers every index form
+launcher/host.py for the helpers it calls). That covers every index form
 (ModularIndexing, FloorDiv, indirect), masks and reductions, so the result
 is right by construction.
 

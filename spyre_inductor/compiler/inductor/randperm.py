@@ -4,7 +4,7 @@ The compiler has no sort, but it has what a counting rank needs. One compiled gr
 (n, dtype, out's layout):
 
 1. ``keys = philox(state, [n], "randint")``: n int64 keys in [0, 2**62) from the device
-   generator's Philox state (compiler/random.py), so a randperm is seeded and reproducible from
+   generator's Philox state (random.py), so a randperm is seeded and reproducible from
    ``torch.manual_seed`` / ``torch.spyre`` generator state and independent of the CPU generator;
    it advances the generator by n counters, like any fill of n elements.
 2. ``rank[i] = #{j : key[j] < key[i] or (key[j] == key[i] and j < i)}``: an (n, n) compare and a

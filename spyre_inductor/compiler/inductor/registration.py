@@ -14,7 +14,7 @@ changes with the compiler), the device op overrides, Dynamo's device
 interface, and the spyre-conditional lowerings (lowerings.py). Inductor's
 own lazy registration would then register the backend a second time
 without our pass; wrapper.NoWrapper explains how that is
-avoided (and tests/compiler/test_registration.py checks the key).
+avoided (and tests/compiler/test_inductor_registration.py checks the key).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ fuse; for each (fused) node it then asks us for code. Our answers:
   (backend.compile_kernel -> artifact directory) that the wrapper prepares
   once and launches per call. Anything else becomes a CPU fallback kernel
   inside the graph (host_kernel.py), which warns when it first runs in a process
-  (fallback_policy.py; an error at compile time under SPYRE_STRICT=1).
+  (launcher/fallback_policy.py; an error at compile time under SPYRE_STRICT=1).
 
 Extern kernels (``extern_kernels.mm``...) and Inductor's FallbackKernels are
 emitted by Inductor itself; on spyre tensors they run through the eager

@@ -17,8 +17,8 @@ from pathlib import Path
 
 RELEASE = "0.1"
 
-# What decides the generated code: this package (capture, passes, templates,
-# wrapper), the launch layer the wrapper calls into, and the program format,
+# What decides the generated code: the compiler package (capture, the planner core and the
+# families, templates, wrapper), the launch layer the wrapper calls into, and the program format,
 # ISA and timing model the planner builds and times its candidates with.
 _PACKAGE = Path(__file__).resolve().parents[1]  # the compiler package, every layer of it
 _RUNTIME = _PACKAGE.parent.parent / "spyre_runtime"

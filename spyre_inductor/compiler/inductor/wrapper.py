@@ -23,7 +23,7 @@ the op's meta promised, and everything after it (``assert_size_stride``, the
 programs reading the buffer with those strides) relies on it; the two differ,
 e.g. a CPU convolution keeps a channels-last input's layout where the meta
 for an unknown device says contiguous. So every such result is put into the
-traced layout right where it is produced (host_runtime.with_traced_layout:
+traced layout right where it is produced (launcher/host.with_traced_layout:
 the tensor itself when its strides already agree, else a copy).
 """
 

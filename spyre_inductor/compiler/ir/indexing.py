@@ -44,18 +44,18 @@ class OutOfRange(NotCapturable):
     positions past its table): sizes it is never launched at, not a kernel that cannot be captured."""
 
 
-# Issue 18 (symbolic.py): while a kernel over symbolic sizes is captured, each size symbol
+# Issue 18 (symbolic/capture.py): while a kernel over symbolic sizes is captured, each size symbol
 # stands for one value (its bucket's maximum, or a probe); None: sizes must be static. (A
 # context variable: compiles on other threads capture at their own values.)
 SIZE_VALUES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("spyre_size_values", default=None)
-# Issue 29 (symbolic_exact.py): sizes a kernel is specialized to, one artifact per value, made at
+# Issue 29 (symbolic/exact.py): sizes a kernel is specialized to, one artifact per value, made at
 # launch from a template: each stands for its value everywhere, indices and values included.
 EXACT_VALUES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("spyre_exact_values", default=None)
 
 
 def static_int(expr, what: str) -> int:
     """`expr` as a Python int, or NotCapturable when it is symbolic (dynamic shapes). While
-    symbolic.py captures a kernel at given size values (SIZE_VALUES), the size symbols take them."""
+    symbolic/capture.py captures a kernel at given size values (SIZE_VALUES), the size symbols take them."""
     if isinstance(expr, int):
         return expr
     try:
@@ -68,7 +68,7 @@ def static_int(expr, what: str) -> int:
     if values and expr.free_symbols and expr.free_symbols <= set(values):
         bend = non_affine_term(expr)
         if bend is not None:
-            # (symbolic.py fits each quantity from captures at a few sizes: only one affine in
+            # (symbolic/capture.py fits each quantity from captures at a few sizes: only one affine in
             # each size is determined by them; n // 2 or Min(n, 50) would be extrapolated wrongly)
             part = "" if sympy.expand(expr) == bend else f" (its term {bend})"
             raise NotCapturable(f"symbolic {what} {expr} is not affine in the sizes{part}: not compiled for spyre yet")
@@ -97,7 +97,7 @@ def non_affine_term(expr, symbols=None) -> sympy.Expr | None:
 
 def specialized(expr, what: str):
     """`expr` with the sizes a kernel is specialized to (EXACT_VALUES) put in: NotCapturable when
-    a term with such a size is not affine in it (the template must be exact: symbolic_exact.py)."""
+    a term with such a size is not affine in it (the template must be exact: symbolic/exact.py)."""
     values = EXACT_VALUES.get()
     expr = sympy.sympify(expr)
     if not values or not expr.free_symbols & set(values):
@@ -124,7 +124,7 @@ def affine_index(expr, variables: Sequence[sympy.Symbol], what: str, ranges: dic
         expr = expr.replace(Identity, lambda x: x)
     expr = specialized(expr, what)
     if expr.free_symbols - set(variables) - set(indirect or ()):
-        try:  # a size specialized by a guard (symbolic.py) is a number by now (s0 ** 2 too)
+        try:  # a size specialized by a guard (symbolic/capture.py) is a number by now (s0 ** 2 too)
             expr = V.graph.sizevars.simplify(expr)
         except Exception:  # noqa: BLE001 - outside a graph
             pass
@@ -173,7 +173,7 @@ def piecewise_affine(expr, variables: Sequence[sympy.Symbol], ranges: dict, what
     roll as ``ModularIndexing(i1 + 3, 1, 64)``: affine except at a few points of one variable.
     Evaluated at every point of that variable, the runs of constant slope are the pieces;
     capture turns them into a where over index masks, which the planner cuts
-    (passes/pieces.py). NotCapturable when one bend involves several variables, or has more than
+    (families/pointwise/pieces.py). NotCapturable when one bend involves several variables, or has more than
     MAX_RUNS runs."""
     expr = sympy.sympify(expr)
     if expr.has(Identity):

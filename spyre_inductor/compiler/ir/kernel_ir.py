@@ -51,7 +51,7 @@ iteration variables (Inductor's ``index_expr``: arange, the compares of
 masks). Inductor's ``masked(mask, body, other)`` is captured as
 ``where(mask, body, other)``; the body's loads may then index outside their
 buffer where the mask is false (a cat's other parts), which the planner
-resolves by cutting the iteration space at the masks (passes/pieces.py) and
+resolves by cutting the iteration space at the masks (families/pointwise/pieces.py) and
 checks (no program reads outside a buffer).
 
 Indirect indexing (issue 16): an ``Indirect`` value is the checked, wrapped
@@ -66,7 +66,7 @@ accumulate, scatter_add, index_add): every contribution, duplicates
 included. A kernel with indirect terms is an ``IndirectKernel``.
 
 Sizes known only at launch (issue 18): a ``SizeValue`` is ``coef * size + const`` of the
-kernel's size symbol, a scalar the program reads from its size words; symbolic.py compares the
+kernel's size symbol, a scalar the program reads from its size words; symbolic/reduce.py compares the
 reduced index with one to mask a reduction over a symbolic range.
 
 The kernel's type names what it is (``Kernel.of`` picks it from the
@@ -112,7 +112,7 @@ BINARY_OPS = frozenset({
 TERNARY_OPS = frozenset({"where"})  # where(cond, a, b)
 # Random values (issue 19): op(key, counter), one value per element from Philox-4x32-10
 # (spyre_runtime/program/philox.py) with those integers; names are Inductor's (rand, randn)
-# where it has them, and the integer draw Inductor's randint64 is made of (capture.py).
+# where it has them, and the integer draw Inductor's randint64 is made of (inductor/capture.py).
 # IR op -> philox mode.
 RANDOM_OPS = {"rand": "uniform", "randn": "normal", "random_bits63": "bits63"}
 BINARY_OPS = BINARY_OPS | frozenset(RANDOM_OPS)
@@ -218,7 +218,7 @@ class Indirect:
 @dataclass(frozen=True)
 class SizeValue:
     """``coef * size + const`` of the kernel's size symbol `symbol` (issue 18): a scalar known only
-    at launch, read from its size words. symbolic.py builds it for the mask ``r < size`` of a
+    at launch, read from its size words. symbolic/reduce.py builds it for the mask ``r < size`` of a
     reduction over a symbolic range (the reduced elements past the size take the identity)."""
 
     symbol: str
@@ -277,7 +277,7 @@ def renumbered(v, new):
 
 @dataclass(frozen=True)
 class SymbolicSizes:
-    """A kernel over sizes known only at launch (issue 18; spyre_inductor/compiler/symbolic.py).
+    """A kernel over sizes known only at launch (issue 18; spyre_inductor/compiler/symbolic/).
 
     The kernel's ranges and buffer shapes are those of the bucket's maximum (what the planner
     plans for); this says which of them are `coef * size + const` of which size symbol, and the
@@ -433,7 +433,7 @@ class Kernel:
                     raise ValueError(f"kernel {self.name!r}: value {i} indexes with a "
                                      f"{self.values[v.arg].dtype} value")
             elif isinstance(v, SizeValue):
-                # (while symbolic.py captures a kernel, it has no SymbolicSizes yet: the size's
+                # (while symbolic/capture.py captures a kernel, it has no SymbolicSizes yet: the size's
                 # name is checked once it has)
                 sizes = [n for n, _, _ in self.symbolic.sizes] if self.symbolic is not None else [v.symbol]
                 if v.symbol not in sizes or v.dtype != "int64" or v.coef < 1:
@@ -565,7 +565,7 @@ class AttentionKernel:
     p_dtype: str | None = None   # the probabilities' dtype in PV (None: the output's)
     masked_score: float = float("-inf")  # the score of a position the keep mask drops (model code's finfo.min)
     positions_stride: int | None = None  # rows' positions from a buffer: keep j <= positions[i] + causal
-    # Issue 18: a sequence length known only at launch (symbolic_attention.py). `ranges` then
+    # Issue 18: a sequence length known only at launch (families/attention/sizes.py). `ranges` then
     # index dims (B, H, KVH, L, S, D, Dv); the shapes and strides above are the bucket's maximum's.
     symbolic: SymbolicSizes | None = None
 

@@ -1,8 +1,8 @@
 """PyTorch's conversion of a Python scalar to a tensor's dtype, for every path that bakes one in.
 
 Inductor hands constants over as Python numbers (``a * 1e39`` is the constant 1e39). The
-compiled path (passes/layout.operand_value) and the in-graph CPU fallback
-(host_runtime.constant) both turn them into values of a dtype here, so the two agree with
+compiled path (core/layout.operand_value) and the in-graph CPU fallback
+(launcher/host.constant) both turn them into values of a dtype here, so the two agree with
 each other and with eager: through float64 / int64, a float beyond the type's range is +-inf,
 nan stays nan, others round to nearest; an integer wraps to the type's width (two's
 complement, as ``.to(torch.int32)`` does, where ``torch.tensor(300, dtype=torch.int8)``

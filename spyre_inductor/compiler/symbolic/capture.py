@@ -103,7 +103,7 @@ def capture_symbolic(nodes, capture_fn, symbols):
     """Capture `nodes` over symbolic sizes, or NotCapturable saying why none of the ways can.
 
     In order: one size served by a bucket (the rows, or a masked reduced range); the rows by a
-    bucket and the other sizes specialized per value at launch (symbolic_exact.py); every size
+    bucket and the other sizes specialized per value at launch (exact.py); every size
     specialized per value; and last the sizes beside the rows specialized by a guard (Dynamo
     recompiles the graph for each new value: said once, with why the others could not)."""
     rows = _rows_symbol(nodes, symbols)
@@ -130,7 +130,7 @@ def capture_symbolic(nodes, capture_fn, symbols):
 
 
 # Whether capture may specialize sizes by a guard (the last resort above): only for the groups
-# codegen emits (scheduling.py), never for one the scheduler is deciding whether to fuse.
+# codegen emits (inductor/scheduling.py), never for one the scheduler is deciding whether to fuse.
 def _bucketed(nodes, capture_fn, sym, beyond: bool = True):
     """The Capture of `nodes` with size `sym` served by a bucket (and any size specialized per
     value at the values of indexing.EXACT_VALUES); with `beyond`, checked against captures at
@@ -189,7 +189,7 @@ def _check_other_buckets(nodes, capture_fn, sym, raw, kernel, limits) -> None:
 
 
 def _capture_exact(nodes, capture_fn, bucket, exact):
-    """The Capture with sizes `exact` specialized per value (symbolic_exact.py), the rows'
+    """The Capture with sizes `exact` specialized per value (exact.py), the rows'
     `bucket` (if any) served by a bucket; the Capture says which sizes, and carries the template."""
     from .exact import capture_exact, exact_values
 

@@ -1,6 +1,6 @@
 """Sizes a kernel is specialized to, one artifact per value, made at launch (issue 29).
 
-A size that cannot be served by a bucket (symbolic.py: the clipped transfers need it to be the
+A size that cannot be served by a bucket (planning.py: the clipped transfers need it to be the
 outermost dim of every buffer it walks) is a stick dim (softmax over a varying last dim), a
 matmul's K or N, a second size beside the rows (automatic dynamic shapes make M, K and N of a
 matmul symbolic). Dynamo would recompile the whole graph for each value of such a size, if the

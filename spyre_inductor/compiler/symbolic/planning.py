@@ -16,7 +16,7 @@ it walks (so a buffer's bytes past the size are a suffix, which clipping removes
 range: every output row depends only on the same row of its inputs (pointwise work, reductions
 over static dims, a matmul's M or N). A REDUCED range (a softmax over a KV length, a matmul's
 K): each reduction is masked past the size or is a dot of operands that are zero there
-(symbolic_reduce.py). ``check`` proves, per load and store, from the kernel IR alone, that at
+(reduce.py). ``check`` proves, per load and store, from the kernel IR alone, that at
 every size of the bucket the iterations inside the size read only bytes the inputs have, the
 iterations past it store only past the outputs' bytes (so clipping drops exactly them), and the
 reductions ignore what lies past it. A gather (an embedding over a dynamic number of ids)
@@ -26,7 +26,7 @@ Anything else (a symbolic stride, a size inside an index or a value, welford ove
 range, a scatter, whose rows past the size would scatter too) stays visibly on the CPU:
 NotCapturable with the reason, an error under SPYRE_STRICT=1. (Fused attention is the exception to the
 strides: its heads' stride is seq * dim, and each head becomes its own placeholder,
-symbolic_attention.py.)
+families/attention/sizes.py.)
 
 How the symbolic parts are found: the group is captured twice, with each size symbol at the
 bucket's maximum and at one less (odd: a power of two does not hide a divisibility that another
@@ -108,7 +108,7 @@ def buffers_at(kernel, s: int) -> tuple[Buffer, ...]:
 def check(kernel: Kernel, error=NotCapturable) -> None:
     """Raise `error` unless clipping every transfer to the buffers' bytes at the launch's size
     computes the kernel exactly, at every size of its bucket (the module docstring; a symbolic
-    reduced range: symbolic_reduce.py)."""
+    reduced range: reduce.py)."""
     sym = kernel.symbolic
     (name, lo, hi), = sym.sizes
     if any(st.index.indirect for st in kernel.stores):

@@ -42,7 +42,7 @@ class Access(Describable):
     dtype: str
     strides: tuple[int, int, int, int]
     offset: int
-    heads: bool = False  # issue 18: each (batch, head) is its own placeholder (symbolic_attention.py)
+    heads: bool = False  # issue 18: each (batch, head) is its own placeholder (sizes.py)
 
     def at(self, b: int, h: int, i: int, j: int) -> int:
         s = self.strides

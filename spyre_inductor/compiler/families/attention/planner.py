@@ -1,6 +1,6 @@
 """The attention family end to end: lowering, tilings and core counts timed by the timing model.
 
-Candidates (search.py): every tiling that fits (attention_plan.variants) at the most cores the
+Candidates (core/search.py): every tiling that fits (plan.variants) at the most cores the
 units can use, then the best tiling at fewer cores. A candidate is timed by its busiest core
 standing for all of them in step (causal units differ in their work: the busiest core is the
 one the others wait for); the chosen placement is checked (allocate.check_placement), and the

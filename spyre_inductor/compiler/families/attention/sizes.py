@@ -2,19 +2,19 @@
 
 SDPA over a dynamic sequence length reaches the attention family as an AttentionKernel whose
 q, k, v and out are (batch, heads, seq, dim) with seq symbolic. Two things make that unlike the
-other families' symbolic kernels (symbolic.py), and this module answers both:
+other families' symbolic kernels (symbolic/planning.py), and this module answers both:
 
 * The heads' stride is seq * dim: the symbolic dim is not the outermost, and a buffer's bytes
   past the size are not a suffix (the rows past S of one head are the next head's bytes).
   So the program never addresses such a buffer as one (``split``): each (batch, head) of it is its own
   placeholder (``q[0,1]``: a 2-D [seq, dim] view whose row stride is static and whose symbolic
   dim is now its outermost), bound at launch to that head's view of the tensor. Clipping each
-  transfer to the bytes of its head (symbolic.py's rule, per placeholder) is the per-head row
+  transfer to the bytes of its head (symbolic/planning.py's rule, per placeholder) is the per-head row
   limit: no transfer reads or writes the next head's rows. ``head_args`` makes the views at
   launch, after checking the tensor's strides against the kernel's symbolic strides (a
   LaunchError naming the argument otherwise). A buffer whose rows are its outermost dim with
   static strides (q, k, v as views of a projection [1, S, H * D], the output written back in
-  that layout) stays one placeholder, its rows its symbolic dim, as in symbolic.py.
+  that layout) stays one placeholder, its rows its symbolic dim, as in symbolic/planning.py.
 * Positions past the size: K and V rows there load as zeros (clipped), which would still score
   0, not -inf. Under a causal diagonal d <= 0 with L and S the same size, no row inside the size
   sees a position past it; otherwise the program compares each chunk's positions with the size

@@ -16,7 +16,7 @@ Decisions made here:
 * index values that vary only over the rows of a tile give row moves: each
   row one DMA of whole sticks (an embedding row, a KV-cache row). An index
   that varies along the stick dim (``gather`` along the last dim) lays the
-  kernel out one element per stick (layout.py's "elements" mode): each
+  kernel out one element per stick (core/layout.py's "elements" mode): each
   element is its own DMA of one stick, charged so;
 * a gathered tile varies over the axes its affine part walks and those its
   index varies over;

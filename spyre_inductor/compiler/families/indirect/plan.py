@@ -1,8 +1,8 @@
 """The gather/scatter family's plan (issue 16): variants, core division, the kept program.
 
-The lowering (indirect_lowering.py) gives a pointwise tile kernel plus the
+The lowering (lowering.py) gives a pointwise tile kernel plus the
 moves of its indirect tiles; the variants are the pointwise ones (tile-size
-target x stream buffers: tiling.py, scratchpad.py, verify.py), emitted by
+target x stream buffers: core/tiling.py, scratchpad.py, verify.py), emitted by
 the pointwise codegen with the moves, and timed by the shared search.
 
 Core division: a gather or a plain scatter may split any dim (duplicate

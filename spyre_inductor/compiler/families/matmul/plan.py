@@ -19,7 +19,7 @@ Division: the output's batches, rows and columns are split into a grid of
 output dtype, so no two cores store into one stick. A block's operands are
 read once per block, so a grid reads A ``gn`` times and B ``gm`` times: for
 each core count the grid that moves the fewest bytes is the candidate, and
-the timing model picks the count (search.py).
+the timing model picks the count (core/search.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The matmul family end to end: lowering, tilings and grids timed by the timing model, the kept program.
 
-Candidates (search.py): for each core count the grid that moves the fewest
-bytes (matmul_plan.best_grid), and at it every tiling that fits
-(matmul_plan.fitting: tile shapes and operand pools). A candidate is timed
+Candidates (core/search.py): for each core count the grid that moves the fewest
+bytes (plan.best_grid), and at it every tiling that fits
+(plan.fitting: tile shapes and operand pools). A candidate is timed
 by one core's program standing for all of them in step (timing.estimate's
 replicas: the blocks differ only in where they start, the first is the
 largest); the program kept is built for every core and validated once.

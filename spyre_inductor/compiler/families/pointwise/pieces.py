@@ -13,7 +13,7 @@ boxes are planned by the pointwise family one by one and their programs run
 one after another on each core, as ONE program that writes each part.
 
 Masks that do not cut along one dim (a causal ``i1 <= i0``) stay on chip:
-an iota and a compare (fusion.py). Every load left in a box must stay
+an iota and a compare (core/fusion.py). Every load left in a box must stay
 inside its buffer over the whole box (``check_bounds``): a kernel whose
 masked-off loads would leave their buffer somewhere no cut removes them is
 refused, never run.

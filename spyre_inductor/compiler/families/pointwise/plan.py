@@ -60,7 +60,7 @@ def _candidates(kernel, fixed, estimate):
 
 def plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
     """A pointwise kernel whole, or (when index masks cut it: a cat, a pad) piece by piece into one
-    program (passes/pieces.py)."""
+    program (pieces.py)."""
     cut = pieces.split(kernel)
     if cut is not None:
         pieces.check_independent(kernel)

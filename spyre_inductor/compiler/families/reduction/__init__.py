@@ -1,0 +1,3 @@
+"""The reduction and scan family: resident, chunked and ring plans, Welford and arg-reductions.
+A family imports the planner core, the kernel IR, symbolic sizes at planning and other families;
+never backend.py or Inductor's glue."""

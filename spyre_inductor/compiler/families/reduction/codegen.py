@@ -29,7 +29,7 @@ CHUNK_CONSTANT tiles are filled once per core for the full chunk (copy 0)
 and the remainder (copy 1); a step reading one reads the copy of the chunk
 it runs on.
 
-Column tiles (``low.columns``, reduction_space.py): the tile rows are the
+Column tiles (``low.columns``, space.py): the tile rows are the
 reduced dim, so a [Kc, G] full tile, a packed [1, G] per-row tile and a
 [Kc, 1] along-reduced column are each moved with one Load or Store as they
 lie in device memory, and a reduce step folds the rows (``fold_rows``):
@@ -552,7 +552,7 @@ class _Core:
             self.queues.append(Queue(f"ring{c}", (c, "ls"), (c + 1, "sfp"), 1))
 
     def _ring_scan(self, g):
-        """Ring mode for scans (reduction_scan.py): the slice [g, kn] resident and reduced to its
+        """Ring mode for scans (scan.py): the slice [g, kn] resident and reduced to its
         total; the prefix of the earlier cores arrives, travels on, and starts the scan."""
         low, ls, sfp, c, kn = self.low, self.ls, self.sfp, self.share.core, self.share.kn
         chunk, epilogue = low.passes[0].chunk, low.passes[0].epilogue

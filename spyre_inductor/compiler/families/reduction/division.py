@@ -3,7 +3,7 @@
 ``plan(kernel)`` returns the kernel's ``Plans`` (family "reduction": the
 tile kernel, the stages "lowering" and "plan", the scratchpad placement
 and the division with the candidates it compared) and its validated
-program. Candidates (search.py's search: each variant at the most cores,
+program. Candidates (core/search.py's search: each variant at the most cores,
 then the best from the most cores down; search.choose keeps the fastest,
 fewer cores winning ties):
 
@@ -14,7 +14,7 @@ fewer cores winning ties):
   "chunked" along the reduced dim (multi-pass when a reduction needs
   another's result); when the reduced dim is not the contiguous one, both
   in row tiles (moved transposed) and in column tiles (moved as they lie,
-  reduced by folding tile rows; reduction_space.py);
+  reduced by folding tile rows; space.py);
 * ring split, when the outer elements are too few to occupy the cores
   (fewer units than cores) and the kernel is one level of reductions with
   no full-size epilogue: the reduced dim is divided over cores and the
@@ -137,7 +137,7 @@ def _build(kernel, low, plan, split, shares) -> Program:
 
 
 def _simulated(program: Program, replicas: int) -> float:
-    """A candidate's time by the timing model, without validating it (search.py: it is not kept)."""
+    """A candidate's time by the timing model, without validating it (core/search.py: it is not kept)."""
     return timing_estimate(program, HARDWARE, replicas, check=False).simulated_ns
 
 

@@ -2,12 +2,12 @@
 
 The tile axes are ``outer`` (G consecutive elements of the innermost outer
 dim: the tile rows) and ``reduced`` (Kc elements of the reduced dim: the
-tile columns); reduction_space.py has the canonical iteration space, the
-space of each value and how each access moves, reduction_steps.py the tile
-and steps of each value, reduction_welford/argreduce/scan.py the forms of
+tile columns); space.py has the canonical iteration space, the
+space of each value and how each access moves, steps.py the tile
+and steps of each value, welford.py, argreduce.py and scan.py the forms of
 those reductions and of scans.
 
-Three modes (the planner picks; see reduction_division.py):
+Three modes (the planner picks; see division.py):
 
 * "resident": Kc = K. A group's rows are loaded once and every step runs
   from scratchpad, in IR order: one CHUNK phase (a chunk is a whole group)
@@ -29,15 +29,15 @@ Three modes (the planner picks; see reduction_division.py):
   accumulators are then combined core to core over the ring (the tile
   kernel's ``Combine``: each accumulator has a RING_LANDING tile the
   neighbour's partial lands in) before the last epilogue. A kernel of
-  scans keeps each core's slice resident instead (reduction_scan.py).
+  scans keeps each core's slice resident instead (scan.py).
 
 A SETUP phase, when there is one, loads once per core what no group
 changes (a layer norm's weight row when rows are resident, a scalar).
 
-``columns`` (resident and chunked): column tiles (reduction_space.py), for a
+``columns`` (resident and chunked): column tiles (space.py), for a
 kernel whose reduced dim is not the contiguous one: the tile kernel's axes
 are ``COLUMN_AXES`` (rows along the reduced dim), nothing is transposed on
-chip, and each reduction folds its tile's rows (reduction_steps.py). The
+chip, and each reduction folds its tile's rows (steps.py). The
 planner times both orientations; a kernel the column tiles cannot move
 raises Unsupported for that orientation only.
 """

@@ -2,7 +2,7 @@
 
 A *group* is G consecutive elements of the innermost outer dim; a *chunk*
 is Kc elements of the reduced dim (Kc = K when the rows are resident).
-Tile bytes by space (reduction_space.py): full [G, Kc] rows padded to
+Tile bytes by space (space.py): full [G, Kc] rows padded to
 whole sticks, per-row [G, 1] one stick per row, along-reduced [1, Kc], a
 scalar one stick; by relayout for a STAGING tile: a transposed move's
 [Kc, G], a gathered one's [Kc, 1] column (one stick per element), a
@@ -10,13 +10,13 @@ per-row value's packed [1, G] row (the column of results is transposed on
 chip, so the store moves whole packed sticks, not one stick per element).
 A RING_LANDING tile is the size of the accumulator it lands; a
 CHUNK_CONSTANT tile has two copies, one for the full chunk's extent and
-one for the remainder's. Column tiles (reduction_space.py) turn the
+one for the remainder's. Column tiles (space.py) turn the
 shapes round: full [Kc, G] (Kc rows of G outer elements padded to whole
 sticks), per-row one packed row [1, G], along-reduced a [Kc, 1] column (one
 stick per row); a SCRATCH tile, where a reduction folds a full tile's rows,
 is [ceil(Kc / 2), G], pinned for the whole program like the accumulators.
 
-Live ranges (allocate.py): tiles moved in a chunk phase (full-space loads
+Live ranges (core/allocate.py): tiles moved in a chunk phase (full-space loads
 and outputs, chunked along-reduced loads, and in the resident mode the
 per-group per-row loads and outputs) and their staging tiles have
 ``buffers`` copies, live for the whole program: the load/store unit fills

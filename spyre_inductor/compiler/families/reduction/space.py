@@ -1,7 +1,7 @@
 """A reduction kernel's canonical iteration space, the space of each value, and how each access moves.
 
 The canonical iteration space of a reduction kernel is (outer dims..., r):
-the outer ranges are canonicalized as in layout.py (extent-1 dims dropped,
+the outer ranges are canonicalized as in core/layout.py (extent-1 dims dropped,
 neighbours walked contiguously merged), and so are the reduction ranges:
 the innermost merged reduced dim is r, of extent K; any others (a sum over
 dims 0 and 2, BatchNorm's statistics over N, H, W) are *looped*: only the

@@ -1,8 +1,8 @@
 """Values -> tiles and sfp steps: the space of each kernel IR value, its tile, and the steps computing it.
 
-``StepBuilder`` walks the kernel's values in IR order (reduction_lowering
+``StepBuilder`` walks the kernel's values in IR order (lowering.py
 drives it) and records, per value, its tile (a ``Tile`` with a space and a
-role), its space (reduction_space), its *depth* (how many reductions it
+role), its space (space.py), its *depth* (how many reductions it
 sits behind: a reduction of a depth-d value is of level d + 1), and the
 steps computing it. Full-space and along-reduced values are computed per
 chunk (``defs``: recomputed in every pass that needs them), per-row values
@@ -15,12 +15,12 @@ A reduction's own steps are recorded apart: its accumulator fills
 cores' partials combine (``red_combine``, reading the RING_LANDING tiles of
 its accumulators: ring plans only); welford's and argmax's forms are in their own modules.
 
-Tiles a relayout passes through (reduction_space's transposed, gathered and
+Tiles a relayout passes through (space.py's transposed, gathered and
 packed-row moves) are STAGING tiles of the tile they serve, and constants
 that depend on a chunk's extent are CHUNK_CONSTANT tiles: the plan sizes
 and places them by their role, never by their name.
 
-With ``columns`` (reduction_space: column tiles) nothing is relayouted: an
+With ``columns`` (space.py: column tiles) nothing is relayouted: an
 access that does not walk the tiles' stick axis (the innermost outer dim)
 contiguously refuses the orientation (Unsupported), and so do index
 reductions and scans, which run along tile rows only. A reduction step then
@@ -52,7 +52,7 @@ class StepBuilder:
         self.would_transpose = False  # row tiles would move some full-space access transposed
         self.scratch: dict[str, str] = {}  # dtype -> the SCRATCH tile column reductions fold in
         self.looped = looped
-        self.one_row = one_row  # see reduction_space.space_of
+        self.one_row = one_row  # see space.space_of
         self.where = f"kernel {kernel.name!r}"
         self.tiles: dict[str, Tile] = {}
         self.vtile: dict[int, str] = {}
@@ -93,7 +93,7 @@ class StepBuilder:
 
     def size(self, i, v: SizeValue) -> None:
         # A size known only at launch (issue 18: a mask's bound): a constant tile the program fills
-        # from its size words (symbolic_reduce.fill_of), once per core like every constant.
+        # from its size words (symbolic/reduce.fill_of), once per core like every constant.
         fill = fill_of(self.kernel, v)
         key = ("size", fill)
         if key not in self.shared:
