@@ -93,11 +93,11 @@ def compile_time(repeats: int) -> dict:
 
 
 PHASES = [  # (label, (file suffix, function name)) of the functions whose cumulative time is shown
-    ("capture (fusion decisions and codegen)", ("compiler/scheduling.py", "try_capture")),
+    ("capture (fusion decisions and codegen)", ("compiler/inductor/scheduling.py", "try_capture")),
     ("planning (plan_kernel: passes, candidate search)", ("compiler/backend.py", "plan_kernel")),
     ("  timing-model replays of candidates", ("program/timing.py", "estimate")),
     ("  validation of kept programs", ("program/validate.py", "validate")),
-    ("emission (write_artifact)", ("passes/emit.py", "write_artifact")),
+    ("emission (write_artifact)", ("compiler/core/emit.py", "write_artifact")),
     ("prepare_kernel (module load)", ("spyre_runtime/prepare.py", "prepare_kernel")),
 ]
 

@@ -368,7 +368,7 @@ def test_dropout_forward_and_backward(spyre):
     assert torch.equal(torch.nn.functional.dropout(x.detach(), 0.25, training=False).cpu(), xc)
 
 
-# ---- randperm: ranked by counting in a program (compiler/randperm.py) --------------------------
+# ---- randperm: ranked by counting in a program (compiler/inductor/randperm.py) --------------------------
 
 
 def test_randperm_is_the_stable_argsort_of_keys_drawn_at_the_generator_offset(spyre):
@@ -584,7 +584,7 @@ def test_the_validator_refuses_a_bad_philox():
 
 
 def test_the_kernel_functions_are_callable_directly(spyre):
-    # what a compile-backed eager dispatcher routes to (spyre_inductor/compiler/random.py)
+    # what a compile-backed eager dispatcher routes to (spyre_inductor/compiler/inductor/random.py)
     from spyre_inductor.compiler.inductor import random as kernels
 
     torch.spyre.manual_seed(30)

@@ -9,7 +9,6 @@ generated code hands it (compiler/inductor/buckets.py: the kernel's family answe
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -17,7 +16,7 @@ from typing import Protocol
 from spyre_runtime.launch import launch_jobplan, release_plan
 from spyre_runtime.prepare import prepare_kernel
 
-from ..compiler.ir.kernel_ir import AttentionKernel, Kernel
+from ..compiler.ir.kernel_ir import Kernel, kernel_from_json
 
 
 class SizeHooks(Protocol):
@@ -47,7 +46,7 @@ class BucketedPlan:
         self.device = device
         self.hooks = hooks
         self.text = (Path(artifact_dir) / "kernel.json").read_text()
-        self.kernel = _kernel_of(self.text)
+        self.kernel = kernel_from_json(self.text)
         self.template = hooks.template(exact) if exact is not None else None
         base = self.template.base if self.template is not None else ()
         # values of the specialized sizes -> [(prepared plan, its kernel)], one per bucket
@@ -97,10 +96,6 @@ class BucketedPlan:
             for plans in self.plans.values():
                 for plan, _ in plans:
                     release_plan(plan)
-
-
-def _kernel_of(text: str):
-    return AttentionKernel.from_json(text) if json.loads(text).get("kind") == "AttentionKernel" else Kernel.from_json(text)
 
 
 def prepare_bucketed(artifact_dir: str, device: int, hooks: SizeHooks, exact: str | None = None) -> BucketedPlan:

@@ -1,7 +1,7 @@
 """cumsum and cumprod compile to spyre programs (issue 9), and so do integer and bool
 reductions and scans.
 
-A scan is a full-space value in the reduction planner (reduction_scan.py):
+A scan is a full-space value in the reduction planner (families/reduction/scan.py):
 the sfp's ``scan`` runs the inclusive prefix along tile rows; over resident
 rows once, and when a row does not fit, chunk after chunk in order with an
 fp32 carry column that continues each row's prefix. A scan over dim 0 loads

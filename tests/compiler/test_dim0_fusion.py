@@ -5,7 +5,7 @@ result, are ONE spyre program (issue 17): ``torch.softmax(x, 0)``, ``x - x.mean(
 Why they were two programs: Inductor gives the epilogue its memory order (rows, columns) and the
 reduction walks (columns, rows); its scheduler refuses a fusion before asking the backend when
 two nodes share no access at the same index ("no shared data"), and it only reorders loops to
-agree on GPUs. ``spyre_inductor/compiler/loop_order.py`` gives the epilogue the reduction's order
+agree on GPUs. ``spyre_inductor/compiler/inductor/loop_order.py`` gives the epilogue the reduction's order
 in a pre-fusion scheduler pass, kept only when our backend then fuses the two.
 
 Tolerances (as tests/compiler/test_compiled_reductions.py):

@@ -103,7 +103,7 @@ MATMUL_REGRESSIONS = {
           ["F.silu(F.linear(v0, v1)) * F.linear(v0, v2)"], [3]),
         "was: CPU fallback: a matmul fused with another reduction"),
     # M = 1 against a weight passed transposed, and a pointwise op of that weight: fused, and the
-    # matmul lowering crashes (matmul_lowering.analyse: value_tile[x])
+    # matmul lowering crashes (families/matmul/lowering.analyse: value_tile[x])
     "m1_matmul_and_op_on_transposed_weight": (
         G("float32", [((1, 64), False), ((64, 64), True)], ["v0 @ v1", "v1 * 2"], [2, 3]),
         "was: the compile raised KeyError: 1"),

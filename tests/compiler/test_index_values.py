@@ -3,7 +3,7 @@
 ``arange``, causal and padding masks are index values computed on chip (an
 ``iota`` and a compare); a cat, a pad, a rotary embedding's ``rotate_half``
 arrive as one kernel whose masks pick each element's source, and the planner
-cuts the iteration space where the masks change (passes/pieces.py): each
+cuts the iteration space where the masks change (families/pointwise/pieces.py): each
 piece is a plain copy or fill, and the pieces run one after another in ONE
 program. Everything here runs under SPYRE_STRICT=1: a CPU fallback fails.
 """

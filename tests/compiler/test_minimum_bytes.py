@@ -1,4 +1,4 @@
-"""The least traffic a kernel needs (passes/minimum.py), on hand-built kernel IR.
+"""The least traffic a kernel needs (core/minimum.py), on hand-built kernel IR.
 
 Every distinct input element read once, every stored element written once:
 a broadcast operand counts once, not once per use; a reduced operand once,

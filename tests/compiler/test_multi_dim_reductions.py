@@ -3,7 +3,7 @@
 ``x.sum((0, 2))``, BatchNorm's statistics over (N, H, W) and ``a.t().argmax()``
 reduce over dims that are not neighbours in memory. The planner chunks the
 innermost reduced dim and loops over the others around each pass's chunks
-(reduction_space.py, "looped" dims), so every (looped index, chunk) meets
+(families/reduction/space.py, "looped" dims), so every (looped index, chunk) meets
 the same accumulators in row-major order.
 
 argmax/argmin over several dims: Inductor reorders a node's loops by stride,

@@ -7,7 +7,7 @@ into an fp32 tile is a run-time error ("value cannot be converted to type
 float without overflow") that also leaves the stream in error, where PyTorch
 on the CPU computes ``inf``. The compiler converts every constant it turns
 into a program operand (pointwise constants, reduction and scan constants,
-accumulator identities; passes/layout.operand_value) the way PyTorch converts
+accumulator identities; core/layout.operand_value) the way PyTorch converts
 a Python scalar to a tensor type: through float64 to the tile type (beyond
 the range is +-inf, nan stays nan) and, for integers, by wrapping to the
 type's width.

@@ -185,7 +185,7 @@ def test_a_planner_bug_raises_plan_error():
 @pytest.fixture
 def counted(monkeypatch):
     """(programs built, programs validated) while planning: every build of a reduction program,
-    every validate() (the kept program's, passes/keep.py, and timing.estimate's)."""
+    every validate() (the kept program's, core/keep.py, and timing.estimate's)."""
     built, validated = [], []
     real_build = reduction_division.build_reduction_program
 
@@ -201,7 +201,7 @@ def counted(monkeypatch):
         return real_validate(program, *args, **kw)
 
     monkeypatch.setattr(reduction_division, "build_reduction_program", build)
-    monkeypatch.setattr(validate_module, "validate", validate)  # (passes/keep.py validates through it)
+    monkeypatch.setattr(validate_module, "validate", validate)  # (core/keep.py validates through it)
     return built, validated
 
 

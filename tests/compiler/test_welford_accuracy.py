@@ -6,7 +6,7 @@ Rows of 123456.789 gave a variance of 6e-5 (the CPU: exactly 0) and a layer norm
 was rounded a few ulps off the data's (sum * (1/K), sums in fp32) and m2 = sum((x - mean)^2)
 then counted K * that error squared; Chan's combine then weighed differences of chunk means
 rounded to fp32. Now every mode computes the corrected two-pass form and keeps the running mean
-as fp32 plus its rounding error (passes/reduction_welford.py).
+as fp32 plus its rounding error (families/reduction/welford.py).
 
 What "CPU-grade" means here, against float64 on the same fp32 inputs:
 * constant rows: variance exactly 0 and layer norm / batch norm exactly 0, as on the CPU;

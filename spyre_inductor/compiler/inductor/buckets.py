@@ -11,6 +11,7 @@ from .. import backend
 from ..core.family import family_of
 from ..ir.errors import PlanError, Unsupported
 from ..ir.indexing import NotCapturable
+from ..ir.kernel_ir import kernel_from_json
 from ..symbolic.exact import Template
 from ..symbolic.planning import bucket_of
 from ..ir.naming import content_name
@@ -33,7 +34,7 @@ class Buckets:
         original = kernel
         try:
             if template is not None and values != template.base:
-                kernel = content_name(_kernel_of(template.kernel_json(text, values)))
+                kernel = content_name(kernel_from_json(template.kernel_json(text, values)))
             if n is not None:
                 kernel = family_of(kernel).rebucket(kernel, n)
             artifact = backend.compile_kernel(kernel, artifact_root())
@@ -44,12 +45,6 @@ class Buckets:
 
     def launch_args(self, kernel, args, n: int):
         return family_of(kernel).launch_args(kernel, args, n)
-
-
-def _kernel_of(text: str):
-    from ..ir.kernel_ir import AttentionKernel, Kernel
-
-    return AttentionKernel.from_json(text) if json.loads(text).get("kind") == "AttentionKernel" else Kernel.from_json(text)
 
 
 def _say_sizes(kernel, template, n, values) -> str:

@@ -699,6 +699,11 @@ def _symbolic_of(d: dict | None) -> SymbolicSizes | None:
                                                                           "strides")))
 
 
+def kernel_from_json(text: str) -> "Kernel | AttentionKernel":
+    """The kernel an artifact's kernel.json holds, of whichever kind it names."""
+    return AttentionKernel.from_json(text) if json.loads(text).get("kind") == "AttentionKernel" else Kernel.from_json(text)
+
+
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,
                         empty_rows: str = "zero", p_dtype=None, out_dtype=None, masked_score=float("-inf"),
                         positions=None):
