@@ -86,3 +86,19 @@ def test_compiling_an_add_plans_with_the_families_a_pointwise_kernel_needs():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]"
+
+
+def test_below_the_glue_nothing_imports_inductor_or_dynamo():
+    """The kernel IR, the planner core, the families and the planner entry plan from kernel IR
+    alone: Inductor's scheduler nodes and sympy indexing stay in the glue (capture)."""
+    import ast
+
+    found = []
+    for module, path in import_graph.modules(C).items():
+        if rank(module) is None or rank(module) >= 5:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{module} imports {n}" for n in names if n.startswith(("torch._inductor", "torch._dynamo"))]
+    assert found == []

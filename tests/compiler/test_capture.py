@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from spyre_inductor.compiler.ir.kernel_ir import Cast, Index, PointwiseKernel
-from spyre_inductor.compiler.ir.indexing import NotCapturable, common_ranges, node_vars, loop_vars, affine_index
+from spyre_inductor.compiler.inductor.indexing import affine_index, common_ranges, loop_vars, node_vars
+from spyre_inductor.compiler.ir.errors import NotCapturable
 
 from inductor_helpers import assert_close_to_cpu, input_like, compile_on_spyre, constants, loads, op_names
 
@@ -176,7 +177,7 @@ def test_affine_index_refuses_modular_and_floor_div():
 def test_dim_cuts_split_loops_so_modular_indexing_is_affine():
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-    from spyre_inductor.compiler.ir.indexing import dim_cuts, split_sizes
+    from spyre_inductor.compiler.inductor.indexing import dim_cuts, split_sizes
 
     i, j = loop_vars(2)
     # a (16, 192) repeat of an (8, 64) tensor: i mod 8 and j mod 64
@@ -190,7 +191,7 @@ def test_dim_cuts_split_loops_so_modular_indexing_is_affine():
 def test_piecewise_affine_finds_the_runs_of_a_clamped_index():
     import sympy
 
-    from spyre_inductor.compiler.ir.indexing import piecewise_affine
+    from spyre_inductor.compiler.inductor.indexing import piecewise_affine
 
     i, j = loop_vars(2)
     # a replicate pad of 2 on a row of 64: j clamped to [0, 63] after the shift

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from spyre_inductor.compiler.inductor.capture import CaptureHandler, _Group
-from spyre_inductor.compiler.ir.indexing import NotCapturable, reduction_common_ranges
+from spyre_inductor.compiler.inductor.indexing import reduction_common_ranges
+from spyre_inductor.compiler.ir.errors import NotCapturable
 from spyre_inductor.compiler.ir.kernel_ir import Cast, Index, Load, PointwiseKernel, Reduction
 
 from inductor_helpers import assert_close_to_cpu, compile_on_spyre, input_like, loads, op_names

@@ -796,7 +796,7 @@ def test_only_an_affine_size_expression_is_captured():
     import sympy
     from torch.utils._sympy.functions import FloorDiv, Max, Min
 
-    from spyre_inductor.compiler.ir.indexing import SIZE_VALUES, non_affine_term, static_int
+    from spyre_inductor.compiler.inductor.indexing import SIZE_VALUES, non_affine_term, static_int
 
     s = sympy.Symbol("s0", integer=True, positive=True)
     assert [non_affine_term(e) for e in (64 * s - 3, 2 * (s + 1), sympy.Integer(7))] == [None] * 3

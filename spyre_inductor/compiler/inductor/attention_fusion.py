@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 
 from .attention_op import OP
-from ..ir.indexing import non_affine_term
+from .indexing import non_affine_term
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -520,7 +520,7 @@ def _unsized(found):
 def _probe_values(symbols, fake_mode):
     """(the sizes at the bucket's maximum, [(size, the same with it one less)...]) for a graph over
     symbolic sizes (symbolic/planning.py's buckets, inside Dynamo's guards), or None."""
-    from ..ir.indexing import NotCapturable
+    from ..ir.errors import NotCapturable
     from ..symbolic.capture import planned_bucket
 
     env = getattr(fake_mode, "shape_env", None)

@@ -9,7 +9,7 @@ The node is an ExternKernelOut whose code is the prepared program's launch: the 
 allocates its output like any buffer, and the scheduler orders it by its reads and writes.
 
 Over a dynamic sequence length (issue 18) the layouts are symbolic: the kernel is built at the
-size's bucket maximum and at one less (families/attention/sizes.capture), planned for the bucket, and
+size's bucket maximum and at one less (inductor/attention_capture.capture), planned for the bucket, and
 launched through a launcher.bucketed.BucketedPlan with the size's value (another bucket's artifact is
 compiled on first use).
 """
@@ -102,7 +102,7 @@ def _symbolic_kernel(named, realized, make):
     """(the kernel, the sequence length's symbol served by a bucket or None, the other sizes it
     is specialized to per value, their template), or NotCapturable."""
     from ..symbolic import capture as symbolic
-    from ..families.attention import sizes as sa
+    from . import attention_capture as sa
     from ..symbolic.exact import capture_exact, exact_values
 
     layouts = [x.get_layout() for x in realized]
@@ -150,7 +150,7 @@ def _doc(kernel) -> dict:
 
 def lower_attention(q, k, v, bias, keep, positions, scale, causal, empty_zero, p_dtype, out_dtype, heads_last,
                     masked_score):
-    from ..ir.indexing import NotCapturable
+    from ..ir.errors import NotCapturable
     from ..ir.naming import content_name
     from .scheduling import compile_kernel, record
 

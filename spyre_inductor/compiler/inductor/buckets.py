@@ -10,7 +10,7 @@ import json
 from .. import backend
 from ..core.family import family_of
 from ..ir.errors import PlanError, Unsupported
-from ..ir.indexing import NotCapturable
+from ..ir.errors import NotCapturable
 from ..ir.kernel_ir import kernel_from_json
 from ..symbolic.exact import Template
 from ..symbolic.planning import bucket_of

@@ -58,11 +58,12 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 from torch._inductor.utils import sympy_index_symbol
 
 from .nodes import loop_body, real_name
-from ..ir import indexing
+from . import indexing
 from ...launcher.fallback_policy import origin_ops
 from ...launcher.nesting import negative_indices_wrap
-from ..ir.indexing import (NotCapturable, OutOfRange, affine_index, common_ranges, dim_cuts, piecewise_affine,
-    split_sizes, loop_vars, node_vars, reduction_common_ranges, static_int)
+from ..ir.errors import NotCapturable, OutOfRange
+from .indexing import (affine_index, common_ranges, dim_cuts, piecewise_affine, split_sizes, loop_vars, node_vars,
+    reduction_common_ranges, static_int)
 from ..ir.kernel_ir import (BINARY_OPS, DTYPE_NAMES, TERNARY_OPS, UNARY_OPS, Buffer, Cast, Constant, Index,
     IndexValue, Indirect, Load, Op, Kernel, Reduction, Scan, SizeValue, Store, renumbered)
 

@@ -42,7 +42,7 @@ from .capture import Capture, capture
 from ..ir.errors import Unsupported
 from ...launcher.fallback_policy import origin_ops, refuse_in_strict_mode
 from .host_kernel import HostUnsupported, write_host_kernel
-from ..ir.indexing import NotCapturable
+from ..ir.errors import NotCapturable
 from ..ir.kernel_ir import Kernel
 from .version import compiler_version
 from ..ir.naming import content_name, positional_names

@@ -12,8 +12,8 @@ import json
 import sympy
 import torch
 
-from ..ir import indexing
-from ..ir.indexing import NotCapturable, OutOfRange
+from ..inductor import indexing
+from ..ir.errors import NotCapturable, OutOfRange
 from ..ir.kernel_ir import Kernel, SymbolicSizes
 from . import reduce as symbolic_reduce
 from .exact import far_values

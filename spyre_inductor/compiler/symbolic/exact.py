@@ -25,8 +25,8 @@ import dataclasses
 import json
 from collections.abc import Callable
 
-from ..ir import indexing
-from ..ir.indexing import NotCapturable
+from ..inductor import indexing
+from ..ir.errors import NotCapturable, OutOfRange
 
 MAX_SIZES = 3  # sizes specialized per value in one kernel: 2 ** 3 corner captures (twice with a bucket)
 
@@ -142,7 +142,7 @@ def _check_far(at, template: Template, symbols, limits, kernel_doc, base_doc) ->
     least, below and far above the base): an integer the corners fitted wrongly (a product
     computed inside capture, an index Inductor simplified because its loop was short at the
     corners) shows there, or the kernel cannot be captured there. A point past a static table's
-    range (indexing.OutOfRange) is skipped: the kernel is never launched there."""
+    range (OutOfRange) is skipped: the kernel is never launched there."""
 
     corners = [(b, b + st) for b, st in zip(template.base, template.step)]
     columns = [far_values(b, lim, near) for b, lim, near in zip(template.base, limits, corners)]
@@ -151,7 +151,7 @@ def _check_far(at, template: Template, symbols, limits, kernel_doc, base_doc) ->
         values = dict(zip(symbols, far))
         try:
             found = at(values)
-        except indexing.OutOfRange:
+        except OutOfRange:
             continue
         except NotCapturable as e:
             if all(v <= b for v, b in zip(far, template.base)):

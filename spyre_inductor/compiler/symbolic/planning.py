@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..ir.indexing import NotCapturable
+from ..ir.errors import NotCapturable
 from ..ir.kernel_ir import Buffer, Cast, Kernel, Load, SymbolicSizes
 from . import reduce as symbolic_reduce
 

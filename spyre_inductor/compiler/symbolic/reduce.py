@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..ir.indexing import NotCapturable
+from ..ir.errors import NotCapturable
 from ..core.reduction_ops import WELFORD, identity
 from ..ir.kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, Reduction, SizeValue, renumbered
 

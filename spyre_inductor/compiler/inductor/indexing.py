@@ -28,20 +28,8 @@ from torch._inductor.utils import sympy_index_symbol
 from torch.utils._sympy.functions import FloorDiv, Identity, Max, Min, ModularIndexing
 from torch._inductor.virtualized import V
 
-from .kernel_ir import Index
-
-
-class NotCapturable(Exception):
-    """A node (or group of nodes) the kernel IR cannot express; `reason` says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class OutOfRange(NotCapturable):
-    """The kernel would index a static buffer out of its range at these sizes (an embedding's
-    positions past its table): sizes it is never launched at, not a kernel that cannot be captured."""
+from ..ir.errors import NotCapturable
+from ..ir.kernel_ir import Index
 
 
 # Issue 18 (symbolic/capture.py): while a kernel over symbolic sizes is captured, each size symbol
