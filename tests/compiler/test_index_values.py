@@ -18,6 +18,7 @@ import torch
 from inductor_helpers import compile_on_spyre
 from spyre_inductor.compiler.ir.errors import Unsupported
 from spyre_inductor.compiler.ir.kernel_ir import Buffer, Constant, Index, IndexValue, Kernel, Load, Op, Store
+from spyre_inductor.compiler.core.bounds import check_bounds
 from spyre_inductor.compiler.families.pointwise import pieces
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -182,7 +183,7 @@ def test_each_piece_is_a_plain_copy_of_one_source():
     for piece, buffer in ((first, "a"), (second, "b")):
         (load,) = [v for v in piece.kernel.values if isinstance(v, Load)]
         assert load.buffer == buffer and not any(isinstance(v, (Op, IndexValue)) for v in piece.kernel.values)
-        pieces.check_bounds(piece.kernel)
+        check_bounds(piece.kernel)
     assert [v for v in second.kernel.values if isinstance(v, Load)][0].index.offset == 0  # b[i, j - 64] at j = 64
 
 
@@ -195,7 +196,7 @@ def test_a_masked_load_that_no_cut_keeps_in_bounds_is_refused():
     kernel = Kernel.of("tri", (8, 8), bufs, values, (Store("out", Index((8, 1)), 5),))
     assert pieces.split(kernel) is None
     with pytest.raises(Unsupported, match=r"'a' reaches elements \[-1, 62\] of a buffer of 64"):
-        pieces.check_bounds(kernel)
+        check_bounds(kernel)
 
 
 # ---- index values inside reductions -----------------------------------------------------

@@ -11,7 +11,7 @@ from ...core.compiled import Compiled
 from ...core.family import Family, register
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import Indirect, IndirectKernel
-from ..pointwise.pieces import check_bounds
+from ...core.bounds import check_bounds
 from .lowering import index_load
 from .plan import plan
 

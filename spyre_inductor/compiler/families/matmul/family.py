@@ -9,7 +9,7 @@ from __future__ import annotations
 from ...core.family import Family, family, register
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import MatmulKernel, Reduction
-from ..pointwise.pieces import check_bounds
+from ...core.bounds import check_bounds
 from .lowering import analyse
 from .planner import plan_matmul
 

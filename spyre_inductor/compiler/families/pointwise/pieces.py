@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 from spyre_runtime.program.isa import Fence, Pop, Push
 from spyre_runtime.program.program import CoreProgram, Program, Queue
 
-from ...ir.errors import PlanError, Unsupported
+from ...ir.errors import PlanError
 from ...ir.kernel_ir import Cast, Constant, Index, IndexValue, Kernel, Load, Op, PointwiseKernel, needed, renumbered
 from ...core._dump import Describable
+from ...core.bounds import index_range
 
 COMPARES = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
             "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
@@ -148,15 +149,6 @@ def box_kernel(kernel: PointwiseKernel, starts, counts) -> PointwiseKernel:
     return Kernel.of(kernel.name, tuple(counts), kernel.buffers, values, stores)
 
 
-def _range(v, counts) -> tuple[int, int]:
-    """(min, max) of an index value over a box of `counts` at its origin."""
-    lo = hi = v.index.offset
-    for s, n in zip(v.index.strides, counts):
-        lo += min(0, s * (n - 1))
-        hi += max(0, s * (n - 1))
-    return lo, hi
-
-
 def _fold(values, stores, counts):
     """Constant-fold what the box decides (compares of index values, logic of constants, a where
     with a constant condition), then keep only what the stores need."""
@@ -179,7 +171,7 @@ def _fold(values, stores, counts):
                 a, b = (out[x] for x in args)
                 if isinstance(a, IndexValue) and isinstance(b, Constant) or isinstance(a, Constant) and isinstance(b, IndexValue):
                     iv, c, flip = (a, b.value, False) if isinstance(a, IndexValue) else (b, a.value, True)
-                    lo, hi = _range(iv, counts)
+                    lo, hi = index_range(iv, counts)
                     test = COMPARES[v.name]
                     at = [test(c, x) if flip else test(x, c) for x in (lo, hi)]
                     # monotone compares are decided by the two ends; eq/ne only when lo == hi or c is outside
@@ -214,32 +206,6 @@ def _live(values, stores):
     new = {old: k for k, old in enumerate(live)}
     return (tuple(renumbered(values[p], new.__getitem__) for p in live),
             tuple(renumbered(s, new.__getitem__) for s in stores))
-
-
-def _extent(buffer) -> int:
-    """Elements from the buffer's first to one past its last (PyTorch strides, non-negative)."""
-    if any(n == 0 for n in buffer.shape):
-        return 0
-    return 1 + sum((n - 1) * abs(s) for n, s in zip(buffer.shape, buffer.strides))
-
-
-def check_bounds(kernel, why: str = "its mask keeps it in bounds, but does not cut the iteration space "
-                                     "along one dim") -> None:
-    """Every load and store stays inside its buffer over the whole iteration space (any family's
-    kernel), or Unsupported naming it and `why` it was not cut: a mask that keeps a load in
-    bounds but cannot be cut is not something we run."""
-    extents = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
-    live = needed(kernel.values, kernel.stores)
-    # (a load no store needs is never moved: an empty reduction's operand; a gather's or scatter's
-    # rows are bounded by its checked index instead: the validator's footprint)
-    for what, buffer, index in ([("load of", v.buffer, v.index) for k, v in enumerate(kernel.values)
-                                 if isinstance(v, Load) and k in live and not v.index.indirect]
-                                + [("store to", s.buffer, s.index) for s in kernel.stores if not s.index.indirect]):
-        lo, hi = _range(IndexValue(index, "int64"), extents)
-        n = _extent(kernel.buffer(buffer))
-        if math.prod(extents) and (lo < 0 or hi >= n):
-            raise Unsupported(f"kernel {kernel.name!r}: the {what} {buffer!r} reaches elements [{lo}, {hi}] of a "
-                              f"buffer of {n}: {why} (masked loads outside a buffer are not run)")
 
 
 def check_independent(kernel: PointwiseKernel) -> None:
@@ -280,4 +246,4 @@ def in_sequence(name: str, symbols, programs, notes: str = "") -> Program:
     return Program(name, tuple(symbols), cores, tuple(queues), notes=notes)
 
 
-__all__ = ["Piece", "PiecesPlan", "box_kernel", "stacked", "check_bounds", "check_independent", "cut_points", "in_sequence", "split"]
+__all__ = ["Piece", "PiecesPlan", "box_kernel", "check_independent", "cut_points", "in_sequence", "split", "stacked"]

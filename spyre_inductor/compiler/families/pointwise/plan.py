@@ -15,6 +15,7 @@ import math
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.program import Program
 
+from ...core.bounds import check_bounds
 from ...core.codegen import build_program
 from ...core.compiled import COMPILER_VERSION, Compiled
 from ...core.division import choose_division, chosen_ns, representative, simulated_ns
@@ -66,14 +67,14 @@ def plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
         pieces.check_independent(kernel)
     if cut is None:
         if any(pieces.cut_points(kernel)):  # cuttable, but into too many pieces to unroll
-            pieces.check_bounds(kernel, f"its masks would cut it into more than {pieces.MAX_PIECES} pieces")
+            check_bounds(kernel, f"its masks would cut it into more than {pieces.MAX_PIECES} pieces")
         else:
-            pieces.check_bounds(kernel)
+            check_bounds(kernel)
         return _plan_whole(kernel, cores, max_cores, estimate)
     units = []  # (pieces, the kernel planned for them, its plan): a stacked group or one piece
     for group in _shape_groups(cut):
         for piece in group:
-            pieces.check_bounds(piece.kernel)
+            check_bounds(piece.kernel)
         together = pieces.stacked(group)
         if together is not None:
             try:

@@ -10,7 +10,7 @@ from ...core.compiled import Compiled
 from ...core.family import Family, family, register
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import IndirectKernel
-from ..pointwise.pieces import check_bounds
+from ...core.bounds import check_bounds
 from .division import plan
 from .lowering import canonical, empty_as_pointwise
 
