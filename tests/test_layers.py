@@ -102,3 +102,18 @@ def test_below_the_glue_nothing_imports_inductor_or_dynamo():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{module} imports {n}" for n in names if n.startswith(("torch._inductor", "torch._dynamo"))]
     assert found == []
+
+
+def test_a_family_imports_no_other_familys_modules():
+    """What two families share lives in the core. (Attention is built on the matmul family's PE
+    piece loads: the one edge between families, named here.)"""
+    allowed = {(f"{C}.families.attention.codegen", f"{C}.families.matmul.codegen")}
+
+    def family(module):
+        parts = module.split(".")
+        return parts[3] if len(parts) > 4 and parts[2] == "families" else None
+
+    g = import_graph.graph(f"{C}.families", "spyre_inductor")
+    across = sorted((m, d) for m, deps in g.items() for d in deps
+                    if family(m) and family(d) and family(m) != family(d) and (m, d) not in allowed)
+    assert across == []
