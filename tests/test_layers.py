@@ -79,8 +79,9 @@ def test_the_family_registry_lists_every_family_in_dispatch_order():
     assert [f.name for f in FAMILIES] == ["attention", "indirect", "matmul", "reduction", "pointwise"]
 
 
-def test_compiling_an_add_plans_with_the_families_a_pointwise_kernel_needs():
-    """Importing the planner entry loads the families; it does not load Inductor's glue."""
+def test_importing_the_planner_entry_does_not_load_inductors_glue():
+    """Importing the planner entry loads the core and the families (every family: a kernel goes to
+    the first that claims it), not Inductor's glue."""
     code = ("import sys; import spyre_inductor.compiler.backend; "
             "print(sorted(m for m in sys.modules if m.startswith('spyre_inductor.compiler.inductor')))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -109,9 +110,9 @@ def test_a_family_imports_no_other_familys_modules():
     piece loads: the one edge between families, named here.)"""
     allowed = {(f"{C}.families.attention.codegen", f"{C}.families.matmul.codegen")}
 
-    def family(module):
+    def family(module):  # (a family's package itself too: `from .. import matmul`)
         parts = module.split(".")
-        return parts[3] if len(parts) > 4 and parts[2] == "families" else None
+        return parts[3] if len(parts) > 3 and parts[2] == "families" else None
 
     g = import_graph.graph(f"{C}.families", "spyre_inductor")
     across = sorted((m, d) for m, deps in g.items() for d in deps

@@ -29,9 +29,45 @@ def registered_first(fam: Family):
         FAMILIES[:] = before
 
 
+def _kinds():
+    """One kernel of each kind, captured from real graphs (tests/compiler/golden_programs.py's corpus
+    has them all): {what: kernel}."""
+    import torch.nn.functional as F
+
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    dev = "spyre"
+    fns = {
+        "pointwise": (lambda a: a * 2 + 1, [torch.randn(8, 64)]),
+        "reduction": (lambda a: a.sum(-1), [torch.randn(8, 64)]),
+        "gather": (lambda w, i: F.embedding(i, w), [torch.randn(16, 64), torch.tensor([[3, 1]])]),
+        "gather then sum": (lambda w, i: w[i].sum(1), [torch.randn(16, 64), torch.randint(0, 16, (1, 64))]),
+        "matmul": (lambda x, w: x @ w, [torch.randn(16, 64), torch.randn(64, 32)]),
+        "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+                      [torch.randn(1, 2, 16, 32) for _ in range(3)]),
+    }
+    kinds = {}
+    for what, (fn, args) in fns.items():
+        torch._dynamo.reset()
+        with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            torch.compile(fn)(*[a.to(dev) for a in args])
+        kinds[what] = [r.kernel for r in records if r.kernel is not None]
+    return kinds
+
+
 def test_each_kernel_goes_to_the_family_of_its_kind():
+    kinds = _kinds()
+    (gather,) = kinds["gather"]
+    assert type(gather).__name__ == "IndirectKernel" and not registry.family("indirect").claims(gather)
+    families = {what: [family_of(k).name for k in ks] for what, ks in kinds.items()}
+    assert families == {"pointwise": ["pointwise"], "reduction": ["reduction"],
+                        "gather": ["pointwise"],  # (cut into pieces first, the rows then the indirect plan)
+                        "gather then sum": ["pointwise", "reduction"],  # (a gather is realized apart)
+                        "matmul": ["matmul"],
+                        "attention": ["attention"]}, families
     assert family_of(binary_kernel("add", (8, 64))).name == "pointwise"
     assert family_of(row_reduce("sum", (8, 64), 1)).name == "reduction"
+    assert family_of(row_reduce("sum", (8, 0), 1)).name == "reduction"  # (handed to pointwise: identities)
 
 
 def test_the_first_family_that_claims_a_kernel_plans_it():
@@ -62,6 +98,12 @@ def test_a_kernel_no_family_claims_is_refused_naming_the_families(monkeypatch):
         registry.family_of(binary_kernel("add", (8, 64)))
 
 
+def test_planning_with_no_family_registered_is_a_planner_error_not_a_cpu_fallback(monkeypatch):
+    monkeypatch.setattr(registry, "FAMILIES", [])
+    with pytest.raises(RuntimeError, match="no kernel family is registered"):
+        registry.family_of(binary_kernel("add", (8, 64)))
+
+
 def test_a_family_without_a_planner_says_so():
     with pytest.raises(NotImplementedError, match="kernel family 'bare' has no planner"):
         type("Bare", (Family,), {"name": "bare"})().plan(None, cores=None, max_cores=None, estimate=None)
@@ -78,7 +120,7 @@ def test_a_family_vetoes_fusion_of_what_it_would_plan_worse(monkeypatch):
         def claims(self, kernel):
             return False
 
-        def fusion_vetoed(self, fused, alone):
+        def fusion_vetoed(self, fused):
             return True
 
     def kernels():

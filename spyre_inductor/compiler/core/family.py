@@ -44,10 +44,15 @@ class Family:
 
     # ---- fusion ----------------------------------------------------------------------------
 
-    def fusion_vetoed(self, fused: Kernel | None, alone) -> bool:
-        """True if fusing two groups into `fused` (their kernel as one) would leave this family
-        with a kernel it refuses or plans far worse than the parts apart. `alone()` yields the
-        kernel of each of the two parts on its own (or None), for a veto that compares."""
+    def fusion_vetoed(self, fused: Kernel | None) -> bool:
+        """True if fusing two groups into `fused` (their kernel as one, None if it has none) would
+        leave this family with a kernel it refuses or plans far worse. A cheap check, not a plan."""
+        return False
+
+    def loses_to_fusion(self, fused: Kernel | None, alone) -> bool:
+        """True if `fused` would lose a plan one of the parts has on its own; `alone()` yields each
+        part's own kernel (or None). Asked only when no family vetoes `fused` outright: it may
+        capture the parts."""
         return False
 
     # ---- symbolic sizes --------------------------------------------------------------------
@@ -90,6 +95,9 @@ def family(name: str) -> Family:
 
 def family_of(kernel: Kernel) -> Family:
     """The family that plans `kernel`: the first, in dispatch order, that claims it."""
+    if not FAMILIES:  # (a planner bug, not a kernel to run on the CPU)
+        raise RuntimeError("no kernel family is registered: import spyre_inductor.compiler.families "
+                           "(compiler.backend does) before planning or emitting a kernel")
     for f in FAMILIES:
         if f.claims(kernel):
             return f
@@ -98,8 +106,9 @@ def family_of(kernel: Kernel) -> Family:
 
 
 def fusion_vetoed(fused: Kernel | None, alone) -> bool:
-    """True if any family vetoes the fused group (Family.fusion_vetoed)."""
-    return any(f.fusion_vetoed(fused, alone) for f in FAMILIES)
+    """True if any family vetoes the fused group outright (Family.fusion_vetoed), else if any
+    family would lose a part's own plan to it (Family.loses_to_fusion)."""
+    return any(f.fusion_vetoed(fused) for f in FAMILIES) or any(f.loses_to_fusion(fused, alone) for f in FAMILIES)
 
 
 __all__ = ["FAMILIES", "Family", "family", "family_of", "fusion_vetoed", "register"]

@@ -30,7 +30,7 @@ class IndirectFamily(Family):
         plans, program = plan(kernel, cores=cores, max_cores=max_cores, estimate=estimate)
         return Compiled(plans, program)
 
-    def fusion_vetoed(self, fused, alone) -> bool:
+    def fusion_vetoed(self, fused) -> bool:
         if not isinstance(fused, IndirectKernel):
             return False
         # a gather takes its indices from memory: their computation stays apart; and a gather or

@@ -33,18 +33,17 @@ class MatmulFamily(Family):
             except Unsupported as e:
                 raise Unsupported(f"{declined}; as a reduction: {e}") from e
 
-    def fusion_vetoed(self, fused, alone) -> bool:
-        if _several_dots(fused):
-            return True
-        if _pe_declined(fused):
-            # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
-            # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
-            # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
-            # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
-            # kernel of its own.
-            return any(isinstance(part, MatmulKernel) and not _pe_declined(part) for part in alone())
-        return False
+    def fusion_vetoed(self, fused) -> bool:
+        return _several_dots(fused)
 
+    def loses_to_fusion(self, fused, alone) -> bool:
+        # Not when the group would lose the PE plans its matmul has alone: an epilogue operand
+        # broadcast over one of the output's row dims (GPT-2's position embeddings in the first
+        # block's residual) keeps the rows from merging into one m dim, and the matmul ran as
+        # a reduction (1957 us, 168x its minimum bytes). Apart, the epilogue is a pointwise
+        # kernel of its own.
+        return _pe_declined(fused) and any(isinstance(part, MatmulKernel) and not _pe_declined(part)
+                                           for part in alone())
 
 def _several_dots(kernel) -> bool:
     """Two matmuls in one group (q, k and v projections of one x, fused horizontally because they

@@ -35,7 +35,7 @@ class ReductionFamily(Family):
         plans, program = plan(kernel, cores=cores, max_cores=max_cores, **kwargs)
         return Compiled(plans, program)
 
-    def fusion_vetoed(self, fused, alone) -> bool:
+    def fusion_vetoed(self, fused) -> bool:
         return not _plannable_shape(fused) or not _masks_plannable(fused)
 
 
