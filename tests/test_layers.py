@@ -118,3 +118,13 @@ def test_a_family_imports_no_other_familys_modules():
     across = sorted((m, d) for m, deps in g.items() for d in deps
                     if family(m) and family(d) and family(m) != family(d) and (m, d) not in allowed)
     assert across == []
+
+
+def test_the_runtime_queue_and_launch_layer_close_no_import_cycle():
+    """The queue layer is one concept per module (tickets, poison, the stream graph, submission,
+    workers, delivery) and the launch layer four (artifact, prepare, launch, direct): none imports
+    back a module that imports it."""
+    g = import_graph.graph("spyre_runtime", "spyre_runtime")
+    layer = {m: deps for m, deps in g.items()
+             if m.startswith("spyre_runtime.queue") or m.rpartition(".")[2] in ("artifact", "prepare", "launch", "direct")}
+    assert import_graph.cycles(layer) == []
