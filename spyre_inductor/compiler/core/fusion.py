@@ -260,7 +260,5 @@ def isa_op(where, i, v: Op, args, dtypes):
     return kind, op, args
 
 
-_isa_op = isa_op  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
-
 __all__ = ["BINARY", "INTEGER_ONLY", "ROWS", "STICKS", "UNARY", "ValueTiles", "access_space", "axes_of", "isa_op",
            "plan_fusion", "streamed"]

@@ -353,7 +353,5 @@ def _value_layout(where, i, v, kernel) -> ValueLayout:
     return ValueLayout(i, dtype, STICK // ITEMSIZE[dtype])
 
 
-_canonical = canonical_dims  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
-
 __all__ = ["Access", "BufferLayout", "Counting", "ELEMENTS_MODE", "LayoutPlan", "STICKS_MODE", "TRANSPOSED_MODE",
            "ValueLayout", "canonical_dims", "on_chip_dtype", "operand_value", "plan_layout"]

@@ -35,7 +35,7 @@ from ..ir.errors import Unsupported
 from .allocate import Need, Placement, allocate
 from .fusion import ROWS, STICKS, streamed
 from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges
-from .tiling import BUFFER_CHOICES, BUFFERS, TilePlan  # noqa: F401 - re-exported
+from .tiling import TilePlan
 
 
 def tile_geometry(t: Tile, tiling: TilePlan) -> tuple[int, int]:
@@ -80,4 +80,4 @@ def plan_scratchpad(tile_kernel: TileKernel, tiling: TilePlan, usable: int | Non
         current = smaller
 
 
-__all__ = ["BUFFERS", "BUFFER_CHOICES", "needs", "plan_scratchpad", "tile_geometry"]
+__all__ = ["needs", "plan_scratchpad", "tile_geometry"]

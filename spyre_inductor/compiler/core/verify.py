@@ -34,7 +34,7 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import Program
 
 from ..ir.errors import PlanError
-from .allocate import Need, Placement, check_needs, check_placement  # noqa: F401 - check_placement: the reductions' import
+from .allocate import Need, Placement, check_needs, check_placement
 from .fusion import ROWS, STICKS
 from .tiles import Relayout, Role, TileKernel
 from .tiling import TilePlan
@@ -86,4 +86,4 @@ def verify(tile_kernel: TileKernel, tiling: TilePlan, placement: Placement) -> N
     check_placement(what, placement.allocations, min(placement.usable, HARDWARE.scratchpad_usable_bytes))
 
 
-__all__ = ["check_placement", "verify", "verify_program"]
+__all__ = ["verify", "verify_program"]

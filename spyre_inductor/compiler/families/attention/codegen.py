@@ -22,7 +22,7 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 from __future__ import annotations
 
 from spyre_runtime.program.emitter import Unit
-from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Send, Store,
+from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, MatMul, Pop, Push, Reduce, Select, Send, Store,
                                       Transpose, Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol

@@ -29,7 +29,7 @@ from ...ir.errors import Unsupported
 from ...ir.kernel_ir import Cast, Constant, IndexValue, Load, MatmulKernel, Op, Reduction, SizeValue
 from ...symbolic.reduce import fill_of
 from ...core._dump import Describable
-from ...core.fusion import _isa_op
+from ...core.fusion import isa_op
 from ...core.layout import FLOATS, on_chip_dtype, operand_value
 from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
 
@@ -206,7 +206,7 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
                 epi_steps.append(Step("unary", "copy", value_tile[i], (src,)))
         elif isinstance(v, Op):
             args = tuple(value_tile[x] for x in v.args)
-            kind, op, args = _isa_op(where, i, v, args, [tiles[x].dtype for x in args])
+            kind, op, args = isa_op(where, i, v, args, [tiles[x].dtype for x in args])
             value_tile[i] = new("t", on_chip_dtype(v.dtype, f"{where} value {i}"), space("m", "n"), Role.TEMPORARY)
             epi_steps.append(Step(kind, op, value_tile[i], args))
         else:

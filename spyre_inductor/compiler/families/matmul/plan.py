@@ -30,7 +30,6 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 
-from ...ir.errors import Unsupported
 from ...core._dump import Describable
 from ...core.allocate import Need, Placement, allocate
 from .lowering import MatmulShape

@@ -276,5 +276,5 @@ def plan(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | 
     return plans_of(t.low, t.plan, division, buffers_of(kernel)), program
 
 
-__all__ = ["FAMILY", "Trial", "buffers_of", "outer_shares", "plan", "plans_of",
+__all__ = ["FAMILY", "Trial", "outer_shares", "plan", "plans_of",
            "ring_eligible", "ring_shares"]
