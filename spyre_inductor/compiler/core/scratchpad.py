@@ -29,31 +29,22 @@ and planned again.
 from __future__ import annotations
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.operands import ITEMSIZE, sticks
 
 from ..ir.errors import Unsupported
 from .allocate import Need, Placement, allocate
 from .fusion import ROWS, STICKS, streamed
-from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges
+from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges, tile_geometry
 from .tiling import TilePlan
-
-
-def tile_geometry(t: Tile, tiling: TilePlan) -> tuple[int, int]:
-    """(stored rows, row stride in bytes) of a tile of `t` at the plan's tile shape."""
-    rows = tiling.tile_rows if ROWS in t.space else 1
-    cols = tiling.tile_cols if STICKS in t.space else 1
-    if t.role is Role.STAGING:
-        rows, cols = cols, rows
-    return rows, sticks(cols * ITEMSIZE[t.dtype])
 
 
 def needs(tile_kernel: TileKernel, tiling: TilePlan) -> tuple[Need, ...]:
     """Constants, then streamed tiles (``tiling.buffers`` copies each), then temporaries with
     their live ranges in the chunk phase's steps: the order they are placed in."""
     live = live_ranges(tile_kernel.phase(PhaseKind.CHUNK).steps)
+    extent = {ROWS: tiling.tile_rows, STICKS: tiling.tile_cols}
 
     def need(t: Tile, copies: int = 1, span=None) -> Need:
-        rows, stride = tile_geometry(t, tiling)
+        rows, stride = tile_geometry(t, ROWS, STICKS, extent)
         return Need(t.name, rows * stride, stride, copies, span)
 
     out = [need(t) for t in tile_kernel.tiles if t.role is Role.CONSTANT]
@@ -80,4 +71,4 @@ def plan_scratchpad(tile_kernel: TileKernel, tiling: TilePlan, usable: int | Non
         current = smaller
 
 
-__all__ = ["needs", "plan_scratchpad", "tile_geometry"]
+__all__ = ["needs", "plan_scratchpad"]

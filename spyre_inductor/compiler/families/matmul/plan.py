@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
-from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+from spyre_runtime.program.operands import ITEMSIZE, STICK
 
 from ...core._dump import Describable
 from ...core.allocate import Need, Placement, allocate
 from .lowering import MatmulShape
-from ...core.tiles import Role, TileKernel, live_ranges
+from ...core.tiles import Role, TileKernel, live_ranges, tile_geometry
 
 PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
 
@@ -196,11 +196,7 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
             continue
         served = tile.of or tile.name
         rows_axis, cols_axis = ("m", "k") if served == ta else ("k", "n") if served == tb else ("m", "n")
-        rows = size[rows_axis] if rows_axis in tile.space else 1
-        cols = size[cols_axis] if cols_axis in tile.space else 1
-        if tile.role is Role.STAGING:
-            rows, cols = cols, rows
-        row = sticks(cols * ITEMSIZE[tile.dtype])
+        rows, row = tile_geometry(tile, rows_axis, cols_axis, size)
         if tile.name in (ta, tb):
             copies = t.a_slots if tile.name == ta else t.b_slots
         elif tile.role is Role.ACCUMULATOR:

@@ -38,14 +38,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+from spyre_runtime.program.operands import ITEMSIZE, sticks
 
 from ...ir.errors import PlanError, Unsupported
 from ...core._dump import Describable, plain
 from ...core.allocate import Need, Placement, allocate, check_needs, check_placement
 from .lowering import ReductionLowering
-from .space import ALONG_REDUCED, FULL, PER_ROW
-from ...core.tiles import ChunkValue, PhaseKind, Relayout, Role, Tile
+from .space import AXES, COLUMN_AXES, FULL, OUTER, REDUCED
+from ...core.tiles import ChunkValue, PhaseKind, Role, Tile, tile_geometry
 
 CHUNK_COPIES = ("full", "remainder")  # a CHUNK_CONSTANT's copies, by index
 
@@ -72,32 +72,14 @@ def streamed(low: ReductionLowering, name: str) -> bool:
 
 
 def tile_bytes(t: Tile, G: int, Kc: int, columns: bool = False) -> tuple[int, int]:
-    """(bytes, row stride) of tile `t` at group G and chunk Kc (module docstring)."""
-    isz = ITEMSIZE[t.dtype]
-    if columns:
-        row = sticks(G * isz)
-        if t.role is Role.SCRATCH:
-            return max(1, -(-Kc // 2)) * row, row
-        if t.space == FULL:
-            return Kc * row, row
-        if t.space == PER_ROW:
-            return row, row
-        if t.space == ALONG_REDUCED:
-            return Kc * STICK, STICK
-        return STICK, STICK
-    if t.role is Role.STAGING:
-        if t.relayout is Relayout.TRANSPOSED:
-            return Kc * sticks(G * isz), sticks(G * isz)
-        if t.relayout is Relayout.GATHERED:
-            return Kc * STICK, STICK
-        return sticks(G * isz), sticks(G * isz)
-    if t.space == FULL:
-        return G * sticks(Kc * isz), sticks(Kc * isz)
-    if t.space == PER_ROW:
-        return G * STICK, STICK
-    if t.space == ALONG_REDUCED:
-        return sticks(Kc * isz), sticks(Kc * isz)
-    return STICK, STICK
+    """(bytes, row stride) of tile `t` at group G and chunk Kc (module docstring): rows along the
+    outer axis and sticks along the reduced one, or the other way round with column tiles."""
+    row_axis, stick_axis = COLUMN_AXES if columns else AXES
+    if columns and t.role is Role.SCRATCH:  # half a full tile's rows: the fold's first step halves them
+        row = sticks(G * ITEMSIZE[t.dtype])
+        return max(1, -(-Kc // 2)) * row, row
+    rows, row = tile_geometry(t, row_axis, stick_axis, {OUTER: G, REDUCED: Kc})
+    return rows * row, row
 
 
 def work_live(low: ReductionLowering) -> dict[str, tuple[int, int]]:
