@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from spyre_runtime.hardware import HARDWARE
 
-from ..ir.errors import Unsupported
-from .allocate import Need, Placement, allocate
+from .allocate import Need, Placement, allocate, shrink_to_fit
 from .fusion import ROWS, STICKS, streamed
 from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges, tile_geometry
 from .tiling import TilePlan
@@ -59,16 +58,11 @@ def plan_scratchpad(tile_kernel: TileKernel, tiling: TilePlan, usable: int | Non
     """(placement, the tile shape it is for): `tiling` itself, or shrunk until the tiles fit.
     `buffers` overrides tiling.buffers (the returned tile shape carries it)."""
     usable = HARDWARE.scratchpad_usable_bytes if usable is None else usable
-    current = tiling if buffers is None else tiling.with_buffers(buffers)
-    while True:
-        placement = allocate(needs(tile_kernel, current), usable)
-        if placement.fits:
-            return placement, current
-        smaller = current.shrunk()
-        if smaller is None:
-            raise Unsupported(f"the kernel's {len(tile_kernel.tiles)} tiles need {placement.high_water} B of "
-                              f"scratchpad even at one stick per tile; {usable} B are usable")
-        current = smaller
+    return shrink_to_fit(lambda current: allocate(needs(tile_kernel, current), usable),
+                         tiling if buffers is None else tiling.with_buffers(buffers), TilePlan.shrunk,
+                         lambda placement, _: f"the kernel's {len(tile_kernel.tiles)} tiles need "
+                                              f"{placement.high_water} B of scratchpad even at one stick per "
+                                              f"tile; {usable} B are usable")
 
 
 __all__ = ["needs", "plan_scratchpad"]
