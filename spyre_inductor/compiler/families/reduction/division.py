@@ -42,11 +42,10 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 from spyre_runtime.program.program import Program
-from spyre_runtime.program.timing import estimate as timing_estimate
 
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import ReductionKernel
-from ...core.division import candidate_counts, simulated_ns
+from ...core.division import candidate_counts, representative_ns, simulated_ns
 from ...core.keep import validated
 from ...core.layout import buffers_of
 from ...core.plans import Division, Plans
@@ -136,11 +135,6 @@ def _build(kernel, low, plan, split, shares) -> Program:
     return build_reduction_program(kernel, low, plan, tuple(shares), notes=notes)
 
 
-def _simulated(program: Program, replicas: int) -> float:
-    """A candidate's time by the timing model, without validating it (search.py: it is not kept)."""
-    return timing_estimate(program, HARDWARE, replicas, check=False).simulated_ns
-
-
 def _lowerings(kernel, mode, errors) -> list[ReductionLowering]:
     """The kernel's lowerings in `mode`: row tiles, then column tiles where they apply."""
     out = []
@@ -170,11 +164,13 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
         key = (low.mode, low.columns, plan.group, plan.chunk, plan.buffers, shares)
         if key not in timed:
             if estimate is None and symmetric and len(shares) > 1:
-                # the cores run one program on their own rows: the first (the largest) as all of them
-                timed[key] = (_simulated(_build(kernel, low, plan, split, shares[:1]), len(shares)), None)
+                # the cores run one program on their own rows: the first (the largest) as all of them;
+                # not validated (search.py: a candidate is not kept)
+                timed[key] = (representative_ns(lambda first: _build(kernel, low, plan, split, first), shares,
+                                                check=False), None)
             else:
                 whole = _build(kernel, low, plan, split, shares)
-                timed[key] = (_simulated(whole, 1) if estimate is None else estimate(whole), whole)
+                timed[key] = (simulated_ns(whole, check=False) if estimate is None else estimate(whole), whole)
         ns, whole = timed[key]
         return Candidate(label, len(shares), ns, Trial(low, plan, split, shares, whole))
 
