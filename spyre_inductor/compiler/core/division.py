@@ -41,6 +41,9 @@ from .tiling import TilePlan
 
 @dataclass(frozen=True)
 class CoreShare:
+    """One core's box of the iteration space: [starts, starts + counts) per canonical dim (a
+    reduction's outer dims, then its reduced dim: a ring plan splits that one)."""
+
     core: int
     starts: tuple[int, ...]  # per canonical dim
     counts: tuple[int, ...]

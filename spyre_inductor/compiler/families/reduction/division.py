@@ -45,11 +45,11 @@ from spyre_runtime.program.program import Program
 
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import ReductionKernel
-from ...core.division import candidate_counts, representative_ns, simulated_ns
+from ...core.division import CoreShare, candidate_counts, representative_ns, simulated_ns
 from ...core.keep import validated
 from ...core.layout import buffers_of
 from ...core.plans import Division, Plans
-from .codegen import RShare, build_reduction_program
+from .codegen import build_reduction_program
 from .lowering import ReductionLowering, lower
 from .plan import ReductionPlan, fit, verify_reduction
 from .space import FULL, PER_ROW
@@ -67,7 +67,7 @@ class Trial:
     low: ReductionLowering
     plan: ReductionPlan
     split: str                       # "outer dim <d>", "reduced dim (ring)"
-    shares: tuple[RShare, ...]
+    shares: tuple[CoreShare, ...]
     program: Program | None
 
 
@@ -95,7 +95,7 @@ def ring_eligible(low: ReductionLowering) -> bool:
             and len([d for d in low.outer if d > 1]) <= 1 and not per_row_loads and low.K > 1)
 
 
-def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str, list[RShare]]:
+def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str, list[CoreShare]]:
     outer, odim = low.outer, len(low.outer) - 1
     best = None
     for d in range(len(outer)):
@@ -110,17 +110,17 @@ def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str,
     for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         start = u0 * g
         count = min(n * g, outer[d] - start)
-        shares.append(RShare(core, tuple(start if k == d else 0 for k in range(len(outer))),
-                             tuple(count if k == d else r for k, r in enumerate(outer)), 0, low.K))
+        shares.append(CoreShare(core, tuple(start if k == d else 0 for k in range(len(outer))) + (0,),
+                                tuple(count if k == d else r for k, r in enumerate(outer)) + (low.K,)))
     return f"outer dim {d}", shares
 
 
-def ring_shares(low: ReductionLowering, cores: int, granule: int) -> list[RShare]:
+def ring_shares(low: ReductionLowering, cores: int, granule: int) -> list[CoreShare]:
     units = -(-low.K // granule)
     out = []
     for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         k0 = u0 * granule
-        out.append(RShare(core, tuple(0 for _ in low.outer), low.outer, k0, min(n * granule, low.K - k0)))
+        out.append(CoreShare(core, tuple(0 for _ in low.outer) + (k0,), low.outer + (min(n * granule, low.K - k0),)))
     return out
 
 
@@ -232,7 +232,7 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
             shares = ring_shares(ring, n, kg)
             if len(shares) < 2:
                 return None
-            per = max(s.kn for s in shares)
+            per = max(s.counts[-1] for s in shares)
             kc = max(kg, target // (outer_n * _widest(ring)) // kg * kg)
             if ring.ring_scan:  # a scan's slice stays resident: one tile of the whole slice
                 kc, buffers = -(-per // kg) * kg, 1
