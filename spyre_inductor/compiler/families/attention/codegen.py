@@ -21,11 +21,11 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 
 from __future__ import annotations
 
-from spyre_runtime.program.emitter import Unit
+from spyre_runtime.program.emitter import Unit, assemble
 from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, MatMul, Pop, Push, Reduce, Select, Send, Store,
                                       Transpose, Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK
-from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...ir.errors import Unsupported
 from ...core.allocate import Placement
@@ -39,13 +39,11 @@ NINF = float("-inf")
 def build_attention_program(name: str, symbols: tuple[Symbol, ...], shape: AttentionShape,
                             tiling: AttentionTiling, placement: Placement, work: tuple[CoreWork, ...],
                             notes: str = "") -> Program:
-    cores, queues = [], []
+    cores, queues = {}, []
     for w in work:
-        units, qs = _Core(shape, tiling, placement, w).emit()
+        cores[w.core], qs = _Core(shape, tiling, placement, w).emit()
         queues += qs
-        cores.append(CoreProgram(w.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
-    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+    return assemble(name, symbols, queues, cores, notes, check=False)
 
 
 class _Core:

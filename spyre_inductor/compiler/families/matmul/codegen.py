@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import itertools
 
-from spyre_runtime.program.emitter import Unit
+from spyre_runtime.program.emitter import Unit, assemble
 from spyre_runtime.program.isa import Fence, Fill, Load, MatMul, Pop, Push, Store, Transpose
 from spyre_runtime.program.operands import ITEMSIZE, STICK
-from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...core.allocate import Placement
 from ...core.division import CoreShare
@@ -54,13 +54,11 @@ def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulSh
                          blocks: tuple[CoreShare, ...] | None = None, share: str | None = None) -> Program:
     """`blocks` (default: the grid's) lets a planner time one representative core; `share` ("a"
     or "b") all-gathers that operand over the ring between the grid's cores."""
-    cores, queues = [], []
+    cores, queues = {}, []
     for block in (grid.blocks if blocks is None else blocks):
-        units, qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
+        cores[block.core], qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
         queues += qs
-        cores.append(CoreProgram(block.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
-    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+    return assemble(name, symbols, queues, cores, notes, check=False)
 
 
 def _batch_index(shape: MatmulShape, flat: int) -> tuple[int, ...]:

@@ -46,11 +46,11 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import replace
 
-from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues, split_evenly
+from spyre_runtime.program.emitter import Aff, Unit, assemble, pipeline, pipeline_queues, split_evenly
 from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Philox, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
-from spyre_runtime.program.program import CoreProgram, Program, Queue
+from spyre_runtime.program.program import Program, Queue
 
 from ...ir.kernel_ir import ReductionKernel
 from ...core.division import CoreShare
@@ -69,15 +69,12 @@ MOVE_PIECES = 4  # transfers one column-tile move is issued as (module docstring
 
 def build_reduction_program(kernel: ReductionKernel, low: ReductionLowering, plan: ReductionPlan,
                             shares: tuple[CoreShare, ...], notes: str = "") -> Program:
-    queues, cores = [], []
+    queues, cores = [], {}
     last = len(shares) - 1
     for pos, share in enumerate(shares):
-        units, qs = _Core(low, plan, share, pos, last).build()
+        cores[share.core], qs = _Core(low, plan, share, pos, last).build()
         queues += qs
-        cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
-    program = Program(kernel.name, symbols_of(kernel), tuple(cores), tuple(q for q in queues if q.name in used),
-                      notes=notes)
+    program = assemble(kernel.name, symbols_of(kernel), queues, cores, notes, check=False)
     return recorded(kernel, program)  # the kernel's minimum traffic (the one kept is launched)
 
 
