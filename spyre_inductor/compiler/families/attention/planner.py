@@ -117,6 +117,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     from ...core.compiled import COMPILER_VERSION, Compiled
 
     shape = analyse(kernel)
+    tk = tile_kernel(shape)
     if kernel.symbolic is not None:  # (issue 18: each head of a buffer over the sequence is its own placeholder)
         from .sizes import layouts, symbols as head_symbols
 
@@ -147,7 +148,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
         place = placement(shape, tiling)
         notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
                  f"{len(work)} core(s)")
-        return units, work, place, lambda cores: build_attention_program(kernel.name, symbols, shape, tiling,
+        return units, work, place, lambda cores: build_attention_program(kernel.name, symbols, shape, tk, tiling,
                                                                          place, cores, notes)
 
     def build(tiling, n):
@@ -185,7 +186,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     division = Division(len(work), f"{nunits} work units (batch, kv head, {tiling.rows} query rows per head)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results),
                         tuple((w.core, len(w.units)) for w in work), chosen.ns)
-    plans = Plans("attention", buffers, tile_kernel(shape), (("shape", shape), ("tiling", tiling)), place,
+    plans = Plans("attention", buffers, tk, (("shape", shape), ("tiling", tiling)), place,
                   division)
     return Compiled(plans, program)
 
