@@ -34,7 +34,7 @@ from .operands import Addr, DevAddr, Tile, sticks
 from .program import CoreProgram, Program, Queue
 from .validate import validate
 
-__all__ = ["Aff", "Scratch", "Unit", "assemble", "nothing", "pipeline", "pipeline_queues", "split_evenly", "sticks"]
+__all__ = ["Aff", "Scratch", "Unit", "assemble", "nothing", "pipeline", "pipeline_queues", "split_evenly"]
 
 
 
