@@ -43,7 +43,7 @@ from ...core.division import CoreShare
 from ...core.codegen import emit_elementwise
 from .lowering import MAccess, MatmulShape
 from .plan import Grid, MatmulTiling, operand_tiles
-from ...core.tiles import Role, TileKernel, broadcast_of
+from ...core.tiles import Role, TileKernel, broadcast_of, tile_extent
 
 # More instructions than this per core is a plan the timing model should not have to replay.
 MAX_INSTRUCTIONS_PER_CORE = 200_000
@@ -371,8 +371,7 @@ class _Core:
         for name, access in self.epi.loads:
             tile = self.tk.tile(name)
             a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
-            rows = mt[1] if "m" in tile.space else 1
-            cols = nt[1] if "n" in tile.space else 1
+            rows, cols = tile_extent(tile.space, "m", "n", {"m": mt[1], "n": nt[1]})
             origin = _element(access, bidx, mt[0], nt[0], 0)
             ls.emit(Load(ls.sp(a.offset), ls.dev(access.buffer, origin * isz), rows, cols * isz,
                          access.m_stride * isz if rows > 1 else 0, a.row_stride))

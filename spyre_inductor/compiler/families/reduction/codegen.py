@@ -61,7 +61,7 @@ from .lowering import ReductionLowering
 from .plan import ReductionPlan, streamed
 from ...core.reduction_ops import COMBINE
 from .space import ALONG_REDUCED, FULL, OUTER, PER_ROW, REDUCED, SCALAR, Access
-from ...core.tiles import ChunkValue, Relayout, Role, broadcast_of
+from ...core.tiles import ChunkValue, Relayout, Role, broadcast_of, tile_extent
 
 
 MOVE_PIECES = 4  # transfers one column-tile move is issued as (module docstring)
@@ -105,8 +105,7 @@ class _Core:
 
     def sizes(self, space, g, kc):
         """(rows, cols) of a tile of `space` over g outer and kc reduced elements."""
-        extent = {OUTER: g, REDUCED: kc}
-        return tuple(extent[a] if a in space else 1 for a in (self.row_axis, self.stick_axis))
+        return tile_extent(space, self.row_axis, self.stick_axis, {OUTER: g, REDUCED: kc})
 
     def alloc(self, name, copy, ksize=None):
         """The allocation a step or move of tile `name` uses: stream buffer `copy` of a streamed
