@@ -7,6 +7,9 @@ half of the verifier that every family's plan goes through before
 emission. Live ranges are ``(first, last)`` in the family's own step
 numbering; ``None`` is the whole program.
 
+A tile shape whose needs do not fit is shrunk and placed again
+(``shrink_to_fit``); each family says how its shape gets smaller.
+
 Placement: pinned needs (live for the whole program) first, in the order
 given, each copy after the last; then the live-ranged ones, in order, each
 at the lowest offset where it fits beside the needs live at an overlapping
@@ -16,10 +19,11 @@ step (the bytes of dead ones are reused: first fit).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from spyre_runtime.program.operands import STICK
 
-from ..ir.errors import PlanError
+from ..ir.errors import PlanError, Unsupported
 from ._dump import Describable
 
 
@@ -151,4 +155,22 @@ def check_needs(what: str, needs, placement: Placement) -> None:
                                 f"{a.row_stride} B need {reach} B")
 
 
-__all__ = ["Allocation", "Need", "Placement", "allocate", "check_needs", "check_placement", "first_fit"]
+
+Shape = TypeVar("Shape")
+
+
+def shrink_to_fit(place: Callable[[Shape], Placement], shape: Shape, smaller: Callable[[Shape], Shape | None],
+                  refusal: Callable[[Placement, Shape], str]) -> tuple[Placement, Shape]:
+    """(placement, the shape it is for): `shape` placed, or each `smaller` shape in turn until the
+    placement fits; Unsupported(refusal(placement, shape)) when `smaller` has nothing left (None)."""
+    while True:
+        placement = place(shape)
+        if placement.fits:
+            return placement, shape
+        next_shape = smaller(shape)
+        if next_shape is None:
+            raise Unsupported(refusal(placement, shape))
+        shape = next_shape
+
+__all__ = ["Allocation", "Need", "Placement", "allocate", "check_needs", "check_placement", "first_fit",
+           "shrink_to_fit"]

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues
+from spyre_runtime.program.emitter import Aff, Unit, assemble, pipeline, pipeline_queues
 from spyre_runtime.program.isa import (Binary, Fence, Fill, Gather, Iota, Load, Philox, Scatter, Select, Store, Transpose,
                                        Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, RowIndex
-from spyre_runtime.program.program import CoreProgram, Program, Symbol
+from spyre_runtime.program.program import Program, Symbol
 
 from ..ir.errors import PlanError
 from .allocate import Placement
@@ -60,13 +60,11 @@ def build_program(name: str, layout: LayoutPlan, tile_kernel: TileKernel, tiling
                   placement: Placement, division: Division, notes: str = "", gathers=None,
                   scatters=None) -> Program:
     symbols = tuple(Symbol(b.name, b.role, b.dtype, b.shape, b.strides) for b in layout.buffers)
-    queues, cores = [], []
+    queues, cores = [], {}
     for share in division.shares:
-        units, qs = _core(tile_kernel, tiling, placement, share, dict(gathers or {}), scatters)
+        cores[share.core], qs = _core(tile_kernel, tiling, placement, share, dict(gathers or {}), scatters)
         queues += qs
-        cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
-    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+    return assemble(name, symbols, queues, cores, notes, check=False)
 
 
 def _core(tk: TileKernel, tiling: TilePlan, spad: Placement, share: CoreShare, gathers=None, scatters=None):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
@@ -41,6 +41,9 @@ from .tiling import TilePlan
 
 @dataclass(frozen=True)
 class CoreShare:
+    """One core's box of the iteration space: [starts, starts + counts) per canonical dim (a
+    reduction's outer dims, then its reduced dim: a ring plan splits that one)."""
+
     core: int
     starts: tuple[int, ...]  # per canonical dim
     counts: tuple[int, ...]
@@ -93,17 +96,23 @@ def simulated_ns(program, replicas: int = 1, check: bool = True) -> float:
     return estimate(program, HARDWARE, replicas, check=check).simulated_ns
 
 
+def representative_ns(build: Callable[[tuple], object], shares: Sequence, check: bool = True,
+                      load: Callable[[object], float] | None = None) -> float:
+    """The timing model's estimate of `shares` run one per core, from one core's program: `build`
+    of the representative share alone, standing for len(shares) identical cores in step
+    (timing.estimate's replicas). The shares differ only in where they start and how much they
+    hold, so the busiest one's time is the candidate's, at a fraction of the cost of timing
+    every core. The busiest is the first (an even split puts the largest share first) unless
+    `load` says how busy each is."""
+    one = shares[0] if load is None else max(shares, key=load)
+    return simulated_ns(build((one,)), len(shares), check)
+
+
 def representative(build: Callable[[Division], object]):
-    """(build, estimate) for choose_division that time a candidate by its first core only, as
-    `cores` identical cores in step (timing.estimate's replicas): the shares differ only in
-    where they start, and the first is the largest, so this is the candidate's time at a
-    fraction of the cost of timing every core."""
-
-    def build_first(plan: Division):
-        first = dataclasses.replace(plan, shares=plan.shares[:1])
-        return build(first), plan.cores
-
-    return build_first, lambda candidate: simulated_ns(candidate[0], candidate[1])
+    """(build, estimate) for choose_division that time a candidate by its representative core
+    (representative_ns)."""
+    return (lambda plan: plan), lambda plan: representative_ns(
+        lambda first: build(dataclasses.replace(plan, shares=first)), plan.shares)
 
 
 def candidate_counts(units: int) -> list[int]:

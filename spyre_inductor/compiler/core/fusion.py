@@ -100,15 +100,24 @@ def counting_space(strides: tuple[int, ...], layout: LayoutPlan) -> frozenset[st
     return frozenset(axes)
 
 
-class ValueTiles:
-    """The tiles and sfp steps of a pointwise-shaped kernel's computed values, shared by the
-    pointwise lowering (plan_fusion) and the gather/scatter one (families/indirect/lowering.py): the family
-    brings its loads, this makes the rest: constants (one tile per value, filled once), index
-    values (an iota from the tile's position), casts (an alias where the value cannot change),
-    ops, and each store's source tile (module docstring)."""
+def aliases(dtype: str, src_dtype: str) -> bool:
+    """Whether a Cast of a `src_dtype` tile to `dtype` cannot change the value (the same dtype, or
+    a float widened to fp32: the sfp reads every float in fp32 anyway): an alias, not a step."""
+    return dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS)
 
-    def __init__(self, kernel, layout: LayoutPlan, axes: tuple[str, ...]):
+
+class ValueTiles:
+    """The tiles and sfp steps of a kernel's computed values, shared by the pointwise lowering
+    (plan_fusion), the gather/scatter one (families/indirect/lowering.py) and the matmul's epilogue: the
+    family brings its loads, this makes the rest: constants (one tile per value, filled once),
+    index values (an iota from the tile's position), casts (an alias where the value cannot
+    change), ops, and each store's source tile (module docstring). A computed value varies over
+    every one of `axes`; its dtype is the layout's, or `dtype_of`'s (value position -> tile
+    dtype) for a family without a pointwise layout (no index values then)."""
+
+    def __init__(self, kernel, layout: LayoutPlan | None, axes: tuple[str, ...], dtype_of=None):
         self.kernel, self.layout, self.where = kernel, layout, f"kernel {kernel.name!r}"
+        self.dtype_of = dtype_of if dtype_of is not None else (lambda i: layout.value(i).dtype)
         self.full = frozenset(axes)
         self.tiles: dict[str, Tile] = {}
         self.value_tile: dict[int, str] = {}
@@ -123,33 +132,34 @@ class ValueTiles:
         self.tiles[name] = Tile(name, dtype, self.full if tile_space is None else tile_space, role, **staging)
         return name
 
+    def constant(self, key, prefix: str, dtype: str, value) -> str:
+        """The CONSTANT tile of `key` holding `value`: one per key, filled once per core."""
+        if key not in self._consts:
+            self._consts[key] = self.new(prefix, dtype, Role.CONSTANT, frozenset())
+            self.constants.append((self._consts[key], value))
+        return self._consts[key]
+
     def compute(self, i: int, v) -> None:
         """The tile of value `i` (a constant, index value, cast or op), and its step if any."""
-        dtype = self.layout.value(i).dtype
         if isinstance(v, Constant):
+            dtype = self.dtype_of(i)
             value = operand_value(v.value, dtype)
-            key = (repr(value), dtype)
-            if key not in self._consts:
-                self._consts[key] = self.new("k", dtype, Role.CONSTANT, frozenset())
-                self.constants.append((self._consts[key], value))
-            self.value_tile[i] = self._consts[key]
+            self.value_tile[i] = self.constant((repr(value), dtype), "k", dtype, value)
         elif isinstance(v, SizeValue):
             # a size known only at launch (issue 18): a constant tile filled from the size words
+            dtype = self.dtype_of(i)
             fill = fill_of(self.kernel, v)
-            key = (fill, dtype)
-            if key not in self._consts:
-                self._consts[key] = self.new("z", dtype, Role.CONSTANT, frozenset())
-                self.constants.append((self._consts[key], fill))
-            self.value_tile[i] = self._consts[key]
+            self.value_tile[i] = self.constant((fill, dtype), "z", dtype, fill)
         elif isinstance(v, IndexValue):
+            dtype = self.dtype_of(i)
             # computed on chip from the tile's position, never loaded (Step.value: the counting)
             counting = self.layout.counting(i)
             self.value_tile[i] = self.new("ix", dtype, Role.TEMPORARY, counting_space(counting.strides, self.layout))
             self.steps.append(Step("iota", "iota", self.value_tile[i], (), value=counting))
         elif isinstance(v, Cast):
             src = self.value_tile[v.arg]
-            src_dtype = self.tiles[src].dtype
-            if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
+            dtype = self.dtype_of(i)
+            if aliases(dtype, self.tiles[src].dtype):
                 self.value_tile[i] = src  # the value cannot change
                 self.aliased += 1
             else:
@@ -159,7 +169,7 @@ class ValueTiles:
         elif isinstance(v, Op):
             args = tuple(self.value_tile[a] for a in v.args)
             kind, op, args = isa_op(self.where, i, v, args, [self.tiles[a].dtype for a in args])
-            self.value_tile[i] = self.new("t", dtype, Role.TEMPORARY)
+            self.value_tile[i] = self.new("t", self.dtype_of(i), Role.TEMPORARY)
             self.steps.append(Step(kind, op, self.value_tile[i], args))
         else:
             raise Unsupported(f"{self.where} value {i}: {type(v).__name__} is not computed by the sfp")
@@ -260,7 +270,5 @@ def isa_op(where, i, v: Op, args, dtypes):
     return kind, op, args
 
 
-_isa_op = isa_op  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
-
-__all__ = ["BINARY", "INTEGER_ONLY", "ROWS", "STICKS", "UNARY", "ValueTiles", "access_space", "axes_of", "isa_op",
-           "plan_fusion", "streamed"]
+__all__ = ["BINARY", "INTEGER_ONLY", "ROWS", "STICKS", "UNARY", "ValueTiles", "access_space", "aliases", "axes_of",
+           "isa_op", "plan_fusion", "streamed"]

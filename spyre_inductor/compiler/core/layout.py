@@ -341,19 +341,22 @@ def _transposed_pair(ranges, accesses):
     return None if best is None else best[1:]
 
 
-def _value_layout(where, i, v, kernel) -> ValueLayout:
+def value_dtype(where, i, v) -> str:
+    """The tile dtype of IR value `v` at position `i`: a load's own, a Cast to a narrow float's
+    (the Cast is the rounding point: keep the narrow type), else the computed one (on_chip_dtype)."""
     if isinstance(v, Load):
-        dtype = v.dtype
-    elif isinstance(v, Cast) and v.dtype in ("fp16", "bf16"):
-        dtype = v.dtype  # the Cast is the rounding point: keep the narrow type
-    else:
-        dtype = on_chip_dtype(v.dtype, f"{where} value {i}")
+        return v.dtype
+    if isinstance(v, Cast) and v.dtype in ("fp16", "bf16"):
+        return v.dtype
+    return on_chip_dtype(v.dtype, f"{where} value {i}")
+
+
+def _value_layout(where, i, v, kernel) -> ValueLayout:
+    dtype = value_dtype(where, i, v)
     if dtype not in ITEMSIZE:
         raise Unsupported(f"{where} value {i}: dtype {dtype} has no spyre tile type")
     return ValueLayout(i, dtype, STICK // ITEMSIZE[dtype])
 
 
-_canonical = canonical_dims  # the reductions' lowering imports the old name (until it is ported onto tiles.py)
-
 __all__ = ["Access", "BufferLayout", "Counting", "ELEMENTS_MODE", "LayoutPlan", "STICKS_MODE", "TRANSPOSED_MODE",
-           "ValueLayout", "canonical_dims", "on_chip_dtype", "operand_value", "plan_layout"]
+           "ValueLayout", "canonical_dims", "on_chip_dtype", "operand_value", "plan_layout", "value_dtype"]

@@ -29,31 +29,21 @@ and planned again.
 from __future__ import annotations
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.operands import ITEMSIZE, sticks
 
-from ..ir.errors import Unsupported
-from .allocate import Need, Placement, allocate
+from .allocate import Need, Placement, allocate, shrink_to_fit
 from .fusion import ROWS, STICKS, streamed
-from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges
-from .tiling import BUFFER_CHOICES, BUFFERS, TilePlan  # noqa: F401 - re-exported
-
-
-def tile_geometry(t: Tile, tiling: TilePlan) -> tuple[int, int]:
-    """(stored rows, row stride in bytes) of a tile of `t` at the plan's tile shape."""
-    rows = tiling.tile_rows if ROWS in t.space else 1
-    cols = tiling.tile_cols if STICKS in t.space else 1
-    if t.role is Role.STAGING:
-        rows, cols = cols, rows
-    return rows, sticks(cols * ITEMSIZE[t.dtype])
+from .tiles import PhaseKind, Role, Tile, TileKernel, live_ranges, tile_geometry
+from .tiling import TilePlan
 
 
 def needs(tile_kernel: TileKernel, tiling: TilePlan) -> tuple[Need, ...]:
     """Constants, then streamed tiles (``tiling.buffers`` copies each), then temporaries with
     their live ranges in the chunk phase's steps: the order they are placed in."""
     live = live_ranges(tile_kernel.phase(PhaseKind.CHUNK).steps)
+    extent = {ROWS: tiling.tile_rows, STICKS: tiling.tile_cols}
 
     def need(t: Tile, copies: int = 1, span=None) -> Need:
-        rows, stride = tile_geometry(t, tiling)
+        rows, stride = tile_geometry(t, ROWS, STICKS, extent)
         return Need(t.name, rows * stride, stride, copies, span)
 
     out = [need(t) for t in tile_kernel.tiles if t.role is Role.CONSTANT]
@@ -68,16 +58,11 @@ def plan_scratchpad(tile_kernel: TileKernel, tiling: TilePlan, usable: int | Non
     """(placement, the tile shape it is for): `tiling` itself, or shrunk until the tiles fit.
     `buffers` overrides tiling.buffers (the returned tile shape carries it)."""
     usable = HARDWARE.scratchpad_usable_bytes if usable is None else usable
-    current = tiling if buffers is None else tiling.with_buffers(buffers)
-    while True:
-        placement = allocate(needs(tile_kernel, current), usable)
-        if placement.fits:
-            return placement, current
-        smaller = current.shrunk()
-        if smaller is None:
-            raise Unsupported(f"the kernel's {len(tile_kernel.tiles)} tiles need {placement.high_water} B of "
-                              f"scratchpad even at one stick per tile; {usable} B are usable")
-        current = smaller
+    return shrink_to_fit(lambda current: allocate(needs(tile_kernel, current), usable),
+                         tiling if buffers is None else tiling.with_buffers(buffers), TilePlan.shrunk,
+                         lambda placement, _: f"the kernel's {len(tile_kernel.tiles)} tiles need "
+                                              f"{placement.high_water} B of scratchpad even at one stick per "
+                                              f"tile; {usable} B are usable")
 
 
-__all__ = ["BUFFERS", "BUFFER_CHOICES", "needs", "plan_scratchpad", "tile_geometry"]
+__all__ = ["needs", "plan_scratchpad"]

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Mapping
+
+from spyre_runtime.program.operands import ITEMSIZE, sticks
 
 from ._dump import Describable
 
@@ -112,6 +115,29 @@ def broadcast_of(tile_space: frozenset[str], row_axis: str | None, stick_axis: s
         return "none" if on_rows else "rows"
     return {(True, True): "none", (False, True): "rows", (True, False): "cols", (False, False): "scalar"}[
         (on_rows, on_sticks)]
+
+
+def tile_extent(tile_space: frozenset[str], row_axis: str | None, stick_axis: str | None,
+                extent: Mapping[str, int]) -> tuple[int, int]:
+    """(rows, elements per row) of a tile of `tile_space` laid out as [row_axis, stick_axis] at
+    these axis extents: an axis the tile does not vary over has extent 1."""
+    rows = extent[row_axis] if row_axis is not None and row_axis in tile_space else 1
+    cols = extent[stick_axis] if stick_axis is not None and stick_axis in tile_space else 1
+    return rows, cols
+
+
+def tile_geometry(t: Tile, row_axis: str | None, stick_axis: str | None,
+                  extent: Mapping[str, int]) -> tuple[int, int]:
+    """(stored rows, row stride in bytes) of tile `t` laid out as [row_axis, stick_axis] rows at
+    these axis extents. The orientation is an argument because a space only says which axes a
+    tile varies over, not which one runs along its sticks (a reduction's column tiles turn its
+    axes round, a matmul's B tile is [k, n] where A's is [m, k]). An axis the tile does not vary
+    over has extent 1 (tile_extent), each row is padded to whole sticks, and a STAGING tile is the
+    tile it serves with the axes swapped (a transposed move's rows, a gathered column, a packed row)."""
+    rows, cols = tile_extent(t.space, row_axis, stick_axis, extent)
+    if t.role is Role.STAGING:
+        rows, cols = cols, rows
+    return rows, sticks(cols * ITEMSIZE[t.dtype])
 
 
 @dataclass(frozen=True)
@@ -233,4 +259,4 @@ class TileKernel(Describable):
 
 
 __all__ = ["ChunkValue", "Combine", "Phase", "PhaseKind", "Relayout", "Role", "Step", "Tile", "TileKernel",
-           "broadcast_of", "live_ranges", "space"]
+           "broadcast_of", "live_ranges", "space", "tile_extent", "tile_geometry"]

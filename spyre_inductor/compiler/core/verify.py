@@ -34,21 +34,19 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import Program
 
 from ..ir.errors import PlanError
-from .allocate import Need, Placement, check_needs, check_placement  # noqa: F401 - check_placement: the reductions' import
+from .allocate import Need, Placement, check_needs, check_placement
 from .fusion import ROWS, STICKS
-from .tiles import Relayout, Role, TileKernel
+from .tiles import Relayout, Role, TileKernel, tile_geometry
 from .tiling import TilePlan
 
 
 def _needs(tile_kernel: TileKernel, tiling: TilePlan) -> list[Need]:
     out = []
+    extent = {ROWS: tiling.tile_rows, STICKS: tiling.tile_cols}
     for t in tile_kernel.tiles:
-        rows = tiling.tile_rows if ROWS in t.space else 1
-        cols = tiling.tile_cols if STICKS in t.space else 1
         if t.role is Role.STAGING:
             _check_staging(tile_kernel, t, tiling)
-            rows, cols = cols, rows  # the served tile, its axes swapped
-        row = -(-cols * ITEMSIZE[t.dtype] // STICK) * STICK
+        rows, row = tile_geometry(t, ROWS, STICKS, extent)
         copies = tiling.buffers if t.role in (Role.INPUT, Role.OUTPUT) else 1
         out.append(Need(t.name, rows * row, row, copies))
     return out
@@ -86,4 +84,4 @@ def verify(tile_kernel: TileKernel, tiling: TilePlan, placement: Placement) -> N
     check_placement(what, placement.allocations, min(placement.usable, HARDWARE.scratchpad_usable_bytes))
 
 
-__all__ = ["check_placement", "verify", "verify_program"]
+__all__ = ["verify", "verify_program"]

@@ -24,7 +24,7 @@ import torch
 from torch._inductor.codegen.common import PythonPrinter
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.utils import sympy_index_symbol
-from torch._inductor.virtualized import OpsValue, OpsWrapper, V
+from torch._inductor.virtualized import OpsValue, V
 
 from ...launcher import host as host_runtime
 from .nodes import loop_body, real_name

@@ -21,14 +21,15 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 
 from __future__ import annotations
 
-from spyre_runtime.program.emitter import Unit
-from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Send, Store,
+from spyre_runtime.program.emitter import Unit, assemble
+from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, MatMul, Pop, Push, Reduce, Select, Send, Store,
                                       Transpose, Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK
-from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...ir.errors import Unsupported
 from ...core.allocate import Placement
+from ...core.tiles import TileKernel
 from ..matmul.codegen import PIECE_BYTES, rows_in_pieces
 from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit
 
@@ -36,21 +37,23 @@ MAX_INSTRUCTIONS_PER_CORE = 200_000
 NINF = float("-inf")
 
 
-def build_attention_program(name: str, symbols: tuple[Symbol, ...], shape: AttentionShape,
+def build_attention_program(name: str, symbols: tuple[Symbol, ...], shape: AttentionShape, tk: TileKernel,
                             tiling: AttentionTiling, placement: Placement, work: tuple[CoreWork, ...],
                             notes: str = "") -> Program:
-    cores, queues = [], []
+    """The program of `work`; the tiles `tk` (planner.tile_kernel) declares are read in its dtypes."""
+    cores, queues = {}, []
     for w in work:
-        units, qs = _Core(shape, tiling, placement, w).emit()
+        cores[w.core], qs = _Core(shape, tk, tiling, placement, w).emit()
         queues += qs
-        cores.append(CoreProgram(w.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
-    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+    return assemble(name, symbols, queues, cores, notes, check=False)
 
 
 class _Core:
-    def __init__(self, shape: AttentionShape, tiling: AttentionTiling, placement: Placement, work: CoreWork):
+    def __init__(self, shape: AttentionShape, tk: TileKernel, tiling: AttentionTiling, placement: Placement,
+                 work: CoreWork):
         self.s, self.t, self.p = shape, tiling, placement
+        # the keep mask is read as bool whatever it is stored as (a select's condition)
+        self.dtypes = {t.name: t.dtype for t in tk.tiles if t.name != "keep"}
         self.core = work.core
         self.units = [u for u in work.units if u.chunks]
         self.empty_units = [u for u in work.units if not u.chunks]
@@ -70,10 +73,12 @@ class _Core:
         return _tile(a.offset + row * a.row_stride, dtype, rows, cols, a.row_stride, broadcast)
 
     def _dtype(self, name):
+        """The tile kernel's dtype, or for a tile only the program has (the causal diagonal's, the
+        empty rows', the positions') its own."""
+        if name in self.dtypes:
+            return self.dtypes[name]
         s = self.s
-        return {"q": s.q.dtype, "k_rows": s.k.dtype, "kt": s.k.dtype, "v": s.v.dtype, "s": "fp32", "p": s.p_dtype,
-                "acc": "fp32", "o": s.out.dtype, "bias": s.bias.dtype if s.bias else None, "keep": "bool",
-                "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
+        return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
                 "positions": s.positions.dtype if s.positions else None}.get(name, "fp32")
 
     def const(self, name, rows, cols):

@@ -20,7 +20,7 @@ from ...core import search
 from ...core.allocate import check_placement
 from .codegen import build_attention_program
 from .plan import AttentionShape, analyse, divide, placement, variants, work_units
-from ...core.division import candidate_counts, simulated_ns
+from ...core.division import candidate_counts, representative_ns, simulated_ns
 from ...core.keep import kept
 from ...core.layout import buffers_of, symbols_of
 from ...core.minimum import Traffic
@@ -117,6 +117,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     from ...core.compiled import COMPILER_VERSION, Compiled
 
     shape = analyse(kernel)
+    tk = tile_kernel(shape)
     if kernel.symbolic is not None:  # (issue 18: each head of a buffer over the sequence is its own placeholder)
         from .sizes import layouts, symbols as head_symbols
 
@@ -140,33 +141,34 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     tilings = base + [t for t in tilings if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in bare]
     errors: list[str] = []
 
-    def build(tiling, n, representative=False):
-        """The program of `tiling` on `n` cores, or (representative) only its busiest core's."""
+    def divided(tiling, n):
+        """(units, each core's work, placement, a program of some of the cores' work)."""
         units = work_units(shape, tiling, n)
         work = divide(units, n)
         place = placement(shape, tiling)
         notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
                  f"{len(work)} core(s)")
-        # (split units differ: the first part of each block combines and stores, the rest send)
-        if not work:
-            return None, work, place, len(units)
-        busiest = max(work, key=lambda w: sum(u.work for u in w.units))
-        cores = (busiest,) if representative and tiling.kv_split == 1 else work
-        program = build_attention_program(kernel.name, symbols, shape, tiling, place, cores, notes)
-        return program, work, place, len(units)
+        return units, work, place, lambda cores: build_attention_program(kernel.name, symbols, shape, tk, tiling,
+                                                                         place, cores, notes)
+
+    def build(tiling, n):
+        """The program of `tiling` on `n` cores."""
+        units, work, place, program = divided(tiling, n)
+        return (program(work) if work else None), work, place, len(units)
 
     timed: dict = {}
 
     def evaluate(tiling, n):
         n = min(n, len(work_units(shape, tiling)))  # (no more cores than units)
         if (tiling, n) not in timed:
-            # timed by its busiest core standing for all of them in step (timing.estimate's replicas)
-            program, work, _, _ = build(tiling, n, representative=True)
+            _, work, _, program = divided(tiling, n)
             if not work:
                 return None  # (split units need a core each)
-            replicas = len(work) if tiling.kv_split == 1 else 1
-            timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work),
-                                                simulated_ns(program, replicas, check=False), (tiling, n))
+            if tiling.kv_split == 1:  # its busiest core standing for all of them in step
+                ns = representative_ns(program, work, check=False, load=lambda w: sum(u.work for u in w.units))
+            else:  # split units differ (the first part of each block combines and stores, the rest send)
+                ns = simulated_ns(program(work), check=False)
+            timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work), ns, (tiling, n))
         return timed[tiling, n]
 
     counts = [cores] if cores else [c for c in candidate_counts(limit)]
@@ -184,7 +186,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     division = Division(len(work), f"{nunits} work units (batch, kv head, {tiling.rows} query rows per head)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results),
                         tuple((w.core, len(w.units)) for w in work), chosen.ns)
-    plans = Plans("attention", buffers, tile_kernel(shape), (("shape", shape), ("tiling", tiling)), place,
+    plans = Plans("attention", buffers, tk, (("shape", shape), ("tiling", tiling)), place,
                   division)
     return Compiled(plans, program)
 

@@ -33,16 +33,17 @@ from __future__ import annotations
 
 import itertools
 
-from spyre_runtime.program.emitter import Unit
+from spyre_runtime.program.emitter import Unit, assemble
 from spyre_runtime.program.isa import Fence, Fill, Load, MatMul, Pop, Push, Store, Transpose
 from spyre_runtime.program.operands import ITEMSIZE, STICK
-from spyre_runtime.program.program import CoreProgram, Program, Queue, Symbol
+from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...core.allocate import Placement
+from ...core.division import CoreShare
 from ...core.codegen import emit_elementwise
 from .lowering import MAccess, MatmulShape
-from .plan import Block, Grid, MatmulTiling, operand_tiles
-from ...core.tiles import Role, TileKernel, broadcast_of
+from .plan import Grid, MatmulTiling, operand_tiles
+from ...core.tiles import Role, TileKernel, broadcast_of, tile_extent
 
 # More instructions than this per core is a plan the timing model should not have to replay.
 MAX_INSTRUCTIONS_PER_CORE = 200_000
@@ -50,16 +51,14 @@ MAX_INSTRUCTIONS_PER_CORE = 200_000
 
 def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulShape, tk: TileKernel,
                          tiling: MatmulTiling, placement: Placement, grid: Grid, notes: str = "",
-                         blocks: tuple[Block, ...] | None = None, share: str | None = None) -> Program:
+                         blocks: tuple[CoreShare, ...] | None = None, share: str | None = None) -> Program:
     """`blocks` (default: the grid's) lets a planner time one representative core; `share` ("a"
     or "b") all-gathers that operand over the ring between the grid's cores."""
-    cores, queues = [], []
+    cores, queues = {}, []
     for block in (grid.blocks if blocks is None else blocks):
-        units, qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
+        cores[block.core], qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
         queues += qs
-        cores.append(CoreProgram(block.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if isinstance(ins, (Push, Pop))}
-    return Program(name, symbols, tuple(cores), tuple(q for q in queues if q.name in used), notes=notes)
+    return assemble(name, symbols, queues, cores, notes, check=False)
 
 
 def _batch_index(shape: MatmulShape, flat: int) -> tuple[int, ...]:
@@ -128,7 +127,7 @@ class _Pool:
 
 
 class _Core:
-    def __init__(self, shape, tk, tiling, placement, block: Block, share: str | None = None, group: int = 1):
+    def __init__(self, shape, tk, tiling, placement, block: CoreShare, share: str | None = None, group: int = 1):
         self.shape, self.tk, self.t, self.p, self.block = shape, tk, tiling, placement, block
         self.core = block.core
         self.share, self.group = share, group
@@ -147,12 +146,13 @@ class _Core:
 
     def schedule(self):
         """(output tiles, k-steps in order, A pool, B pool); a k-step is (output, batch, m, n, k)."""
-        s, t, b = self.shape, self.t, self.block
-        m_tiles = [(m, min(t.tm, b.m0 + b.mc - m)) for m in range(b.m0, b.m0 + b.mc, t.tm)]
-        n_tiles = [(n, min(t.tn, b.n0 + b.nc - n)) for n in range(b.n0, b.n0 + b.nc, t.tn)]
+        s, t = self.shape, self.t
+        (b0, m0, n0), (bc, mc, nc) = self.block.starts, self.block.counts
+        m_tiles = [(m, min(t.tm, m0 + mc - m)) for m in range(m0, m0 + mc, t.tm)]
+        n_tiles = [(n, min(t.tn, n0 + nc - n)) for n in range(n0, n0 + nc, t.tn)]
         k_tiles = [(k, min(t.tk, s.K - k)) for k in range(0, s.K, t.tk)]
         outputs, steps = [], []
-        for flat in range(b.b0, b.b0 + b.bc):
+        for flat in range(b0, b0 + bc):
             bidx = _batch_index(s, flat)
             pairs = (itertools.product(m_tiles, n_tiles) if t.label != "B resident" else
                      ((mt, nt) for nt in n_tiles for mt in m_tiles))
@@ -371,8 +371,7 @@ class _Core:
         for name, access in self.epi.loads:
             tile = self.tk.tile(name)
             a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
-            rows = mt[1] if "m" in tile.space else 1
-            cols = nt[1] if "n" in tile.space else 1
+            rows, cols = tile_extent(tile.space, "m", "n", {"m": mt[1], "n": nt[1]})
             origin = _element(access, bidx, mt[0], nt[0], 0)
             ls.emit(Load(ls.sp(a.offset), ls.dev(access.buffer, origin * isz), rows, cols * isz,
                          access.m_stride * isz if rows > 1 else 0, a.row_stride))

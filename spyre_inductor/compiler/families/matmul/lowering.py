@@ -29,9 +29,9 @@ from ...ir.errors import Unsupported
 from ...ir.kernel_ir import Cast, Constant, IndexValue, Load, MatmulKernel, Op, Reduction, SizeValue
 from ...symbolic.reduce import fill_of
 from ...core._dump import Describable
-from ...core.fusion import _isa_op
-from ...core.layout import FLOATS, on_chip_dtype, operand_value
-from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
+from ...core.fusion import ValueTiles, aliases
+from ...core.layout import FLOATS, value_dtype
+from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, TileKernel, space
 
 AXES = ("m", "n", "k")
 
@@ -81,7 +81,7 @@ def _operand(kernel, pos: int, where: str) -> int:
     while isinstance(v, Cast):
         src = kernel.values[v.arg]
         src_dtype = src.dtype
-        if not (v.dtype == src_dtype or (v.dtype == "fp32" and src_dtype in FLOATS)):
+        if not aliases(v.dtype, src_dtype):
             raise Unsupported(f"{where}: a matmul operand cast {src_dtype} -> {v.dtype} changes its value "
                               f"(a prologue the matmul family does not fuse yet)")
         pos, v = v.arg, src
@@ -142,23 +142,18 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
     if a.n_stride or b.m_stride:
         raise Unsupported(f"{where}: a matmul operand walks the other operand's dim")
 
-    tiles: dict[str, Tile] = {}
-    value_tile: dict[int, str] = {}
-    consts: dict[tuple, str] = {}
-    constants, chunk_steps, epi_steps, epi_loads, stores = [], [], [], [], []
+    # the epilogue's values, every one over (m, n), as a pointwise kernel's (fusion.ValueTiles)
+    values = ValueTiles(kernel, None, ("m", "n"), lambda i: value_dtype(where, i, kernel.values[i]))
+    tiles, value_tile, new = values.tiles, values.value_tile, values.new
+    chunk_steps, epi_loads, stores = [], [], []
 
-    def new(label, dtype, sp, role, **kw) -> str:
-        name = f"{label}{len(tiles)}"
-        tiles[name] = Tile(name, dtype, sp, role, **kw)
-        return name
-
-    ta = new("a", la.dtype, space("m", "k"), Role.INPUT)
-    tb = new("b", lb.dtype, space("k", "n"), Role.INPUT)
+    ta = new("a", la.dtype, Role.INPUT, space("m", "k"))
+    tb = new("b", lb.dtype, Role.INPUT, space("k", "n"))
     if a_tr:
-        new("a_rows", la.dtype, space("m", "k"), Role.STAGING, of=ta, relayout=Relayout.TRANSPOSED)
+        new("a_rows", la.dtype, Role.STAGING, space("m", "k"), of=ta, relayout=Relayout.TRANSPOSED)
     if b_tr:
-        new("b_rows", lb.dtype, space("k", "n"), Role.STAGING, of=tb, relayout=Relayout.TRANSPOSED)
-    acc = new("acc", "fp32", space("m", "n"), Role.ACCUMULATOR)
+        new("b_rows", lb.dtype, Role.STAGING, space("k", "n"), of=tb, relayout=Relayout.TRANSPOSED)
+    acc = new("acc", "fp32", Role.ACCUMULATOR, space("m", "n"))
     chunk_steps.append(Step("matmul", "matmul", acc, (ta, tb), accumulate=True))
     value_tile[dot] = acc
     prologue = _chain(kernel, product.args[0]) | _chain(kernel, product.args[1]) | {kernel.values[dot].arg}
@@ -183,32 +178,17 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
                 sp = space(*(ax for ax, s in (("m", acc_.m_stride), ("n", acc_.n_stride)) if s))
                 if "n" in sp and acc_.n_stride != 1:
                     raise Unsupported(f"{where}: the epilogue operand {v.buffer!r} is not contiguous along n")
-                loads_seen[key] = new("e", v.dtype, sp, Role.INPUT)
+                loads_seen[key] = new("e", v.dtype, Role.INPUT, sp)
                 epi_loads.append((loads_seen[key], acc_))
             value_tile[i] = loads_seen[key]
-        elif isinstance(v, (Constant, SizeValue)):
-            dtype = on_chip_dtype(v.dtype, f"{where} value {i}")
-            # (a size known only at launch, issue 18: filled from the size words)
-            value = fill_of(kernel, v) if isinstance(v, SizeValue) else operand_value(v.value, dtype)
-            key = (repr(value), dtype)
-            if key not in consts:
-                consts[key] = new("k", dtype, space(), Role.CONSTANT)
-                constants.append((consts[key], value))
-            value_tile[i] = consts[key]
-        elif isinstance(v, Cast):
-            src = value_tile[v.arg]
-            src_dtype = tiles[src].dtype
-            dtype = v.dtype if v.dtype in ("fp16", "bf16") else on_chip_dtype(v.dtype, f"{where} value {i}")
-            if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
-                value_tile[i] = src
-            else:
-                value_tile[i] = new("t", dtype, space("m", "n"), Role.TEMPORARY)
-                epi_steps.append(Step("unary", "copy", value_tile[i], (src,)))
-        elif isinstance(v, Op):
-            args = tuple(value_tile[x] for x in v.args)
-            kind, op, args = _isa_op(where, i, v, args, [tiles[x].dtype for x in args])
-            value_tile[i] = new("t", on_chip_dtype(v.dtype, f"{where} value {i}"), space("m", "n"), Role.TEMPORARY)
-            epi_steps.append(Step(kind, op, value_tile[i], args))
+        elif isinstance(v, SizeValue):
+            # a size known only at launch (issue 18): filled from the size words, named and keyed
+            # as the matmul's other constants
+            dtype = value_dtype(where, i, v)
+            fill = fill_of(kernel, v)
+            value_tile[i] = values.constant((repr(fill), dtype), "k", dtype, fill)
+        elif isinstance(v, (Constant, Cast, Op)):
+            values.compute(i, v)
         else:
             raise Unsupported(f"{where}: value {i} ({type(v).__name__}) in a matmul epilogue")
     out_dtypes = []
@@ -221,8 +201,8 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
             raise Unsupported(f"{where}: the store to {s.buffer!r} is not contiguous along n")
         if (M > 1 and acc_.m_stride == 0) or (N > 1 and acc_.n_stride == 0):
             raise Unsupported(f"{where}: the store to {s.buffer!r} writes one element from several iterations")
-        out = new("o", acc_.dtype, space("m", "n"), Role.OUTPUT)
-        epi_steps.append(Step("unary", "copy", out, (value_tile[s.value],)))
+        out = new("o", acc_.dtype, Role.OUTPUT, space("m", "n"))
+        values.steps.append(Step("unary", "copy", out, (value_tile[s.value],)))
         stores.append((out, acc_))
         out_dtypes.append(acc_.dtype)
     shape = MatmulShape(tuple(kernel.ranges[d] for d in batch_dims), M, N, K, a, b, a_tr, b_tr,
@@ -231,9 +211,9 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
              f"A {'moved as [k, m] rows and transposed on chip' if a_tr else 'moved as [m, k] rows'}",
              f"B {'moved as [n, k] rows and transposed on chip (x @ W.t())' if b_tr else 'moved as [k, n] rows'}"]
     tk = TileKernel(
-        "matmul", AXES, tuple(tiles.values()), tuple(constants),
+        "matmul", AXES, tuple(tiles.values()), tuple(values.constants),
         (Phase(PhaseKind.CHUNK, tuple(chunk_steps), ((ta, a), (tb, b)), (), "one k chunk: A and B tiles into the PE"),
-         Phase(PhaseKind.EPILOGUE, tuple(epi_steps), tuple(epi_loads), tuple(stores),
+         Phase(PhaseKind.EPILOGUE, tuple(values.steps), tuple(epi_loads), tuple(stores),
                "once per output tile: the epilogue on the fp32 accumulator, then the stores")),
         None, tuple(notes))
     tk.check()

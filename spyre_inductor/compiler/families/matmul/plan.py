@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
-from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+from spyre_runtime.program.operands import ITEMSIZE, STICK
 
-from ...ir.errors import Unsupported
 from ...core._dump import Describable
 from ...core.allocate import Need, Placement, allocate
+from ...core.division import CoreShare
 from .lowering import MatmulShape
-from ...core.tiles import Role, TileKernel, live_ranges
+from ...core.tiles import Role, TileKernel, live_ranges, tile_geometry
 
 PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
 
@@ -55,24 +55,11 @@ class MatmulTiling(Describable):
 
 
 @dataclass(frozen=True)
-class Block:
-    """One core's share of the output: flat batch indices [b0, b0 + bc), rows, columns."""
-
-    core: int
-    b0: int
-    bc: int
-    m0: int
-    mc: int
-    n0: int
-    nc: int
-
-
-@dataclass(frozen=True)
 class Grid(Describable):
     gb: int
     gm: int
     gn: int
-    blocks: tuple[Block, ...]
+    blocks: tuple[CoreShare, ...]  # one core's block of the output over (flat batch index, m, n)
 
     @property
     def cores(self) -> int:
@@ -108,16 +95,17 @@ def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int) -> Grid:
                 n0 = u0 * g
                 nc = min(un * g, shape.N - n0)
                 if bc and mc and nc > 0:
-                    blocks.append(Block(len(blocks), b0, bc, m0, mc, n0, nc))
+                    blocks.append(CoreShare(len(blocks), (b0, m0, n0), (bc, mc, nc)))
     return Grid(gb, gm, gn, tuple(blocks))
 
 
-def _span(access, block: Block, shape: MatmulShape, m: bool, n: bool, k: bool) -> int:
+def _span(access, block: CoreShare, shape: MatmulShape, m: bool, n: bool, k: bool) -> int:
     """Bytes between the first and the last element `access` touches in `block`."""
-    offsets = [_batch_offset(shape, access, f) for f in range(block.b0, block.b0 + block.bc)]
+    b0, (bc, mc, nc) = block.starts[0], block.counts
+    offsets = [_batch_offset(shape, access, f) for f in range(b0, b0 + bc)]
     extent = max(offsets) - min(offsets)
-    extent += abs(access.m_stride) * (block.mc - 1) if m else 0
-    extent += abs(access.n_stride) * (block.nc - 1) if n else 0
+    extent += abs(access.m_stride) * (mc - 1) if m else 0
+    extent += abs(access.n_stride) * (nc - 1) if n else 0
     extent += abs(access.k_stride) * (shape.K - 1) if k else 0
     return (extent + 1) * ITEMSIZE[access.dtype]
 
@@ -155,10 +143,11 @@ def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
     return grid.gn * a_bytes + grid.gm * (1 if batched_b else grid.gb) * b_bytes + out
 
 
-def block_bytes(shape: MatmulShape, block: Block) -> int:
+def block_bytes(shape: MatmulShape, block: CoreShare) -> int:
     """Device bytes one block moves if it reads its operands once."""
     ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
-    return block.bc * (block.mc * shape.K * ia + shape.K * block.nc * ib + block.mc * block.nc * io)
+    bc, mc, nc = block.counts
+    return bc * (mc * shape.K * ia + shape.K * nc * ib + mc * nc * io)
 
 
 def best_grid(shape: MatmulShape, cores: int) -> Grid:
@@ -197,11 +186,7 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
             continue
         served = tile.of or tile.name
         rows_axis, cols_axis = ("m", "k") if served == ta else ("k", "n") if served == tb else ("m", "n")
-        rows = size[rows_axis] if rows_axis in tile.space else 1
-        cols = size[cols_axis] if cols_axis in tile.space else 1
-        if tile.role is Role.STAGING:
-            rows, cols = cols, rows
-        row = sticks(cols * ITEMSIZE[tile.dtype])
+        rows, row = tile_geometry(tile, rows_axis, cols_axis, size)
         if tile.name in (ta, tb):
             copies = t.a_slots if tile.name == ta else t.b_slots
         elif tile.role is Role.ACCUMULATOR:
@@ -258,8 +243,8 @@ def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
 
 def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
     (tm_t, tn_t, tk_t), pool, order, share = variant
-    mc = max(b.mc for b in grid.blocks)
-    nc = max(b.nc for b in grid.blocks)
+    mc = max(b.counts[1] for b in grid.blocks)
+    nc = max(b.counts[2] for b in grid.blocks)
     g = n_granule(shape)
     tm, tk = min(mc, tm_t), min(shape.K, tk_t)
     tn = min(nc, max(g, tn_t // g * g))
@@ -290,6 +275,6 @@ def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[M
     return (t, p) if p.fits else None
 
 
-__all__ = ["Block", "Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
+__all__ = ["Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
            "grid_for", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem", "tile_needs", "tiling_for",
            "variants"]

@@ -18,7 +18,7 @@ from ...ir.errors import Unsupported
 from ...ir.kernel_ir import MatmulKernel
 from ...core import search
 from ...core.allocate import check_needs, check_placement
-from ...core.division import candidate_counts, simulated_ns
+from ...core.division import candidate_counts, representative_ns, simulated_ns
 from ...core.layout import buffers_of, symbols_of
 from .codegen import build_matmul_program, ring_ready
 from .lowering import analyse
@@ -74,10 +74,11 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
                                            share=tiling.share)
             ns = estimate(program) if estimate is not None else simulated_ns(program, check=False)
         else:
-            program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
-                                           blocks=grid.blocks[:1])
-            ns = (estimate(program) if estimate is not None
-                  else simulated_ns(program, grid.cores, check=False))
+            def one_core(blocks):
+                return build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, blocks=blocks)
+
+            ns = (estimate(one_core(grid.blocks[:1])) if estimate is not None
+                  else representative_ns(one_core, grid.blocks, check=False))
         label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
                  f"{tiling.label}")
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))

@@ -44,15 +44,16 @@ per core reaches 11% of the bus).
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from spyre_runtime.program.emitter import Aff, Unit, pipeline, pipeline_queues, split_evenly
+from spyre_runtime.program.emitter import Aff, Unit, assemble, pipeline, pipeline_queues, split_evenly
 from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Philox, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
                                       Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
-from spyre_runtime.program.program import CoreProgram, Program, Queue
+from spyre_runtime.program.program import Program, Queue
 
 from ...ir.kernel_ir import ReductionKernel
+from ...core.division import CoreShare
 from ...core.layout import symbols_of
 from ...core.minimum import recorded
 from .argreduce import SliceValue
@@ -60,32 +61,20 @@ from .lowering import ReductionLowering
 from .plan import ReductionPlan, streamed
 from ...core.reduction_ops import COMBINE
 from .space import ALONG_REDUCED, FULL, OUTER, PER_ROW, REDUCED, SCALAR, Access
-from ...core.tiles import ChunkValue, Relayout, Role, broadcast_of
+from ...core.tiles import ChunkValue, Relayout, Role, broadcast_of, tile_extent
 
 
 MOVE_PIECES = 4  # transfers one column-tile move is issued as (module docstring)
 
 
-@dataclass(frozen=True)
-class RShare:
-    core: int
-    starts: tuple[int, ...]   # per canonical outer dim
-    counts: tuple[int, ...]
-    k0: int                   # first reduced element of this core
-    kn: int                   # reduced elements of this core
-
-
 def build_reduction_program(kernel: ReductionKernel, low: ReductionLowering, plan: ReductionPlan,
-                            shares: tuple[RShare, ...], notes: str = "") -> Program:
-    queues, cores = [], []
+                            shares: tuple[CoreShare, ...], notes: str = "") -> Program:
+    queues, cores = [], {}
     last = len(shares) - 1
     for pos, share in enumerate(shares):
-        units, qs = _Core(low, plan, share, pos, last).build()
+        cores[share.core], qs = _Core(low, plan, share, pos, last).build()
         queues += qs
-        cores.append(CoreProgram(share.core, tuple((u, tuple(i)) for u, i in units.items() if i)))
-    used = {ins.queue for c in cores for _, instrs in c.units for ins in instrs if hasattr(ins, "queue")}
-    program = Program(kernel.name, symbols_of(kernel), tuple(cores), tuple(q for q in queues if q.name in used),
-                      notes=notes)
+    program = assemble(kernel.name, symbols_of(kernel), queues, cores, notes, check=False)
     return recorded(kernel, program)  # the kernel's minimum traffic (the one kept is launched)
 
 
@@ -107,16 +96,16 @@ class _Core:
         odim = len(low.outer) - 1
         self.odim = odim
         self.loop_dims = [d for d in range(odim) if share.counts[d] > 1] if low.mode != "ring" else []
-        kc = min(plan.chunk, share.kn) if share.kn else plan.chunk
+        self.k0, self.kn = share.starts[-1], share.counts[-1]  # the reduced dim's (a ring plan splits it)
+        kc = min(plan.chunk, self.kn) if self.kn else plan.chunk
         self.kc = max(kc, 1)
-        self.chunks, self.krem = divmod(share.kn, self.kc)
+        self.chunks, self.krem = divmod(self.kn, self.kc)
 
     # ---- operands -------------------------------------------------------------------
 
     def sizes(self, space, g, kc):
         """(rows, cols) of a tile of `space` over g outer and kc reduced elements."""
-        extent = {OUTER: g, REDUCED: kc}
-        return tuple(extent[a] if a in space else 1 for a in (self.row_axis, self.stick_axis))
+        return tile_extent(space, self.row_axis, self.stick_axis, {OUTER: g, REDUCED: kc})
 
     def alloc(self, name, copy, ksize=None):
         """The allocation a step or move of tile `name` uses: stream buffer `copy` of a streamed
@@ -149,7 +138,7 @@ class _Core:
         if isinstance(value, ChunkValue):
             return value.at(kc)
         if value is SliceValue.START:
-            return self.share.k0
+            return self.k0
         return value
 
     def steps(self, u, steps, copy, g, ksize):
@@ -213,13 +202,13 @@ class _Core:
     def element(self, a: Access, group, chunk) -> Aff:
         """Element index of the access at a tile's origin (affine in the loop counters)."""
         s = self.share
-        value = Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(len(s.starts))), 0)
+        value = Aff(a.offset) + sum((a.outer_strides[d] * s.starts[d] for d in range(self.odim + 1)), 0)
         for d, c in self.counters.items():
             value = value + c * a.outer_strides[d]
         value = value + group * (a.outer_strides[self.odim] * self.plan.group)
         for c, stride in zip(self.looped, a.looped_strides):
             value = value + c * stride
-        return value + (s.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
+        return value + (self.k0 * a.r_stride) + chunk * (a.r_stride * self.kc)
 
     def dev(self, u, a: Access, group, chunk):
         return u.dev(a.buffer, self.element(a, group, chunk) * ITEMSIZE[a.dtype])
@@ -554,7 +543,7 @@ class _Core:
     def _ring_scan(self, g):
         """Ring mode for scans (scan.py): the slice [g, kn] resident and reduced to its
         total; the prefix of the earlier cores arrives, travels on, and starts the scan."""
-        low, ls, sfp, c, kn = self.low, self.ls, self.sfp, self.share.core, self.share.kn
+        low, ls, sfp, c, kn = self.low, self.ls, self.sfp, self.share.core, self.kn
         chunk, epilogue = low.passes[0].chunk, low.passes[0].epilogue
         for tile, a in chunk.loads:
             self.load_f(ls, tile, a, 0, g, kn, Aff(0), Aff(0))

@@ -42,15 +42,14 @@ from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.emitter import split_evenly
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
 from spyre_runtime.program.program import Program
-from spyre_runtime.program.timing import estimate as timing_estimate
 
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import ReductionKernel
-from ...core.division import candidate_counts, simulated_ns
+from ...core.division import CoreShare, candidate_counts, representative_ns, simulated_ns
 from ...core.keep import validated
 from ...core.layout import buffers_of
 from ...core.plans import Division, Plans
-from .codegen import RShare, build_reduction_program
+from .codegen import build_reduction_program
 from .lowering import ReductionLowering, lower
 from .plan import ReductionPlan, fit, verify_reduction
 from .space import FULL, PER_ROW
@@ -68,7 +67,7 @@ class Trial:
     low: ReductionLowering
     plan: ReductionPlan
     split: str                       # "outer dim <d>", "reduced dim (ring)"
-    shares: tuple[RShare, ...]
+    shares: tuple[CoreShare, ...]
     program: Program | None
 
 
@@ -96,7 +95,7 @@ def ring_eligible(low: ReductionLowering) -> bool:
             and len([d for d in low.outer if d > 1]) <= 1 and not per_row_loads and low.K > 1)
 
 
-def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str, list[RShare]]:
+def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str, list[CoreShare]]:
     outer, odim = low.outer, len(low.outer) - 1
     best = None
     for d in range(len(outer)):
@@ -111,17 +110,17 @@ def outer_shares(low: ReductionLowering, cores: int, granule: int) -> tuple[str,
     for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         start = u0 * g
         count = min(n * g, outer[d] - start)
-        shares.append(RShare(core, tuple(start if k == d else 0 for k in range(len(outer))),
-                             tuple(count if k == d else r for k, r in enumerate(outer)), 0, low.K))
+        shares.append(CoreShare(core, tuple(start if k == d else 0 for k in range(len(outer))) + (0,),
+                                tuple(count if k == d else r for k, r in enumerate(outer)) + (low.K,)))
     return f"outer dim {d}", shares
 
 
-def ring_shares(low: ReductionLowering, cores: int, granule: int) -> list[RShare]:
+def ring_shares(low: ReductionLowering, cores: int, granule: int) -> list[CoreShare]:
     units = -(-low.K // granule)
     out = []
     for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
         k0 = u0 * granule
-        out.append(RShare(core, tuple(0 for _ in low.outer), low.outer, k0, min(n * granule, low.K - k0)))
+        out.append(CoreShare(core, tuple(0 for _ in low.outer) + (k0,), low.outer + (min(n * granule, low.K - k0),)))
     return out
 
 
@@ -134,11 +133,6 @@ def _build(kernel, low, plan, split, shares) -> Program:
     notes = (f"{plan.mode}: {plan.passes} pass(es) over device memory, groups of {plan.group} x "
              f"{plan.chunk}, {plan.buffers} buffers, {len(shares)} core(s), split {split}")
     return build_reduction_program(kernel, low, plan, tuple(shares), notes=notes)
-
-
-def _simulated(program: Program, replicas: int) -> float:
-    """A candidate's time by the timing model, without validating it (core/search.py: it is not kept)."""
-    return timing_estimate(program, HARDWARE, replicas, check=False).simulated_ns
 
 
 def _lowerings(kernel, mode, errors) -> list[ReductionLowering]:
@@ -170,11 +164,13 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
         key = (low.mode, low.columns, plan.group, plan.chunk, plan.buffers, shares)
         if key not in timed:
             if estimate is None and symmetric and len(shares) > 1:
-                # the cores run one program on their own rows: the first (the largest) as all of them
-                timed[key] = (_simulated(_build(kernel, low, plan, split, shares[:1]), len(shares)), None)
+                # the cores run one program on their own rows: the first (the largest) as all of them;
+                # not validated (search.py: a candidate is not kept)
+                timed[key] = (representative_ns(lambda first: _build(kernel, low, plan, split, first), shares,
+                                                check=False), None)
             else:
                 whole = _build(kernel, low, plan, split, shares)
-                timed[key] = (_simulated(whole, 1) if estimate is None else estimate(whole), whole)
+                timed[key] = (simulated_ns(whole, check=False) if estimate is None else estimate(whole), whole)
         ns, whole = timed[key]
         return Candidate(label, len(shares), ns, Trial(low, plan, split, shares, whole))
 
@@ -236,7 +232,7 @@ def _search(kernel: ReductionKernel, cores, max_cores, estimate) -> tuple[Candid
             shares = ring_shares(ring, n, kg)
             if len(shares) < 2:
                 return None
-            per = max(s.kn for s in shares)
+            per = max(s.counts[-1] for s in shares)
             kc = max(kg, target // (outer_n * _widest(ring)) // kg * kg)
             if ring.ring_scan:  # a scan's slice stays resident: one tile of the whole slice
                 kc, buffers = -(-per // kg) * kg, 1
@@ -276,5 +272,5 @@ def plan(kernel: ReductionKernel, *, cores: int | None = None, max_cores: int | 
     return plans_of(t.low, t.plan, division, buffers_of(kernel)), program
 
 
-__all__ = ["FAMILY", "Trial", "buffers_of", "outer_shares", "plan", "plans_of",
+__all__ = ["FAMILY", "Trial", "outer_shares", "plan", "plans_of",
            "ring_eligible", "ring_shares"]

@@ -12,7 +12,8 @@ from ...ir.errors import Unsupported
 from ...ir.kernel_ir import IndirectKernel
 from ...core.bounds import check_bounds
 from .division import plan
-from .lowering import canonical, empty_as_pointwise
+from .lowering import empty_as_pointwise
+from .space import canonical
 
 _MASKS = "a reduction's masks are not cut into pieces (only pointwise kernels are)"
 

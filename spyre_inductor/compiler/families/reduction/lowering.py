@@ -54,7 +54,7 @@ from ...core._dump import Describable, plain
 from ...core.layout import TILE_DTYPES
 from ...core.reduction_ops import IDENTITY, op_of
 from .scan import ring_phases, scan
-from .space import AXES, COLUMN_AXES, canonical, check_walks, loads_and_stores
+from .space import AXES, COLUMN_AXES, canonical, check_walks
 from .steps import StepBuilder, fold_copies
 from .welford import exact
 from ...core.tiles import Combine, Phase, PhaseKind, Role, Tile, TileKernel
@@ -316,4 +316,4 @@ def _passes(b: StepBuilder) -> tuple[Phase, ...]:
     return tuple(phases)
 
 
-__all__ = ["MODES", "Pass", "ReductionLowering", "canonical", "empty_as_pointwise", "loads_and_stores", "lower"]
+__all__ = ["MODES", "Pass", "ReductionLowering", "empty_as_pointwise", "lower"]

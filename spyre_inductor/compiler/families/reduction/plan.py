@@ -38,14 +38,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.hardware import HARDWARE
-from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+from spyre_runtime.program.operands import ITEMSIZE, sticks
 
-from ...ir.errors import PlanError, Unsupported
+from ...ir.errors import PlanError
 from ...core._dump import Describable, plain
-from ...core.allocate import Need, Placement, allocate, check_needs, check_placement
+from ...core.allocate import Need, Placement, allocate, check_needs, check_placement, shrink_to_fit
 from .lowering import ReductionLowering
-from .space import ALONG_REDUCED, FULL, PER_ROW
-from ...core.tiles import ChunkValue, PhaseKind, Relayout, Role, Tile
+from .space import AXES, COLUMN_AXES, FULL, OUTER, REDUCED
+from ...core.tiles import ChunkValue, PhaseKind, Role, Tile, tile_geometry
 
 CHUNK_COPIES = ("full", "remainder")  # a CHUNK_CONSTANT's copies, by index
 
@@ -72,32 +72,14 @@ def streamed(low: ReductionLowering, name: str) -> bool:
 
 
 def tile_bytes(t: Tile, G: int, Kc: int, columns: bool = False) -> tuple[int, int]:
-    """(bytes, row stride) of tile `t` at group G and chunk Kc (module docstring)."""
-    isz = ITEMSIZE[t.dtype]
-    if columns:
-        row = sticks(G * isz)
-        if t.role is Role.SCRATCH:
-            return max(1, -(-Kc // 2)) * row, row
-        if t.space == FULL:
-            return Kc * row, row
-        if t.space == PER_ROW:
-            return row, row
-        if t.space == ALONG_REDUCED:
-            return Kc * STICK, STICK
-        return STICK, STICK
-    if t.role is Role.STAGING:
-        if t.relayout is Relayout.TRANSPOSED:
-            return Kc * sticks(G * isz), sticks(G * isz)
-        if t.relayout is Relayout.GATHERED:
-            return Kc * STICK, STICK
-        return sticks(G * isz), sticks(G * isz)
-    if t.space == FULL:
-        return G * sticks(Kc * isz), sticks(Kc * isz)
-    if t.space == PER_ROW:
-        return G * STICK, STICK
-    if t.space == ALONG_REDUCED:
-        return sticks(Kc * isz), sticks(Kc * isz)
-    return STICK, STICK
+    """(bytes, row stride) of tile `t` at group G and chunk Kc (module docstring): rows along the
+    outer axis and sticks along the reduced one, or the other way round with column tiles."""
+    row_axis, stick_axis = COLUMN_AXES if columns else AXES
+    if columns and t.role is Role.SCRATCH:  # half a full tile's rows: the fold's first step halves them
+        row = sticks(G * ITEMSIZE[t.dtype])
+        return max(1, -(-Kc // 2)) * row, row
+    rows, row = tile_geometry(t, row_axis, stick_axis, {OUTER: G, REDUCED: Kc})
+    return rows * row, row
 
 
 def work_live(low: ReductionLowering) -> dict[str, tuple[int, int]]:
@@ -148,7 +130,10 @@ def needs(low: ReductionLowering, G: int, Kc: int, buffers: int) -> list[Need]:
 
 def place(low: ReductionLowering, G: int, Kc: int, buffers: int, usable: int | None = None) -> ReductionPlan:
     usable = HARDWARE.scratchpad_usable_bytes if usable is None else usable
-    placement = allocate(needs(low, G, Kc, buffers), usable)
+    return _plan(low, G, Kc, buffers, allocate(needs(low, G, Kc, buffers), usable))
+
+
+def _plan(low: ReductionLowering, G: int, Kc: int, buffers: int, placement: Placement) -> ReductionPlan:
     passes = low.passes
     reasons = tuple(f"pass {k}: {p.chunk.reason}" for k, p in enumerate(passes, 1))
     return ReductionPlan(low.mode, G, Kc, buffers, 1 if low.mode == "resident" else len(passes), reasons,
@@ -157,17 +142,21 @@ def place(low: ReductionLowering, G: int, Kc: int, buffers: int, usable: int | N
 
 def fit(low: ReductionLowering, G: int, Kc: int, buffers: int, granule: int) -> ReductionPlan:
     """The plan at (G, Kc), G halved (then Kc, for chunked plans) until it fits."""
-    while True:
-        plan = place(low, G, Kc, buffers)
-        if plan.placement.fits:
-            return plan
+
+    def smaller(shape: tuple[int, int]) -> tuple[int, int] | None:
+        G, Kc = shape
         if G > 1:
-            G = max(1, G // 2) if G <= granule or G // 2 < granule else G // 2 // granule * granule or 1
-        elif low.mode != "resident" and Kc > granule:
-            Kc = max(granule, (Kc // 2) // granule * granule)
-        else:
-            raise Unsupported(f"{low.mode} reduction tiles need {plan.placement.high_water} B of scratchpad at "
-                              f"G={G}, Kc={Kc}; {plan.placement.usable} B are usable")
+            return (max(1, G // 2) if G <= granule or G // 2 < granule else G // 2 // granule * granule or 1), Kc
+        if low.mode != "resident" and Kc > granule:
+            return G, max(granule, (Kc // 2) // granule * granule)
+        return None
+
+    usable = HARDWARE.scratchpad_usable_bytes
+    placement, (G, Kc) = shrink_to_fit(
+        lambda shape: allocate(needs(low, *shape, buffers), usable), (G, Kc), smaller,
+        lambda placement, shape: f"{low.mode} reduction tiles need {placement.high_water} B of scratchpad at "
+                                 f"G={shape[0]}, Kc={shape[1]}; {placement.usable} B are usable")
+    return _plan(low, G, Kc, buffers, placement)
 
 
 def verify_reduction(plan: ReductionPlan, low: ReductionLowering) -> None:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import IndexValue, Load, ReductionKernel
-from ...core.layout import _canonical
+from ...core.layout import canonical_dims
 from ...core.tiles import space
 
 OUTER, REDUCED = "outer", "reduced"
@@ -119,8 +119,8 @@ def canonical(kernel: ReductionKernel):
     n = len(kernel.ranges)
     loads = [v for v in kernel.values if isinstance(v, (Load, IndexValue))]
     raw = [v.index.strides for v in loads] + [s.index.strides for s in kernel.stores]
-    outer, outer_map, o_strides = _canonical(kernel.ranges, [s[:n] for s in raw])
-    red, _, r_strides = _canonical(kernel.reduction_ranges, [s[n:] for s in raw])
+    outer, outer_map, o_strides = canonical_dims(kernel.ranges, [s[:n] for s in raw])
+    red, _, r_strides = canonical_dims(kernel.reduction_ranges, [s[n:] for s in raw])
     return (outer, outer_map, red[-1], [(o, r[-1]) for o, r in zip(o_strides, r_strides)], tuple(red[:-1]),
             [tuple(r[:-1]) for r in r_strides])
 

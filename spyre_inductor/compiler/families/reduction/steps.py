@@ -38,7 +38,7 @@ from ...ir.errors import Unsupported
 from ...ir.kernel_ir import Cast, Constant, IndexValue, Load, Op, Reduction, SizeValue
 from ...symbolic.reduce import fill_of
 from . import argreduce as reduction_argreduce, welford as reduction_welford
-from ...core.fusion import _isa_op
+from ...core.fusion import aliases, isa_op
 from ...core.layout import FLOATS, TILE_DTYPES, operand_value
 from ...core.reduction_ops import COMBINE, INDEX_OPS, INTEGERS, WELFORD, accumulator_dtype, identity, op_of
 from .space import ALONG_REDUCED, FULL, PER_ROW, REDUCED, SCALAR, Access, join, load_relayout, space_of, store_relayout
@@ -193,7 +193,7 @@ class StepBuilder:
         dtype = v.dtype if v.dtype in ("fp16", "bf16") else "fp32" if v.dtype in FLOATS else v.dtype
         if dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} casts to {v.dtype}")
-        if dtype == src_dtype or (dtype == "fp32" and src_dtype in FLOATS):
+        if aliases(dtype, src_dtype):
             self.vtile[i] = src
             return
         self.vtile[i] = self.new(dtype, space, Role.TEMPORARY)
@@ -203,7 +203,7 @@ class StepBuilder:
         args = tuple(self.vtile[a] for a in v.args)
         space = join(self.vspace[a] for a in v.args)
         self.vspace[i], self.depth[i], self.deps[i] = space, max(self.depth[a] for a in v.args), v.args
-        kind, op, args = _isa_op(self.where, i, v, args, [self.tiles[a].dtype for a in args])
+        kind, op, args = isa_op(self.where, i, v, args, [self.tiles[a].dtype for a in args])
         dtype = "fp32" if v.dtype in FLOATS else v.dtype
         if dtype not in TILE_DTYPES:
             raise Unsupported(f"{self.where}: value {i} computes {v.dtype}")
