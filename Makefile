@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.spyre-installed
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard spyre_runtime/csrc/*.cpp spyre_runtime/csrc/*.h)
 # torch is pinned exactly: anything looser pulls a multi-GB CUDA build.
-DEPS := setuptools wheel torch==2.13.0 numpy sympy jinja2 pytest hypothesis expecttest==0.3.0
+DEPS := setuptools wheel torch==2.13.0 numpy sympy jinja2 pytest hypothesis expecttest==0.3.0 transformers==5.25.0
 PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 
 .PHONY: demo test test-slow bench clean
