@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from inductor_helpers import compile_on_spyre
+from inductor_helpers import SPYRE, compile_on_spyre
 from spyre_inductor.compiler.ir.errors import Unsupported
 from spyre_inductor.compiler.ir.kernel_ir import Buffer, Constant, Index, IndexValue, Kernel, Load, Op, Store
 from spyre_inductor.compiler.core.bounds import check_bounds
@@ -185,6 +185,68 @@ def test_each_piece_is_a_plain_copy_of_one_source():
         assert load.buffer == buffer and not any(isinstance(v, (Op, IndexValue)) for v in piece.kernel.values)
         check_bounds(piece.kernel)
     assert [v for v in second.kernel.values if isinstance(v, Load)][0].index.offset == 0  # b[i, j - 64] at j = 64
+
+
+def _split_rotary_kernel():
+    """transformers' rotate_half as Inductor hands it over when it splits the head dim 16 into
+    (2, 8): out[h, i, j] = where(8*i + j < 8, -x[h, i, j + 8], x[h, i, j - 8]) over (4, 2, 8). The
+    compare reads two dims, but every slab i = const decides it."""
+    bufs = (Buffer("x", "fp32", (4, 16), (16, 1)), Buffer("out", "fp32", (4, 16), (16, 1)))
+    values = (IndexValue(Index((0, 8, 1)), "int64"), Constant(8, "int64"), Op("lt", (0, 1), "bool"),
+              Load("x", Index((16, 8, 1), 8), "fp32"), Op("neg", (3,), "fp32"),
+              Load("x", Index((16, 8, 1), -8), "fp32"), Op("where", (2, 4, 5), "fp32"))
+    return Kernel.of("rot", (4, 2, 8), bufs, values, (Store("out", Index((16, 8, 1)), 6),))
+
+
+def test_a_compare_over_two_dims_cuts_along_the_dim_that_decides_it():
+    kernel = _split_rotary_kernel()
+    with pytest.raises(Unsupported, match=r"'x' reaches elements \[8, 71\] of a buffer of 64"):
+        check_bounds(kernel)  # whole, x[.., j + 8] leaves x on the second half
+    assert pieces.cut_points(kernel) == ((), (1,), ())
+    first, second = pieces.split(kernel)
+    assert (first.starts, first.counts, second.starts, second.counts) == ((0, 0, 0), (4, 1, 8), (0, 1, 0), (4, 1, 8))
+    for piece in (first, second):
+        check_bounds(piece.kernel)
+        assert not any(isinstance(v, IndexValue) for v in piece.kernel.values)
+
+
+@pytest.mark.parametrize("strides, constant, op, expected", [
+    ((0, 8, 1), 8, "lt", ((), (1,), ())),     # decided by the middle dim alone
+    ((0, -8, -1), -8, "gt", ((), (1,), ())),  # the same, with negative strides
+    ((0, 8, 1), 12, "lt", ((), (), ())),      # 8*i + j < 12 is not decided by any one dim: no cut
+    ((0, 8, 1), 8, "eq", ((), (), ())),       # 8*i + j == 8 is true at one element only: no cut
+    ((0, 16, 0), 16, "eq", ((), (1,), ())),   # a one-dim eq decided on each slab of its own dim
+])
+def test_cut_points_of_compares_over_several_dims(strides, constant, op, expected):
+    bufs = (Buffer("x", "fp32", (4, 16), (16, 1)), Buffer("out", "fp32", (4, 16), (16, 1)))
+    values = (IndexValue(Index(strides), "int64"), Constant(constant, "int64"), Op(op, (0, 1), "bool"),
+              Load("x", Index((16, 8, 1)), "fp32"), Constant(0.0, "fp32"), Op("where", (2, 3, 4), "fp32"))
+    kernel = Kernel.of("cmp", (4, 2, 8), bufs, values, (Store("out", Index((16, 8, 1)), 5),))
+    assert pieces.cut_points(kernel) == expected
+
+
+def test_transformers_rotary_embedding_compiles_to_spyre_programs_under_strict(monkeypatch):
+    # Llama, Mistral, Qwen, Gemma, Granite and Phi-3 share this code; before the cut above every
+    # one of them was refused here under strict
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=128)
+    rope = LlamaRotaryEmbedding(cfg)
+
+    def fn(q, k, positions):
+        cos, sin = rope(q, positions)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    q, k, positions = _rand(1, 4, 16, 16), _rand(1, 2, 16, 16, seed=1), torch.arange(3, 19)[None]
+    ref = fn(q, k, positions)
+    rope.to(SPYRE)
+    out, _, records, warned, _ = compile_on_spyre(fn, q, k, positions)
+    assert not warned and records and all(r.artifact is not None for r in records)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o.cpu(), r, rtol=1e-6, atol=1e-6 * r.abs().max().item())
 
 
 def test_a_masked_load_that_no_cut_keeps_in_bounds_is_refused():

@@ -12,7 +12,9 @@ what remains is a plain copy (or fill, or the pad's border constant). The
 boxes are planned by the pointwise family one by one and their programs run
 one after another on each core, as ONE program that writes each part.
 
-Masks that do not cut along one dim (a causal ``i1 <= i0``) stay on chip:
+A mask over several dims cuts along one of them when each slab along it decides the mask
+(transformers' rotary: Inductor splits the head dim into (2, 8) and asks ``8*i2 + i3 < 8``).
+Masks that no one dim decides (a causal ``i1 <= i0``) stay on chip:
 an iota and a compare (core/fusion.py). Every load left in a box must stay
 inside its buffer over the whole box (``check_bounds``): a kernel whose
 masked-off loads would leave their buffer somewhere no cut removes them is
@@ -59,9 +61,9 @@ class PiecesPlan(Describable):
     reason: str
 
 
-def _compare(kernel, v) -> tuple[int, int, int, str] | None:
-    """(dim, stride, offset - constant, op) when `v` compares a one-dim index value with a
-    constant (either side), else None."""
+def _compare(kernel, v) -> tuple[Index, int, str] | None:
+    """(index, constant, op) when `v` compares an index value with an integer constant (either
+    side, turned so the index is on the left), else None."""
     if not isinstance(v, Op) or v.name not in COMPARES:
         return None
     a, b = (kernel.values[x] for x in v.args)
@@ -71,28 +73,62 @@ def _compare(kernel, v) -> tuple[int, int, int, str] | None:
         op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}.get(op, op)
     if not (isinstance(a, IndexValue) and isinstance(b, Constant)) or isinstance(b.value, float):
         return None
-    dims = [d for d, s in enumerate(a.index.strides) if s]
-    if len(dims) != 1:
+    return a.index, int(b.value), op
+
+
+def _decided(op: str, lo: int, hi: int, c: int) -> bool | None:
+    """The compare of every x in [lo, hi] with c when it is the same for all of them, else None."""
+    test = COMPARES[op]
+    ends = test(lo, c), test(hi, c)
+    if ends[0] != ends[1] or (op in ("eq", "ne") and lo != hi and lo <= c <= hi):
         return None
-    return dims[0], a.index.strides[dims[0]], a.index.offset - int(b.value), op
+    return ends[0]
+
+
+def _slab_cuts(index: Index, c: int, op: str, d: int, ranges) -> set[int] | None:
+    """Where along dim `d` the compare changes, when every slab i_d = j (the other dims over
+    their whole extents) decides it; None when some slab does not. A rotary embedding's
+    ``8*i2 + i3 < 8`` (Inductor split the head dim 16 into 2 x 8) is decided by i2 alone."""
+    stride, n = index.strides[d], ranges[d]
+    rest_lo = rest_hi = index.offset
+    for e, (s, m) in enumerate(zip(index.strides, ranges)):
+        if e != d:
+            rest_lo += min(0, s * (m - 1))
+            rest_hi += max(0, s * (m - 1))
+    # away from where stride*j + rest crosses c every slab is decided and all agree (the compare
+    # is monotone in j; eq/ne are decided off the crossing): look only at slabs near it
+    roots = (c - rest_hi) / stride, (c - rest_lo) / stride
+    window = range(max(0, math.floor(min(roots)) - 1), min(n, math.ceil(max(roots)) + 2))
+    decisions = {}
+    for j in window:
+        decided = _decided(op, stride * j + rest_lo, stride * j + rest_hi, c)
+        if decided is None:
+            return None
+        decisions[j] = decided
+    cuts = set()
+    for j in window:
+        if j - 1 in decisions and decisions[j - 1] != decisions[j]:
+            cuts.add(j)
+    return cuts
 
 
 def cut_points(kernel: PointwiseKernel) -> tuple[tuple[int, ...], ...]:
-    """Per IR dim, the indices (0 < k < extent) where some one-dim index compare changes value."""
+    """Per IR dim, the indices (0 < k < extent) where some index compare changes value, cutting
+    along the one dim whose slabs each decide it (a compare no single dim decides is left to the
+    chip: an iota and a compare)."""
     cuts = [set() for _ in kernel.ranges]
     for v in kernel.values:
         c = _compare(kernel, v)
         if c is None:
             continue
-        d, stride, shift, op = c
-        test = COMPARES[op]
-        n = kernel.ranges[d]
-        # the compare of stride*i + shift with 0 changes at most twice (eq/ne), once otherwise:
-        # around the real root -shift / stride
-        root = -shift / stride
-        for k in {math.floor(root), math.floor(root) + 1, math.ceil(root), math.ceil(root) + 1}:
-            if 0 < k < n and test(stride * (k - 1) + shift, 0) != test(stride * k + shift, 0):
-                cuts[d].add(k)
+        index, constant, op = c
+        for d, stride in enumerate(index.strides):
+            if not stride:
+                continue
+            found = _slab_cuts(index, constant, op, d, kernel.ranges)
+            if found is not None:
+                cuts[d] |= found
+                break
     return tuple(tuple(sorted(c)) for c in cuts)
 
 
