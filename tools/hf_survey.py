@@ -17,10 +17,33 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from spyre_inductor.testing import hf_models  # noqa: E402
 
 
+def generate(name, new_tokens=16):
+    """Greedy generate() with the model's own cache, its forward compiled, under strict: the
+    tokens against the CPU model's."""
+    from spyre_inductor.device.fallback import strict_mode
+    model, inputs = hf_models.build(name)
+    ids = inputs["input_ids"][:, :8]
+    kw = dict(max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        dev = model.to("spyre")
+        dev.forward = torch.compile(dev.forward)
+        t0 = time.perf_counter()
+        with strict_mode(True):
+            out = dev.generate(ids.to("spyre"), **kw).cpu()
+        dt = time.perf_counter() - t0
+    same = int((out == ref).all())
+    if not same:
+        raise AssertionError(f"tokens differ: {out.tolist()} vs {ref.tolist()}")
+    return 0.0, dt
+
+
 def run(name, mode):
     import spyre_inductor  # noqa: F401
     from spyre_inductor.device.fallback import strict_mode
     torch.manual_seed(0)
+    if mode == "generate":
+        return generate(name)
     model, inputs = hf_models.build(name)
     model.eval()
     with torch.no_grad():
