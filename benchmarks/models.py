@@ -18,7 +18,9 @@ compiled under SPYRE_STRICT=1 (no CPU fallback anywhere). Tables:
   program summed), simulated us and share of the call, roofline, efficiency, refetch, and the
   aten ops it came from;
 * whole models (not with --quick): Llama prefill and decode, GPT-2 and BERT at 128 tokens: programs,
-  simulated us, roofline, max |spyre - cpu fp32| over the output's scale.
+  simulated us, roofline, max |spyre - cpu fp32| over the output's scale;
+* transformers' own model classes (not with --quick; `--transformers [NAME ...]` for this table
+  alone): a row per model, benchmarks/_transformers.py.
 """
 
 from __future__ import annotations
@@ -199,6 +201,10 @@ def whole_models() -> None:
 
 
 def main() -> None:
+    if "--transformers" in sys.argv:
+        from _transformers import transformers_table
+        transformers_table(sys.argv[sys.argv.index("--transformers") + 1:] or None)
+        return
     quick = "--quick" in sys.argv
     repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
     for device in ("spyre", "cpu"):
@@ -219,6 +225,9 @@ def main() -> None:
             whole_models()
     finally:
         del os.environ["SPYRE_STRICT"]
+    if not quick:
+        from _transformers import transformers_table
+        transformers_table()
 
 
 if __name__ == "__main__":

@@ -21,11 +21,11 @@ _TOKENS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def _causal(cls_name, config_name=None, **extra):
-    def build():
+    def build(layers):
         import transformers
         cfg_cls = getattr(transformers, (config_name or cls_name) + "Config")
         model_cls = getattr(transformers, cls_name + "ForCausalLM")
-        cfg = cfg_cls(**{**_DECODER, **_TOKENS, **extra})
+        cfg = cfg_cls(**{**_DECODER, **_TOKENS, "num_hidden_layers": layers, **extra})
         return model_cls(cfg), _ids()
     return build
 
@@ -35,18 +35,18 @@ def _ids(batch=1, seq=SEQ):
     return {"input_ids": torch.randint(0, VOCAB, (batch, seq), generator=g)}
 
 
-def _gpt2():
+def _gpt2(layers):
     import transformers
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=128,
                                  bos_token_id=1, eos_token_id=2)
     return transformers.GPT2LMHeadModel(cfg), _ids()
 
 
 def _bert(kind="Bert"):
-    def build():
+    def build(layers):
         import transformers
         cfg = getattr(transformers, kind + "Config")(
-            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
             intermediate_size=128, max_position_embeddings=128)
         model = getattr(transformers, kind + "Model")(cfg)
         inputs = _ids(batch=2)
@@ -56,35 +56,35 @@ def _bert(kind="Bert"):
     return build
 
 
-def _t5():
+def _t5(layers):
     import transformers
-    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2,
-                                num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=layers,
+                                num_decoder_layers=layers, num_heads=4, relative_attention_num_buckets=8,
                                 relative_attention_max_distance=32, decoder_start_token_id=0)
     inputs = _ids()
     inputs["decoder_input_ids"] = _ids(seq=8)["input_ids"]
     return transformers.T5ForConditionalGeneration(cfg), inputs
 
 
-def _vit():
+def _vit(layers):
     import transformers
     cfg = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64,
-                                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+                                 num_hidden_layers=layers, num_attention_heads=4, intermediate_size=128)
     g = torch.Generator().manual_seed(1)
     return transformers.ViTModel(cfg), {"pixel_values": torch.randn(1, 3, 32, 32, generator=g)}
 
 
-def _clip_vision():
+def _clip_vision(layers):
     import transformers
-    cfg = transformers.CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+    cfg = transformers.CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=layers,
                                         num_attention_heads=4, intermediate_size=128)
     g = torch.Generator().manual_seed(1)
     return transformers.CLIPVisionModel(cfg), {"pixel_values": torch.randn(1, 3, 32, 32, generator=g)}
 
 
-def _clip_text():
+def _clip_text(layers):
     import transformers
-    cfg = transformers.CLIPTextConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+    cfg = transformers.CLIPTextConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers,
                                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     return transformers.CLIPTextModel(cfg), _ids()
@@ -112,9 +112,13 @@ MODELS = {
 }
 
 
-def build(name):
+CAUSAL = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "granite", "phi3", "mixtral",
+          "gpt_oss", "gpt2")
+
+
+def build(name, layers=2):
     torch.manual_seed(0)
-    model, inputs = MODELS[name]()
+    model, inputs = MODELS[name](layers)
     return model.eval(), inputs
 
 

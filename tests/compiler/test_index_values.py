@@ -450,3 +450,24 @@ def test_an_operand_broadcast_over_rows_is_read_once_when_its_row_is_chunked():
     out, report = _one_report(fn, x, t)
     assert report.refetch == pytest.approx(1.0)
     torch.testing.assert_close(out.cpu(), fn(x.float(), t.float()).half(), rtol=0, atol=0)
+
+
+def test_a_position_offset_by_a_cache_length_is_a_load_at_every_length(monkeypatch):
+    # GPT-2 called with past_key_values computes its positions as past_length + arange(new), and
+    # Inductor folds the embedding's index into that expression: a direct load at a symbolic
+    # offset, not a gather (it was refused: "bounds check of s40 against 128")
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+    table = _rand(16, 64)
+
+    def positions(past, table):
+        pos = torch.arange(2, device=past.device) + past.shape[1]
+        return torch.nn.functional.embedding(pos, table) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(positions)
+    spyre_table = table.to(SPYRE)
+    for n in (3, 5, 9, 14):  # the second length recompiles with a symbolic size
+        past = torch.zeros(1, n)
+        assert torch.equal(compiled(past.to(SPYRE), spyre_table).cpu(), positions(past, table))
+    with pytest.raises(RuntimeError, match="reaches elements .* of a buffer of 1024"):
+        compiled(torch.zeros(1, 15).to(SPYRE), spyre_table)  # past the table: refused, never read

@@ -461,7 +461,10 @@ class CaptureHandler(DefaultHandler):
         # against its bound, so a check of exactly that is already done; anything else is not in
         # the IR.
         expr = sympy.sympify(expr)
-        if expr.free_symbols <= set(self.g.vars):
+        if not expr.free_symbols & set(self.g.indirect):
+            # a direct index (loop indices and sizes: GPT-2's position `past_length + i`, which
+            # Inductor folds to the expression): a load like any other, kept inside its buffer
+            # by the planner's bounds check at every size it is planned for
             return None
         pos = self.g.indirect.get(expr)
         if pos is None or static_int(size, "bounds check size") != self.g.values[pos].bound:
