@@ -1,0 +1,43 @@
+"""A tile kernel's ``Combine`` on the ring: partial tiles handed core to core along a chain.
+
+The cores of one chain each hold a partial of the same tiles (a reduction's accumulators over
+its slice of the reduced dim, a matmul's fp32 sums over its slice of k). The first core sends
+its partials into the next core's RING_LANDING tiles; every later core waits for them, runs the
+combine's steps (own = combine(landed, own)) and sends the result on; the last core holds the
+whole and finishes (epilogue, stores). Neighbours only: a Send reaches the next core on the
+ring, so the chain's cores are consecutive and the combine costs one hop per core.
+
+Both halves are the families' to place in their own streams: ``receive`` on the sfp before the
+combine's steps, ``send_on`` once the sfp has finished with the partials (its ``ready`` queue
+hands them to the load/store unit, which moves them, then signals the next core's sfp).
+"""
+
+from __future__ import annotations
+
+from spyre_runtime.program.isa import Pop, Push, Send
+from spyre_runtime.program.operands import Addr
+from spyre_runtime.program.program import Queue
+
+
+def ring_queue(core: int) -> str:
+    """The queue on which `core`'s load/store unit tells the next core's sfp its partials landed."""
+    return f"ring{core}"
+
+
+def receive(sfp, core: int) -> None:
+    """Wait for the previous core's partials in this core's landing tiles."""
+    sfp.emit(Pop(ring_queue(core - 1)))
+
+
+def send_on(ls, sfp, core: int, ready: str, moves) -> Queue:
+    """Hand this core's partials to the next core: `moves` are (landing offset there, offset
+    here, bytes) per tile. Returns the queue the next core's ``receive`` pops."""
+    sfp.emit(Push(ready))
+    ls.emit(Pop(ready))
+    for dst, src, nbytes in moves:
+        ls.emit(Send(core + 1, Addr(dst), Addr(src), nbytes))
+    ls.emit(Push(ring_queue(core)))
+    return Queue(ring_queue(core), (core, "ls"), (core + 1, "sfp"), 1)
+
+
+__all__ = ["receive", "ring_queue", "send_on"]
