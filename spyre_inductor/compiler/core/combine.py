@@ -29,15 +29,21 @@ def receive(sfp, core: int) -> None:
     sfp.emit(Pop(ring_queue(core - 1)))
 
 
-def send_on(ls, sfp, core: int, ready: str, moves) -> Queue:
+def send_on(ls, sfp, core: int, ready: str, moves) -> None:
     """Hand this core's partials to the next core: `moves` are (landing offset there, offset
-    here, bytes) per tile. Returns the queue the next core's ``receive`` pops."""
+    here, bytes) per tile. The next core's ``receive`` pops ``ring_queue(core)``, which the
+    family declares once (``queue``) however many hand-overs it emits (a partial handed on in
+    pieces pipelines the chain: the next core adds one piece while this one sends the next)."""
     sfp.emit(Push(ready))
     ls.emit(Pop(ready))
     for dst, src, nbytes in moves:
         ls.emit(Send(core + 1, Addr(dst), Addr(src), nbytes))
     ls.emit(Push(ring_queue(core)))
-    return Queue(ring_queue(core), (core, "ls"), (core + 1, "sfp"), 1)
 
 
-__all__ = ["receive", "ring_queue", "send_on"]
+def queue(core: int, depth: int = 1) -> Queue:
+    """The queue of `core`'s hand-overs to the next core's sfp."""
+    return Queue(ring_queue(core), (core, "ls"), (core + 1, "sfp"), depth)
+
+
+__all__ = ["queue", "receive", "ring_queue", "send_on"]

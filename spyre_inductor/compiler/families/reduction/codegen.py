@@ -534,7 +534,8 @@ class _Core:
         low, plan, ls, sfp, c = self.low, self.plan, self.ls, self.sfp, self.share.core
         if self.pos < self.last:
             moves = [(self.landing(acc).offset, plan.at(acc).offset, plan.at(acc).nbytes) for acc in low.combine.tiles]
-            self.queues.append(combine.send_on(ls, sfp, c, self.qn["ready"], moves))
+            combine.send_on(ls, sfp, c, self.qn["ready"], moves)
+            self.queues.append(combine.queue(c))
 
     def _ring_scan(self, g):
         """Ring mode for scans (scan.py): the slice [g, kn] resident and reduced to its
