@@ -247,10 +247,18 @@ class _Core:
             # waits for the unit's transfers in flight, so a private load issued after it would
             # hold up the whole chain of cores at every hop.
             fills = [("a", pa, qa), ("b", pb, qb)]
+            # A split k's core loads its slice once: every operand's transfers are issued before
+            # any of its pushes (a push waits for the unit's transfers in flight, so A's would
+            # hold up the issue of B's)
+            after = [] if self.k_slices > 1 else None
             for which, pool, queues in sorted(fills, key=lambda f: f[0] == self.share):
                 if pool.new[i]:
-                    fill = self.ring_fill if self.share == which else self.load_operand
-                    fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
+                    if self.share == which:
+                        self.ring_fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
+                    else:
+                        self.load_operand(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt, after)
+            for finish in after or ():
+                finish()
             if i == last[o] and self.finishes:
                 c = rank[o] % 2
                 if has_epi_loads:
@@ -313,7 +321,9 @@ class _Core:
             sfp.emit(Pop(qout[c][1]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
-    def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt):
+    def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt, after=None):
+        """Move one operand tile into its slot; `after` (a list) defers the fence, the on-chip
+        transpose and the push that hands the tile to the pe, for the caller to emit later."""
         s = self.shape
         full, free = queues
         name = self.ta if which == "a" else self.tb
@@ -333,10 +343,18 @@ class _Core:
             st = self.p.at(self.staging[name])
             rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
                             st.row_stride, self.piece_bytes)
-            ls.emit(Fence(),
-                    Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
-                              ls.tile(st.offset, access.dtype, cols, rows, st.row_stride)))
-        ls.emit(Push(full))
+
+        def finish():
+            if transposed:
+                ls.emit(Fence(),
+                        Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
+                                  ls.tile(st.offset, access.dtype, cols, rows, st.row_stride)))
+            ls.emit(Push(full))
+
+        if after is None:
+            finish()
+        else:
+            after.append(finish)
 
     # ---- the shared operand, all-gathered along the chain of cores ---------------------------
 
