@@ -85,6 +85,7 @@ def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
 
 PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
 COMBINE_PIECES = 8  # a split k's partial travels the chain in at most this many pieces of rows
+_LANDING = {1: 0, -1: 1}  # the landing tile's copy a chain running each way round the ring lands in
 # A split k's operand tiles are small (a slice of k each) and loaded once: in smaller transfers,
 # so that a few cores' loads still keep the bus full (timing.py: the bus share grows with the
 # transfers in flight)
@@ -148,7 +149,7 @@ class _Core:
         self.share, self.group = share, group
         # a split k: this core's place in its block's chain (grid blocks are k slices innermost)
         self.k_slices, self.k_pos = k_slices, block.core % k_slices
-        self.finishes = self.k_pos == k_slices - 1
+        self.finishes = self.k_pos == k_slices // 2  # where the chains from both ends meet
         self.piece_bytes = PIECE_BYTES if k_slices == 1 else SPLIT_PIECE_BYTES
         self.ta, self.tb = operand_tiles(tk)
         self.staging = {t.of: t.name for t in tk.tiles if t.role is Role.STAGING}
@@ -436,33 +437,40 @@ class _Core:
         ls.emit(Push(free))
 
     def combine_chain(self, ls, sfp, slot, rows, cols):
-        """This core's link of a split k's chain, in pieces of rows so that the chain pipelines
-        (one hop per core plus one per piece, not one per core for the whole tile): per piece,
-        the previous core's partial is added in (fp32), then the piece is handed on unless this
-        core finishes."""
+        """This core's link of a split k's combine: two chains, from the first core rightwards
+        and from the last leftwards, meet at the middle core, which finishes (half the hops of
+        one chain). The partial travels in pieces of rows so that the chains pipeline (a hop per
+        core plus one per piece, not a hop per core for the whole tile): per piece, what the
+        chains bring is added in (fp32; each side lands in its own copy of the landing tile),
+        then the piece is handed on unless this core finishes."""
+        pos, middle, end = self.k_pos, self.k_slices // 2, self.k_slices - 1
         pieces = split_evenly(rows, min(rows, COMBINE_PIECES))
-        if not self.finishes:
+        # the left neighbour sends rightwards if it is before the middle, the right one leftwards if after it
+        incoming = ([1] if 0 <= pos - 1 < middle else []) + ([-1] if middle < pos + 1 <= end else [])
+        out = None if self.finishes else (1 if pos < middle else -1)
+        if out is not None:
             ready = self.q("ready", "sfp", "ls", len(pieces))
-            self.queues.append(combine.queue(self.core, len(pieces)))
-        acc, landing = self.p.at(self.acc, slot), self.p.at(self.landing)
+            self.queues.append(combine.queue(self.core, len(pieces), out))
+        acc = self.p.at(self.acc, slot)
         for r0, rc in pieces:
-            if self.k_pos > 0:
-                combine.receive(sfp, self.core)
-                self.steps(sfp, self.tk.combine.steps, slot, 0, rc, cols, r0)
-            if not self.finishes:
+            for step in incoming:
+                combine.receive(sfp, self.core, step)
+                self.steps(sfp, self.tk.combine.steps, slot, 0, rc, cols, r0, landing=_LANDING[step])
+            if out is not None:
                 at = r0 * acc.row_stride
+                landing = self.p.at(self.landing, _LANDING[out])
                 combine.send_on(ls, sfp, self.core, ready,
-                                [(landing.offset + at, acc.offset + at, rc * acc.row_stride)])
+                                [(landing.offset + at, acc.offset + at, rc * acc.row_stride)], out)
 
-    def steps(self, sfp, steps, acc_slot, c, rows, cols, row0=0):
+    def steps(self, sfp, steps, acc_slot, c, rows, cols, row0=0, landing=0):
         """Elementwise steps over one [rows, cols] output tile (from its row `row0`): the
-        epilogue's, or the combine's."""
+        epilogue's, or the combine's (adding the landing tile's copy `landing`)."""
         def tile(name):
             t = self.tk.tile(name)
             if t.role is Role.CONSTANT:
                 a = self.p.at(name)
                 return sfp.tile(a.offset, t.dtype, rows, cols, STICK, "scalar")
-            a = self.p.at(name, None if t.role is Role.RING_LANDING else acc_slot if t.role is Role.ACCUMULATOR else c)
+            a = self.p.at(name, landing if t.role is Role.RING_LANDING else acc_slot if t.role is Role.ACCUMULATOR else c)
             at = row0 * a.row_stride if "m" in t.space else 0
             return sfp.tile(a.offset + at, t.dtype, rows, cols, a.row_stride, broadcast_of(t.space, "m", "n"))
 

@@ -215,8 +215,8 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
             copies = t.a_slots if tile.name == ta else t.b_slots
         elif tile.role is Role.ACCUMULATOR:
             copies = t.acc_copies
-        elif tile.role is Role.RING_LANDING:  # the previous core's partial of a split k, once
-            copies = 1
+        elif tile.role is Role.RING_LANDING:  # a split k's partials from either side (codegen.combine_chain)
+            copies = 2
         else:
             copies = 1 if tile.role in (Role.STAGING, Role.TEMPORARY) else 2
         needs.append(Need(tile.name, rows * row, row, copies,
