@@ -22,6 +22,11 @@ compute-bound row >= 0.90, refetch <= 1.15 on the projections, x @ W.t()
 within 5% of x @ W. A second table puts the 1-core 1024^3 matmul next to its
 measured 1040.8 us (SPYRE_MEASUREMENTS.md; the model is trusted within 20%).
 `--quick` runs the small rows only.
+
+A third table (issue 31) is the decode projections, M = 1, 8, 16, 64 rows against a
+4096 x 4096 weight and a 4096 x 128 one (a k/v projection's N), with the division the
+plan chose (targets: >= 0.85 of roofline where N*K >= 4096*4096, >= 0.6 at N = 128).
+`--small-m` prints that table alone.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ ROWS = [
     ("x @ W 512x4096x4096", (512, 4096, 4096), None, False),
     ("x @ W.t() 512x4096x4096", (512, 4096, 4096), None, True),
 ]
+SMALL_M_ROWS = [(m, 4096, n) for n in (4096, 128) for m in (1, 8, 16, 64)]
 QUICK = {"mm 512^3", "decode 1x4096x4096", "bmm 48x(512x64x512)"}
 
 
@@ -112,10 +118,39 @@ def calibration_table() -> None:
                   "yes" if abs(sim / measured - 1) <= 0.20 else "NO"]])
 
 
+def small_m_table() -> None:
+    from _compiled import plan_labels
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    def label(plan):
+        d = plan["division"]
+        return f"{d['split']}; tiles {plan['tiling']['tm']}x{plan['tiling']['tn']}x{plan['tiling']['tk']}"
+
+    rows = []
+    for mkn in SMALL_M_ROWS:
+        dev = [t.to("spyre") for t in inputs(mkn, None, False, torch.float16)]
+        torch._dynamo.reset()
+        with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            compiled = torch.compile(matmul)
+            compiled(*dev)
+        _, reports = reports_of_one_call(compiled, *dev)
+        sim = sum(r.simulated_ns for r in reports)
+        roof = sum(r.roofline_ns for r in reports)
+        rows.append([f"{mkn[0]}x{mkn[1]}x{mkn[2]}", sim / 1e3, roof / 1e3, roof / sim if sim else 0.0,
+                     max(r.cores_used for r in reports), plan_labels([r for r in records if r.kernel is not None], label)])
+    print_table("Decode projections x @ W, fp16, M x K x N (targets: efficiency >= 0.85 where N*K >= 4096^2, "
+                ">= 0.6 at N = 128)", ["matmul", "simulated us", "roofline us", "efficiency", "cores", "division"],
+                rows)
+
+
 def main() -> None:
+    if "--small-m" in sys.argv:
+        small_m_table()
+        return
     quick = "--quick" in sys.argv
     table([r for r in ROWS if not quick or r[0] in QUICK])
     calibration_table()
+    small_m_table()
 
 
 if __name__ == "__main__":

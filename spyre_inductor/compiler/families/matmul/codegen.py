@@ -22,6 +22,14 @@ Per core, the output tiles of its block in order, each ``K / tk`` k-steps:
   the output tiles (the one rounding to the output dtype is their copy),
   then ``push out_full``.
 
+A plan that splits k (plan.py: ``grid.gk`` consecutive cores per output
+block, each one output tile over its k slice) combines the fp32 partials
+along the chain of those cores (core/combine.py, the tile kernel's
+Combine): a core after the first waits for the previous core's partial in
+its landing tile and adds it into its accumulator; a core before the last
+hands its accumulator on; only the last runs the epilogue and the stores,
+so the sum is rounded once, from fp32.
+
 Accumulators, epilogue operands and outputs alternate between two copies,
 so the pe fills one output tile while the sfp finishes the other. Every
 queue is primed by its consumer's side (one free token per slot up front,
@@ -33,11 +41,12 @@ from __future__ import annotations
 
 import itertools
 
-from spyre_runtime.program.emitter import Unit, assemble
+from spyre_runtime.program.emitter import Unit, assemble, split_evenly
 from spyre_runtime.program.isa import Fence, Fill, Load, MatMul, Pop, Push, Store, Transpose
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import Program, Queue, Symbol
 
+from ...core import combine
 from ...core.allocate import Placement
 from ...core.division import CoreShare
 from ...core.codegen import emit_elementwise
@@ -56,7 +65,7 @@ def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulSh
     or "b") all-gathers that operand over the ring between the grid's cores."""
     cores, queues = {}, []
     for block in (grid.blocks if blocks is None else blocks):
-        cores[block.core], qs = _Core(shape, tk, tiling, placement, block, share, grid.cores).emit()
+        cores[block.core], qs = _Core(shape, tk, tiling, placement, block, share, grid.cores, grid.gk).emit()
         queues += qs
     return assemble(name, symbols, queues, cores, notes, check=False)
 
@@ -75,13 +84,19 @@ def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
 
 
 PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
+COMBINE_PIECES = 8  # a split k's partial travels the chain in at most this many pieces of rows
+_LANDING = {1: 0, -1: 1}  # the landing tile's copy a chain running each way round the ring lands in
+# A split k's operand tiles are small (a slice of k each) and loaded once: in smaller transfers,
+# so that a few cores' loads still keep the bus full (timing.py: the bus share grows with the
+# transfers in flight)
+SPLIT_PIECE_BYTES = 2 * 1024
 
 
 def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
-                    sp_stride: int) -> None:
+                    sp_stride: int, piece_bytes: int = PIECE_BYTES) -> None:
     """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
     serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
-    per = max(1, PIECE_BYTES // max(sp_stride, 1))
+    per = max(1, piece_bytes // max(sp_stride, 1))
     for r0 in range(0, rows, per):
         n = min(per, rows - r0)
         ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
@@ -127,13 +142,20 @@ class _Pool:
 
 
 class _Core:
-    def __init__(self, shape, tk, tiling, placement, block: CoreShare, share: str | None = None, group: int = 1):
+    def __init__(self, shape, tk, tiling, placement, block: CoreShare, share: str | None = None, group: int = 1,
+                 k_slices: int = 1):
         self.shape, self.tk, self.t, self.p, self.block = shape, tk, tiling, placement, block
         self.core = block.core
         self.share, self.group = share, group
+        # a split k: this core's place in its block's chain (grid blocks are k slices innermost)
+        self.k_slices, self.k_pos = k_slices, block.core % k_slices
+        self.finishes = self.k_pos == k_slices // 2  # where the chains from both ends meet
+        self.piece_bytes = PIECE_BYTES if k_slices == 1 else SPLIT_PIECE_BYTES
         self.ta, self.tb = operand_tiles(tk)
         self.staging = {t.of: t.name for t in tk.tiles if t.role is Role.STAGING}
         self.acc = tk.with_role(Role.ACCUMULATOR)[0].name
+        landing = tk.serving(self.acc, Role.RING_LANDING)
+        self.landing = landing[0].name if landing else None
         self.epi = tk.phases[1]
         self.queues: list[Queue] = []
 
@@ -147,10 +169,10 @@ class _Core:
     def schedule(self):
         """(output tiles, k-steps in order, A pool, B pool); a k-step is (output, batch, m, n, k)."""
         s, t = self.shape, self.t
-        (b0, m0, n0), (bc, mc, nc) = self.block.starts, self.block.counts
+        (b0, m0, n0, k0), (bc, mc, nc, kc) = self.block.starts, self.block.counts
         m_tiles = [(m, min(t.tm, m0 + mc - m)) for m in range(m0, m0 + mc, t.tm)]
         n_tiles = [(n, min(t.tn, n0 + nc - n)) for n in range(n0, n0 + nc, t.tn)]
-        k_tiles = [(k, min(t.tk, s.K - k)) for k in range(0, s.K, t.tk)]
+        k_tiles = [(k, min(t.tk, k0 + kc - k)) for k in range(k0, k0 + kc, t.tk)]
         outputs, steps = [], []
         for flat in range(b0, b0 + bc):
             bidx = _batch_index(s, flat)
@@ -185,6 +207,10 @@ class _Core:
             raise Unsupported(f"matmul plan with {len(steps)} k-steps on core {self.core}: too many to unroll")
         if self.share:
             self.ring_queues()
+        if self.k_slices > 1 and len(outputs) != 1:
+            from ...ir.errors import PlanError
+
+            raise PlanError(f"matmul split-k plan: core {self.core} has {len(outputs)} output tiles, not one")
         A = self.t.acc_copies
         qa = {s: (self.q(f"a_full{s}", "ls", "pe"), self.q(f"a_free{s}", "pe", "ls")) for s in set(pa.slot)}
         qb = {s: (self.q(f"b_full{s}", "ls", "pe"), self.q(f"b_free{s}", "pe", "ls")) for s in set(pb.slot)}
@@ -197,9 +223,9 @@ class _Core:
             last[st[0]] = i
         done = sorted(range(len(outputs)), key=lambda o: last[o])  # completion order
         rank = {o: r for r, o in enumerate(done)}   # epilogue copies alternate in completion order
-        has_epi_loads = bool(self.epi.loads)
+        has_epi_loads = bool(self.epi.loads) and self.finishes
         acc_used = range(min(A, len(outputs)))
-        io_used = range(min(2, len(outputs)))
+        io_used = range(min(2, len(outputs))) if self.finishes else range(0)
         # priming: one free token per slot / copy from the consumer of the data
         for slot in sorted(qa):
             pe.emit(Push(qa[slot][1]))
@@ -222,11 +248,19 @@ class _Core:
             # waits for the unit's transfers in flight, so a private load issued after it would
             # hold up the whole chain of cores at every hop.
             fills = [("a", pa, qa), ("b", pb, qb)]
+            # A split k's core loads its slice once: every operand's transfers are issued before
+            # any of its pushes (a push waits for the unit's transfers in flight, so A's would
+            # hold up the issue of B's)
+            after = [] if self.k_slices > 1 else None
             for which, pool, queues in sorted(fills, key=lambda f: f[0] == self.share):
                 if pool.new[i]:
-                    fill = self.ring_fill if self.share == which else self.load_operand
-                    fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
-            if i == last[o]:
+                    if self.share == which:
+                        self.ring_fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
+                    else:
+                        self.load_operand(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt, after)
+            for finish in after or ():
+                finish()
+            if i == last[o] and self.finishes:
                 c = rank[o] % 2
                 if has_epi_loads:
                     ls.emit(Pop(qepi[c][1]))
@@ -259,15 +293,21 @@ class _Core:
         for o in done:  # sfp: the epilogue of each output in the order the pe finishes them
             slot, c = o % A, rank[o] % 2
             sfp.emit(Pop(qacc[slot][0]))
+            rows, cols = outputs[o][1][1], outputs[o][2][1]
+            if self.k_slices > 1:
+                self.combine_chain(ls, sfp, slot, rows, cols)
+            if not self.finishes:
+                sfp.emit(Push(qacc[slot][1]))
+                continue
             if has_epi_loads:
                 sfp.emit(Pop(qepi[c][0]))
             sfp.emit(Pop(qout[c][1]))
-            self.epilogue(sfp, slot, c, outputs[o][1][1], outputs[o][2][1])
+            self.steps(sfp, self.epi.steps, slot, c, rows, cols)
             sfp.emit(Push(qacc[slot][1]))
             if has_epi_loads:
                 sfp.emit(Push(qepi[c][1]))
             sfp.emit(Push(qout[c][0]))
-        if done:
+        if done and self.finishes:
             r = len(done) - 1
             self.store(ls, qout[r % 2], r % 2, *outputs[done[r]])
         for slot in sorted(qa):
@@ -282,7 +322,9 @@ class _Core:
             sfp.emit(Pop(qout[c][1]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
-    def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt):
+    def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt, after=None):
+        """Move one operand tile into its slot; `after` (a list) defers the fence, the on-chip
+        transpose and the push that hands the tile to the pe, for the caller to emit later."""
         s = self.shape
         full, free = queues
         name = self.ta if which == "a" else self.tb
@@ -297,15 +339,23 @@ class _Core:
         ls.emit(Pop(free))
         if not transposed:
             rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
-                            dst.row_stride)
+                            dst.row_stride, self.piece_bytes)
         else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
             st = self.p.at(self.staging[name])
             rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
-                            st.row_stride)
-            ls.emit(Fence(),
-                    Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
-                              ls.tile(st.offset, access.dtype, cols, rows, st.row_stride)))
-        ls.emit(Push(full))
+                            st.row_stride, self.piece_bytes)
+
+        def finish():
+            if transposed:
+                ls.emit(Fence(),
+                        Transpose(ls.tile(dst.offset, access.dtype, rows, cols, dst.row_stride),
+                                  ls.tile(st.offset, access.dtype, cols, rows, st.row_stride)))
+            ls.emit(Push(full))
+
+        if after is None:
+            finish()
+        else:
+            after.append(finish)
 
     # ---- the shared operand, all-gathered along the chain of cores ---------------------------
 
@@ -386,16 +436,45 @@ class _Core:
                           access.m_stride * isz if mt[1] > 1 else 0, a.row_stride))
         ls.emit(Push(free))
 
-    def epilogue(self, sfp, acc_slot, c, rows, cols):
+    def combine_chain(self, ls, sfp, slot, rows, cols):
+        """This core's link of a split k's combine: two chains, from the first core rightwards
+        and from the last leftwards, meet at the middle core, which finishes (half the hops of
+        one chain). The partial travels in pieces of rows so that the chains pipeline (a hop per
+        core plus one per piece, not a hop per core for the whole tile): per piece, what the
+        chains bring is added in (fp32; each side lands in its own copy of the landing tile),
+        then the piece is handed on unless this core finishes."""
+        pos, middle, end = self.k_pos, self.k_slices // 2, self.k_slices - 1
+        pieces = split_evenly(rows, min(rows, COMBINE_PIECES))
+        # the left neighbour sends rightwards if it is before the middle, the right one leftwards if after it
+        incoming = ([1] if 0 <= pos - 1 < middle else []) + ([-1] if middle < pos + 1 <= end else [])
+        out = None if self.finishes else (1 if pos < middle else -1)
+        if out is not None:
+            ready = self.q("ready", "sfp", "ls", len(pieces))
+            self.queues.append(combine.queue(self.core, len(pieces), out))
+        acc = self.p.at(self.acc, slot)
+        for r0, rc in pieces:
+            for step in incoming:
+                combine.receive(sfp, self.core, step)
+                self.steps(sfp, self.tk.combine.steps, slot, 0, rc, cols, r0, landing=_LANDING[step])
+            if out is not None:
+                at = r0 * acc.row_stride
+                landing = self.p.at(self.landing, _LANDING[out])
+                combine.send_on(ls, sfp, self.core, ready,
+                                [(landing.offset + at, acc.offset + at, rc * acc.row_stride)], out)
+
+    def steps(self, sfp, steps, acc_slot, c, rows, cols, row0=0, landing=0):
+        """Elementwise steps over one [rows, cols] output tile (from its row `row0`): the
+        epilogue's, or the combine's (adding the landing tile's copy `landing`)."""
         def tile(name):
             t = self.tk.tile(name)
             if t.role is Role.CONSTANT:
                 a = self.p.at(name)
                 return sfp.tile(a.offset, t.dtype, rows, cols, STICK, "scalar")
-            a = self.p.at(name, acc_slot if t.role is Role.ACCUMULATOR else c)
-            return sfp.tile(a.offset, t.dtype, rows, cols, a.row_stride, broadcast_of(t.space, "m", "n"))
+            a = self.p.at(name, landing if t.role is Role.RING_LANDING else acc_slot if t.role is Role.ACCUMULATOR else c)
+            at = row0 * a.row_stride if "m" in t.space else 0
+            return sfp.tile(a.offset + at, t.dtype, rows, cols, a.row_stride, broadcast_of(t.space, "m", "n"))
 
-        for st in self.epi.steps:
+        for st in steps:
             emit_elementwise(sfp, st, tile)
 
 

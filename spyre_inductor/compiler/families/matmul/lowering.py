@@ -23,6 +23,7 @@ moves once, whole sticks, and nothing goes back through device memory.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...ir.errors import Unsupported
@@ -31,7 +32,7 @@ from ...symbolic.reduce import fill_of
 from ...core._dump import Describable
 from ...core.fusion import ValueTiles, aliases
 from ...core.layout import FLOATS, value_dtype
-from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, TileKernel, space
+from ...core.tiles import Combine, Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
 
 AXES = ("m", "n", "k")
 
@@ -220,6 +221,19 @@ def analyse(kernel: MatmulKernel) -> tuple[MatmulShape, TileKernel]:
     return shape, tk
 
 
+def with_k_split(tk: TileKernel) -> TileKernel:
+    """The tile kernel of a plan that splits k over a chain of cores: the accumulator is a
+    partial sum, the previous core's lands beside it (a RING_LANDING tile, fp32) and the
+    combine adds it in, in fp32; only the chain's last core runs the epilogue, on the whole sum."""
+    [acc] = tk.with_role(Role.ACCUMULATOR)
+    landing = Tile(f"{acc.name}_in", acc.dtype, acc.space, Role.RING_LANDING, of=acc.name)
+    combine = Combine("ring", (acc.name,), (Step("binary", "add", acc.name, (landing.name, acc.name)),))
+    out = dataclasses.replace(tk, tiles=tk.tiles + (landing,), combine=combine,
+                              notes=tk.notes + ("k split over a chain of cores: fp32 partials added along the ring",))
+    out.check()
+    return out
+
+
 def _transposed(where, name, stick_stride, row_stride, rows, K) -> bool:
     """Whether an operand's stick axis is strided: moved in its own layout and transposed on chip."""
     if stick_stride == 1 or (K == 1 and name == "A") or (rows == 1 and name == "B"):
@@ -241,4 +255,4 @@ def _chain(kernel, pos: int) -> set[int]:
             return out
 
 
-__all__ = ["AXES", "MAccess", "MatmulShape", "analyse"]
+__all__ = ["AXES", "MAccess", "MatmulShape", "analyse", "with_k_split"]

@@ -20,6 +20,14 @@ output dtype, so no two cores store into one stick. A block's operands are
 read once per block, so a grid reads A ``gn`` times and B ``gm`` times: for
 each core count the grid that moves the fewest bytes is the candidate, and
 the timing model picks the count (core/search.py).
+
+Split k (a decode projection: few rows, so the output has too few blocks for
+every core): each block's k range is split further into ``gk`` slices of
+whole sticks of the operands, on ``gk`` consecutive cores; each computes the
+fp32 partial sum of its slice and the partials are combined along the ring
+(core/combine.py: the tile kernel's Combine), the last core of the chain
+running the epilogue once on the whole sum, so the output is rounded once.
+A split block is one output tile (its accumulator is what travels).
 """
 
 from __future__ import annotations
@@ -35,8 +43,10 @@ from ...core.allocate import Need, Placement, allocate
 from ...core.division import CoreShare
 from .lowering import MatmulShape
 from ...core.tiles import Role, TileKernel, live_ranges, tile_geometry
+from ...ir.errors import PlanError
 
 PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
+SPLIT_K_ROWS = 64  # matmuls with at most this many rows (per batch) try plans that split k over cores
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class MatmulTiling(Describable):
                                # accumulators all resident), so each operand tile is used in one go
     acc_copies: int = 2
     share: str | None = None   # "a" / "b": that operand is all-gathered over the ring, read once
+    k_split: int = 1           # k slices per output block (plan.make_grid's gk): partials combined on the ring
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,8 @@ class Grid(Describable):
     gb: int
     gm: int
     gn: int
-    blocks: tuple[CoreShare, ...]  # one core's block of the output over (flat batch index, m, n)
+    blocks: tuple[CoreShare, ...]  # one core's block over (flat batch index, m, n, k)
+    gk: int = 1                    # k slices per output block, on consecutive cores (a combine chain)
 
     @property
     def cores(self) -> int:
@@ -68,6 +80,12 @@ class Grid(Describable):
 
 def n_granule(shape: MatmulShape) -> int:
     return STICK // ITEMSIZE[shape.out_dtype]
+
+
+def k_granule(shape: MatmulShape) -> int:
+    """k elements per slice unit of a split: a whole stick of either operand's dtype, so no two
+    cores read one stick of A (whose rows run along k) or of a transposed B."""
+    return max(STICK // ITEMSIZE[shape.a.dtype], STICK // ITEMSIZE[shape.b.dtype])
 
 
 def grids(shape: MatmulShape, cores: int) -> list[Grid]:
@@ -85,9 +103,13 @@ def grids(shape: MatmulShape, cores: int) -> list[Grid]:
     return [o for o in out if o.cores == best]
 
 
-def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int) -> Grid:
-    g = n_granule(shape)
-    n_units = -(-shape.N // g)
+def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int, gk: int = 1) -> Grid:
+    g, kg = n_granule(shape), k_granule(shape)
+    n_units, k_units = -(-shape.N // g), -(-shape.K // kg)
+    if gk > 1 and gk > k_units:
+        raise PlanError(f"matmul grid: {gk} k slices of a k of {shape.K} ({k_units} units of {kg})")
+    k_slices = ([(0, shape.K)] if gk == 1 else
+                [(k0 * kg, min(kn * kg, shape.K - k0 * kg)) for k0, kn in split_evenly(k_units, gk)])
     blocks = []
     for b0, bc in split_evenly(shape.batches, gb):
         for m0, mc in split_evenly(shape.M, gm):
@@ -95,18 +117,19 @@ def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int) -> Grid:
                 n0 = u0 * g
                 nc = min(un * g, shape.N - n0)
                 if bc and mc and nc > 0:
-                    blocks.append(CoreShare(len(blocks), (b0, m0, n0), (bc, mc, nc)))
-    return Grid(gb, gm, gn, tuple(blocks))
+                    blocks += [CoreShare(len(blocks) + i, (b0, m0, n0, k0), (bc, mc, nc, kc))
+                               for i, (k0, kc) in enumerate(k_slices)]
+    return Grid(gb, gm, gn, tuple(blocks), gk)
 
 
 def _span(access, block: CoreShare, shape: MatmulShape, m: bool, n: bool, k: bool) -> int:
     """Bytes between the first and the last element `access` touches in `block`."""
-    b0, (bc, mc, nc) = block.starts[0], block.counts
+    b0, (bc, mc, nc, kc) = block.starts[0], block.counts
     offsets = [_batch_offset(shape, access, f) for f in range(b0, b0 + bc)]
     extent = max(offsets) - min(offsets)
     extent += abs(access.m_stride) * (mc - 1) if m else 0
     extent += abs(access.n_stride) * (nc - 1) if n else 0
-    extent += abs(access.k_stride) * (shape.K - 1) if k else 0
+    extent += abs(access.k_stride) * (kc - 1) if k else 0
     return (extent + 1) * ITEMSIZE[access.dtype]
 
 
@@ -134,7 +157,8 @@ def span_problem(shape: MatmulShape, grid: Grid) -> str | None:
 
 def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
     """Device bytes the grid moves if each block reads its operands once: A once per column
-    block, B once per row block (per batch block too, unless B is batched), the output once."""
+    block, B once per row block (per batch block too, unless B is batched), the output once
+    (k slices split the operands' reads, they do not repeat them)."""
     ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
     a_bytes = shape.batches * shape.M * shape.K * ia
     batched_b = any(shape.b.batch_strides)
@@ -146,8 +170,8 @@ def grid_bytes(shape: MatmulShape, grid: Grid) -> int:
 def block_bytes(shape: MatmulShape, block: CoreShare) -> int:
     """Device bytes one block moves if it reads its operands once."""
     ia, ib, io = ITEMSIZE[shape.a.dtype], ITEMSIZE[shape.b.dtype], ITEMSIZE[shape.out_dtype]
-    bc, mc, nc = block.counts
-    return bc * (mc * shape.K * ia + shape.K * nc * ib + mc * nc * io)
+    bc, mc, nc, kc = block.counts
+    return bc * (mc * kc * ia + kc * nc * ib + mc * nc * io)
 
 
 def best_grid(shape: MatmulShape, cores: int) -> Grid:
@@ -191,6 +215,8 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
             copies = t.a_slots if tile.name == ta else t.b_slots
         elif tile.role is Role.ACCUMULATOR:
             copies = t.acc_copies
+        elif tile.role is Role.RING_LANDING:  # a split k's partials from either side (codegen.combine_chain)
+            copies = 2
         else:
             copies = 1 if tile.role in (Role.STAGING, Role.TEMPORARY) else 2
         needs.append(Need(tile.name, rows * row, row, copies,
@@ -213,10 +239,28 @@ POOLS = ("B resident", "A resident", "streamed")
 SHARED_TARGETS = ((512, 256, 256), (512, 256, 128), (512, 128, 128), (256, 256, 512), (128, 256, 256))
 
 
+# Split-k plans: the k tile of each core's slice (the block is one output tile): one stick of fp16 k,
+# so the PE starts on the first tile while the rest of the slice streams in (1024 and 256 were
+# timed too and never won on the decode rows); k slices per block.
+SPLIT_K_TILES = (64,)
+SPLIT_K_SLICES = (2, 4, 8, 16, 32)
+
+
 def variants() -> list[tuple]:
-    out = [(tgt, pool, "output", None) for tgt in TARGETS for pool in POOLS]
-    out += [(tgt, "streamed", "k-outer", None) for tgt in TARGETS[1:]]
+    """(tile target, operand pools, order, shared operand, k slices) of the plain plans."""
+    out = [(tgt, pool, "output", None, 1) for tgt in TARGETS for pool in POOLS]
+    out += [(tgt, "streamed", "k-outer", None, 1) for tgt in TARGETS[1:]]
     return out
+
+
+def split_k_variants(shape: MatmulShape, cores: int) -> list[tuple]:
+    """Plans splitting k into slices over consecutive cores, for a matmul whose rows are too few to
+    give every core a block of its own (a decode projection)."""
+    k_units = -(-shape.K // k_granule(shape))
+    if shape.M > SPLIT_K_ROWS or cores < 2 or k_units < 2:
+        return []
+    return [((PE_ROWS, STICK, tk), "streamed", "output", None, gk)
+            for gk in SPLIT_K_SLICES if gk <= min(cores, k_units) for tk in SPLIT_K_TILES]
 
 
 def shared_variants(shape: MatmulShape) -> list[tuple]:
@@ -224,13 +268,20 @@ def shared_variants(shape: MatmulShape) -> list[tuple]:
     a_bytes = shape.batches * shape.M * shape.K * ITEMSIZE[shape.a.dtype]
     b_bytes = (shape.batches if any(shape.b.batch_strides) else 1) * shape.K * shape.N * ITEMSIZE[shape.b.dtype]
     order = ("a", "b") if a_bytes <= b_bytes else ("b", "a")
-    return [(tgt, "streamed", "k-outer", share) for share in order for tgt in SHARED_TARGETS]
+    return [(tgt, "streamed", "k-outer", share, 1) for share in order for tgt in SHARED_TARGETS]
 
 
 def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
     """The grid of a variant at `cores`: a shared operand needs every core on the same tiles of
     it (A: split the columns only; B: the rows only); otherwise the fewest bytes."""
-    share = variant[3]
+    share, gk = variant[3], variant[4]
+    if gk > 1:  # the fewest bytes at the cores a k slice leaves, each block then split in k
+        if cores < gk:
+            return None
+        base = best_grid(shape, cores // gk)
+        if any(b.counts[0] > 1 for b in base.blocks):  # a block of several batches is several output tiles
+            return None
+        return make_grid(shape, base.gb, base.gm, base.gn, gk)
     if share is None:
         return best_grid(shape, cores)
     if cores < 2 or (share == "a" and shape.a_transposed) or (share == "b" and shape.b_transposed):
@@ -242,15 +293,18 @@ def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
 
 
 def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
-    (tm_t, tn_t, tk_t), pool, order, share = variant
+    (tm_t, tn_t, tk_t), pool, order, share, gk = variant
     mc = max(b.counts[1] for b in grid.blocks)
     nc = max(b.counts[2] for b in grid.blocks)
+    kc = max(b.counts[3] for b in grid.blocks)
     g = n_granule(shape)
-    tm, tk = min(mc, tm_t), min(shape.K, tk_t)
+    tm, tk = min(mc, tm_t), min(kc, tk_t)
     tn = min(nc, max(g, tn_t // g * g))
+    if gk > 1:  # one output tile per core: its accumulator is the partial that travels
+        tm, tn = mc, nc
     if share == "b":  # the shared B tile is [tk, tn]: make it as large as the rows' tile is for A
         tn, tm = min(nc, max(g, tm_t // g * g)), min(mc, tn_t)
-    ktiles = -(-shape.K // tk)
+    ktiles = -(-kc // tk)
     m_tiles, n_tiles = -(-mc // tm), -(-nc // tn)
     a_tiles, b_tiles = m_tiles * ktiles, n_tiles * ktiles
     if order == "k-outer":  # per k chunk: the A tiles of every row tile, the B tiles of every column tile
@@ -265,7 +319,9 @@ def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
         a_slots = a_tiles if pool == "A resident" else min(2, a_tiles)
         b_slots = b_tiles if pool == "B resident" else min(2, b_tiles)
         acc, label = 2, pool
-    return MatmulTiling(tm, tn, tk, a_slots, b_slots, label, order, acc, share)
+        if gk > 1:
+            acc, label = 1, f"k split {gk} ways, partials combined on the ring"
+    return MatmulTiling(tm, tn, tk, a_slots, b_slots, label, order, acc, share, gk)
 
 
 def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[MatmulTiling, Placement] | None:
@@ -275,6 +331,6 @@ def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[M
     return (t, p) if p.fits else None
 
 
-__all__ = ["Grid", "MatmulTiling", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
-           "grid_for", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem", "tile_needs", "tiling_for",
-           "variants"]
+__all__ = ["Grid", "MatmulTiling", "SPLIT_K_ROWS", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
+           "grid_for", "k_granule", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem",
+           "split_k_variants", "tile_needs", "tiling_for", "variants"]

@@ -6,6 +6,11 @@ bytes (plan.best_grid), and at it every tiling that fits
 by one core's program standing for all of them in step (timing.estimate's
 replicas: the blocks differ only in where they start, the first is the
 largest); the program kept is built for every core and validated once.
+
+A matmul with few rows (a decode projection) also tries plans that split k
+over consecutive cores (plan.split_k_variants), timed whole like the ring
+plans (the cores of a chain wait on each other), next to the plain ones:
+the timing model chooses.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from ...core.allocate import check_needs, check_placement
 from ...core.division import candidate_counts, representative_ns, simulated_ns
 from ...core.layout import buffers_of, symbols_of
 from .codegen import build_matmul_program, ring_ready
-from .lowering import analyse
+from .lowering import analyse, with_k_split
 from ...core.keep import kept
 from ...core.minimum import minimum_traffic
-from .plan import best_grid, fitting, grid_for, shared_variants, span_problem, tile_needs, variants
+from .plan import (best_grid, fitting, grid_for, shared_variants, span_problem, split_k_variants, tile_needs,
+                   variants)
 from ...core.plans import Division, Plans
 
 
@@ -43,7 +49,8 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
                 estimate=None):
     from ...core.compiled import COMPILER_VERSION, Compiled
 
-    shape, tk = analyse(kernel)
+    shape, plain_tk = analyse(kernel)
+    split_tk = None  # made when a split-k variant is first tried
     symbols = symbols_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     counts = [cores] if cores else candidate_counts(limit)
@@ -51,6 +58,11 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     seen: set = set()  # variants that clip to the same tiling of the same grid are timed once
 
     def evaluate(variant, n):
+        nonlocal split_tk
+        tk = plain_tk
+        if variant[4] > 1:
+            split_tk = split_tk or with_k_split(plain_tk)
+            tk = split_tk
         grid = grid_for(shape, n, variant)
         if grid is None:
             return None
@@ -62,13 +74,13 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
         if fit is None:
             return None
         tiling, placement = fit
-        key = (grid.gb, grid.gm, grid.gn, dataclasses.replace(tiling, label=""))
+        key = (grid.gb, grid.gm, grid.gn, grid.gk, dataclasses.replace(tiling, label=""))
         if key in seen:
             return None
         seen.add(key)
-        if tiling.share:
+        if tiling.share or grid.gk > 1:
             # the cores meet on the ring: time them all (their programs differ in who sends where)
-            if not ring_ready(shape, tk, tiling, placement, grid):
+            if tiling.share and not ring_ready(shape, tk, tiling, placement, grid):
                 return None
             program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid,
                                            share=tiling.share)
@@ -79,9 +91,9 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
 
             ns = (estimate(one_core(grid.blocks[:1])) if estimate is not None
                   else representative_ns(one_core, grid.blocks, check=False))
-        label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
-                 f"{tiling.label}")
-        return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
+        label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}" + (f"x{grid.gk}k" if grid.gk > 1 else "")
+                 + f", tiles {tiling.tm}x{tiling.tn}x{tiling.tk} {tiling.label}")
+        return search.Candidate(label, grid.cores, ns, (grid, tiling, placement, tk))
 
     top = max(counts)
     results = []
@@ -108,12 +120,23 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
             results += search.search(variants()[:3], [top], evaluate, errors)
     if not results:
         results = search.search([v for v in variants() if v[3] is None], counts, evaluate, errors)
+    # Few rows: k split over chains of cores, next to the plain plans at the most cores, where
+    # the plain grid leaves cores idle or re-reads an operand (what a split is for; elsewhere
+    # it would only add whole-card timings to the compile).
+    plain_grid = best_grid(shape, top)
+    split = []
+    if plain_grid.cores < top or refetch(shape, plain_grid) > REFETCH_WORTH_SHARING:
+        split = search.search(split_k_variants(shape, top), [top], evaluate, errors)
+    results += split
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no matmul plan: no tiling fits the "
                           f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad" +
                           (f", or {'; '.join(dict.fromkeys(errors))}" if errors else ""))
     chosen = search.choose(results)
-    grid, tiling, placement = chosen.plan
+    unsplit = [r for r in results if r not in split]
+    if chosen in split and unsplit and search.close_to(min(r.ns for r in unsplit), chosen.ns):
+        chosen = search.choose(unsplit)  # a tie keeps the plan without the chain
+    grid, tiling, placement, tk = chosen.plan
     needs = tile_needs(tk, tiling)
     check_needs("matmul scratchpad plan", needs, placement)
     check_placement("matmul scratchpad plan", placement.allocations,
@@ -124,7 +147,8 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
     program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
                                    share=tiling.share)
     program = kept(kernel, program)
-    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
+    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)"
+                        + (f", k split {grid.gk} ways (partials combined on the ring)" if grid.gk > 1 else ""),
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
                         chosen.ns)
     plans = Plans("matmul", buffers_of(kernel), tk, (("shape", shape), ("tiling", tiling), ("grid", grid)),

@@ -47,12 +47,13 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 from spyre_runtime.program.emitter import Aff, Unit, assemble, pipeline, pipeline_queues, split_evenly
-from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Philox, Pop, Push, Reduce, Scan, Select, Send, Store, Transpose,
+from spyre_runtime.program.isa import (Binary, Fill, Iota, Load, Philox, Pop, Push, Reduce, Scan, Select, Store, Transpose,
                                       Unary)
-from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr
+from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import Program, Queue
 
 from ...ir.kernel_ir import ReductionKernel
+from ...core import combine
 from ...core.division import CoreShare
 from ...core.layout import symbols_of
 from ...core.minimum import recorded
@@ -518,7 +519,7 @@ class _Core:
             return
         self._group(g, Aff(0))
         if self.pos > 0:
-            sfp.emit(Pop(f"ring{c - 1}"))
+            combine.receive(sfp, c)
             self.steps(sfp, low.combine.steps, None, g, None)
         self._send_on()
         if self.pos == self.last:
@@ -532,13 +533,9 @@ class _Core:
         """Hand this core's accumulators to the next core's ring landing tiles (not from the last core)."""
         low, plan, ls, sfp, c = self.low, self.plan, self.ls, self.sfp, self.share.core
         if self.pos < self.last:
-            sfp.emit(Push(self.qn["ready"]))
-            ls.emit(Pop(self.qn["ready"]))
-            for acc in low.combine.tiles:
-                a, dst = plan.at(acc), self.landing(acc)
-                ls.emit(Send(c + 1, Addr(dst.offset), Addr(a.offset), a.nbytes))
-            ls.emit(Push(f"ring{c}"))
-            self.queues.append(Queue(f"ring{c}", (c, "ls"), (c + 1, "sfp"), 1))
+            moves = [(self.landing(acc).offset, plan.at(acc).offset, plan.at(acc).nbytes) for acc in low.combine.tiles]
+            combine.send_on(ls, sfp, c, self.qn["ready"], moves)
+            self.queues.append(combine.queue(c))
 
     def _ring_scan(self, g):
         """Ring mode for scans (scan.py): the slice [g, kn] resident and reduced to its
@@ -551,7 +548,7 @@ class _Core:
         sfp.emit(Pop(self.qn["gl"]))
         self.steps(sfp, chunk.steps, 0, g, None)   # each carry: this slice's total
         if self.pos > 0:
-            sfp.emit(Pop(f"ring{c - 1}"))
+            combine.receive(sfp, c)
             self.steps(sfp, low.combine.steps, None, g, None)   # carry = prefix through this core
         self._send_on()
         after = epilogue.steps
