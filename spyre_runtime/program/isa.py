@@ -367,6 +367,18 @@ class Send(Instruction):
         data = m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0)
         m.scratch_rows(self.core, self.dst.at(idx), 1, self.nbytes, 0).copy_(data)
 
+    @classmethod
+    def bind(cls, b, group):
+        # (a group's sends touch no bytes another of them writes: schedule.ring_order)
+        n = group[0][1].nbytes
+        if any(i.nbytes != n or i.core == c for c, i, _ in group):
+            return None
+        src = b.sp_rows([(c, i.src.at(idx)) for c, i, idx in group], 1, n, 0)
+        dst = b.sp_rows([(i.core, i.dst.at(idx)) for c, i, idx in group], 1, n, 0)
+        if src is None or dst is None:
+            return None
+        return lambda: dst.copy_(src)
+
     def cost(self, t, core, idx):
         return t.ring(core, self.core, self.nbytes)
 
