@@ -333,7 +333,7 @@ def _plans_after(fn, *args):
 
 
 @pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn", "attention",
-                                  "decode_attention"])
+                                  "index_put", "index_put_accumulate", "decode_attention"])
 def test_compiled_programs_give_the_interpreters_bits(case):
     from spyre_runtime.program.schedule import BIND_ERRORS
 
@@ -351,6 +351,10 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         # fused attention: its tiles transposed in the scratchpad (Transpose's fast form)
         "attention": (lambda a, b: torch.nn.functional.scaled_dot_product_attention(
             a.view(1, 2, 32, 64), b.view(1, 2, 32, 64), b.view(1, 2, 32, 64), is_causal=True), (a, b)),
+        # scatters (Scatter's fast form), duplicates summed in order when accumulating
+        "index_put": (lambda a, i: a.index_put((i,), a[:4] * 2), (a, torch.tensor([3, 9, 3, 60]))),
+        "index_put_accumulate": (lambda a, i: a.index_put((i,), a[:4] * 2, accumulate=True),
+                                 (a, torch.tensor([3, 9, 3, 60]))),
         # one query row against a long cache: the cores' partial results combined over the ring
         # (Send's fast form, the rounds of schedule.ring_order)
         "decode_attention": (lambda q, k: torch.nn.functional.scaled_dot_product_attention(q, k, k),
@@ -379,13 +383,13 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         names = {type(ins).__name__ for plan in plans for core in plan.program.cores
                  for _, instrs in core.units for ins in instrs}
         assert {"Transpose", "Iota"} <= names, names
-    if case == "decode_attention":
-        kind = isa.Send
+    if case in ("index_put", "index_put_accumulate", "decode_attention"):
+        kind = isa.Send if case == "decode_attention" else isa.Scatter
         bound = [b for plan in plans for b in plan.executor.executable._state.bound.values()
                  if any(isinstance(step[3], kind) for _, group in b.ops for step in group)]
         assert bound and all(b.batched for b in bound)
         for b in bound:  # by the fast form, not one instruction at a time by the general semantics
-            assert all(fn.__qualname__.startswith("Send.bind") for fn, group in b.ops
+            assert all(fn.__qualname__.startswith(("_bind_indexed", "Send.bind")) for fn, group in b.ops
                        if isinstance(group[0][3], kind)), [fn.__qualname__ for fn, _ in b.ops]
 
 
