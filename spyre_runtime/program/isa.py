@@ -477,9 +477,16 @@ class MatMul(Instruction):
         out, a, bb = b.tile([(core, i.acc, idx)]), b.tile([(core, i.a, idx)]), b.tile([(core, i.b, idx)])
         if out is None or a is None or bb is None:
             return None
-        read_a, read_b, out = b.reader(a[0], i.a, torch.float32), b.reader(bb[0], i.b, torch.float32), out[0]
+        # (operands converted into buffers of their own, the product into one: no allocation per
+        # run, the same torch.mm and the same sum)
+        read_a, read_b, out = b.into(a[0], i.a, torch.float32), b.into(bb[0], i.b, torch.float32), out[0]
         if i.accumulate:
-            return lambda: out.add_(read_a() @ read_b())
+            product = torch.empty(out.shape, dtype=torch.float32)
+
+            def accumulate():
+                torch.mm(read_a(), read_b(), out=product)
+                out.add_(product)
+            return accumulate
         return lambda: torch.mm(read_a(), read_b(), out=out)
 
     def cost(self, t, core, idx):

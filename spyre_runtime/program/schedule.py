@@ -213,6 +213,17 @@ class Binder:
         return lambda: view.to(dtype)
 
 
+    @staticmethod
+    def into(view: torch.Tensor, tile, dtype: torch.dtype):
+        """As `reader`, converting into a buffer of its own allocated now (a conversion per run,
+        no allocation per run): for operands a fast form reads once per run and does not keep."""
+        if view.dtype == dtype:
+            return Binder.reader(view, tile, dtype)
+        buffer = torch.empty(view.shape, dtype=dtype)
+        value = buffer.expand(view.shape[:-2] + (tile.rows, tile.cols)) if tile.broadcast != "none" else buffer
+        return lambda: (buffer.copy_(view), value)[1]
+
+
 def _device_spans(steps, buffers):
     """Per step, the device bytes it touches as (address lo, hi, writes), from `touches`."""
     spans = []
