@@ -21,6 +21,9 @@ compiled under SPYRE_STRICT=1 (no CPU fallback anywhere). Tables:
   simulated us, roofline, max |spyre - cpu fp32| over the output's scale;
 * transformers' own model classes (not with --quick; `--transformers [NAME ...]` for this table
   alone): a row per model, benchmarks/_transformers.py.
+
+Host ms per step (both tables): the best of 5 warm calls of the 2-layer model, call to
+synchronize: the launches and the simulator running them (the machine's time, not the card's).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import collections
 import os
 import pstats
 import sys
+import time
 import warnings
 
 import torch
@@ -63,8 +67,10 @@ def llama(n_layers=2, seq=128, cache_len=128):
     return model, models.llama_inputs(model, seq=seq, cache_len=cache_len)
 
 
-def compile_and_run(model, inputs):
-    """(records, output, reports of one warm call) of `model` compiled on spyre, caches off."""
+def compile_and_run(model, inputs, host_repeats: int = 5):
+    """(records, output, reports of one warm call, host ms per call) of `model` compiled on spyre,
+    caches off. Host ms: the best of `host_repeats` warm calls, call to synchronize (the launches
+    and the simulator running them; each kernel was prepared once)."""
     args = [_to(a, "spyre") for a in inputs]
     torch._dynamo.reset()
     with torch.no_grad(), record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
@@ -74,7 +80,14 @@ def compile_and_run(model, inputs):
         torch.spyre.reset_kernel_reports()
         out = compiled(*args)
         torch.spyre.synchronize()
-    return records, out, torch.spyre.kernel_reports()
+        reports = torch.spyre.kernel_reports()
+        host = float("inf")
+        for _ in range(host_repeats):
+            start = time.perf_counter()
+            compiled(*args)
+            torch.spyre.synchronize()
+            host = min(host, time.perf_counter() - start)
+    return records, out, reports, host * 1e3
 
 
 # ---- compile time ------------------------------------------------------------------------------------
@@ -142,16 +155,16 @@ def per_layer_table(cases) -> dict:
     for label, seq, cache_len in cases:
         counts = {}
         for n_layers in (1, 2):
-            records, _, reports = compile_and_run(*llama(n_layers, seq, cache_len))
+            records, _, reports, host = compile_and_run(*llama(n_layers, seq, cache_len))
             assert all(r.artifact is not None for r in records if r.kernel is not None), "a CPU fallback"
             counts[n_layers] = len(records)
         sim = sum(r.simulated_ns for r in reports) / 1e3
         roof = sum(r.roofline_ns for r in reports) / 1e3
-        rows.append([label, counts[2] - counts[1], counts[2], len(reports), sim, roof, roof / sim])
+        rows.append([label, counts[2] - counts[1], counts[2], len(reports), sim, roof, roof / sim, host])
         details[label] = (records, reports)
     print_table("Llama-style decoder (fp16, explicit attention): programs per decoder layer, and one call of "
                 "2 layers", ["case", "programs/layer", "programs (2 layers)", "launches", "simulated us",
-                             "sum of rooflines us", "roofline / simulated"], rows)
+                             "sum of rooflines us", "roofline / simulated", "host ms per step"], rows)
     return details
 
 
@@ -190,14 +203,14 @@ def whole_models() -> None:
         reference = models.fp32_copy(model)
         with torch.no_grad():
             want = reference(*[_dtype(a, torch.float32) for a in inputs])
-        records, out, reports = compile_and_run(model, [_dtype(a, DTYPE) for a in inputs])
+        records, out, reports, host = compile_and_run(model, [_dtype(a, DTYPE) for a in inputs])
         sim = sum(r.simulated_ns for r in reports) / 1e3
         roof = sum(r.roofline_ns for r in reports) / 1e3
         err = (out.cpu().float() - want).abs().max().item() / want.abs().max().item()
-        rows.append([label, len(records), len(reports), sim, roof, roof / sim, err / 2 ** -11])
+        rows.append([label, len(records), len(reports), sim, roof, roof / sim, err / 2 ** -11, host])
     print_table("Whole models under SPYRE_STRICT=1 (fp16, explicit attention)",
                 ["model", "programs", "launches", "simulated us", "sum of rooflines us", "roofline / simulated",
-                 "max err / (2^-11 scale)"], rows)
+                 "max err / (2^-11 scale)", "host ms per step"], rows)
 
 
 def main() -> None:

@@ -122,6 +122,7 @@ PROGRAMS = {
     "ring_sum": lambda: ring_sum(4096, 4),
     "gather": _gather_program,
     "pointwise_chain": _pointwise_chain,
+    "late_send": lambda: _late_send(),
 }
 
 
@@ -152,8 +153,53 @@ def test_independent_cores_run_as_one_operation_each():
     # cores that only read the same bytes are independent
     general, fast, bound = _both(_bias_add())
     assert bound.batched and len(bound.ops) == 4 and torch.equal(general["out"], fast["out"])
-    # cores that pass data around the ring are never batched
-    assert not _both(ring_sum(4096, 4))[2].batched
+    # cores that pass data around the ring run in rounds: a core waits only for what the ring brings it
+    program = ring_sum(4096, 4)
+    general, fast, bound = _both(program)
+    assert bound.batched and len(bound.ops) < len(Schedule(program, S).steps)
+    assert torch.equal(general["out"], fast["out"])
+
+
+def _late_send(cores=3):
+    """Core c > 0 adds what core c - 1 sent it to its own row and passes the sum on; core 0 sends
+    after three steps of its own, core c > 0 reads the landing bytes at its second step: in the
+    k-th-step-of-every-core order it would read them before they land."""
+    syms = (Symbol("x", "input", "fp32", (cores, 32), (32, 1)), Symbol("out", "output", "fp32", (cores, 32), (32, 1)))
+    t = lambda a: Tile(Addr(a), "fp32", 1, 32, 128)  # noqa: E731
+    cps, queues = [], []
+    for c in range(cores):
+        queues += [Queue(f"f{c}", (c, "ls"), (c, "sfp"), 1), Queue(f"d{c}", (c, "sfp"), (c, "ls"), 1)]
+        if c + 1 < cores:
+            queues.append(Queue(f"ring{c}", (c, "ls"), (c + 1, "sfp"), 1))
+        ls = [isa.Load(Addr(0), DevAddr("x", c * 128), 1, 128, 0, 128), isa.Push(f"f{c}"), isa.Pop(f"d{c}")]
+        if c + 1 < cores:
+            ls += [isa.Send(c + 1, Addr(1024), Addr(512), 128), isa.Push(f"ring{c}")]
+        ls.append(isa.Store(DevAddr("out", c * 128), Addr(512), 1, 128, 0, 128))
+        sfp = [isa.Pop(f"f{c}")]
+        if c == 0:
+            sfp += [isa.Unary("exp", t(256), t(0)), isa.Unary("neg", t(256), t(256)),
+                    isa.Binary("add", t(512), t(256), t(0))]
+        else:
+            sfp += [isa.Pop(f"ring{c - 1}"), isa.Binary("add", t(512), t(0), t(1024))]
+        sfp.append(isa.Push(f"d{c}"))
+        cps.append(CoreProgram(c, (("ls", tuple(ls)), ("sfp", tuple(sfp)))))
+    return Program("late_send", syms, tuple(cps), tuple(queues))
+
+
+def test_a_core_waits_for_what_the_ring_brings_it():
+    program = _late_send()
+    schedule = Schedule(program, S)
+    # what each receiving core's add must follow: the send that lands in its operand
+    sends = {steps[0]: k for k, steps in enumerate(schedule.steps) if isinstance(steps[3], isa.Send)}
+    adds = {s[0]: k for k, s in enumerate(schedule.steps) if isinstance(s[3], isa.Binary) and s[0] > 0}
+    assert all(sends[c - 1] in schedule.after[adds[c]] for c in adds)
+    general, fast, bound = _both(program)
+    assert bound.batched and len(bound.ops) < len(schedule.steps)
+    for sym in program.symbols:
+        assert torch.equal(general[sym.name], fast[sym.name]), sym.name
+    x = torch.stack([general["x"].view(torch.float32)[c * 32:(c + 1) * 32] for c in range(3)])
+    want = x[0] - torch.exp(x[0])  # core 0: -exp(x) + x; then each core adds its row to it
+    assert torch.equal(fast["out"].view(torch.float32).view(3, 32)[2], (want + x[1]) + x[2])
 
 
 def test_a_core_writing_what_another_reads_is_not_batched():
@@ -286,7 +332,8 @@ def _plans_after(fn, *args):
     return out, [o for o in gc.get_objects() if type(o) is JobPlan and id(o) not in before]
 
 
-@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn", "attention"])
+@pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn", "attention",
+                                  "index_put", "index_put_accumulate", "decode_attention"])
 def test_compiled_programs_give_the_interpreters_bits(case):
     from spyre_runtime.program.schedule import BIND_ERRORS
 
@@ -304,6 +351,14 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         # fused attention: its tiles transposed in the scratchpad (Transpose's fast form)
         "attention": (lambda a, b: torch.nn.functional.scaled_dot_product_attention(
             a.view(1, 2, 32, 64), b.view(1, 2, 32, 64), b.view(1, 2, 32, 64), is_causal=True), (a, b)),
+        # scatters (Scatter's fast form), duplicates summed in order when accumulating
+        "index_put": (lambda a, i: a.index_put((i,), a[:4] * 2), (a, torch.tensor([3, 9, 3, 60]))),
+        "index_put_accumulate": (lambda a, i: a.index_put((i,), a[:4] * 2, accumulate=True),
+                                 (a, torch.tensor([3, 9, 3, 60]))),
+        # one query row against a long cache: the cores' partial results combined over the ring
+        # (Send's fast form, the rounds of schedule.ring_order)
+        "decode_attention": (lambda q, k: torch.nn.functional.scaled_dot_product_attention(q, k, k),
+                             (a[:4].reshape(1, 4, 1, 64).half(), torch.randn(1, 4, 1024, 64, generator=g).half())),
     }[case]
     errors = BIND_ERRORS.copy()
     dev = [t.to("spyre") for t in args]
@@ -328,6 +383,14 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         names = {type(ins).__name__ for plan in plans for core in plan.program.cores
                  for _, instrs in core.units for ins in instrs}
         assert {"Transpose", "Iota"} <= names, names
+    if case in ("index_put", "index_put_accumulate", "decode_attention"):
+        kind = isa.Send if case == "decode_attention" else isa.Scatter
+        bound = [b for plan in plans for b in plan.executor.executable._state.bound.values()
+                 if any(isinstance(step[3], kind) for _, group in b.ops for step in group)]
+        assert bound and all(b.batched for b in bound)
+        for b in bound:  # by the fast form, not one instruction at a time by the general semantics
+            assert all(fn.__qualname__.startswith(("_bind_indexed", "Send.bind")) for fn, group in b.ops
+                       if isinstance(group[0][3], kind)), [fn.__qualname__ for fn, _ in b.ops]
 
 
 def test_scratchpads_keep_what_the_previous_kernel_left():

@@ -367,6 +367,18 @@ class Send(Instruction):
         data = m.scratch_rows(core, self.src.at(idx), 1, self.nbytes, 0)
         m.scratch_rows(self.core, self.dst.at(idx), 1, self.nbytes, 0).copy_(data)
 
+    @classmethod
+    def bind(cls, b, group):
+        # (a group's sends touch no bytes another of them writes: schedule.ring_order)
+        n = group[0][1].nbytes
+        if any(i.nbytes != n or i.core == c for c, i, _ in group):
+            return None
+        src = b.sp_rows([(c, i.src.at(idx)) for c, i, idx in group], 1, n, 0)
+        dst = b.sp_rows([(i.core, i.dst.at(idx)) for c, i, idx in group], 1, n, 0)
+        if src is None or dst is None:
+            return None
+        return lambda: dst.copy_(src)
+
     def cost(self, t, core, idx):
         return t.ring(core, self.core, self.nbytes)
 
@@ -465,9 +477,16 @@ class MatMul(Instruction):
         out, a, bb = b.tile([(core, i.acc, idx)]), b.tile([(core, i.a, idx)]), b.tile([(core, i.b, idx)])
         if out is None or a is None or bb is None:
             return None
-        read_a, read_b, out = b.reader(a[0], i.a, torch.float32), b.reader(bb[0], i.b, torch.float32), out[0]
+        # (operands converted into buffers of their own, the product into one: no allocation per
+        # run, the same torch.mm and the same sum)
+        read_a, read_b, out = b.into(a[0], i.a, torch.float32), b.into(bb[0], i.b, torch.float32), out[0]
         if i.accumulate:
-            return lambda: out.add_(read_a() @ read_b())
+            product = torch.empty(out.shape, dtype=torch.float32)
+
+            def accumulate():
+                torch.mm(read_a(), read_b(), out=product)
+                out.add_(product)
+            return accumulate
         return lambda: torch.mm(read_a(), read_b(), out=out)
 
     def cost(self, t, core, idx):
@@ -998,6 +1017,48 @@ def _row_offsets(m, core, idx, indices, rows: int, op: str) -> torch.Tensor:
     return total
 
 
+def _bind_indexed(b, group, device: str, scratch: str, move):
+    """The fast form of gathers or scatters (`device`/`scratch`: the operands naming each side):
+    per member, its index columns and its scratchpad rows bound once; a run reads the indices,
+    checks every one and makes every device row's view (as `run` would, and raising where it
+    would) before `move(device rows, scratchpad rows)` moves any byte, so a failure (run again
+    by the general semantics, which names it) has written nothing."""
+    members = []
+    for core, i, idx in group:
+        terms = []
+        for term in i.indices:
+            view = b.tile([(core, term.tile, idx)])
+            if view is None:
+                return None
+            terms.append((b.reader(view[0], term.tile, torch.int64), term.stride, term.bound, term.wrap_neg))
+        stride = getattr(i, f"{scratch}_stride")
+        first = getattr(i, scratch).at(idx)
+        rows = [b.sp_rows([(core, first + r * stride)], 1, i.row_bytes, 0) for r in range(i.rows)]
+        if any(r is None for r in rows):
+            return None
+        buf = b.buffers[getattr(i, device).symbol]
+        members.append((i, terms, [r[0] for r in rows], buf, getattr(i, device).at(idx),
+                        getattr(i, f"{device}_stride")))
+
+    def run():
+        moves = []
+        for i, terms, sp_rows, buf, base, stride in members:
+            extra = [0] * i.rows
+            for read, step, bound, wrap in terms:
+                for r, v in enumerate(read().reshape(-1)[:i.rows].tolist()):
+                    if v < 0 and wrap:
+                        v += bound
+                    if not 0 <= v < bound:
+                        raise IndexOutOfRange(i.op, v, bound)
+                    extra[r] += v * step
+            at = buf.storage_offset() + base
+            moves.append((i, [torch.as_strided(buf, (1, i.row_bytes), (0, 1), at + r * stride + add)
+                              for r, add in enumerate(extra)], sp_rows))
+        for i, dev_rows, sp_rows in moves:
+            move(i, dev_rows, sp_rows)
+    return run
+
+
 def _index_problem(indices, rows: int) -> str | None:
     for term in indices:
         t = term.tile
@@ -1036,6 +1097,34 @@ class Gather(Instruction):
             m.scratch_rows(core, dst + r * self.dst_stride, 1, self.row_bytes, 0).copy_(row)
             if pad:
                 m.scratch_rows(core, dst + r * self.dst_stride + self.row_bytes, 1, pad, 0).zero_()
+
+    @classmethod
+    def bind(cls, b, group):
+        pad = -group[0][1].row_bytes % STICK
+        if any(-i.row_bytes % STICK != pad for _, i, _ in group):
+            return None
+        pads = [b.sp_rows([(c, i.dst.at(idx) + r * i.dst_stride + i.row_bytes)], 1, pad, 0)
+                for c, i, idx in group for r in range(i.rows)] if pad else []
+        if any(p is None for p in pads):
+            return None
+        zeros = iter(())
+
+        def move(i, dev_rows, sp_rows):
+            for src, dst in zip(dev_rows, sp_rows):
+                dst.copy_(src)
+                if pad:
+                    next(zeros).zero_()
+
+        run = _bind_indexed(b, group, "src", "dst", move)
+        if run is None or not pad:
+            return run
+        pads = [p[0] for p in pads]
+
+        def gather():
+            nonlocal zeros
+            zeros = iter(pads)
+            run()
+        return gather
 
     def cost(self, t, core, idx):
         return t.indirect_dma(self.src.symbol, self.src.at(idx), self.rows, self.row_bytes, self.src_stride,
@@ -1086,6 +1175,18 @@ class Scatter(Instruction):
                 out.view(dtype).copy_(total)
             else:
                 out.copy_(row)
+
+    @classmethod
+    def bind(cls, b, group):
+        def move(i, dev_rows, sp_rows):
+            if not i.accumulate:
+                for out, row in zip(dev_rows, sp_rows):
+                    out.copy_(row)
+                return
+            dtype, compute = DTYPES[i.dtype], COMPUTE[i.dtype]
+            for out, row in zip(dev_rows, sp_rows):
+                out.view(dtype).copy_(out.view(dtype).to(compute) + row.view(dtype).to(compute))
+        return _bind_indexed(b, group, "dst", "src", move)
 
     def cost(self, t, core, idx):
         return t.indirect_dma(self.dst.symbol, self.dst.at(idx), self.rows, self.row_bytes, self.dst_stride,

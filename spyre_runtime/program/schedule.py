@@ -16,9 +16,12 @@ program, and the views a run needs are a property of its bound addresses.
   instruction's own fast form (``bind`` in isa.py; ``run`` when it has none,
   e.g. gathers and scatters, whose addresses come from the data). When no two
   cores share data (no ring sends, no device bytes one core writes and another
-  touches), the cores' streams are independent: the k-th instruction of every
-  core runs as one operation over all their tiles (the bank keeps every core's
-  scratchpad in one tensor), keeping each core's own order.
+  touches), the cores' streams are independent but for what the ring carries:
+  in rounds, every core's next instruction that waits for nothing another core
+  has yet to do runs, alike ones as one operation over all their tiles (the bank
+  keeps every core's scratchpad in one tensor), keeping each core's own order.
+  What one core must wait for is the schedule's own: a ring send into bytes
+  another core touches, ordered as the interpreter ordered the two.
 
 A failing operation is run again one instruction at a time by the general
 semantics, so the error names the core, unit and instruction as the
@@ -53,6 +56,8 @@ class Schedule:
         self.steps = steps
         self.shares_scratchpads = any(touch[0] == "sp_rows_on" for _, _, _, ins, _ in steps
                                       for touch in ins.touches())
+        # step -> the steps of other cores it must follow (scratchpad addresses are static)
+        self.after = ring_order(steps) if self.shares_scratchpads else {}
         sizes = {}
         for _, _, _, ins, _ in steps:
             if id(ins) not in sizes:
@@ -70,6 +75,48 @@ def step_bytes(ins) -> int:
         elif touch[0] in ("sp_rows", "dev_rows"):
             most = max(most, touch[2] * touch[3])
     return most
+
+
+def _scratch_spans(touch, idx, core: int):
+    """(whose scratchpad, first byte, end byte) of one scratchpad access of `touches` (rows and
+    the gaps between them: a superset orders more, never less)."""
+    kind = touch[0]
+    if kind == "tile":
+        tile = touch[1]
+        rows, cols = tile.stored_shape
+        addr, nbytes, stride = tile.addr.at(idx), cols * ITEMSIZE[tile.dtype], tile.row_stride
+    elif kind == "sp_rows":
+        _, a, rows, nbytes, stride = touch
+        addr = a.at(idx)
+    else:  # "sp_rows_on"
+        _, core, a, rows, nbytes, stride = touch
+        addr = a.at(idx)
+    last = addr + (rows - 1) * stride
+    return core, min(addr, last), max(addr, last) + nbytes
+
+
+def ring_order(steps) -> dict[int, set[int]]:
+    """Per step (its index), the earlier steps of other cores that touch the same scratchpad
+    bytes, one of the two writing: what a ring send couples. Only a send touches another
+    core's scratchpad, so only pairs with a send's far side are compared."""
+    accesses = collections.defaultdict(list)  # scratchpad owner -> [(lo, hi, writes, step, core)]
+    foreign = []
+    for k, (core, _, _, ins, idx) in enumerate(steps):
+        for touch, mode in zip(ins.touches(), ins.scratch_modes()):
+            if not mode:
+                continue
+            owner, lo, hi = _scratch_spans(touch, idx, core)
+            access = (lo, hi, "w" in mode, k, core)
+            accesses[owner].append(access)
+            if owner != core:
+                foreign.append((owner, access))
+    after: dict[int, set[int]] = collections.defaultdict(set)
+    for owner, (lo, hi, writes, k, core) in foreign:
+        for olo, ohi, owrites, j, other in accesses[owner]:
+            if other != core and (writes or owrites) and olo < hi and lo < ohi:
+                first, then = (j, k) if j < k else (k, j)
+                after[then].add(first)
+    return dict(after)
 
 
 # Fast forms whose bind raised, by (instruction, exception): the general semantics ran those steps,
@@ -166,6 +213,17 @@ class Binder:
         return lambda: view.to(dtype)
 
 
+    @staticmethod
+    def into(view: torch.Tensor, tile, dtype: torch.dtype):
+        """As `reader`, converting into a buffer of its own allocated now (a conversion per run,
+        no allocation per run): for operands a fast form reads once per run and does not keep."""
+        if view.dtype == dtype:
+            return Binder.reader(view, tile, dtype)
+        buffer = torch.empty(view.shape, dtype=dtype)
+        value = buffer.expand(view.shape[:-2] + (tile.rows, tile.cols)) if tile.broadcast != "none" else buffer
+        return lambda: (buffer.copy_(view), value)[1]
+
+
 def _device_spans(steps, buffers):
     """Per step, the device bytes it touches as (address lo, hi, writes), from `touches`."""
     spans = []
@@ -212,12 +270,11 @@ class BoundRun:
         self.machine = m = Machine(program, buffers, bank.nbytes)
         m.bank = bank  # never released by this machine: the bound run's caller owns the bank
         steps = schedule.steps
-        if (schedule.shares_scratchpads or schedule.mean_step_bytes > BATCH_STEP_BYTES
-                or not cores_independent(steps, buffers)):
+        if schedule.mean_step_bytes > BATCH_STEP_BYTES or not cores_independent(steps, buffers):
             groups = [[s] for s in steps]
             self.batched = False
         else:
-            groups = _position_groups(steps)
+            groups = _round_groups(steps, schedule.after)
             self.batched = True
         b = Binder(buffers, bank)
         self.ops: list = []
@@ -261,19 +318,36 @@ class BoundRun:
         raise failure(self.program, core, unit, pc, ins, e) from e
 
 
-def _position_groups(steps):
-    """Independent cores: the k-th step of every core, by instruction (same unit and pc), k by k."""
-    per_core: dict[int, list] = collections.defaultdict(list)
-    for step in steps:
-        per_core[step[0]].append(step)
-    groups = []
-    longest = max((len(v) for v in per_core.values()), default=0)
+def _round_groups(steps, after):
+    """Independent cores, in rounds: each core's next step if the steps of other cores it must
+    follow (`after`) ran in an earlier round; those of a round by instruction (same unit and pc).
+
+    Whatever the interpreter ran before a core's next step ran in an earlier round, so some core
+    always moves on; and two steps of one round touch no bytes one of them writes (else one
+    would follow the other), so a round's operations may run in any order. Without ring sends
+    (`after` empty) a round is the k-th step of every core."""
+    per_core: dict[int, list[int]] = collections.defaultdict(list)
+    for k, step in enumerate(steps):
+        per_core[step[0]].append(k)
     streams = [per_core[c] for c in sorted(per_core)]
-    for k in range(longest):
+    heads = [0] * len(streams)
+    done = [False] * len(steps)
+    groups, left = [], len(steps)
+    while left:
         at_k: dict = {}
-        for stream in streams:
-            if k < len(stream):
-                core, unit, pc, ins, idx = stream[k]
-                at_k.setdefault((type(ins), unit, pc), []).append(stream[k])
+        ran = []
+        for s, stream in enumerate(streams):
+            if heads[s] < len(stream):
+                k = stream[heads[s]]
+                if all(done[j] for j in after.get(k, ())):
+                    core, unit, pc, ins, idx = steps[k]
+                    at_k.setdefault((type(ins), unit, pc), []).append(steps[k])
+                    ran.append(k)
+                    heads[s] += 1
+        if not ran:  # (cannot happen: the interpreter's order is one the rounds can follow)
+            raise AssertionError("a schedule's ring order has a cycle")
+        for k in ran:
+            done[k] = True
+        left -= len(ran)
         groups.extend(at_k.values())
     return groups
