@@ -36,6 +36,8 @@ CASES = [
     ("3x3_stride2", (1, 5, 11, 12), (6, 5, 3, 3), 2, 1, 1, False, False),
     ("dilated_no_bias", (1, 3, 12, 13), (4, 3, 3, 2), (2, 1), (2, 1), (2, 1), False, False),
     ("3x3_channels_last", (2, 8, 9, 9), (16, 8, 3, 3), 1, 1, 1, True, True),
+    # channels filling a stick: the NCHW image is made channels-last before the patch copy
+    ("3x3_wide_nchw", (1, 32, 8, 8), (16, 32, 3, 3), 2, 1, 1, True, False),
     ("vit_channels_last", (1, 3, 16, 16), (32, 3, 4, 4), 4, 0, 1, True, True),
 ]
 IDS = [c[0] for c in CASES]
@@ -194,3 +196,42 @@ def test_a_form_not_decomposed_is_refused_by_name_under_strict_and_right_without
     with pytest.warns(UserWarning, match=what):
         out = run(x.to("spyre"), w.to("spyre"))
     torch.testing.assert_close(out.cpu(), fn(x, w))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_patch_arithmetic_is_exact_on_the_cpu_in_fp64(case):
+    """convolution.py's index arithmetic over ATen ops (convolution.ATEN) on the CPU in fp64,
+    forward and all three gradients: any error is an indexing error, not rounding."""
+    from spyre_inductor.compiler.inductor import convolution
+
+    x, w, b, conv = _inputs(case, torch.float64)
+    b = b if b is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    ref = F.conv2d(*leaves, **conv)
+    g = torch.randn(ref.shape, dtype=torch.float64)
+    want = torch.autograd.grad(ref, leaves, g)
+    pairs = lambda v: (v, v) if isinstance(v, int) else v  # noqa: E731
+    args = [pairs(conv[k]) for k in ("stride", "padding", "dilation")]
+    out = convolution.conv2d(convolution.ATEN, x, w, b, *args, case[-1])
+    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True])
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+    for o, r in zip(got, want):
+        torch.testing.assert_close(o, r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[IDS[0], IDS[2]])
+def test_compiled_training_step_runs_the_backward_as_programs(case, strict):
+    """torch.compile of forward and backward: convolution_backward lowers the same way."""
+    x, w, b, conv = _inputs(case)
+
+    wr, br = w.detach().requires_grad_(), b.detach().requires_grad_()
+    F.conv2d(x, wr, br, **conv).square().sum().backward()
+    xs, ws, bs = (t.to("spyre") for t in (x, w, b))
+    fn = torch.compile(lambda x, w, b: F.conv2d(x, w, b, **conv).square().sum())
+    torch._dynamo.reset()
+    ws.requires_grad_(), bs.requires_grad_()
+    with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+        fn(xs, ws, bs).backward()
+    _assert_on_card(records)
+    for got, want in ((ws.grad, wr.grad), (bs.grad, br.grad)):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-5 * want.abs().max().item())

@@ -37,6 +37,10 @@ class Lowered:
         return tuple(int(s) for s in x.get_size())  # (a symbolic size raises TypeError: not taken)
 
     @staticmethod
+    def itemsize(x):
+        return x.get_dtype().itemsize
+
+    @staticmethod
     def pad(x, pads):
         return L.lowerings[aten.constant_pad_nd.default](x, pads, 0.0)
 
