@@ -198,7 +198,14 @@ def test_a_form_not_decomposed_is_refused_by_name_under_strict_and_right_without
     torch.testing.assert_close(out.cpu(), fn(x, w))
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+# (the CPU-only arithmetic test's too: a 1x1 conv is a disjoint tiling; stride > kernel leaves gaps)
+ARITHMETIC = CASES + [
+    ("1x1", (2, 5, 7, 9), (4, 5, 1, 1), 1, 0, 1, True, False),
+    ("gaps", (1, 3, 11, 11), (4, 3, 2, 3), (3, 4), (1, 2), 1, True, True),
+]
+
+
+@pytest.mark.parametrize("case", ARITHMETIC, ids=[c[0] for c in ARITHMETIC])
 def test_the_patch_arithmetic_is_exact_on_the_cpu_in_fp64(case):
     """convolution.py's index arithmetic over ATen ops (convolution.ATEN) on the CPU in fp64,
     forward and all three gradients: any error is an indexing error, not rounding."""
