@@ -5,7 +5,7 @@ anything that is not CPU/CUDA/MKLDNN to ``convolution_overrideable`` (and its
 backward to ``convolution_backward_overrideable``), whose default raises; the
 CPU has no kernel for either. Their spyre kernels are compile-backed
 (spyre_inductor/eager/ops.py: conv2d as a patch gather and a matmul); a call
-they do not compile (a transposed or grouped convolution, compiled eager ops
+they do not compile (a transposed or 3-d convolution, compiled eager ops
 off, a convolution reached inside a compiled graph) comes here: the CPU
 convolution on host aliases, like any other fallback op (warned once,
 forbidden under SPYRE_STRICT=1, naming why).

@@ -2,11 +2,12 @@
 
 PyTorch sends a convolution of PrivateUse1 tensors (conv2d, its autograd backward) to
 ``convolution_overrideable`` / ``convolution_backward_overrideable``. Their kernels here are the
-eager path's own (kernel.make_kernel: traced, then lowered by compiler/inductor/convolution_lowering.py into
-a patch gather and a matmul, compiled, cached, launched), with two differences: a form the decomposition does not take (transposed, grouped,
-not 2-d) goes straight to the CPU route, its reason named (strict mode's error says "groups=2"
-rather than that a trace failed); and every CPU route is the CPU convolution on host aliases
-(device/routes.py), since the CPU has no kernel for the overrideable ops themselves.
+eager path's own (kernel.make_kernel: traced, lowered by compiler/inductor/convolution_lowering.py
+into a patch gather and a matmul, compiled, cached, launched), with two differences: a form the
+lowering does not take (transposed, not 2-d) goes straight to the CPU route, its reason named
+(strict mode's error says "a transposed convolution" rather than that a trace failed); and every
+CPU route is the CPU convolution on host aliases (device/routes.py), since the CPU has no kernel
+for the overrideable ops themselves.
 """
 
 from __future__ import annotations

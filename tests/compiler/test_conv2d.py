@@ -28,7 +28,7 @@ from inductor_helpers import compile_on_spyre
 U32 = 2.0 ** -24
 HALF_ULP = {torch.float32: 0.0, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
-# (name, input shape, weight shape, stride, padding, dilation, bias, channels-last)
+# (name, input shape, weight shape, stride, padding, dilation, bias, channels-last[, groups])
 CASES = [
     ("vit_patch_embed", (2, 3, 32, 32), (64, 3, 8, 8), 8, 0, 1, True, False),
     ("vit_patch_remainder", (1, 3, 19, 21), (16, 3, 8, 8), 8, 0, 1, True, False),
@@ -39,6 +39,9 @@ CASES = [
     # channels filling a stick: the NCHW image is made channels-last before the patch copy
     ("3x3_wide_nchw", (1, 32, 8, 8), (16, 32, 3, 3), 2, 1, 1, True, False),
     ("vit_channels_last", (1, 3, 16, 16), (32, 3, 4, 4), 4, 0, 1, True, True),
+    # one matmul per group, a bmm over the groups
+    ("grouped", (2, 4, 7, 9), (6, 2, 3, 3), 1, 1, 1, True, False, 2),
+    ("depthwise_channels_last", (1, 6, 11, 11), (6, 1, 3, 3), 2, 1, 1, False, True, 6),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -49,13 +52,13 @@ def strict(monkeypatch):
 
 
 def _inputs(case, dtype=torch.float32):
-    _, xs, ws, stride, padding, dilation, bias, channels_last = case
+    _, xs, ws, stride, padding, dilation, bias, channels_last, *groups = case
     torch.manual_seed(0)
     x, w = torch.randn(xs).to(dtype), torch.randn(ws).to(dtype) / ws[1]
     b = torch.randn(ws[0]).to(dtype) if bias else None
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    return x, w, b, dict(stride=stride, padding=padding, dilation=dilation)
+    return x, w, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups[0] if groups else 1)
 
 
 def _bound(x, w, b, conv, ref, dtype):
@@ -135,8 +138,11 @@ def test_16bit_conv2d_accumulates_in_fp32_and_rounds_once(case, dtype, strict):
     _check(eager.cpu(), x, w, b, conv, dtype)
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[4], CASES[5]],
-                         ids=[IDS[0], IDS[1], IDS[3], IDS[4], IDS[5]])
+BACKWARD = [c for c in CASES if c[0] in ("vit_patch_embed", "vit_patch_remainder", "3x3_stride2", "dilated_no_bias",
+                                         "3x3_channels_last", "grouped", "depthwise_channels_last")]
+
+
+@pytest.mark.parametrize("case", BACKWARD, ids=[c[0] for c in BACKWARD])
 def test_eager_backward_gives_the_cpus_grad_input_weight_and_bias(case, strict):
     x, w, b, conv = _inputs(case)
     torch.manual_seed(1)
@@ -174,7 +180,6 @@ def test_eager_backward_skips_the_input_gradient_nobody_asked_for(strict):
 
 
 REFUSED = [
-    ("groups=2", lambda x, w: F.conv2d(x, w, groups=2), (2, 4, 6, 6), (4, 2, 3, 3)),
     ("transposed", lambda x, w: F.conv_transpose2d(x, w), (1, 4, 5, 5), (4, 3, 3, 3)),
     ("3-d", lambda x, w: F.conv3d(x, w), (1, 2, 4, 5, 5), (3, 2, 2, 2, 2)),
 ]
@@ -219,8 +224,9 @@ def test_the_patch_arithmetic_is_exact_on_the_cpu_in_fp64(case):
     want = torch.autograd.grad(ref, leaves, g)
     pairs = lambda v: (v, v) if isinstance(v, int) else v  # noqa: E731
     args = [pairs(conv[k]) for k in ("stride", "padding", "dilation")]
-    out = convolution.conv2d(convolution.ATEN, x, w, b, *args, case[-1])
-    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True])
+    channels_last = case[7]
+    out = convolution.conv2d(convolution.ATEN, x, w, b, *args, channels_last, conv["groups"])
+    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True], conv["groups"])
     torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
     for o, r in zip(got, want):
         torch.testing.assert_close(o, r, rtol=1e-12, atol=1e-12)

@@ -9,7 +9,8 @@ the loop indices (``x[n, c, oh*sh + kh*dh - ph, ow*sw + kw*dw - pw]`` through a 
 ``unfold`` views), which the pointwise family plans, and the product is an ``mm``/``addmm``,
 which the matmul family plans (bias as its epilogue, accumulated in fp32). For ViT's and CLIP's
 patch embedding (stride == kernel, no padding, no dilation) the patches do not overlap and the
-patch matrix is a reshape and permute of the image.
+patch matrix is a reshape and permute of the image. A grouped convolution (depthwise too) is
+one such matmul per group, a ``bmm``/``baddbmm`` over the groups.
 
 The backward is the same pieces: grad_weight = grad_out^T @ patches, grad_bias a sum,
 grad_input the columns grad_out @ weight put back where they came from (col2im). Where patches
@@ -36,8 +37,6 @@ def refusal(input, weight, transposed, groups) -> str | None:
         return f"a {input.dim() - 2}-d convolution (only conv2d is planned as spyre programs)"
     if transposed:
         return "a transposed convolution (conv_transpose2d is not planned as spyre programs yet)"
-    if groups != 1:
-        return f"a grouped convolution (groups={groups}; only groups=1 is planned as spyre programs yet)"
     if not input.dtype.is_floating_point:
         return f"a convolution of {input.dtype} (the PE arrays accumulate floats)"
     return None
@@ -57,6 +56,8 @@ class Aten:
     reshape = staticmethod(lambda x, shape: aten.reshape(x, shape))  # (copies what is not viewable)
     contiguous = staticmethod(lambda x: x.contiguous())
     mm = staticmethod(lambda a, b: aten.mm(a, b))
+    bmm = staticmethod(lambda a, b: aten.bmm(a, b))
+    baddbmm = staticmethod(lambda bias, a, b: aten.baddbmm(bias, a, b))
     addmm = staticmethod(lambda bias, a, b: aten.addmm(bias, a, b))
     add = staticmethod(lambda a, b: aten.add(a, b))
     sum = staticmethod(lambda x, dims: aten.sum(x, dims))
@@ -105,24 +106,34 @@ def patches(ops, x, kernel, stride, padding, dilation, taps_last):
 STICK_BYTES = 128
 
 
-def conv2d(ops, input, weight, bias, stride, padding, dilation, channels_last):
-    """conv2d (groups=1) as patches @ weight^T (+ bias): NCHW, or channels-last if `channels_last`."""
+def conv2d(ops, input, weight, bias, stride, padding, dilation, channels_last, groups=1):
+    """conv2d as patches @ weight^T (+ bias), one matmul per group (a bmm over the groups):
+    NCHW, or channels-last if `channels_last`."""
     stride, padding, dilation = _pairs(stride, padding, dilation)
     n = ops.shape(input)[0]
-    oc, c, kh, kw = ops.shape(weight)
-    kernel = (kh, kw)
+    oc, cg, kh, kw = ops.shape(weight)
+    kernel, k = (kh, kw), cg * kh * kw
     # An NCHW input whose channels fill a stick is made channels-last first (one copy of the
     # image): the patch copy then moves whole channel runs, where (c, kh, kw) columns gather
-    # single elements a stick apart (64 -> 64 channels 3x3 on 56x56: 1.27 ms of patch copy)
-    taps_last = not channels_last and not (
-        c * ops.itemsize(input) >= STICK_BYTES and not _disjoint(kernel, stride, padding, dilation))
+    # single elements a stick apart (64 -> 64 channels 3x3 on 56x56: 1.27 ms of patch copy).
+    # Grouped: (c, kh, kw) columns, so each group's are adjacent.
+    taps_last = groups > 1 or (not channels_last and not (
+        cg * ops.itemsize(input) >= STICK_BYTES and not _disjoint(kernel, stride, padding, dilation)))
     if not channels_last and not taps_last:
         input = ops.permute(ops.contiguous(ops.permute(input, (0, 2, 3, 1))), (0, 3, 1, 2))
     cols, oh, ow = patches(ops, input, kernel, stride, padding, dilation, taps_last)
-    # the weight as [OC, K], its columns in the patch matrix's order
-    w = ops.reshape(weight if taps_last else ops.permute(weight, (0, 2, 3, 1)), [oc, c * kh * kw])
-    w = ops.permute(w, (1, 0))
-    out = ops.mm(cols, w) if bias is None else ops.addmm(bias, cols, w)
+    m = n * oh * ow
+    if groups == 1:
+        # the weight as [OC, K], its columns in the patch matrix's order
+        w = ops.reshape(weight if taps_last else ops.permute(weight, (0, 2, 3, 1)), [oc, k])
+        w = ops.permute(w, (1, 0))
+        out = ops.mm(cols, w) if bias is None else ops.addmm(bias, cols, w)
+    else:
+        g, ocg = groups, oc // groups
+        cols = ops.permute(ops.reshape(cols, [m, g, k]), (1, 0, 2))       # [G, M, K]
+        w = ops.permute(ops.reshape(weight, [g, ocg, k]), (0, 2, 1))      # [G, K, OC/G]
+        out = ops.bmm(cols, w) if bias is None else ops.baddbmm(ops.reshape(bias, [g, 1, ocg]), cols, w)
+        out = ops.reshape(ops.permute(out, (1, 0, 2)), [m, oc])
     out = ops.permute(ops.reshape(out, [n, oh, ow, oc]), (0, 3, 1, 2))  # (channels-last strides)
     return out if channels_last else ops.contiguous(out)
 
@@ -154,20 +165,31 @@ def _col2im(ops, columns, shape, kernel, stride, padding, dilation, oh, ow):
     return total
 
 
-def conv2d_backward(ops, grad_output, input, weight, stride, padding, dilation, output_mask):
-    """[grad_input, grad_weight, grad_bias] of conv2d (groups=1), NCHW, each None where
-    output_mask says it is not wanted."""
+def conv2d_backward(ops, grad_output, input, weight, stride, padding, dilation, output_mask, groups=1):
+    """[grad_input, grad_weight, grad_bias] of conv2d, NCHW, each None where output_mask says it
+    is not wanted."""
     stride, padding, dilation = _pairs(stride, padding, dilation)
-    oc, c, kh, kw = ops.shape(weight)
+    oc, cg, kh, kw = ops.shape(weight)
     n, _, oh, ow = ops.shape(grad_output)
-    grad = ops.reshape(ops.permute(grad_output, (0, 2, 3, 1)), [n * oh * ow, oc])  # rows (n, oh, ow)
+    m, k, g = n * oh * ow, cg * kh * kw, groups
+    grad = ops.reshape(ops.permute(grad_output, (0, 2, 3, 1)), [m, oc])  # rows (n, oh, ow)
+    if g > 1:
+        grad = ops.permute(ops.reshape(grad, [m, g, oc // g]), (1, 0, 2))  # [G, M, OC/G]
     grads = [None, None, None]
     if output_mask[0]:
-        columns = ops.mm(grad, ops.reshape(weight, [oc, c * kh * kw]))  # (c, kh, kw) columns
+        if g == 1:
+            columns = ops.mm(grad, ops.reshape(weight, [oc, k]))  # (c, kh, kw) columns
+        else:
+            columns = ops.bmm(grad, ops.reshape(weight, [g, oc // g, k]))  # [G, M, K]
+            columns = ops.reshape(ops.permute(columns, (1, 0, 2)), [m, g * k])
         grads[0] = _col2im(ops, columns, ops.shape(input), (kh, kw), stride, padding, dilation, oh, ow)
     if output_mask[1]:
         cols, _, _ = patches(ops, input, (kh, kw), stride, padding, dilation, True)
-        grads[1] = ops.reshape(ops.mm(ops.permute(grad, (1, 0)), cols), [oc, c, kh, kw])
+        if g == 1:
+            grads[1] = ops.reshape(ops.mm(ops.permute(grad, (1, 0)), cols), [oc, cg, kh, kw])
+        else:
+            cols = ops.permute(ops.reshape(cols, [m, g, k]), (1, 0, 2))  # [G, M, K]
+            grads[1] = ops.reshape(ops.bmm(ops.permute(grad, (0, 2, 1)), cols), [oc, cg, kh, kw])
     if output_mask[2]:
         grads[2] = ops.sum(grad_output, [0, 2, 3])
     return grads

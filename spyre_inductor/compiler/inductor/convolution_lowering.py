@@ -14,7 +14,7 @@ index arithmetic with divisions for capture to refuse.
 
 Not taken (Inductor's own lowering: the extern convolution, whose eager kernel runs it on the
 CPU, named under SPYRE_STRICT=1): another device, convolution.refusal's forms (transposed,
-grouped, not 2-d, integers), symbolic sizes.
+not 2-d, integers), symbolic sizes.
 """
 
 from __future__ import annotations
@@ -83,6 +83,14 @@ class Lowered:
         return L.lowerings[aten.addmm.default](bias, a, b)
 
     @staticmethod
+    def bmm(a, b):
+        return L.lowerings[aten.bmm.default](a, b)
+
+    @staticmethod
+    def baddbmm(bias, a, b):
+        return L.lowerings[aten.baddbmm.default](bias, a, b)
+
+    @staticmethod
     def add(a, b):
         return L.lowerings[aten.add.Tensor](a, b)
 
@@ -131,7 +139,8 @@ def _forward(inductor_lowering):
         if not _taken((input, weight), input, weight, transposed, groups):
             return inductor_lowering(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                      groups)
-        return convolution.conv2d(LOWERED, input, weight, bias, stride, padding, dilation, _channels_last(input))
+        return convolution.conv2d(LOWERED, input, weight, bias, stride, padding, dilation, _channels_last(input),
+                                  int(groups))
 
     return lowering
 
@@ -143,7 +152,7 @@ def _backward(inductor_lowering, with_bias_sizes: bool):
         if not _taken((grad_output, input, weight), input, weight, transposed, groups):
             return inductor_lowering(grad_output, input, weight, *rest)
         return convolution.conv2d_backward(LOWERED, grad_output, input, weight, stride, padding, dilation,
-                                           output_mask)
+                                           output_mask, int(groups))
 
     return lowering
 
