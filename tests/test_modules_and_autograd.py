@@ -100,8 +100,9 @@ def test_dataloader_with_pin_memory(spyre):
 
 
 def test_convolution_forward_and_backward_match_cpu(spyre):
-    # Convolution sends unknown devices to convolution_overrideable; spyre
-    # routes that to the CPU convolution on the device bytes.
+    # Convolution sends unknown devices to convolution_overrideable (and its
+    # backward to convolution_backward_overrideable); spyre runs both as a patch
+    # gather and matmuls in spyre programs (tests/compiler/test_conv2d.py).
     torch.manual_seed(2)
     conv = nn.Conv2d(3, 4, 3, padding=1, groups=1)
     x = torch.randn(2, 3, 8, 8, requires_grad=True)

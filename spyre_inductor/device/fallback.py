@@ -471,13 +471,14 @@ def run_checking_inputs(op, args, kwargs, reason: str):
     return result
 
 
-def run_on_host(announced, host_op, *args, **kwargs):
+def run_on_host(announced, host_op, *args, reason: str | None = None, **kwargs):
     """Run `host_op` on host aliases as the fallback for `announced`.
 
     For ops whose generic kernel refuses unknown devices (convolution's
     ``*_overrideable``): they get a spyre kernel that computes the CPU op.
+    `reason`: why the op's compile-backed kernel did not run it (as in run()).
     """
-    _announce(_plan_for(announced))
+    _announce(_plan_for(announced), reason, stacklevel=5)
     return _on_stream(_plan_for(host_op), host_op, args, kwargs)
 
 

@@ -41,7 +41,9 @@ _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 def not_compiled(sig: Signature, args, kwargs, reason: str):
     """Run a call the compiled path does not take: through PyTorch's composite kernel when the op
     has one (its pieces dispatch to spyre kernels again), else through the CPU fallback (warned
-    once per op; strict mode raises naming the op and `reason`)."""
+    once per op; strict mode raises naming the op and `reason`), or the op's own CPU route."""
+    if sig.host is not None:
+        return sig.host(*args, reason=reason, **kwargs)
     if sig.composite:
         return sig.op._op_dk(_COMPOSITE, *args, **kwargs)
     return fallback.run(sig.op, args, kwargs, reason)
@@ -167,8 +169,8 @@ class InputsRejected:
         self.reason = reason
 
     def run(self, sig, values, args, kwargs):
-        if sig.composite:  # PyTorch's own kernel checks the inputs (and runs what it can on spyre)
-            return not_compiled(sig, args, kwargs, self.reason)
+        if sig.composite or sig.host is not None:  # PyTorch's own kernel checks the inputs (and runs
+            return not_compiled(sig, args, kwargs, self.reason)  # what it can on spyre), or the CPU route
         return fallback.run_checking_inputs(sig.op, args, kwargs, f"tracing it raised {self.reason}")
 
 

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from spyre_inductor.device.routes import HOST_ROUTES
+
+from .convolution import make_convolution_kernel, with_host_route
 from .kernel import make_kernel
 from .signature import signature_of
 
@@ -74,10 +77,14 @@ DATA_MOVEMENT = (
 
 ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",)
 
+# What PyTorch dispatches a spyre convolution and its backward to (conv2d as a patch gather and a
+# matmul: eager/convolution.py); their CPU route is the CPU convolution (device/routes.py).
+CONVOLUTIONS = ("convolution_overrideable", "convolution_backward_overrideable")
+
 # Random ops: not routed yet (issue 19's RNG half, compiled in another branch).
 RANDOM: tuple[str, ...] = ()
 
-ROUTED = POINTWISE + REDUCTIONS + MATMULS + DATA_MOVEMENT + RANDOM
+ROUTED = POINTWISE + REDUCTIONS + MATMULS + DATA_MOVEMENT + RANDOM + CONVOLUTIONS
 
 _lib: torch.library.Library | None = None
 registered: dict[str, object] = {}   # "aten::add.Tensor" -> Signature
@@ -111,6 +118,11 @@ def install() -> None:
         sig = signature_of(op)
         if sig is None:
             continue
-        lib.impl(qualified.partition("::")[2], make_kernel(sig), "PrivateUse1")
+        if op in HOST_ROUTES:
+            sig = with_host_route(sig)
+            kernel = make_convolution_kernel(sig)
+        else:
+            kernel = make_kernel(sig)
+        lib.impl(qualified.partition("::")[2], kernel, "PrivateUse1")
         registered[qualified] = sig
     _lib = lib

@@ -60,6 +60,9 @@ class Signature:
     # dtype with an overflow check (fill_, masked_fill, where, clamp: "value cannot be converted
     # to type int without overflow"), where the arithmetic ones and the comparisons wrap
     checked: bool = False
+    # The op's CPU route when the CPU has no kernel for the op itself (convolution_overrideable:
+    # the CPU convolution; device/routes.py), called as host(*args, reason=why, **kwargs).
+    host: object = None
 
     def bind(self, args: tuple, kwargs: dict) -> tuple:
         """The arguments in schema order, defaults filled in."""

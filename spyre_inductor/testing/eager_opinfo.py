@@ -62,6 +62,8 @@ CLAIMS: dict[str, tuple[torch.dtype, ...]] = {
     **{name: ALL for name in ("any", "all")},
     # matmuls
     **{name: FLOATS for name in ("mm", "bmm", "addmm", "nn.functional.linear", "matmul")},
+    # convolutions (a patch copy and a matmul: compiler/inductor/convolution.py)
+    "nn.functional.conv2d": FLOATS,
     # data movement
     **{name: ALL for name in ("cat", "stack", "index_select", "gather", "tril", "triu", "roll",
                              "nn.functional.pad.constant")},

@@ -89,12 +89,14 @@ def register() -> None:
         from torch._dynamo.device_interface import register_interface_for_device
 
         from .device_interface import SpyreInterface
+        from .convolution_lowering import install as install_convolution
         from .device_op_overrides import SpyreDeviceOpOverrides
         from .loop_order import install as install_loop_order
         from .lowerings import install as install_lowerings
 
         _register_backend()
         install_lowerings()
+        install_convolution()  # conv2d as a patch gather and a matmul (convolution_lowering.py)
         install_loop_order()  # a pre-fusion scheduler pass (loop_order.py: dim-0 reductions fuse)
         from torch._inductor import config as inductor_config
 

@@ -1,0 +1,170 @@
+"""Spyre lowerings of convolution: conv2d as a patch gather and a matmul (convolution.py's
+arithmetic over Inductor's own lowerings), instead of an extern ATen convolution.
+
+``aten.convolution`` and ``aten.convolution_backward`` are what a torch.compile'd graph holds;
+``convolution_overrideable`` and ``convolution_backward_overrideable`` are what the compile-backed
+eager kernels trace (PyTorch's dispatch of a PrivateUse1 convolution and of its autograd
+backward): the four lower the same way. A lowering, not a decomposition: Inductor reads its
+decomposition table before the first spyre graph registers the backend, and lowerings are
+looked up after. The pieces come out as Inductor would have them from a decomposition: the
+pad and the patch copy realized nodes the pointwise family plans, the products ``mm``/``addmm``
+through lowerings.py's spyre matmul (realized operands, the MatmulKernel of the matmul family),
+a reshape of what is not contiguous a contiguous copy first (as ATen's reshape copies), never
+index arithmetic with divisions for capture to refuse.
+
+Not taken (Inductor's own lowering: the extern convolution, whose eager kernel runs it on the
+CPU, named under SPYRE_STRICT=1): another device, convolution.refusal's forms (transposed,
+not 2-d, integers), symbolic sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor import ir
+from torch._inductor import lowering as L
+
+from . import convolution
+from .lowerings import _on_spyre
+
+aten = torch.ops.aten
+
+
+class Lowered:
+    """convolution.py's ops over Inductor IR (TensorBoxes), through Inductor's lowerings."""
+
+    @staticmethod
+    def shape(x):
+        return tuple(int(s) for s in x.get_size())  # (a symbolic size raises TypeError: not taken)
+
+    @staticmethod
+    def itemsize(x):
+        return x.get_dtype().itemsize
+
+    @staticmethod
+    def pad(x, pads):
+        return L.lowerings[aten.constant_pad_nd.default](x, pads, 0.0)
+
+    @staticmethod
+    def slice(x, dim, start, end, step=1):
+        return L.lowerings[aten.slice.Tensor](x, dim, start, end, step)
+
+    @staticmethod
+    def select(x, dim, i):
+        return L.lowerings[aten.select.int](x, dim, i)
+
+    @staticmethod
+    def unfold(x, dim, size, step):
+        return L.lowerings[aten.unfold.default](x, dim, size, step)
+
+    @staticmethod
+    def permute(x, dims):
+        return L.lowerings[aten.permute.default](x, list(dims))
+
+    @staticmethod
+    def unsqueeze(x, dim):
+        return L.lowerings[aten.unsqueeze.default](x, dim)
+
+    @staticmethod
+    def reshape(x, shape):
+        # what is not contiguous is copied first, as ATen's reshape does: a view of it would load
+        # through divisions and remainders of the flat index
+        return L.lowerings[aten.reshape.default](Lowered.contiguous(x), list(shape))
+
+    @staticmethod
+    def contiguous(x):
+        return ir.ExternKernel.require_contiguous(x)
+
+    @staticmethod
+    def mm(a, b):
+        return L.lowerings[aten.mm.default](a, b)
+
+    @staticmethod
+    def addmm(bias, a, b):
+        return L.lowerings[aten.addmm.default](bias, a, b)
+
+    @staticmethod
+    def bmm(a, b):
+        return L.lowerings[aten.bmm.default](a, b)
+
+    @staticmethod
+    def baddbmm(bias, a, b):
+        return L.lowerings[aten.baddbmm.default](bias, a, b)
+
+    @staticmethod
+    def add(a, b):
+        return L.lowerings[aten.add.Tensor](a, b)
+
+    @staticmethod
+    def sum(x, dims):
+        return L.lowerings[aten.sum.dim_IntList](x, list(dims))
+
+
+LOWERED = Lowered()
+
+
+def _channels_last(x) -> bool:
+    """Whether `x` is stored channels-last (a graph input's fixed layout says so)."""
+    try:
+        n, c, h, w = (int(s) for s in x.get_size())
+        stride = tuple(int(s) for s in x.get_stride())
+    except (AttributeError, NotImplementedError, TypeError):
+        return False
+    return c > 1 and stride[1] == 1 and stride[3] == c and stride[2] == w * c
+
+
+def _taken(tensors, input, weight, transposed, groups) -> bool:
+    if not _on_spyre(*tensors) or convolution.refusal(_Fake(input), _Fake(weight), transposed, groups) is not None:
+        return False
+    try:
+        for t in tensors:
+            Lowered.shape(t)
+    except TypeError:
+        return False
+    return True
+
+
+class _Fake:
+    """What convolution.refusal asks of a tensor, of an IR node."""
+
+    def __init__(self, node):
+        self.node = node
+        self.dtype = node.get_dtype()
+
+    def dim(self):
+        return len(self.node.get_size())
+
+
+def _forward(inductor_lowering):
+    def lowering(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        if not _taken((input, weight), input, weight, transposed, groups):
+            return inductor_lowering(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                     groups)
+        return convolution.conv2d(LOWERED, input, weight, bias, stride, padding, dilation, _channels_last(input),
+                                  int(groups))
+
+    return lowering
+
+
+def _backward(inductor_lowering, with_bias_sizes: bool):
+    def lowering(grad_output, input, weight, *rest):
+        args = rest[1:] if with_bias_sizes else rest
+        stride, padding, dilation, transposed, output_padding, groups, output_mask = args
+        if not _taken((grad_output, input, weight), input, weight, transposed, groups):
+            return inductor_lowering(grad_output, input, weight, *rest)
+        return convolution.conv2d_backward(LOWERED, grad_output, input, weight, stride, padding, dilation,
+                                           output_mask, int(groups))
+
+    return lowering
+
+
+def install() -> None:
+    """Register the four lowerings (registration.register() calls it once)."""
+    L.register_lowering(aten.convolution.default, type_promotion_kind=None)(
+        _forward(L.lowerings[aten.convolution.default]))
+    L.register_lowering(aten.convolution_overrideable.default, type_promotion_kind=None)(
+        _forward(L.fallback_handler(aten.convolution_overrideable.default, add_to_fallback_set=False)))
+    L.register_lowering(aten.convolution_backward.default, type_promotion_kind=None)(
+        _backward(L.lowerings[aten.convolution_backward.default], True))
+    L.register_lowering(aten.convolution_backward_overrideable.default, type_promotion_kind=None)(
+        _backward(L.fallback_handler(aten.convolution_backward_overrideable.default, add_to_fallback_set=False),
+                  False))
