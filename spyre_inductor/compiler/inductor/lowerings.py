@@ -235,4 +235,10 @@ def install() -> None:
         from .random import OP as PHILOX, lower_philox
 
         L.register_lowering(PHILOX, type_promotion_kind=None)(lower_philox)  # random fills (issue 19)
+        from . import sorting
+
+        sorting.install()  # sort, argsort and topk by counting ranks (issue 31)
+        from . import experts
+
+        experts.install()  # mixture-of-experts routing: histc, the grouped matmul (issue 31)
         _installed = True
