@@ -83,10 +83,12 @@ def grouped_mm(a, w, offs, bias=None, out_dtype=None):
     dtype = out_dtype or a.get_dtype()
     products = native_matmul(L.expand(L.unsqueeze(a, 0), [E, S, K]), w, 2, torch.float32)  # (E, S, N)
     rows = L.iota(S, start=0, step=1, dtype=offs.get_dtype(), device=a.get_device(), requires_grad=False)
-    # g(s) == e  <=>  offs[e-1] <= s < offs[e] (offs[-1] of e = 0 is 0)
-    before = L.constant_pad_nd(L.slice_(offs, 0, 0, E - 1), [1, 0], 0)
-    mine = _op(aten.logical_and, _op(aten.le, L.view(before, [E, 1]), L.view(rows, [1, S])),
-               _op(aten.lt, L.view(rows, [1, S]), L.view(offs, [E, 1])))  # (E, S)
+    # g(s) = #{e : offs[e] <= s}, counted (a small reduction over E) rather than read as
+    # offs[e-1] <= s < offs[e]: that shifted read of offs would be a masked load at e = 0
+    group = L.sum_(_op(aten.le, L.view(offs, [E, 1]), L.view(rows, [1, S])), [0], dtype=torch.int64)
+    group.realize()
+    experts = L.iota(E, start=0, step=1, dtype=torch.int64, device=a.get_device(), requires_grad=False)
+    mine = _op(aten.eq, L.view(experts, [E, 1]), L.view(group, [1, S]))  # (E, S)
     kept = _op(aten.where, L.unsqueeze(mine, -1), products, 0.0)
     out = L.sum_(kept, [0], dtype=torch.float32)
     if bias is not None:
