@@ -76,12 +76,12 @@ def _spyre_histc(inductor_histc):
 
 def grouped_mm(a, w, offs, bias=None, out_dtype=None):
     """a (S, K) x w (E, K, N) by offs (E,): row s through expert g(s), as documented above."""
-    from .lowerings import native_matmul
-
     S, K = a.get_size()
     E, _, N = w.get_size()
     dtype = out_dtype or a.get_dtype()
-    products = native_matmul(L.expand(L.unsqueeze(a, 0), [E, S, K]), w, 2, torch.float32)  # (E, S, N)
+    # spyre's bmm lowering (lowerings.py, registered before us): a PE program, accumulated in fp32
+    # and rounded once to a's dtype, as the CPU's grouped matmul rounds each row once
+    products = L.lowerings[aten.bmm.default](L.expand(L.unsqueeze(a, 0), [E, S, K]), w)  # (E, S, N)
     rows = L.iota(S, start=0, step=1, dtype=offs.get_dtype(), device=a.get_device(), requires_grad=False)
     # g(s) = #{e : offs[e] <= s}, counted (a small reduction over E) rather than read as
     # offs[e-1] <= s < offs[e]: that shifted read of offs would be a masked load at e = 0
@@ -90,10 +90,8 @@ def grouped_mm(a, w, offs, bias=None, out_dtype=None):
     experts = L.iota(E, start=0, step=1, dtype=torch.int64, device=a.get_device(), requires_grad=False)
     mine = _op(aten.eq, L.view(experts, [E, 1]), L.view(group, [1, S]))  # (E, S)
     kept = _op(aten.where, L.unsqueeze(mine, -1), products, 0.0)
-    out = L.sum_(kept, [0], dtype=torch.float32)
-    if bias is not None:
-        raise NotImplementedError("spyre: _grouped_mm with a bias is not lowered yet (transformers adds it apart)")
-    return L.to_dtype(out, dtype)
+    out = L.sum_(kept, [0])  # one product and zeros: exact in any dtype
+    return out if dtype == out.get_dtype() else L.to_dtype(out, dtype)
 
 
 def _grouped_shapes_ok(a, w, offs) -> bool:
@@ -106,7 +104,8 @@ def _grouped_shapes_ok(a, w, offs) -> bool:
 
 def _spyre_grouped_mm(inductor_grouped_mm):
     def lowering(a, w, offs=None, bias=None, out_dtype=None):
-        if offs is not None and bias is None and _on_spyre(a) and _grouped_shapes_ok(a, w, offs):
+        if (offs is not None and bias is None and _on_spyre(a) and _grouped_shapes_ok(a, w, offs)
+                and out_dtype in (None, a.get_dtype())):
             return grouped_mm(a, w, offs, out_dtype=out_dtype)
         return inductor_grouped_mm(a, w, offs, bias, out_dtype)
 
