@@ -72,8 +72,9 @@ DATA_MOVEMENT = (
     "slice_scatter", "select_scatter", "repeat", "flip", "arange", "linspace", "isin",
 )
 
-# sort, argsort and topk: ranked by counting, then scattered (compiler/inductor/sorting.py)
-SORTING = ("sort", "topk", "argsort")
+# sort and topk: ranked by counting, then scattered (compiler/inductor/sorting.py); argsort is
+# CompositeImplicitAutograd (PyTorch calls sort for it)
+SORTING = ("sort", "topk")
 
 # mixture-of-experts routing: counting per expert, the grouped matmul (compiler/inductor/experts.py)
 EXPERTS = ("histc", "_grouped_mm")

@@ -58,7 +58,7 @@ def _all_on_card(records):
 
 # ---------------------------------------------------------------- eager (compile-backed ops)
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32])
 @pytest.mark.parametrize("shape,dim", [((8,), 0), ((4, 8), -1), ((3, 5, 16), 1)])
 def test_eager_sort_and_argsort_match_the_cpu_stable_sort(dtype, shape, dim):
     x = _tied(shape, dtype)
