@@ -36,7 +36,7 @@ POINTWISE = (
     "sigmoid", "tanh", "relu", "leaky_relu", "hardtanh", "hardsigmoid", "hardswish", "gelu", "silu",
     "softplus", "mish", "elu", "sin", "cos", "tan", "erf", "floor", "ceil", "round", "trunc", "frac", "sign",
     "sgn", "isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num", "logical_not", "bitwise_not", "square",
-    "add", "sub", "rsub", "mul", "div", "remainder", "fmod", "pow", "minimum", "maximum", "fmax", "fmin",
+    "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "minimum", "maximum", "fmax", "fmin",
     "clamp", "clamp_min", "clamp_max", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
     "bitwise_left_shift", "bitwise_right_shift", "lerp", "addcmul", "addcdiv", "threshold", "masked_fill",
@@ -46,7 +46,7 @@ POINTWISE = (
     "reciprocal_", "sigmoid_", "tanh_", "relu_", "leaky_relu_", "hardtanh_", "hardsigmoid_", "hardswish_",
     "gelu_", "silu_", "mish_", "elu_", "sin_", "cos_", "tan_", "erf_", "floor_", "ceil_", "round_", "trunc_",
     "frac_", "sign_", "sgn_", "nan_to_num_", "logical_not_", "bitwise_not_", "square_",
-    "add_", "sub_", "mul_", "div_", "remainder_", "fmod_", "pow_", "clamp_", "clamp_min_", "clamp_max_",
+    "add_", "sub_", "mul_", "div_", "floor_divide_", "remainder_", "fmod_", "pow_", "clamp_", "clamp_min_", "clamp_max_",
     "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "logical_and_", "logical_or_", "logical_xor_",
     "bitwise_and_", "bitwise_or_", "bitwise_xor_", "bitwise_left_shift_", "bitwise_right_shift_", "lerp_",
     "addcmul_", "addcdiv_", "threshold_", "masked_fill_",
@@ -75,6 +75,13 @@ DATA_MOVEMENT = (
     "slice_scatter", "select_scatter", "repeat", "flip", "arange", "linspace", "isin",
 )
 
+# sort and topk: ranked by counting, then scattered (compiler/inductor/sorting.py); argsort is
+# CompositeImplicitAutograd (PyTorch calls sort for it)
+SORTING = ("sort", "topk")
+
+# mixture-of-experts routing: counting per expert, the grouped matmul (compiler/inductor/experts.py)
+EXPERTS = ("histc", "_grouped_mm")
+
 ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",)
 
 # What PyTorch dispatches a spyre convolution and its backward to (conv2d as a patch gather and a
@@ -84,7 +91,8 @@ CONVOLUTIONS = ("convolution_overrideable", "convolution_backward_overrideable")
 # Random ops: not routed yet (issue 19's RNG half, compiled in another branch).
 RANDOM: tuple[str, ...] = ()
 
-ROUTED = POINTWISE + REDUCTIONS + MATMULS + DATA_MOVEMENT + RANDOM + CONVOLUTIONS
+ROUTED = (POINTWISE + REDUCTIONS + MATMULS + DATA_MOVEMENT + SORTING + EXPERTS + RANDOM
+          + CONVOLUTIONS)
 
 _lib: torch.library.Library | None = None
 registered: dict[str, object] = {}   # "aten::add.Tensor" -> Signature

@@ -453,6 +453,9 @@ class CaptureHandler(DefaultHandler):
                 return sym
         sym = sympy_index_symbol(f"ind{len(g.indirect)}")
         g.indirect[sym] = value.pos
+        # the gathered index is in [0, bound) (wrapped, then checked by the gather): its range lets
+        # a view's arithmetic on it simplify, the ModularIndexing(ind, 1, n) of a reshaped source
+        g.var_ranges[sym] = bound
         return sym
 
     def check_bounds(self, expr, size, lower, upper):

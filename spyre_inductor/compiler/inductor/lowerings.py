@@ -180,7 +180,7 @@ def _realized(inductor_lowering):
     return lowering
 
 
-def _with_loaded_indices(inductor_lowering, position: int):
+def _with_loaded_indices(inductor_lowering, position: int, source: bool = False):
     """The lowering, with the index tensors at argument `position` (one, or a list) realized on
     spyre when they are computed from data (a take_along_dim's wrap, ``a[i + 1]``): a gather takes
     its row indices from memory, so an index computed on chip becomes a small program of its
@@ -189,15 +189,38 @@ def _with_loaded_indices(inductor_lowering, position: int):
     _realized's are (a gather summed, nll_loss: two programs, not one CPU fallback)."""
     def lowering(*args, **kwargs):
         indices = args[position] if position < len(args) else ()
+        loaded = False
         for ix in indices if isinstance(indices, (list, tuple)) else (indices,):
-            if isinstance(ix, ir.TensorBox) and _on_spyre(ix) and _reads_data(ix):
-                ix.realize()
+            if isinstance(ix, ir.TensorBox) and _on_spyre(ix):
+                if _reads_data(ix):
+                    ix.realize()
+                loaded = loaded or _in_memory(ix)
+        if loaded and source and isinstance(args[0], ir.TensorBox) and _on_spyre(args[0]):
+            # the rows a loaded index picks are read from memory: a source computed on chip (the
+            # MoE router's weights, renormalized by their row sum, gathered by the sort's
+            # permutation) is a program of its own, else its index arithmetic (row // k) lands on
+            # the loaded index, which capture cannot take (non-affine), and each gathered element
+            # would recompute it
+            args[0].realize()
         out = inductor_lowering(*args, **kwargs)
         if _on_spyre(args[0]) and isinstance(out, ir.TensorBox):
             out.realize()  # a gather's result, like an embedding's (_realized): never inside a reduction
         return out
 
     return lowering
+
+
+def _in_memory(node) -> bool:
+    """An index read from a buffer (realized, or a graph input), not computed from loop indices."""
+    try:
+        if node.get_read_names():
+            return True
+    except (AttributeError, NotImplementedError):
+        pass
+    data = node.data
+    while isinstance(data, ir.BaseView):
+        data = data.data
+    return isinstance(data, ir.StorageBox) and isinstance(data.data, ir.Buffer)
 
 
 def _reads_data(node) -> bool:
@@ -227,7 +250,9 @@ def install() -> None:
         for op, position in ((aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
                              (aten.scatter.src, 2), (aten.scatter_add.default, 2)):
-            L.register_lowering(op, type_promotion_kind=None)(_with_loaded_indices(L.lowerings[op], position))
+            gathers = op in (aten.gather.default, aten.index.Tensor, aten._unsafe_index.Tensor)
+            L.register_lowering(op, type_promotion_kind=None)(
+                _with_loaded_indices(L.lowerings[op], position, source=gathers))
         from .attention_node import lower_attention
         from .attention_op import OP
 
@@ -235,4 +260,10 @@ def install() -> None:
         from .random import OP as PHILOX, lower_philox
 
         L.register_lowering(PHILOX, type_promotion_kind=None)(lower_philox)  # random fills (issue 19)
+        from . import sorting
+
+        sorting.install()  # sort, argsort and topk by counting ranks (issue 31)
+        from . import experts
+
+        experts.install()  # mixture-of-experts routing: histc, the grouped matmul (issue 31)
         _installed = True

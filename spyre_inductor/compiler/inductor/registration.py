@@ -44,8 +44,10 @@ class VersionPass(CustomGraphModulePass):
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         from .attention_fusion import fuse_attention
+        from .experts import install_transformers_op
 
         fuse_attention(gm)
+        install_transformers_op()  # a custom op that may have been registered since our first compile
 
     def uuid(self) -> str:
         from .. import config
