@@ -22,9 +22,10 @@ overflow; a negative exponent gives 0, or +-1 for a base of +-1), so on
 spyre the op stays an ordinary pointwise ``ops.pow`` that captures and fuses.
 
 Embedding lookups, cats and constant pads (issue 16) are realized on spyre
-(``_realized``): nodes of their own, fused into pointwise consumers by the
-scheduler, never inlined into a reduction (which neither gathers nor is cut
-at index masks).
+(``_realized``, ``_with_loaded_indices``): nodes of their own, fused into
+pointwise consumers by the scheduler, never inlined into a reduction (which
+neither gathers nor is cut at index masks). A gather's (an embedding's, an
+index's) indices are realized too unless capture makes them a direct index.
 
 Each lowering here is device-conditional (TORCH_NOTES: "a device-conditional
 lowering"): on any other device it calls Inductor's own lowering, so CPU
@@ -34,6 +35,7 @@ registration.register(), before the first spyre graph is lowered.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -41,6 +43,7 @@ from torch._inductor import ir
 from torch._inductor import lowering as L
 from torch._inductor.virtualized import V, ops
 
+from . import index_probe
 from .operand_dtypes import mixed_dtypes_error
 
 aten = torch.ops.aten
@@ -182,29 +185,31 @@ def _realized(inductor_lowering):
 
 def _with_loaded_indices(inductor_lowering, position: int):
     """The lowering, with the index tensors at argument `position` (one, or a list) realized on
-    spyre when they are computed from data (a take_along_dim's wrap, ``a[i + 1]``): a gather takes
-    its row indices from memory, so an index computed on chip becomes a small program of its
-    own. An index computed from the loop indices alone (a roll's, a replicate pad's) is left to
-    inline: capture keeps it a direct index (no gather at all). The result is realized too, as
-    _realized's are (a gather summed, nll_loss: two programs, not one CPU fallback)."""
+    spyre unless capture makes them a direct index (index_probe.direct): a gather takes its row
+    indices from memory, so an index computed on chip -- from data (a take_along_dim's wrap,
+    ``a[i + 1]``) or through floats (T5's relative position buckets: a log, a where) -- becomes a
+    small program of its own. An index that is integer arithmetic on the loop indices alone (a
+    roll's, a replicate pad's, an arange of positions) is left to inline: capture keeps it a direct
+    index (no gather at all). The result is realized too, as _realized's are (a gather summed,
+    nll_loss: two programs, not one CPU fallback)."""
     def lowering(*args, **kwargs):
         indices = args[position] if position < len(args) else ()
+        realized = False
         for ix in indices if isinstance(indices, (list, tuple)) else (indices,):
-            if isinstance(ix, ir.TensorBox) and _on_spyre(ix) and _reads_data(ix):
+            if isinstance(ix, ir.TensorBox) and _on_spyre(ix) and not index_probe.direct(ix):
                 ix.realize()
-        out = inductor_lowering(*args, **kwargs)
+                realized = True
+        # Inductor inlines a buffer that reads nothing into its readers (ComputedBuffer.make_loader):
+        # an index computed from the loop indices through floats would come back inline. Its own
+        # switch keeps the lowering's loaders reading the realized buffer.
+        with ir.ComputedBuffer.force_realize() if realized else contextlib.nullcontext():
+            out = inductor_lowering(*args, **kwargs)
         if _on_spyre(args[0]) and isinstance(out, ir.TensorBox):
             out.realize()  # a gather's result, like an embedding's (_realized): never inside a reduction
         return out
 
     return lowering
 
-
-def _reads_data(node) -> bool:
-    try:
-        return bool(node.get_read_names())
-    except (AttributeError, NotImplementedError):  # not a computed node: nothing to realize
-        return False
 
 
 def install() -> None:
@@ -222,9 +227,9 @@ def install() -> None:
             L.register_lowering(op, type_promotion_kind=None)(_spyre_mm(L.lowerings[op], batched))
         for op, batched in ((aten.addmm.default, False), (aten.baddbmm.default, True)):
             L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
-        for op in (aten.embedding.default, aten.cat.default, aten.constant_pad_nd.default):
+        for op in (aten.cat.default, aten.constant_pad_nd.default):
             L.register_lowering(op, type_promotion_kind=None)(_realized(L.lowerings[op]))
-        for op, position in ((aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
+        for op, position in ((aten.embedding.default, 1), (aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
                              (aten.scatter.src, 2), (aten.scatter_add.default, 2)):
             L.register_lowering(op, type_promotion_kind=None)(_with_loaded_indices(L.lowerings[op], position))
