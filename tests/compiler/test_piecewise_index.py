@@ -192,6 +192,19 @@ def test_an_embedding_of_arange_positions_stays_a_direct_load():
     assert not any(isinstance(v, Indirect) for v in record.kernel.values)
 
 
+def test_an_embedding_of_positions_computed_from_data_reads_them_from_memory():
+    """RoBERTa's create_position_ids_from_input_ids: positions from a cumsum of the non-padding
+    mask. The index reads data: it is never run through the probe (its loader may not index a
+    buffer whose layout Inductor has not fixed yet) and is realized, as gathers' indices are."""
+    def fn(ids, table):
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        return torch.nn.functional.embedding(positions, table)
+
+    ids = torch.randint(0, 4, (2, 24), generator=torch.Generator().manual_seed(0))
+    _run(fn, ids, _rand(32, 64, seed=1))
+
+
 def test_the_bucket_at_another_size_stays_on_chip():
     """PyTorch recompiles a graph called at a second size with symbolic sizes: the bucket and
     its gather become programs over a size symbol, which serve a third size too (square, as T5's

@@ -107,6 +107,11 @@ def direct(index: ir.IRNode) -> bool:
     """Whether `index` (a TensorBox) is integer arithmetic on the loop indices whose bends each
     lie along one loop variable: capture makes such a gather a direct load."""
     try:
+        if index.get_read_names():  # it loads: data (and a loader may not index a flexible layout yet)
+            return False
+    except (AttributeError, NotImplementedError):
+        return False
+    try:
         loader = index.make_loader()
         variables = [sympy.Symbol(f"probe{d}", integer=True, nonnegative=True) for d in range(len(index.get_size()))]
         with V.set_ops_handler(_Probe()):

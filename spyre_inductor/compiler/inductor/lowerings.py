@@ -35,7 +35,6 @@ registration.register(), before the first spyre graph is lowered.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import torch
@@ -193,23 +192,40 @@ def _with_loaded_indices(inductor_lowering, position: int):
     index (no gather at all). The result is realized too, as _realized's are (a gather summed,
     nll_loss: two programs, not one CPU fallback)."""
     def lowering(*args, **kwargs):
-        indices = args[position] if position < len(args) else ()
-        realized = False
-        for ix in indices if isinstance(indices, (list, tuple)) else (indices,):
-            if isinstance(ix, ir.TensorBox) and _on_spyre(ix) and not index_probe.direct(ix):
-                ix.realize()
-                realized = True
-        # Inductor inlines a buffer that reads nothing into its readers (ComputedBuffer.make_loader):
-        # an index computed from the loop indices through floats would come back inline. Its own
-        # switch keeps the lowering's loaders reading the realized buffer.
-        with ir.ComputedBuffer.force_realize() if realized else contextlib.nullcontext():
-            out = inductor_lowering(*args, **kwargs)
+        if position < len(args):
+            indices = args[position]
+            if isinstance(indices, (list, tuple)):
+                indices = type(indices)(_in_memory(ix) for ix in indices)
+            else:
+                indices = _in_memory(indices)
+            args = (*args[:position], indices, *args[position + 1:])
+        out = inductor_lowering(*args, **kwargs)
         if _on_spyre(args[0]) and isinstance(out, ir.TensorBox):
             out.realize()  # a gather's result, like an embedding's (_realized): never inside a reduction
         return out
 
     return lowering
 
+
+
+def _in_memory(ix):
+    """`ix` realized when capture would not make it a direct index (index_probe.direct), as a
+    view that loads it. Inductor inlines a buffer that reads nothing into its readers
+    (ComputedBuffer.make_loader): an index computed from the loop indices through floats (T5's
+    bucket) would come back inline; a ReinterpretView of its (now fixed) layout is read with
+    ops.load."""
+    if not (isinstance(ix, ir.TensorBox) and _on_spyre(ix)) or index_probe.direct(ix):
+        return ix
+    ix.realize()
+    node = ix.data
+    storage = node.unwrap_view() if isinstance(node, ir.BaseView) else node
+    buffer = storage.data if isinstance(storage, ir.StorageBox) else None
+    if not (isinstance(buffer, ir.ComputedBuffer) and buffer.num_reads() == 0):
+        return ix  # read from memory already (a load, or a buffer that reads others)
+    buffer.freeze_layout()
+    if isinstance(node, ir.BaseView):
+        return ir.TensorBox(ir.ExternKernel.convert_to_reinterpret_view(node))
+    return ir.TensorBox(ir.ReinterpretView(data=node, layout=buffer.get_layout()))
 
 
 def install() -> None:
