@@ -32,6 +32,9 @@ the group:
   function is one add or one multiply of the running value and the next
   element (found by calling it on probes); any other combine (logcumsumexp)
   refuses the group;
+- ``ops.index_expr`` with Min, Max or Abs terms (issue 31: T5's ``-Min(0, j - i)``, a
+  clamp) is computed as eager computes it: its affine parts iotas, each bend an sfp
+  minimum/maximum/abs over them (index_bends.py), summed with its integer coefficients;
 - ``ops.indirect_indexing`` (issue 16) becomes an Indirect value (named after
   the node's aten op, for the out-of-range error) and hands back a fresh
   symbol, which ``affine_index`` turns into the Index's indirect term; a
