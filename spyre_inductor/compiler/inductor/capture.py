@@ -32,6 +32,9 @@ the group:
   function is one add or one multiply of the running value and the next
   element (found by calling it on probes); any other combine (logcumsumexp)
   refuses the group;
+- ``ops.index_expr`` with Min, Max or Abs terms (issue 31: T5's ``-Min(0, j - i)``, a
+  clamp) is computed as eager computes it: its affine parts iotas, each bend an sfp
+  minimum/maximum/abs over them (index_bends.py), summed with its integer coefficients;
 - ``ops.indirect_indexing`` (issue 16) becomes an Indirect value (named after
   the node's aten op, for the out-of-range error) and hands back a fresh
   symbol, which ``affine_index`` turns into the Index's indirect term; a
@@ -58,7 +61,7 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 from torch._inductor.utils import sympy_index_symbol
 
 from .nodes import loop_body, real_name
-from . import indexing
+from . import index_bends, indexing
 from ...launcher.fallback_policy import origin_ops
 from ...launcher.nesting import negative_indices_wrap
 from ..ir.errors import NotCapturable, OutOfRange
@@ -232,6 +235,9 @@ class CaptureHandler(DefaultHandler):
             value = self.g.add(Op("add", (self.index_expr(rest, torch.int64).pos, size.pos), "int64"), torch.int64)
             # (rest == 0: a Constant 0 added; the sfp adds it, once per tile)
             return value if dtype == torch.int64 else self.to_dtype(value, dtype)
+        if index_bends.is_bent(expr):
+            value = self._bent_index_value(expr)
+            return value if dtype == torch.int64 else self.to_dtype(value, dtype)
         index = affine_index(expr, self.g.vars, f"the index value {expr}", self.g.var_ranges)
         if dtype in (torch.int64, torch.int32):
             return self.g.add(IndexValue(index, dtype_name(dtype, "an index value")), dtype)
@@ -241,6 +247,27 @@ class CaptureHandler(DefaultHandler):
         return self.to_dtype(value, dtype)
 
     value_expr = index_expr
+
+    def _bent_index_value(self, expr) -> _V:
+        """An index value with Min, Max or Abs terms (index_bends.py) as eager computes it, in
+        int64: its affine rest an iota, each bend an sfp op over its arguments' values (each
+        captured as an index value itself, bends nested in bends included), times its integer
+        coefficient, all summed. (The int64 ops are exact: no rounding to argue about.)"""
+        rest, bends = index_bends.split(expr, f"the index value {expr}")
+        value = self.index_expr(rest, torch.int64) if rest != 0 or not bends else None
+        for bend in bends:
+            args = [self.index_expr(a, torch.int64) for a in bend.args]
+            term = args[0]
+            for arg in args[1:]:  # sympy's Min/Max take any number of arguments
+                term = self._default(bend.op, (term, arg), {})
+            if bend.op == "abs":
+                term = self._default("abs", (term,), {})
+            if bend.coef == -1:
+                term = self._default("neg", (term,), {})
+            elif bend.coef != 1:
+                term = self._default("mul", (term, self.constant(bend.coef, torch.int64)), {})
+            value = term if value is None else self._default("add", (value, term), {})
+        return value
 
     def _size_term(self, expr):
         """(expr without it, its SizeValue) when `expr` adds coef * size to what the loop indices

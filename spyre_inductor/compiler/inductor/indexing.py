@@ -5,7 +5,9 @@ variables we pass in. The kernel IR only has affine indices
 (offset + sum stride * var), so anything else -- ModularIndexing and
 FloorDiv from reshapes, Min/Max, or a symbol that is not one of our loop
 variables (a dynamic size) -- is refused here with a reason, and the node
-becomes a CPU fallback. Indirect (data-dependent) variables become the
+becomes a CPU fallback (an index VALUE with Min/Max/Abs is computed on chip
+instead, index_bends.py; a load's index bent along one variable is cut into
+pieces, piecewise_affine). Indirect (data-dependent) variables become the
 Index's indirect terms when capture says which value each stands for.
 
 Nodes fused into one kernel may come with differently simplified ranges for

@@ -22,9 +22,10 @@ overflow; a negative exponent gives 0, or +-1 for a base of +-1), so on
 spyre the op stays an ordinary pointwise ``ops.pow`` that captures and fuses.
 
 Embedding lookups, cats and constant pads (issue 16) are realized on spyre
-(``_realized``): nodes of their own, fused into pointwise consumers by the
-scheduler, never inlined into a reduction (which neither gathers nor is cut
-at index masks).
+(``_realized``, ``_with_loaded_indices``): nodes of their own, fused into
+pointwise consumers by the scheduler, never inlined into a reduction (which
+neither gathers nor is cut at index masks). A gather's (an embedding's, an
+index's) indices are realized too unless capture makes them a direct index.
 
 Each lowering here is device-conditional (TORCH_NOTES: "a device-conditional
 lowering"): on any other device it calls Inductor's own lowering, so CPU
@@ -41,6 +42,7 @@ from torch._inductor import ir
 from torch._inductor import lowering as L
 from torch._inductor.virtualized import V, ops
 
+from . import index_probe
 from .operand_dtypes import mixed_dtypes_error
 
 aten = torch.ops.aten
@@ -182,26 +184,30 @@ def _realized(inductor_lowering):
 
 def _with_loaded_indices(inductor_lowering, position: int, source: bool = False):
     """The lowering, with the index tensors at argument `position` (one, or a list) realized on
-    spyre when they are computed from data (a take_along_dim's wrap, ``a[i + 1]``): a gather takes
-    its row indices from memory, so an index computed on chip becomes a small program of its
-    own. An index computed from the loop indices alone (a roll's, a replicate pad's) is left to
-    inline: capture keeps it a direct index (no gather at all). The result is realized too, as
-    _realized's are (a gather summed, nll_loss: two programs, not one CPU fallback)."""
+    spyre unless capture makes them a direct index (index_probe.direct): a gather takes its row
+    indices from memory, so an index computed on chip -- from data (a take_along_dim's wrap,
+    ``a[i + 1]``) or through floats (T5's relative position buckets: a log, a where) -- becomes a
+    small program of its own. An index that is integer arithmetic on the loop indices alone (a
+    roll's, a replicate pad's, an arange of positions) is left to inline: capture keeps it a direct
+    index (no gather at all). The result is realized too, as _realized's are (a gather summed,
+    nll_loss: two programs, not one CPU fallback)."""
     def lowering(*args, **kwargs):
-        indices = args[position] if position < len(args) else ()
-        loaded = False
-        for ix in indices if isinstance(indices, (list, tuple)) else (indices,):
-            if isinstance(ix, ir.TensorBox) and _on_spyre(ix):
-                if _reads_data(ix):
-                    ix.realize()
-                loaded = loaded or _in_memory(ix)
-        if loaded and source and isinstance(args[0], ir.TensorBox) and _on_spyre(args[0]):
-            # the rows a loaded index picks are read from memory: a source computed on chip (the
-            # MoE router's weights, renormalized by their row sum, gathered by the sort's
-            # permutation) is a program of its own, else its index arithmetic (row // k) lands on
-            # the loaded index, which capture cannot take (non-affine), and each gathered element
-            # would recompute it
-            args[0].realize()
+        if position < len(args):
+            indices = args[position]
+            if isinstance(indices, (list, tuple)):
+                indices = type(indices)(_in_memory(ix) for ix in indices)
+                loaded = any(_read_from_memory(ix) for ix in indices)
+            else:
+                indices = _in_memory(indices)
+                loaded = _read_from_memory(indices)
+            args = (*args[:position], indices, *args[position + 1:])
+            if loaded and source and isinstance(args[0], ir.TensorBox) and _on_spyre(args[0]):
+                # the rows a loaded index picks are read from memory: a source computed on chip
+                # (the MoE router's weights, renormalized by their row sum, gathered by the sort's
+                # permutation) is a program of its own, else its index arithmetic (row // k) lands
+                # on the loaded index, which capture cannot take (non-affine), and each gathered
+                # element would recompute it
+                args[0].realize()
         out = inductor_lowering(*args, **kwargs)
         if _on_spyre(args[0]) and isinstance(out, ir.TensorBox):
             out.realize()  # a gather's result, like an embedding's (_realized): never inside a reduction
@@ -210,8 +216,30 @@ def _with_loaded_indices(inductor_lowering, position: int, source: bool = False)
     return lowering
 
 
-def _in_memory(node) -> bool:
+def _in_memory(ix):
+    """`ix` realized when capture would not make it a direct index (index_probe.direct), as a
+    view that loads it. Inductor inlines a buffer that reads nothing into its readers
+    (ComputedBuffer.make_loader): an index computed from the loop indices through floats (T5's
+    bucket) would come back inline; a ReinterpretView of its (now fixed) layout is read with
+    ops.load."""
+    if not (isinstance(ix, ir.TensorBox) and _on_spyre(ix)) or index_probe.direct(ix):
+        return ix
+    ix.realize()
+    node = ix.data
+    storage = node.unwrap_view() if isinstance(node, ir.BaseView) else node
+    buffer = storage.data if isinstance(storage, ir.StorageBox) else None
+    if not (isinstance(buffer, ir.ComputedBuffer) and buffer.num_reads() == 0):
+        return ix  # read from memory already (a load, or a buffer that reads others)
+    buffer.freeze_layout()
+    if isinstance(node, ir.BaseView):
+        return ir.TensorBox(ir.ExternKernel.convert_to_reinterpret_view(node))
+    return ir.TensorBox(ir.ReinterpretView(data=node, layout=buffer.get_layout()))
+
+
+def _read_from_memory(node) -> bool:
     """An index read from a buffer (realized, or a graph input), not computed from loop indices."""
+    if not isinstance(node, ir.TensorBox):
+        return False
     try:
         if node.get_read_names():
             return True
@@ -221,13 +249,6 @@ def _in_memory(node) -> bool:
     while isinstance(data, ir.BaseView):
         data = data.data
     return isinstance(data, ir.StorageBox) and isinstance(data.data, ir.Buffer)
-
-
-def _reads_data(node) -> bool:
-    try:
-        return bool(node.get_read_names())
-    except (AttributeError, NotImplementedError):  # not a computed node: nothing to realize
-        return False
 
 
 def install() -> None:
@@ -245,9 +266,9 @@ def install() -> None:
             L.register_lowering(op, type_promotion_kind=None)(_spyre_mm(L.lowerings[op], batched))
         for op, batched in ((aten.addmm.default, False), (aten.baddbmm.default, True)):
             L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
-        for op in (aten.embedding.default, aten.cat.default, aten.constant_pad_nd.default):
+        for op in (aten.cat.default, aten.constant_pad_nd.default):
             L.register_lowering(op, type_promotion_kind=None)(_realized(L.lowerings[op]))
-        for op, position in ((aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
+        for op, position in ((aten.embedding.default, 1), (aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
                              (aten.scatter.src, 2), (aten.scatter_add.default, 2)):
             gathers = op in (aten.gather.default, aten.index.Tensor, aten._unsafe_index.Tensor)
