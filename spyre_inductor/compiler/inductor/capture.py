@@ -146,12 +146,24 @@ def buffer_of(name: str) -> Buffer:
     if not isinstance(layout, ir.Layout):
         raise NotCapturable(f"{name} has layout {type(layout).__name__}")
     shape = tuple(static_int(s, f"size of {name}") for s in layout.size)
-    strides = tuple(static_int(s, f"stride of {name}") for s in layout.stride)
+    strides = tuple(_stride(s, n, name) for s, n in zip(layout.stride, shape))
     if static_int(layout.offset, f"offset of {name}") != 0:
         # Indices from Inductor already include a layout offset; keep the IR's
         # Buffer.offset meaning unambiguous by not compiling such buffers yet.
         raise NotCapturable(f"{name} has a storage offset in its layout")
     return Buffer(name, dtype_name(layout.dtype, name), shape, strides, 0)
+
+
+def _stride(stride, extent: int, name: str) -> int:
+    """A layout's stride as an int. A dim of one element is never stepped along, so its stride,
+    when it is a size of its own (a sliding window cache's view, made dynamic by Dynamo), is 0
+    (launch binding ignores such strides too)."""
+    try:
+        return static_int(stride, f"stride of {name}")
+    except NotCapturable:
+        if extent == 1:
+            return 0
+        raise
 
 
 class _Group:

@@ -55,6 +55,7 @@ def static_int(expr, what: str) -> int:
     if isinstance(expr, sympy.Integer):
         return int(expr)
     values = {**(SIZE_VALUES.get() or {}), **(EXACT_VALUES.get() or {})}
+    expr = size_terms_put_in(expr, values)
     if values and expr.free_symbols and expr.free_symbols <= set(values):
         bend = non_affine_term(expr)
         if bend is not None:
@@ -85,6 +86,14 @@ def non_affine_term(expr, symbols=None) -> sympy.Expr | None:
     return None
 
 
+def size_terms_put_in(expr, values):
+    """`expr` with the values of the size terms among `values` put in: a Min/Max of sizes alone
+    (a sliding window's kv offset Max(0, n - 7)) is specialized per value as a size of its own,
+    its value handed to the launch beside the sizes' (symbolic/capture.size_terms)."""
+    terms = {k: sympy.Integer(v) for k, v in values.items() if not isinstance(k, sympy.Symbol)}
+    return expr.xreplace(terms) if terms else expr
+
+
 def specialized(expr, what: str):
     """`expr` with the sizes a kernel is specialized to (EXACT_VALUES) put in: NotCapturable when
     a term with such a size is not affine in it (the template must be exact: symbolic/exact.py)."""
@@ -92,6 +101,7 @@ def specialized(expr, what: str):
     expr = sympy.sympify(expr)
     if not values or not expr.free_symbols & set(values):
         return expr
+    expr = size_terms_put_in(expr, values)
     bend = non_affine_term(expr, set(values))
     if bend is not None:
         raise NotCapturable(f"{what}: the term {bend} is not affine in the sizes")

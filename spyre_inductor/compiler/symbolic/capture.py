@@ -11,6 +11,7 @@ import json
 
 import sympy
 import torch
+from torch.utils._sympy.functions import Max, Min
 
 from ..inductor import indexing
 from ..ir.errors import NotCapturable, OutOfRange
@@ -18,6 +19,8 @@ from ..ir.kernel_ir import Kernel, SymbolicSizes
 from . import reduce as symbolic_reduce
 from .exact import far_values
 from .planning import bucket_of, buffers_at, check, fit_affine, shapes_at
+
+_MIN_MAX = (sympy.Min, sympy.Max, Min, Max)
 
 GUARDS: contextvars.ContextVar[bool] = contextvars.ContextVar("spyre_size_guards", default=False)
 
@@ -87,6 +90,60 @@ def size_symbols(nodes) -> list[sympy.Symbol]:
                 continue
             for e in exprs:
                 found |= {x for x in _simplified(e).free_symbols if symbol_is_type(x, SymT.SIZE)}
+    return sorted(found, key=str)
+
+
+def size_terms(nodes, symbols) -> list:
+    """The outermost Min/Max terms of sizes alone (no loop variable) in the nodes' loop ranges,
+    indices and buffer layouts, all of whose sizes are among `symbols`, sorted by name.
+
+    A sliding window's kv offset Max(0, n - window + 1) is affine on each side of n = window but
+    not across it, so no multilinear template in n fits it (exact.py). Specialized per value
+    as a size of its own instead, its value computed by the generated code at each call and
+    handed to the launch beside the sizes', every quantity of the kernel is affine in the sizes
+    and the terms together; the template is checked at sizes on both sides of each term's bends."""
+    from torch._inductor.virtualized import V
+
+    from ..inductor.nodes import loop_body
+
+    allowed = set(symbols)
+    found: set = set()
+
+    def walk(e):
+        if isinstance(e, _MIN_MAX):
+            if e.free_symbols and e.free_symbols <= allowed:
+                found.add(e)
+            return  # (a bend in a loop variable: capture's, not a size's)
+        for a in getattr(e, "args", ()):
+            walk(a)
+
+    def visit(e):
+        for form in {sympy.sympify(e), _simplified(e)}:
+            walk(form)
+
+    names = set()
+    for n in nodes:
+        try:
+            (sizes, rsizes), body = loop_body(n)
+        except Exception:  # noqa: BLE001 - capture says why
+            continue
+        for e in (*sizes, *rsizes, *getattr(body, "indexing_exprs", {}).values()):
+            visit(e)
+        rw = getattr(n, "read_writes", None)
+        for dep in (*getattr(rw, "reads", ()), *getattr(rw, "writes", ())):
+            names.add(getattr(dep, "name", None))
+            try:
+                for e in (dep.index, *dep.size):
+                    visit(e)
+            except (AttributeError, NotImplementedError):  # (a StarDep, a WeakDep: no index)
+                continue
+    for name in sorted(x for x in names if x):
+        try:
+            layout = V.graph.get_buffer(name).get_output_spec()
+            for e in (*layout.size, *layout.stride, layout.offset):
+                visit(e)
+        except Exception:  # noqa: BLE001 - not a buffer with a layout: capture says why
+            continue
     return sorted(found, key=str)
 
 
@@ -193,6 +250,7 @@ def _capture_exact(nodes, capture_fn, bucket, exact):
     `bucket` (if any) served by a bucket; the Capture says which sizes, and carries the template."""
     from .exact import capture_exact, exact_values
 
+    exact = [*exact, *size_terms(nodes, exact)]
     hints = [hint_of(s) for s in exact]
 
     def at(values):
@@ -203,7 +261,15 @@ def _capture_exact(nodes, capture_fn, bucket, exact):
 
     limits = [dynamo_limits(s) for s in exact]
     found, template = capture_exact(at, exact, hints, limits, artifact_doc)
-    return dataclasses.replace(found, exact=tuple(str(s) for s in exact), template=template)
+    return dataclasses.replace(found, exact=tuple(launch_expr(s) for s in exact), template=template)
+
+
+def launch_expr(size) -> str:
+    """Python for the value of `size` (a size symbol, or a size term: size_terms) in the generated
+    call, where Inductor binds the size symbols."""
+    from torch._inductor.codegen.wrapper import pexpr
+
+    return str(size) if isinstance(size, sympy.Symbol) else pexpr(size)
 
 
 def artifact_doc(kernel) -> dict:

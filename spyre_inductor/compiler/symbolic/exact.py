@@ -25,6 +25,9 @@ import dataclasses
 import json
 from collections.abc import Callable
 
+import sympy
+from torch.utils._sympy.functions import Max, Min
+
 from ..inductor import indexing
 from ..ir.errors import NotCapturable, OutOfRange
 
@@ -144,17 +147,14 @@ def _check_far(at, template: Template, symbols, limits, kernel_doc, base_doc) ->
     corners) shows there, or the kernel cannot be captured there. A point past a static table's
     range (OutOfRange) is skipped: the kernel is never launched there."""
 
-    corners = [(b, b + st) for b, st in zip(template.base, template.step)]
-    columns = [far_values(b, lim, near) for b, lim, near in zip(template.base, limits, corners)]
-    for k in range(max((len(c) for c in columns), default=0)):
-        far = [c[k] if k < len(c) else b for c, b in zip(columns, template.base)]
+    for far in _far_points(template, symbols, limits):
         values = dict(zip(symbols, far))
         try:
             found = at(values)
         except OutOfRange:
             continue
         except NotCapturable as e:
-            if all(v <= b for v, b in zip(far, template.base)):
+            if all(v <= b for v, b, s in zip(far, template.base, symbols) if isinstance(s, sympy.Symbol)):
                 continue  # (sizes too small to make sense of: an empty reduction)
             raise NotCapturable(f"the kernel over sizes {', '.join(map(str, symbols))} cannot be captured at "
                                 f"{_say(values)} ({e.reason}), which its template would serve") from None
@@ -162,6 +162,52 @@ def _check_far(at, template: Template, symbols, limits, kernel_doc, base_doc) ->
         if found.kernel is None or kernel_doc(found.kernel) != want:
             raise NotCapturable(f"the kernel does not follow sizes {', '.join(map(str, symbols))} affinely (its "
                                 f"capture at {_say(values)} differs from the one its corners predict)")
+
+
+def _far_points(template: Template, symbols, limits) -> list[list[int]]:
+    """The points _check_far captures at: the sizes at far_values (together), and each size on
+    both sides of where a size term's arguments cross (the others at base); a size term
+    (symbolic/capture.size_terms: a Min/Max of the sizes) takes its value at the sizes there."""
+    sized = [isinstance(s, sympy.Symbol) for s in symbols]
+    corners = [(b, b + st) for b, st in zip(template.base, template.step)]
+    columns = [far_values(b, lim, near) if real else []
+               for b, lim, near, real in zip(template.base, limits, corners, sized)]
+    points = [[c[k] if k < len(c) else b for c, b in zip(columns, template.base)]
+              for k in range(max((len(c) for c in columns), default=0))]
+    terms = [s for s, real in zip(symbols, sized) if not real]
+    for j, sym in enumerate(symbols):
+        if not sized[j]:
+            continue
+        others = {s: b for s, b, real in zip(symbols, template.base, sized) if real and s != sym}
+        least, most = max(limits[j][0], 2), limits[j][1]
+        for v in sorted({v for t in terms for v in _bends(t, sym, others)}):
+            if v >= least and (most is None or v <= most) and v not in corners[j]:
+                far = list(template.base)
+                far[j] = v
+                points.append(far)
+    out = []
+    for far in points:
+        sizes = {s: v for s, v, real in zip(symbols, far, sized) if real}
+        far = [v if real else int(s.subs(sizes)) for s, v, real in zip(symbols, far, sized)]
+        if far not in out:
+            out.append(far)
+    return out
+
+
+def _bends(term, sym, others) -> set[int]:
+    """Values of size `sym` around each point where two arguments of a Min/Max in `term` cross
+    (the other sizes at `others`): the pieces a multilinear fit from one side would miss."""
+    out = set()
+    for node in term.atoms(sympy.Min, sympy.Max, Min, Max):
+        args = [sympy.expand(a.subs(others)) for a in node.args]
+        for a, b in ((a, b) for i, a in enumerate(args) for b in args[i + 1:]):
+            d = sympy.expand(a - b)
+            slope = d.coeff(sym, 1)
+            rest = sympy.expand(d - slope * sym)
+            if slope.is_number and slope != 0 and rest.is_number:
+                at = -rest / slope
+                out |= {int(sympy.floor(at)) + k for k in (-1, 0, 1, 2)}
+    return out
 
 
 def _diff(a, b, path, symbols, mask):
