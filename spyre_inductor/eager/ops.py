@@ -113,4 +113,8 @@ def install() -> None:
             continue
         lib.impl(qualified.partition("::")[2], make_kernel(sig), "PrivateUse1")
         registered[qualified] = sig
+    # The fused optimizers write lists of tensors: a kernel of their own over the same compile path
+    from . import fused_adam
+
+    fused_adam.install(lib)
     _lib = lib
