@@ -133,9 +133,19 @@ def _layout(t: torch.Tensor):
     return (t.dtype, t.shape, t.stride(), t.get_device(), (offset * t.element_size()) & 127 if offset else 0)
 
 
+class _Kind:
+    """What leads an update's cache key, as a Signature leads an op's (key.py): the op."""
+
+    __slots__ = ("op", "name")
+
+    def __init__(self, op, name: str):
+        self.op, self.name = op, name
+
+
 def make_kernel(op, decoupled: bool):
     """The PrivateUse1 kernel of `op` (_fused_adam_ or _fused_adamw_, either overload)."""
     name = f"{op._schema.name}.{op._overloadname}"
+    kind = _Kind(op, name)
 
     def kernel(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
@@ -168,7 +178,7 @@ def make_kernel(op, decoupled: bool):
             if amsgrad:
                 tensors.append(max_exp_avg_sqs[i])
             tensors += [state_steps[i], lr, *extra]
-            key = (make_kernel, hyper, *(_layout(t) for t in tensors))
+            key = (kind, hyper, *(_layout(t) for t in tensors))
             entry = CACHE.get(key)
             if entry is None:
                 entry = _compile(op, name, key, hyper, tensors)
