@@ -371,3 +371,24 @@ def test_dropout_in_train_mode_runs_on_the_card(spyre, strict):
     assert abs(kept.float().mean().item() - 0.75) < 0.02
     assert torch.equal(x.grad.cpu(), out)  # the backward scales by the same mask
     assert torch.spyre.fallback_reports() == []
+
+
+@pytest.mark.slow
+def test_gpt2_training_step_with_its_dropout_runs_on_the_card(spyre, strict):
+    """transformers' GPT-2 with its default dropout (0.1 on embeddings, attention and residuals)
+    in train mode: a strict step draws every mask on the card."""
+    from spyre_inductor.testing import hf_models
+
+    model, inputs = hf_models.build("gpt2")
+    assert model.config.resid_pdrop > 0
+    model = to_device(model, spyre).train()
+    ids = inputs["input_ids"].to(spyre)
+    torch.spyre.reset_fallback_reports()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    losses = [model(input_ids=ids, labels=ids).loss for _ in range(2)]  # two draws
+    losses[0].backward()
+    opt.step()
+    assert torch.spyre.fallback_reports() == []
+    a, b = (l.item() for l in losses)
+    assert a == a and b == b and a != b  # finite, and the masks differ between draws
+
