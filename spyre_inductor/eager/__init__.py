@@ -10,7 +10,9 @@ compiler does not take keep the CPU fallback (device/fallback.py).
 Modules: signature (an op's schema, read once), key (the cache key), cache,
 compile (trace + Inductor), launch (the entries and the warm path), kernel
 (the PrivateUse1 kernel), ops (the table and registration), coverage (the
-OpInfo coverage summary command).
+OpInfo coverage summary command), decompositions (spyre's own, where Inductor's
+would not run on the card: nll_loss_backward, embedding_dense_backward),
+fused_adam (torch.optim.Adam/AdamW(fused=True): one program per parameter).
 """
 
 from __future__ import annotations

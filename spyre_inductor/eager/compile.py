@@ -224,15 +224,19 @@ _TABLE = None
 
 
 def _decompositions() -> dict:
-    """Inductor's decomposition table without its out= entries: functionalization turns an out=
+    """Inductor's decomposition table without its out= entries (functionalization turns an out=
     call into the functional op plus a copy_ first, and the packet-wide registrations
-    (``register_decomposition(aten.mm)``) also name ``mm.out`` with a function that takes no out=."""
+    (``register_decomposition(aten.mm)``) also name ``mm.out`` with a function that takes no out=),
+    and with spyre's own where Inductor's would not run on the card (decompositions.py)."""
     global _TABLE
     if _TABLE is None:
         from torch._inductor.decomposition import select_decomp_table
 
+        from .decompositions import TABLE as SPYRE
+
         _TABLE = {op: fn for op, fn in select_decomp_table().items()
                   if not (isinstance(op, torch._ops.OpOverload) and any(a.is_out for a in op._schema.arguments))}
+        _TABLE.update(SPYRE)
     return _TABLE
 
 
@@ -261,6 +265,12 @@ def _plain_dispatch():
 
 def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule, list]:
     """The op's functionalized, decomposed graph over fake copies of `tensors`, and the fakes."""
+    return trace_function(_graph_fn(sig, values), tensors)
+
+
+def trace_function(fn, tensors) -> tuple[torch.fx.GraphModule, list]:
+    """`fn(*tensors)`'s functionalized, decomposed graph over fake copies of `tensors` (what it
+    writes in place becomes the graph's input mutations), and the fakes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -269,7 +279,7 @@ def trace(sig: Signature, values: tuple, tensors) -> tuple[torch.fx.GraphModule,
     fakes = [mode.from_tensor(t.detach()) for t in tensors]
     try:
         with _plain_dispatch(), _quiet_fakes(), mode, torch.no_grad():
-            gm = make_fx(torch.func.functionalize(_graph_fn(sig, values), remove="mutations"),
+            gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
                          decomposition_table=_decompositions())(*fakes)
     except Exception as e:  # noqa: BLE001
         raise TraceError(f"{type(e).__name__}: {e}") from e
@@ -299,7 +309,7 @@ def classify(source: str) -> tuple[int, tuple[str, ...]]:
 # decompositions go through, wrap it as Python does: their graphs are compiled with indices that
 # do not wrap, so the program's gather or scatter stops at a negative one, naming it.
 _NO_NEGATIVE_INDEX = frozenset({"aten::index_select", "aten::index_copy", "aten::index_copy_", "aten::index_add",
-                                "aten::index_add_"})
+                                "aten::index_add_", "aten::embedding_dense_backward"})
 
 
 def compile_graph(gm: torch.fx.GraphModule, fakes: list, op: torch._ops.OpOverload) -> Compiled:

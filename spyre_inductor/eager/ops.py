@@ -133,4 +133,8 @@ def install() -> None:
             kernel = make_kernel(sig)
         lib.impl(qualified.partition("::")[2], kernel, "PrivateUse1")
         registered[qualified] = sig
+    # The fused optimizers write lists of tensors: a kernel of their own over the same compile path
+    from . import fused_adam
+
+    fused_adam.install(lib)
     _lib = lib

@@ -48,8 +48,6 @@ def test_mlp_sgd_steps_match_the_cpu(spyre, strict):
 
 
 def test_classifier_with_cross_entropy_trains_like_the_cpu(spyre):
-    # nll_loss_backward scatters at an index computed on chip: the compiler runs it on the CPU
-    # (see the strict xfail below); the numbers must still be the CPU's
     cpu_model = _mlp()
     spyre_model = copy.deepcopy(cpu_model).to(spyre)
     torch.manual_seed(2)
@@ -60,12 +58,16 @@ def test_classifier_with_cross_entropy_trains_like_the_cpu(spyre):
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="nll_loss_backward's scatter at an index computed on chip is not planned yet "
-                          "(compiler: gathers and scatters take loaded indices)")
 def test_classifier_with_cross_entropy_under_strict_mode(spyre, strict):
-    model = copy.deepcopy(_mlp()).to(spyre)
-    _train(model, torch.randn(8, 16).to(spyre), torch.randint(0, 4, (8,)).to(spyre), 1, F.cross_entropy)
+    # nll_loss_backward runs pointwise (eager/decompositions.py), not as a scatter at an index
+    # computed on chip
+    cpu_model = _mlp()
+    model = copy.deepcopy(cpu_model).to(spyre)
+    torch.manual_seed(2)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    losses = _train(model, x.to(spyre), y.to(spyre), 2, F.cross_entropy)
+    torch.testing.assert_close(torch.stack([l.cpu() for l in losses]),
+                               torch.stack(_train(cpu_model, x, y, 2, F.cross_entropy)), rtol=1e-5, atol=1e-5)
 
 
 def test_mlp_inference_smoke_under_strict_mode(spyre, strict):

@@ -320,6 +320,12 @@ class CaptureHandler(DefaultHandler):
         v = self.g.values[x.pos]
         return isinstance(v, Op) and v.name == "div_rn" and x.dtype.is_floating_point
 
+    def fma(self, a, b, c):
+        # Inductor's prims.fma (its _softmax_backward_data: new_grad - output * sum, written
+        # fma(-output, sum, new_grad)): a multiply and an add here, rounded twice where the
+        # fused op rounds once, as the CPU kernel of _softmax_backward_data does.
+        return self._default("add", (self._default("mul", (a, b), {}), c), {})
+
     def dot(self, a, b):
         # The product inside Inductor's native-matmul form (lowerings.py: ops.dot of the two
         # operands, reduced by "dot"); pointwise it is a multiply, the "dot" reduction sums it.
