@@ -160,6 +160,23 @@ def test_rotary_embedding_rotate_half(dtype):
     torch.testing.assert_close(out[0].cpu().float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
+def test_a_cat_of_two_computed_halves_returned_is_two_programs_not_overlapping_outputs():
+    """gpt-oss's rotary: cat((first_, second_), -1) whose result is not read pointwise. Inductor
+    computes each half into its slice of the cat (ConcatKernel); fused, one launch would write two
+    interleaved views of one buffer, which the launch refuses, so each half is its own program."""
+    def rotary(x, cos, sin):
+        a, b = torch.chunk(x, 2, dim=-1)
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+    def attention_input(q, w, cos, sin):  # q after its projection, split into heads
+        return rotary((q @ w).view(1, 6, 4, 16).transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1))
+
+    args = _rand(1, 6, 32), _rand(32, 64, seed=3), _rand(1, 6, 8, seed=1), _rand(1, 6, 8, seed=2)
+    out, _, records, warned, _ = compile_on_spyre(attention_input, *args)
+    assert not warned and all(r.artifact is not None for r in records)
+    torch.testing.assert_close(out[0].cpu(), attention_input(*args), rtol=1e-6, atol=1e-5)
+
+
 # ---- the pass alone, on hand-written IR ---------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch._inductor import ir
 from torch._inductor.codegen.common import BackendFeature
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.scheduler import BaseScheduling, SchedulerNode
@@ -95,6 +96,26 @@ def artifact_root() -> Path:
     return Path(cache_dir()) / "spyre" / compiler_version()
 
 
+def _written_storages(node) -> dict[str, str]:
+    """Each buffer a scheduler node writes -> the buffer whose memory it is (a cat's input
+    computed into its slice of the cat: NonOwningLayout)."""
+    out = {}
+    for n in node.get_nodes():
+        layout = n.node.get_layout()
+        base = layout.view.get_name() if isinstance(layout, ir.NonOwningLayout) else n.get_name()
+        out[n.get_name()] = base
+    return out
+
+
+def _write_into_one_buffer(node1, node2) -> bool:
+    """Two nodes computing different slices of one buffer (a cat made by ConcatKernel: gpt-oss's
+    rotary ``cat((first_, second_), -1)``) stay two programs: fused, one launch would write two
+    outputs that are interleaved views of the same bytes, which the launch refuses (partial sticks
+    of one buffer from two outputs race on the card)."""
+    a, b = _written_storages(node1), _written_storages(node2)
+    return bool(set(a.values()) & set(b.values()))
+
+
 def compile_kernel(kernel: Kernel) -> tuple[Path | None, str | None]:
     """(artifact dir, None), or (None, why the backend cannot compile it)."""
     from .. import backend, config
@@ -151,6 +172,8 @@ class SpyreScheduling(BaseScheduling):
         # is whether the merged group is still ONE kernel of our IR.
         nodes = [*node1.get_nodes(), *node2.get_nodes()]
         if not all(isinstance(n, SchedulerNode) for n in nodes):
+            return False
+        if _write_into_one_buffer(node1, node2):
             return False
         found = self.try_capture(nodes)
         if not isinstance(found, Capture):
