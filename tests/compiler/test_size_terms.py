@@ -67,7 +67,13 @@ def window_of(k):
     return k[start:] * 2 + 1
 
 
-@pytest.mark.parametrize("fn", [sliding_mask, window_of], ids=["mask", "slice"])
+def masked_softmax(k):
+    """A softmax over the sliding-window mask: the size term inside a reduction whose result is
+    written over the reduced dim (the attention weights transformers' eager path computes)."""
+    return torch.softmax(sliding_mask(k) * 0.5, dim=-1)
+
+
+@pytest.mark.parametrize("fn", [sliding_mask, window_of, masked_softmax], ids=["mask", "slice", "softmax"])
 def test_a_clamped_size_offset_is_served_on_both_sides_of_its_bend_in_one_graph(counted, fn):
     compiled = torch.compile(fn)
     for k, n in enumerate(LENGTHS):

@@ -548,7 +548,7 @@ class CaptureHandler(DefaultHandler):
             return False
         n_outer, flags = len(g.ranges), []
         for v in g.values[: value.pos + 1]:
-            if isinstance(v, (Reduction, Constant)):
+            if isinstance(v, (Reduction, Constant, SizeValue)):  # a SizeValue: a launch scalar
                 flags.append(True)
             elif isinstance(v, (Load, IndexValue)):
                 flags.append(not any(v.index.strides[n_outer:]))
