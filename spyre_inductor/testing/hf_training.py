@@ -32,7 +32,17 @@ def _llama():
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**_DECODER, **_TOKENS, "attention_dropout": 0.0}))
 
 
-MODELS = {"gpt2": _gpt2, "bert": _bert, "llama": _llama}
+def _causal(name):
+    """A causal LM of hf_models (their configs' dropout probabilities are 0 by default)."""
+    def build():
+        from . import hf_models
+        return hf_models.build(name)[0]
+    return build
+
+
+MODELS = {"gpt2": _gpt2, "bert": _bert, "llama": _llama,
+          **{name: _causal(name) for name in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+                                              "granite", "phi3", "mixtral", "gpt_oss")}}
 
 
 def build(name: str, batch: int = 2, seq: int = SEQ):

@@ -148,8 +148,16 @@ def test_a_tiny_language_model_training_step_matches_the_cpu(strictness, spyre, 
     check_step("tiny", spyre, fused=True)
 
 
+# the mixture-of-experts blocks' backward scatters each expert's rows back (index_put with
+# accumulate), which has no spyre program yet
+_MOE_BACKWARD = "aten::_index_put_impl_ (the experts' backward) has no spyre kernel"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
+                                  "gemma3", "granite", "phi3",
+                                  *(pytest.param(n, marks=pytest.mark.xfail(reason=_MOE_BACKWARD, strict=True))
+                                    for n in ("mixtral", "gpt_oss"))])
 def test_training_step_with_fused_adamw_matches_the_cpu(name, spyre, strict):
     check_step(name, spyre, fused=True)
 
