@@ -19,7 +19,7 @@ def register() -> None:
     from spyre_runtime import _C
     from spyre_runtime.hardware import HARDWARE, device_count_from_env, mode_from_env, region_handles
 
-    from . import api, autocast, copies, fallback, queues, random_ops, routes
+    from . import api, asserts, autocast, copies, fallback, queues, random_ops, routes
 
     mode = mode_from_env()
     _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes, region_handles(mode), mode)
@@ -32,6 +32,7 @@ def register() -> None:
         torch._register_device_module("spyre", api)
     queues.install()
     copies.install()
+    asserts.install()  # torch._assert_async: a check in stream order
     fallback.install()
     routes.install()  # meta kernels of the convolutions PyTorch hands a device
     random_ops.install()  # random fills in spyre programs (issue 19)

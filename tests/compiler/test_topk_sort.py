@@ -205,14 +205,6 @@ def test_one_hot_runs_eager_under_strict_and_a_bad_class_is_the_scatters_device_
     torch.spyre.clear_errors()
 
 
-@pytest.mark.xfail(strict=True, reason="one_hot's decomposition asserts its class range with aten._assert_async, "
-                                       "which has no on-card form yet (device_assert_async is not in the kernel IR)")
-def test_compiled_one_hot_under_strict():
-    index = torch.tensor([[0, 2], [1, 3]])
-    out, _, records, _, _ = compile_on_spyre(lambda i: torch.nn.functional.one_hot(i, 5), index)
-    _all_on_card(records)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])
 def test_eager_histc_counts_expert_ids(dtype):
     """transformers counts the (token, slot) pairs per expert with histc: float ids on the CPU,

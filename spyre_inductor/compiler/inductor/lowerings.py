@@ -287,4 +287,7 @@ def install() -> None:
         from . import experts
 
         experts.install()  # mixture-of-experts routing: histc, the grouped matmul (issue 31)
+        from . import asserts
+
+        asserts.install()  # torch._assert_async: the condition a program, the check in stream order
         _installed = True
