@@ -21,6 +21,10 @@ already take. Both are the backward ops a training step calls:
   which the CPU kernel skips silently when the op is called by hand, stops the program with an
   error naming the op instead (compile.py: its indices do not wrap).
 
+* ``_index_put_impl_`` (what autograd's backward of ``x[ids]`` calls: a mixture-of-experts
+  block's token gather): ``index_put_``, whose ``unsafe`` flag only skips a check the program's
+  index check makes anyway.
+
 No device check: the eager path traces spyre tensors only. Compiled graphs (torch.compile)
 still take Inductor's table.
 """
@@ -80,7 +84,12 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     return grad_weight.index_put([indices], grad, accumulate=True).to(result_dtype)
 
 
+def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+    return aten.index_put(self, indices, values, accumulate)
+
+
 TABLE = {
     aten.nll_loss_backward.default: nll_loss_backward,
     aten.embedding_dense_backward.default: embedding_dense_backward,
+    aten._index_put_impl.default: index_put_impl,  # the traced _index_put_impl_, functionalized
 }

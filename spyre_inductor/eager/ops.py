@@ -71,7 +71,7 @@ MATMULS = ("mm", "bmm", "addmm", "addmm_", "baddbmm", "baddbmm_", "dot", "mv", "
 DATA_MOVEMENT = (
     "cat", "stack", "constant_pad_nd", "index_select", "embedding", "embedding_dense_backward", "gather",
     "scatter", "scatter_", "scatter_add", "scatter_add_", "index_add", "index_add_", "index_copy",
-    "index_copy_", "index_put", "index_put_", "index", "roll", "tril", "triu", "tril_", "triu_",
+    "index_copy_", "index_put", "index_put_", "_index_put_impl_", "index", "roll", "tril", "triu", "tril_", "triu_",
     "slice_scatter", "select_scatter", "repeat", "flip", "arange", "linspace", "isin",
 )
 
