@@ -187,6 +187,32 @@ def compiled_llama_strict() -> None:
           f"simulator running them), {cpu:.1f} ms for the fp32 model in CPU eager ({host / cpu:.1f}x)")
 
 
+def transformers_models_strict() -> None:
+    """transformers' own classes, unmodified: what users bring (README: the per-model table)."""
+    try:
+        from spyre_inductor.testing import hf_models
+    except ImportError:  # pragma: no cover - transformers is installed by make
+        return
+    section("transformers' own model classes under SPYRE_STRICT=1 (tiny configs, random weights): "
+            "model.to('spyre'), torch.compile(forward), generate() with the model's own cache")
+    kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    for name in ("llama", "qwen3", "mixtral"):
+        model, inputs = hf_models.build(name)
+        ids = inputs["input_ids"][:, :8]
+        with torch.no_grad():
+            ref = model.generate(ids, **kw)
+            model.to("spyre").forward = torch.compile(model.forward)
+            start = time.perf_counter()
+            with strict_mode(True):
+                out = model.generate(ids.to("spyre"), **kw).cpu()
+            seconds = time.perf_counter() - start
+        same = "the same as" if torch.equal(out, ref) else "NOT the same as"
+        print(f"  {type(model).__name__}: 16 greedy tokens {out[0, 8:].tolist()}, {same} the CPU model's "
+              f"({seconds:.1f} s with its compiles)")
+        torch._dynamo.reset()
+    print("  every model of the README's table: .venv/bin/python benchmarks/models.py --transformers")
+
+
 def _best_ms(fn, repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
@@ -329,6 +355,7 @@ def main() -> None:
           f"{props.stick_bytes}-byte sticks, {props.total_memory / 2**30:.0f} GiB device memory")
 
     compiled_llama_strict()
+    transformers_models_strict()
     with torch._inductor.config.patch(fx_graph_cache=False):  # (its counts are of kernels compiled: on every run)
         dynamic_sizes_strict()
     compiled_mlp_strict()
