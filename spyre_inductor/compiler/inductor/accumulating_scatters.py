@@ -33,10 +33,11 @@ spyre only, they lower to kernels the existing families plan (no family of its o
   is refused by name. Floats reduce in fp32 (prod of 16-bit floats rounds once: the CPU rounds
   after every multiply).
 
-Left to Inductor's own lowering (its ATen fallback, which SPYRE_STRICT=1 refuses naming the aten
-op): destinations of any other dtype (bool, float64, int8), 0-d destinations. Refused by name
-(``Refused``, a NotImplementedError naming the op): the dense reductions with an index narrower
-than the destination off the scattered dim, or more than ``MAX_PAIRS`` compares per row.
+A 0-d destination is viewed as 1-d. Left to Inductor's own lowering (its ATen fallback, which
+SPYRE_STRICT=1 refuses naming the aten op): destinations of any other dtype (bool, float64, int8),
+a 0-d index_put. Refused by name
+(``Refused``, a NotImplementedError naming the op): a dense reduction of more than ``MAX_PAIRS``
+compares per row.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ def on_spyre(x) -> bool:
 
 def _taken(op: str, x) -> bool:
     """Whether this module lowers `op` into `x` (on spyre, a dtype the card accumulates)."""
-    # any other dtype (bool, float64, int8) and a 0-d destination keep Inductor's lowering: under
-    # SPYRE_STRICT=1 its fallback is refused naming the aten op
-    return on_spyre(x) and x.get_dtype() in DTYPES and len(x.get_size()) > 0
+    # any other dtype (bool, float64, int8) keeps Inductor's lowering: under SPYRE_STRICT=1 its
+    # fallback is refused naming the aten op
+    return on_spyre(x) and x.get_dtype() in DTYPES
 
 
 def _accumulation_dtype(dtype):
@@ -168,12 +169,8 @@ def scatter_dense(x, dim, index, src, reduce, *, include_self=True):
     if index.get_numel() == 0:
         return L.clone(x)
     sizes, isizes = list(x.get_size()), list(index.get_size())
-    sv = V.graph.sizevars
-    for d, (s, i) in enumerate(zip(sizes, isizes)):
-        if d != dim and not sv.statically_known_equals(s, i):
-            raise Refused(f"spyre: {op} with an index of shape {isizes} narrower than the destination "
-                          f"{sizes} off dim {dim} is not planned")
     m, n = sizes[dim], isizes[dim]
+    sv = V.graph.sizevars
     if not sv.statically_known_leq(m * n, MAX_PAIRS):
         raise Refused(f"spyre: {op} compares {m} x {n} positions per row, over the {MAX_PAIRS} planned")
     if not isinstance(src, ir.TensorBox):
@@ -181,6 +178,13 @@ def scatter_dense(x, dim, index, src, reduce, *, include_self=True):
     for d in range(len(isizes)):  # src may be larger than index: only index's extent counts
         if src.get_size()[d] != isizes[d]:
             src = L.slice_(src, d, 0, isizes[d])
+    # an index narrower than x off `dim`: padded with -1 (names no position), those rows keep x's
+    pad = []
+    for d in reversed(range(len(sizes))):
+        pad += [0, 0 if d == dim else sizes[d] - isizes[d]]
+    if any(sv.statically_known_gt(p, 0) for p in pad):
+        index = L.lowerings[aten.constant_pad_nd.default](index, pad, -1)
+        src = L.lowerings[aten.constant_pad_nd.default](src, pad, 0)
     acc_dtype = _accumulation_dtype(x.get_dtype())
     last = len(sizes) - 1
     order = list(range(last + 1))
@@ -225,10 +229,6 @@ def index_put_accumulate(x, indices, values, check=True):
 def index_add(x, dim, index, source, alpha=1):
     """x.index_add(dim, index, source, alpha=alpha) as a new tensor."""
     dim = L._validate_dim(x, dim)
-    if len(index.get_size()) == 0:
-        index = L.view(index, [1])
-    if len(source.get_size()) == 0:
-        source = L.view(source, [1])
     loader, size, src = index.make_loader(), x.get_size()[dim], source.make_loader()
 
     def indexer(idx):
@@ -253,9 +253,20 @@ def _in_place(x, out):
     return L.mutate_to(x, out)
 
 
+def _one(t):
+    return L.view(t, [1]) if isinstance(t, ir.TensorBox) and len(t.get_size()) == 0 else t
+
+
+def _on_vectors(fn, x, dim, index, src, *args, **kwargs):
+    """fn over x, index and src, a 0-d one viewed as 1-d (as Inductor's scatter_reduce_ does)."""
+    if len(x.get_size()) == 0:
+        return L.view(fn(_one(x), 0, _one(index), _one(src), *args, **kwargs), [])
+    return fn(x, dim, _one(index), _one(src), *args, **kwargs)
+
+
 def _index_put(inductor, in_place: bool, check: bool):
     def lowering(x, indices, values, accumulate=False):
-        if (accumulate and not _bool_indices(indices) and not torch.are_deterministic_algorithms_enabled()
+        if (accumulate and not _bool_indices(indices) and len(x.get_size()) > 0 and not torch.are_deterministic_algorithms_enabled()
                 and _taken("index_put(accumulate=True)", x)):
             out = index_put_accumulate(x, indices, values, check=check)
             return _in_place(x, out) if in_place else out
@@ -267,7 +278,7 @@ def _index_put(inductor, in_place: bool, check: bool):
 def _scatter_add(inductor, in_place: bool):
     def lowering(x, dim, index, src):
         if _taken("scatter_add", x):
-            out = scatter_add(x, dim, index, src)
+            out = _on_vectors(scatter_add, x, dim, index, src)
             return _in_place(x, out) if in_place else out
         return inductor(x, dim, index, src)
 
@@ -278,13 +289,24 @@ def _scatter_reduce(inductor, in_place: bool):
     def lowering(x, dim, index, src, reduce, *, include_self=True):
         if _taken(f"scatter_reduce({reduce!r})", x):
             if reduce == "sum":
-                out = scatter_add(x, dim, index, src, include_self=include_self)
+                out = _on_vectors(scatter_add, x, dim, index, src, include_self=include_self)
             elif reduce == "mean":
-                out = scatter_mean(x, dim, index, src, include_self=include_self)
+                out = _on_vectors(scatter_mean, x, dim, index, src, include_self=include_self)
             else:
-                out = scatter_dense(x, dim, index, src, reduce, include_self=include_self)
+                out = _on_vectors(scatter_dense, x, dim, index, src, reduce, include_self=include_self)
             return _in_place(x, out) if in_place else out
         return inductor(x, dim, index, src, reduce, include_self=include_self)
+
+    return lowering
+
+
+def _scatter_with_reduce(inductor, in_place: bool):
+    """scatter(..., reduce="add" | "multiply"): scatter_reduce's sum or prod, the destination included."""
+    def lowering(x, dim, index, src, *, reduce=None):
+        if reduce in ("add", "multiply") and _taken(f"scatter(reduce={reduce!r})", x):
+            how = "sum" if reduce == "add" else "prod"
+            return _scatter_reduce(None, in_place)(x, dim, index, src, how)
+        return inductor(x, dim, index, src, reduce=reduce)
 
     return lowering
 
@@ -292,7 +314,7 @@ def _scatter_reduce(inductor, in_place: bool):
 def _index_add(inductor):
     def lowering(x, dim, index, source, *, alpha=1):
         if _taken("index_add", x):
-            return index_add(x, dim, index, source, alpha)
+            return _on_vectors(index_add, x, dim, index, source, alpha)
         return inductor(x, dim, index, source, alpha=alpha)
 
     return lowering
@@ -313,6 +335,9 @@ def lowerings():
         (aten.scatter_reduce.two, _scatter_reduce(own[aten.scatter_reduce.two], False)),
         (aten.scatter_reduce_.two, _scatter_reduce(own[aten.scatter_reduce_.two], True)),
     ]
+    for packet, in_place in ((aten.scatter, False), (aten.scatter_, True)):
+        for overload in (packet.reduce, packet.value_reduce):
+            pairs.append((overload, _scatter_with_reduce(own[overload], in_place)))
     # index_add has no Inductor lowering: its decomposition (into index_put) runs first, except
     # for bf16 (pytorch#137425), which reaches the graph and, elsewhere, ATen
     fallback = own.get(aten.index_add.default) or L.fallback_handler(aten.index_add.default,

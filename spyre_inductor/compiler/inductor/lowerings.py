@@ -278,7 +278,9 @@ def install() -> None:
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
                              (aten.scatter.src, 2), (aten.scatter_add.default, 2),
                              (aten.scatter_add_.default, 2), (aten.scatter_reduce.two, 2),
-                             (aten.scatter_reduce_.two, 2), (aten.index_add.default, 2)):
+                             (aten.scatter_reduce_.two, 2), (aten.index_add.default, 2),
+                             (aten.scatter.reduce, 2), (aten.scatter.value_reduce, 2),
+                             (aten.scatter_.reduce, 2), (aten.scatter_.value_reduce, 2)):
             gathers = op in (aten.gather.default, aten.index.Tensor, aten._unsafe_index.Tensor)
             L.register_lowering(op, type_promotion_kind=None)(
                 _with_loaded_indices(L.lowerings[op], position, source=gathers))
