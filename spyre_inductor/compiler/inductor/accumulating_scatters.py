@@ -108,7 +108,9 @@ def accumulate(x, ranges, value, indexer, *, include_self=True, counts=False):
     acc = _fresh(x, acc_dtype)
     if not include_self:
         _scatter(acc, ranges, lambda i: ops.constant(0, acc_dtype), indexer, None)
-    _scatter(acc, ranges, lambda i: ops.to_dtype(value(i), acc_dtype), indexer, "atomic_add")
+    # (the values come in x's dtype, as ATen requires of src: widened exactly, else as they are)
+    widened = value if acc_dtype == dtype else (lambda i: ops.to_dtype(value(i), acc_dtype))
+    _scatter(acc, ranges, widened, indexer, "atomic_add")
     if not counts:
         return acc if acc_dtype == dtype else L.to_dtype(acc, dtype)
     count = L.full(list(x.get_size()), 1, dtype=acc_dtype, device=x.get_device())
