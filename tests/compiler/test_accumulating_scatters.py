@@ -18,6 +18,9 @@ What is pinned:
   once except prod, which the CPU rounds per multiply).
 * an add into a dim of size 1 (Inductor turns its indirect index into the constant 0) keeps the
   destination's value (it used to be overwritten).
+* ``embedding_bag`` sum / mean / max (padding_idx, CSR offsets, per_sample_weights, 2-d ids) against
+  the CPU: max exactly, sums and means in one ulp (the CPU sums in fp32 and rounds once too), and
+  the bookkeeping outputs (offset2bag, bag_size, max_indices) equal.
 * what is not planned is refused by name.
 """
 
@@ -27,6 +30,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from inductor_helpers import compile_on_spyre
 
@@ -264,3 +268,90 @@ def test_without_strict_nothing_falls_back_either(monkeypatch):
     _one_ulp(out[0].cpu(), _fp32_reference(INDEX_ADD, x, idx, src), torch.bfloat16)
     plans = [json.loads((r.artifact / "plan.json").read_text())["family"] for r in records]
     assert "indirect" in plans
+
+
+# ---------------------------------------------------------------- embedding_bag
+
+def _bags(dtype, seed=21):
+    """A table, 1-d ids in 4 bags by offsets (CSR: the third bag empty), weights per id."""
+    g = _gen(seed)
+    w = torch.randn(20, 16, generator=g).to(dtype)
+    ids = torch.randint(0, 20, (11,), generator=g)
+    ids[3] = 7  # padding_idx below
+    offsets = torch.tensor([0, 4, 9, 9])
+    psw = torch.rand(11, generator=g).to(dtype)
+    return w, ids, offsets, psw
+
+
+def _bag_tol(dtype, mode):
+    if mode == "max":
+        return dict(rtol=0, atol=0)  # picks a value
+    if dtype == torch.float32:
+        return dict(rtol=1e-5, atol=1e-6)
+    return dict(rtol=EPS[dtype], atol=0)  # the CPU sums in fp32 and rounds once too
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_matches_the_cpu(way, dtype, mode):
+    w, ids, offsets, psw = _bags(dtype)
+    cases = [
+        (lambda w, i, o: F.embedding_bag(i, w, o, mode=mode), (w, ids, offsets)),
+        (lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, padding_idx=7), (w, ids, offsets)),
+        # CSR offsets: the last one is the number of ids
+        (lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, include_last_offset=True),
+         (w, ids, torch.cat([offsets, torch.tensor([11])]))),
+        (lambda w, i: F.embedding_bag(i, w, mode=mode), (w, ids[:10].view(2, 5))),  # 2-d ids: bags of 5
+    ]
+    if mode == "sum":
+        cases.append((lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p),
+                      (w, ids, offsets, psw)))
+    for fn, args in cases:
+        got, want = WAYS[way](fn, *args), fn(*args)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, **_bag_tol(dtype, mode))
+
+
+@pytest.mark.parametrize("mode", [1, 2])  # mean, max: the CPU fills every output then
+def test_embedding_bag_bookkeeping_outputs_match_the_cpu(mode):
+    w, ids, offsets, _ = _bags(torch.float32, seed=23)
+    ids[5] = ids[6]  # a tie in a max: the first position's row wins
+
+    def fn(w, i, o):
+        return torch.ops.aten._embedding_bag_forward_only(w, i, o, False, mode, False, None, False, -1)
+
+    got = fn(w.to(SPYRE), ids.to(SPYRE), offsets.to(SPYRE))
+    want = fn(w, ids, offsets)
+    torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[2].cpu(), want[2])  # offset2bag, bag_size
+    if mode == 2:
+        assert torch.equal(got[3].cpu(), want[3])  # max_indices
+    else:  # the meta of a non-CPU device: none (the CPU repeats bag_size there)
+        assert got[3].shape == (0,)
+
+
+def test_embedding_bag_of_many_duplicates_rounds_once():
+    w, ids, offsets = torch.full((4, 8), 0.1, dtype=torch.float16), torch.zeros(1000, dtype=torch.long), torch.tensor([0])
+    got = _compiled(lambda w, i, o: F.embedding_bag(i, w, o, mode="sum"), w, ids, offsets)
+    assert got[0, 0] == torch.tensor(1000 * 0.0999755859375).half() == F.embedding_bag(ids, w, offsets, mode="sum")[0, 0]
+
+
+# ---------------------------------------------------------------- a dim of size 1, many contributions
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_many_adds_into_a_dim_of_size_one_are_summed_first(dtype):
+    # with the index gone, several iterations would write one element: no scatter plans that, so
+    # the lowering sums the contributions along the dim (a reduction) and adds them once
+    x, idx, src = torch.ones(1, 4, dtype=dtype), torch.tensor([0, 0, 0]), torch.arange(12).view(3, 4).to(dtype)
+    for fn in (lambda x, i, s: x.index_add(0, i, s, alpha=2),
+               lambda x, i, s: x.scatter_add(0, i.view(3, 1).expand(3, 4).contiguous(), s)):
+        assert torch.equal(_on_card(fn, x, idx, src), fn(x, idx, src))
+    x, idx, src = torch.ones(3, 1, 4, dtype=dtype), torch.zeros(2, 1, 3, dtype=torch.long), torch.ones(2, 2, 4, dtype=dtype)
+    for include_self in (True, False):  # a narrower index: x kept past it
+        fn = lambda x, i, s: x.scatter_reduce(1, i, s, "sum", include_self=include_self)  # noqa: E731
+        assert torch.equal(_compiled(fn, x, idx, src), fn(x, idx, src))
+    w, ids = torch.randn(6, 8).to(dtype) if dtype.is_floating_point else None, torch.tensor([1, 4, 4])
+    if w is not None:  # one bag
+        fn = lambda w, i: F.embedding_bag(i, w, torch.tensor([0], device=i.device), mode="mean")  # noqa: E731
+        torch.testing.assert_close(_on_card(fn, w, ids), fn(w, ids), **_bag_tol(dtype, "mean"))

@@ -144,8 +144,35 @@ def scatter_add(x, dim, index, src, *, include_self=True):
     dim = L._validate_dim(x, dim)
     if index.get_numel() == 0:
         return L.clone(x)
+    if V.graph.sizevars.statically_known_equals(x.get_size()[dim], 1) and isinstance(src, ir.TensorBox):
+        return _summed_scatter(x, dim, index, src, include_self)
     return accumulate(x, index.get_size(), _src_loader(src, x.get_dtype()), _axis_indexer(x, dim, index),
                       include_self=include_self)
+
+
+def _summed_scatter(x, dim, index, src, include_self):
+    """scatter_add into a dim of size 1 (every index is 0): the source over the index's extent
+    summed along dim (_summed_in), where the index reaches; elsewhere x."""
+    sizes, isizes = list(x.get_size()), list(index.get_size())
+    for d in range(len(isizes)):
+        if src.get_size()[d] != isizes[d]:
+            src = L.slice_(src, d, 0, isizes[d])
+    pad = []
+    for d in reversed(range(len(sizes))):
+        pad += [0, 0 if d == dim else sizes[d] - isizes[d]]
+    reached = V.graph.sizevars.statically_known_gt(sum(pad), 0)
+    if reached:  # an index narrower than x off dim: zeros past it, and x kept there
+        src = L.lowerings[aten.constant_pad_nd.default](src, pad, 0)
+    if include_self:
+        return _summed_in(x, src, dim)
+    zero = L.full(sizes, 0, dtype=x.get_dtype(), device=x.get_device())
+    total = _summed_in(zero, src, dim)
+    if not reached:
+        return total
+    covered = L.full([1 if d == dim else isizes[d] for d in range(len(sizes))], True, dtype=torch.bool,
+                     device=x.get_device())
+    covered = L.lowerings[aten.constant_pad_nd.default](covered, pad, False)
+    return L.where(covered, total, x)
 
 
 def scatter_mean(x, dim, index, src, *, include_self=True):
@@ -225,12 +252,30 @@ def index_put_accumulate(x, indices, values, check=True):
     expected, indexer = L.index_output_size_and_inner_fn(x_size, indices, tensor_indices, tensor_size, loaders,
                                                          indexed_size, None, check=check)
     values = L.expand(L.to_dtype(values, x.get_dtype()), expected)
+    if (len(tensor_indices) == 1 and len(indices[tensor_indices[0]].get_size()) == 1
+            and V.graph.sizevars.statically_known_equals(x_size[tensor_indices[0]], 1)):
+        # one 1-d index into a dim of size 1 (index_add's decomposition): every value lands on
+        # position 0 of it, several iterations on one element: their sum, added once
+        return _summed_in(x, values, tensor_indices[0])
     return accumulate(x, expected, values.make_loader(), indexer)
+
+
+def _summed_in(x, values, dim, alpha=1):
+    """x + alpha * values summed along `dim` (kept), in the accumulation dtype, rounded once:
+    an accumulating scatter into a dim of size 1, where Inductor drops the indirect index (which
+    leaves one element written from several iterations, which no scatter plans)."""
+    acc_dtype = _accumulation_dtype(x.get_dtype())
+    total = L.sum_(L.to_dtype(values, acc_dtype), [dim], keepdims=True, dtype=acc_dtype)
+    if alpha != 1:
+        total = L.lowerings[aten.mul.Tensor](total, alpha)
+    return L.to_dtype(L.lowerings[aten.add.Tensor](L.to_dtype(x, acc_dtype), total), x.get_dtype())
 
 
 def index_add(x, dim, index, source, alpha=1):
     """x.index_add(dim, index, source, alpha=alpha) as a new tensor."""
     dim = L._validate_dim(x, dim)
+    if V.graph.sizevars.statically_known_equals(x.get_size()[dim], 1):
+        return _summed_in(x, source, dim, alpha)  # every index names position 0
     loader, size, src = index.make_loader(), x.get_size()[dim], source.make_loader()
 
     def indexer(idx):

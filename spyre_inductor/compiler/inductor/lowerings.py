@@ -274,6 +274,10 @@ def install() -> None:
         # realization below
         for op, lowering in accumulating_scatters.lowerings():
             L.register_lowering(op, type_promotion_kind=None)(lowering)
+        from . import embedding_bag
+
+        for op, lowering in embedding_bag.lowerings():  # sum, mean, max over those scatters
+            L.register_lowering(op, type_promotion_kind=None)(lowering)
         for op, position in ((aten.embedding.default, 1), (aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
                              (aten.scatter.src, 2), (aten.scatter_add.default, 2),
