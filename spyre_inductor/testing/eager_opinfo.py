@@ -68,6 +68,7 @@ CLAIMS: dict[str, tuple[torch.dtype, ...]] = {
     **{name: ALL for name in ("cat", "stack", "index_select", "gather", "tril", "triu", "roll",
                              "nn.functional.pad.constant")},
     "nn.functional.embedding": FLOATS,
+    "nn.functional.embedding_bag": FLOATS,
     **{name: NUMBERS for name in ("index_add", "index_copy", "scatter", "scatter_add")},
     # (compiler/inductor/accumulating_scatters.py)
     **{f"scatter_reduce.{how}": NUMBERS for how in ("sum", "prod", "mean", "amax", "amin")},
