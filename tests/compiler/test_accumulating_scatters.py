@@ -355,3 +355,19 @@ def test_many_adds_into_a_dim_of_size_one_are_summed_first(dtype):
     if w is not None:  # one bag
         fn = lambda w, i: F.embedding_bag(i, w, torch.tensor([0], device=i.device), mode="mean")  # noqa: E731
         torch.testing.assert_close(_on_card(fn, w, ids), fn(w, ids), **_bag_tol(dtype, "mean"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16])
+def test_in_place_accumulation_of_values_read_from_the_destination(dtype):
+    # fp32/int64 scatter into the destination itself (one pass); values computed from it are
+    # realized first, so a duplicate never reads what an earlier add wrote
+    x, idx = torch.arange(24).view(6, 4).to(dtype), torch.tensor([1, 1, 3])
+
+    def fn(x, i):
+        x.index_put_((i,), x[:3] * 2, accumulate=True)
+        x.scatter_add_(0, i.view(3, 1).expand(3, 4).contiguous(), x[2:5].clone())
+        return x
+
+    _, args, records, warned, _ = compile_on_spyre(fn, x.clone(), idx)
+    assert not warned and all(r.artifact is not None for r in records)
+    assert torch.equal(args[0].cpu(), fn(x.clone(), idx))

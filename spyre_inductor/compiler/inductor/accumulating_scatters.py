@@ -97,15 +97,21 @@ def _fresh(x, dtype):
     return out
 
 
-def accumulate(x, ranges, value, indexer, *, include_self=True, counts=False):
+def accumulate(x, ranges, value, indexer, *, include_self=True, counts=False, in_place=False):
     """x with every value(i), i in `ranges`, added at indexer(i), as a new tensor of x's dtype.
 
     Summed in the accumulation dtype (fp32 for 16-bit floats) and rounded once. Without
     include_self the scattered positions start from 0. With counts: (sum, count) in the
-    accumulation dtype, count starting at 1 (include_self) or 0 where scattered."""
+    accumulation dtype, count starting at 1 (include_self) or 0 where scattered. `in_place`: x
+    itself is scattered into when it is its own accumulation dtype (one pass, as Inductor's
+    index_put_; the caller has realized values that read x)."""
     dtype = x.get_dtype()
     acc_dtype = _accumulation_dtype(dtype)
-    acc = _fresh(x, acc_dtype)
+    if in_place and acc_dtype == dtype and not counts:
+        x.realize()
+        acc = x
+    else:
+        acc = _fresh(x, acc_dtype)
     if not include_self:
         _scatter(acc, ranges, lambda i: ops.constant(0, acc_dtype), indexer, None)
     # (the values come in x's dtype, as ATen requires of src: widened exactly, else as they are)
@@ -139,15 +145,26 @@ def _src_loader(src, dtype):
     return lambda i: ops.constant(src, dtype)
 
 
-def scatter_add(x, dim, index, src, *, include_self=True):
-    """x.scatter_add(dim, index, src) as a new tensor (scatter_reduce "sum")."""
+def scatter_add(x, dim, index, src, *, include_self=True, in_place=False):
+    """x.scatter_add(dim, index, src) (scatter_reduce "sum"): a new tensor, or x (`in_place`)."""
     dim = L._validate_dim(x, dim)
     if index.get_numel() == 0:
         return L.clone(x)
     if V.graph.sizevars.statically_known_equals(x.get_size()[dim], 1) and isinstance(src, ir.TensorBox):
         return _summed_scatter(x, dim, index, src, include_self)
+    if in_place:
+        _values_apart(x, src)
     return accumulate(x, index.get_size(), _src_loader(src, x.get_dtype()), _axis_indexer(x, dim, index),
-                      include_self=include_self)
+                      include_self=include_self, in_place=in_place)
+
+
+def _values_apart(x, values) -> None:
+    """Values computed from x itself are realized before x is scattered into in place
+    (duplicates would otherwise read what an earlier add wrote: pytorch#138908, as Inductor)."""
+    if isinstance(values, ir.TensorBox):
+        x.realize()
+        if ir.try_get_name(x) in values.get_read_names():
+            values.realize()
 
 
 def _summed_scatter(x, dim, index, src, include_self):
@@ -242,8 +259,8 @@ def scatter_dense(x, dim, index, src, reduce, *, include_self=True):
     return L.to_dtype(out, x.get_dtype())
 
 
-def index_put_accumulate(x, indices, values, check=True):
-    """x.index_put(indices, values, accumulate=True) as a new tensor (Inductor's indexing)."""
+def index_put_accumulate(x, indices, values, check=True, in_place=False):
+    """x.index_put(indices, values, accumulate=True) (Inductor's indexing): a new tensor, or x."""
     indices, tensor_indices = L.check_and_broadcast_indices(indices, x.get_device())
     loaders = [i.make_loader() if i is not None else None for i in indices]
     x_size = x.get_size()
@@ -257,7 +274,9 @@ def index_put_accumulate(x, indices, values, check=True):
         # one 1-d index into a dim of size 1 (index_add's decomposition): every value lands on
         # position 0 of it, several iterations on one element: their sum, added once
         return _summed_in(x, values, tensor_indices[0])
-    return accumulate(x, expected, values.make_loader(), indexer)
+    if in_place:
+        _values_apart(x, values)
+    return accumulate(x, expected, values.make_loader(), indexer, in_place=in_place)
 
 
 def _summed_in(x, values, dim, alpha=1):
@@ -297,7 +316,7 @@ def _bool_indices(indices) -> bool:
 # -- the lowerings: on spyre ours, elsewhere Inductor's --------------------------------------------
 
 def _in_place(x, out):
-    return L.mutate_to(x, out)
+    return x if out is x else L.mutate_to(x, out)
 
 
 def _one(t):
@@ -315,7 +334,7 @@ def _index_put(inductor, in_place: bool, check: bool):
     def lowering(x, indices, values, accumulate=False):
         if (accumulate and not _bool_indices(indices) and len(x.get_size()) > 0 and not torch.are_deterministic_algorithms_enabled()
                 and _taken("index_put(accumulate=True)", x)):
-            out = index_put_accumulate(x, indices, values, check=check)
+            out = index_put_accumulate(x, indices, values, check=check, in_place=in_place)
             return _in_place(x, out) if in_place else out
         return inductor(x, indices, values, accumulate)
 
@@ -325,7 +344,8 @@ def _index_put(inductor, in_place: bool, check: bool):
 def _scatter_add(inductor, in_place: bool):
     def lowering(x, dim, index, src):
         if _taken("scatter_add", x):
-            out = _on_vectors(scatter_add, x, dim, index, src)
+            out = (scatter_add(x, dim, index, src, in_place=True) if in_place and len(x.get_size())
+                   else _on_vectors(scatter_add, x, dim, index, src))
             return _in_place(x, out) if in_place else out
         return inductor(x, dim, index, src)
 
