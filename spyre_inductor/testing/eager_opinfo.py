@@ -19,7 +19,6 @@ checks the first samples of fp32 and of the claimed integer dtype, ``slow`` the 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 

@@ -114,7 +114,8 @@ def test_16_bit_accumulating_scatters_round_once(way, dtype, name, op):
 def test_many_duplicates_into_one_element_give_the_sum_rounded_once(dtype):
     # 1000 x 0.1 into one element: fp32 sum 99.98 (fp16) / 100.1 (bf16). The CPU's index_add rounds
     # every add: fp16 105.19, bf16 stalls at 32.0. Ours is the fp32 sum rounded once.
-    x, idx, src = torch.zeros(4, dtype=dtype), torch.zeros(1000, dtype=torch.long), torch.full((1000,), 0.1, dtype=dtype)
+    x, idx = torch.zeros(4, dtype=dtype), torch.zeros(1000, dtype=torch.long)
+    src = torch.full((1000,), 0.1, dtype=dtype)
     got = _on_card(lambda x, i, s: x.index_add(0, i, s), x, idx, src)
     exact = src.float().sum().to(dtype)
     assert got[0] == exact and (got[1:] == 0).all()
@@ -332,9 +333,11 @@ def test_embedding_bag_bookkeeping_outputs_match_the_cpu(mode):
 
 
 def test_embedding_bag_of_many_duplicates_rounds_once():
-    w, ids, offsets = torch.full((4, 8), 0.1, dtype=torch.float16), torch.zeros(1000, dtype=torch.long), torch.tensor([0])
+    w, offsets = torch.full((4, 8), 0.1, dtype=torch.float16), torch.tensor([0])
+    ids = torch.zeros(1000, dtype=torch.long)
     got = _compiled(lambda w, i, o: F.embedding_bag(i, w, o, mode="sum"), w, ids, offsets)
-    assert got[0, 0] == torch.tensor(1000 * 0.0999755859375).half() == F.embedding_bag(ids, w, offsets, mode="sum")[0, 0]
+    once = torch.tensor(1000 * 0.0999755859375).half()  # 1000 x fp16(0.1), in fp32, rounded once
+    assert got[0, 0] == once == F.embedding_bag(ids, w, offsets, mode="sum")[0, 0]
 
 
 # ---------------------------------------------------------------- a dim of size 1, many contributions
@@ -347,9 +350,11 @@ def test_many_adds_into_a_dim_of_size_one_are_summed_first(dtype):
     for fn in (lambda x, i, s: x.index_add(0, i, s, alpha=2),
                lambda x, i, s: x.scatter_add(0, i.view(3, 1).expand(3, 4).contiguous(), s)):
         assert torch.equal(_on_card(fn, x, idx, src), fn(x, idx, src))
-    x, idx, src = torch.ones(3, 1, 4, dtype=dtype), torch.zeros(2, 1, 3, dtype=torch.long), torch.ones(2, 2, 4, dtype=dtype)
-    for include_self in (True, False):  # a narrower index: x kept past it
-        fn = lambda x, i, s: x.scatter_reduce(1, i, s, "sum", include_self=include_self)  # noqa: E731
+    x, idx = torch.ones(3, 1, 4, dtype=dtype), torch.zeros(2, 1, 3, dtype=torch.long)
+    src = torch.arange(16).view(2, 2, 4).to(dtype)
+    for reduce, include_self in (("sum", True), ("sum", False), ("mean", True), ("mean", False)):
+        # a narrower index: x kept past it
+        fn = lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self)  # noqa: E731
         assert torch.equal(_compiled(fn, x, idx, src), fn(x, idx, src))
     w, ids = torch.randn(6, 8).to(dtype) if dtype.is_floating_point else None, torch.tensor([1, 4, 4])
     if w is not None:  # one bag

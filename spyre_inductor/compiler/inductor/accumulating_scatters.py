@@ -9,8 +9,10 @@ spyre only, they lower to kernels the existing families plan (no family of its o
 
 * **int32, int64, fp32**: an ``ir.Scatter`` in ``atomic_add`` mode into the destination. The ls
   unit's accumulating scatter adds whole rows in the destination's dtype (int64 exactly, wrapping
-  as the CPU does), every contribution counted, one core per destination element
-  (families/indirect/plan.py), so int64 needs no more than lifting Inductor's GPU limit.
+  as the CPU does), every contribution counted, all contributions to one element added by one
+  core in order (families/indirect/plan.py), so int64 needs no more than lifting Inductor's GPU
+  limit. An in-place one scatters into the destination itself (one pass), values read from it
+  realized first.
 * **fp16, bf16**: the sum is kept in an fp32 accumulation buffer: the destination widened to fp32
   (a pointwise program), the contributions scatter-added into it in fp32 (exact widening), and
   one cast back, **rounding once**. PyTorch's CPU ``scatter_add`` and ``scatter_reduce(sum, mean)``
@@ -24,7 +26,8 @@ spyre only, they lower to kernels the existing families plan (no family of its o
 * **scatter_reduce "sum" / "mean"**: the scatter-add above (include_self=False first writes the
   reduction's identity at every scattered position, a plain scatter); "mean" scatter-adds a count
   too (ones; starting at 1 with include_self) and divides in the accumulation dtype (floor
-  division for integers, as ATen), rounding once.
+  division for integers, as ATen), rounding once (the CPU rounds a 16-bit sum, then divides:
+  one ulp apart at most).
 * **scatter_reduce "amax" / "amin" / "prod"**: no ls unit combines by max or product, so these
   are a dense compare-and-reduce, as sorting.py's ranks: ``out[..., j] = max over i of
   (index[..., i] == j ? src[..., i] : identity)``, one reduction program over (m, n) per row, plus
@@ -33,11 +36,16 @@ spyre only, they lower to kernels the existing families plan (no family of its o
   is refused by name. Floats reduce in fp32 (prod of 16-bit floats rounds once: the CPU rounds
   after every multiply).
 
-A 0-d destination is viewed as 1-d. Left to Inductor's own lowering (its ATen fallback, which
+A 0-d destination is viewed as 1-d. Into a dim of size 1 Inductor drops the indirect index (0 is
+the only valid one), which leaves one element written from several iterations, which no scatter
+plans: ``index_add``, a one-index ``index_put``, ``scatter_add`` and scatter_reduce "mean" there
+sum the source along the dim (a reduction) and add it once (amax/amin/prod are dense anyway).
+Left to Inductor's own lowering (its ATen fallback, which
 SPYRE_STRICT=1 refuses naming the aten op): destinations of any other dtype (bool, float64, int8),
-a 0-d index_put. Refused by name
-(``Refused``, a NotImplementedError naming the op): a dense reduction of more than ``MAX_PAIRS``
-compares per row.
+a 0-d index_put. Refused by name: a dense reduction of more than ``MAX_PAIRS`` compares per row
+(``Refused``, a NotImplementedError naming the op), and a multi-index ``index_put`` into dims of
+size 1 from several positions (capture: "an accumulating store ... at one index from several
+iterations").
 """
 
 from __future__ import annotations
@@ -48,7 +56,6 @@ from torch._inductor import lowering as L
 from torch._inductor.virtualized import V, ops
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 # 16-bit floats: accumulated in an fp32 buffer, rounded once
 WIDENED = frozenset({torch.float16, torch.bfloat16})
@@ -167,37 +174,56 @@ def _values_apart(x, values) -> None:
             values.realize()
 
 
-def _summed_scatter(x, dim, index, src, include_self):
-    """scatter_add into a dim of size 1 (every index is 0): the source over the index's extent
-    summed along dim (_summed_in), where the index reaches; elsewhere x."""
+def _off_dim_pad(x, dim, index):
+    """constant_pad_nd's pad from index's extent to x's off `dim` (None: no narrower dim)."""
     sizes, isizes = list(x.get_size()), list(index.get_size())
-    for d in range(len(isizes)):
-        if src.get_size()[d] != isizes[d]:
-            src = L.slice_(src, d, 0, isizes[d])
     pad = []
     for d in reversed(range(len(sizes))):
         pad += [0, 0 if d == dim else sizes[d] - isizes[d]]
-    reached = V.graph.sizevars.statically_known_gt(sum(pad), 0)
-    if reached:  # an index narrower than x off dim: zeros past it, and x kept there
+    return pad if V.graph.sizevars.statically_known_gt(sum(pad), 0) else None
+
+
+def _reached(x, dim, index, pad):
+    """Where an index narrower than x off `dim` reaches (bool, broadcast along dim)."""
+    isizes = list(index.get_size())
+    covered = L.full([1 if d == dim else isizes[d] for d in range(len(isizes))], True, dtype=torch.bool,
+                     device=x.get_device())
+    return L.lowerings[aten.constant_pad_nd.default](covered, pad, False)
+
+
+def _summed_scatter(x, dim, index, src, include_self):
+    """scatter_add into a dim of size 1 (every index is 0): the source over the index's extent
+    summed along dim (_summed_in), where the index reaches; elsewhere x."""
+    isizes = list(index.get_size())
+    for d in range(len(isizes)):
+        if src.get_size()[d] != isizes[d]:
+            src = L.slice_(src, d, 0, isizes[d])
+    pad = _off_dim_pad(x, dim, index)
+    if pad is not None:  # zeros past the index's extent, where x is kept
         src = L.lowerings[aten.constant_pad_nd.default](src, pad, 0)
     if include_self:
         return _summed_in(x, src, dim)
-    zero = L.full(sizes, 0, dtype=x.get_dtype(), device=x.get_device())
-    total = _summed_in(zero, src, dim)
-    if not reached:
-        return total
-    covered = L.full([1 if d == dim else isizes[d] for d in range(len(sizes))], True, dtype=torch.bool,
-                     device=x.get_device())
-    covered = L.lowerings[aten.constant_pad_nd.default](covered, pad, False)
-    return L.where(covered, total, x)
+    total = _summed_in(L.full(list(x.get_size()), 0, dtype=x.get_dtype(), device=x.get_device()), src, dim)
+    return total if pad is None else L.where(_reached(x, dim, index, pad), total, x)
 
 
 def scatter_mean(x, dim, index, src, *, include_self=True):
     dim = L._validate_dim(x, dim)
     if index.get_numel() == 0:
         return L.clone(x)
-    total, count = accumulate(x, index.get_size(), _src_loader(src, x.get_dtype()), _axis_indexer(x, dim, index),
-                              include_self=include_self, counts=True)
+    if V.graph.sizevars.statically_known_equals(x.get_size()[dim], 1) and isinstance(src, ir.TensorBox):
+        # into a dim of size 1: the sum (_summed_scatter, kept in the accumulation dtype) over
+        # the index's extent along dim, plus x itself with include_self
+        acc_dtype = _accumulation_dtype(x.get_dtype())
+        total = _summed_scatter(L.to_dtype(x, acc_dtype), dim, index, src, include_self)
+        n = int(index.get_size()[dim]) + (1 if include_self else 0)
+        count = L.full(list(x.get_size()), n, dtype=acc_dtype, device=x.get_device())
+        pad = _off_dim_pad(x, dim, index)
+        if pad is not None:  # past the index's extent: x over 1
+            count = L.where(_reached(x, dim, index, pad), count, 1)
+    else:
+        total, count = accumulate(x, index.get_size(), _src_loader(src, x.get_dtype()),
+                                  _axis_indexer(x, dim, index), include_self=include_self, counts=True)
     # a position no index reaches: its count is 0 only without include_self, and its sum is x's
     count = L.lowerings[aten.clamp_min](count, 1)
     if total.get_dtype().is_floating_point:
@@ -302,11 +328,10 @@ def index_add(x, dim, index, source, alpha=1):
         out[dim] = ops.indirect_indexing(loader([idx[dim]]), size, wrap_neg=False)
         return out
 
-    value = src
-    if alpha != 1:
-        def value(i):
-            return ops.mul(src(i), ops.constant(alpha, source.get_dtype()))
-    return accumulate(x, source.get_size(), value, indexer)
+    def scaled(i):
+        return ops.mul(src(i), ops.constant(alpha, source.get_dtype()))
+
+    return accumulate(x, source.get_size(), src if alpha == 1 else scaled, indexer)
 
 
 def _bool_indices(indices) -> bool:
@@ -332,7 +357,8 @@ def _on_vectors(fn, x, dim, index, src, *args, **kwargs):
 
 def _index_put(inductor, in_place: bool, check: bool):
     def lowering(x, indices, values, accumulate=False):
-        if (accumulate and not _bool_indices(indices) and len(x.get_size()) > 0 and not torch.are_deterministic_algorithms_enabled()
+        if (accumulate and not _bool_indices(indices) and len(x.get_size()) > 0
+                and not torch.are_deterministic_algorithms_enabled()
                 and _taken("index_put(accumulate=True)", x)):
             out = index_put_accumulate(x, indices, values, check=check, in_place=in_place)
             return _in_place(x, out) if in_place else out

@@ -22,7 +22,6 @@ which stays Inductor's fallback (refused by name under SPYRE_STRICT=1).
 from __future__ import annotations
 
 import torch
-from torch._inductor import ir
 from torch._inductor import lowering as L
 
 from . import accumulating_scatters as S
