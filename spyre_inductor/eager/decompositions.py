@@ -75,8 +75,8 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
             repeats *= indices.shape[d]
             indices = indices.narrow(d, 0, 1)
     if scale_grad_by_freq:
-        # counted in the gradient's computation dtype (fp32: exact to 2**24 occurrences), which
-        # the scatter-add accumulates on chip, where int64 accumulation is not planned yet
+        # counted in the gradient's computation dtype (fp32: exact to 2**24 occurrences), the
+        # dtype it divides in
         counts = grad.new_zeros((num_weights,)).index_put([indices], grad.new_ones(indices.shape), accumulate=True)
         grad = grad / (counts[indices] * repeats).unsqueeze(-1)
     grad = grad.masked_fill((indices == padding_idx).unsqueeze(-1), 0)

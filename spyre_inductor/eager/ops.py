@@ -73,6 +73,7 @@ DATA_MOVEMENT = (
     "scatter", "scatter_", "scatter_add", "scatter_add_", "index_add", "index_add_", "index_copy",
     "index_copy_", "index_put", "index_put_", "_index_put_impl_", "index", "roll", "tril", "triu", "tril_", "triu_",
     "slice_scatter", "select_scatter", "repeat", "flip", "arange", "linspace", "isin",
+    "scatter_reduce", "scatter_reduce_", "_embedding_bag", "_embedding_bag_forward_only",
 )
 
 # sort and topk: ranked by counting, then scattered (compiler/inductor/sorting.py); argsort is

@@ -19,7 +19,6 @@ checks the first samples of fp32 and of the claimed integer dtype, ``slow`` the 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 
@@ -68,7 +67,10 @@ CLAIMS: dict[str, tuple[torch.dtype, ...]] = {
     **{name: ALL for name in ("cat", "stack", "index_select", "gather", "tril", "triu", "roll",
                              "nn.functional.pad.constant")},
     "nn.functional.embedding": FLOATS,
+    "nn.functional.embedding_bag": FLOATS,
     **{name: NUMBERS for name in ("index_add", "index_copy", "scatter", "scatter_add")},
+    # (compiler/inductor/accumulating_scatters.py)
+    **{f"scatter_reduce.{how}": NUMBERS for how in ("sum", "prod", "mean", "amax", "amin")},
 }
 
 # The one list of expected failures: (OpInfo name, dtype) -> (why, how it fails, the first sample
@@ -100,9 +102,6 @@ class Xfail:
 
 
 _NO_LOG10 = Xfail("the compiler has no log10 (not in the spyre kernel IR): it runs through the CPU fallback")
-_ZERO_D_SCATTER = Xfail("index_add / scatter_add into a 0-d tensor lose the destination's value (index_add: -3 for "
-                        "2 + -1 * 3), compiled the same by torch.compile: a compiler bug in the 0-d scatter",
-                        MISMATCH)
 _FP16_ONE_ULP = ("one ulp from eager: both round the same fp32 math once, the fp32 results differ in their last "
                  "bits (another order of the exp-sum), which moves the rounding by one ulp, over assert_close's "
                  "rtol for values in [0.5, 1)")
@@ -112,23 +111,6 @@ XFAIL: dict[tuple[str, torch.dtype], Xfail] = {
     ("log10", F32): _NO_LOG10,
     ("log10", F16): _NO_LOG10,
     ("log10", BF16): _NO_LOG10,
-    ("index_add", F32): _ZERO_D_SCATTER,
-    # (its later samples also have a host kernel in the compiled graph, CPU)
-    ("index_add", F16): dataclasses.replace(_ZERO_D_SCATTER, kind=(MISMATCH, FALLBACK)),
-    ("index_add", I32): _ZERO_D_SCATTER,
-    ("index_add", BF16): Xfail("the compiled graph runs part of a bf16 index_add on the CPU (a host kernel)"),
-    ("index_add", I64): Xfail("Inductor keeps an int64 accumulating index_put_ as an extern ATen call (CPU)"),
-    ("scatter", F16): Xfail("scatter with reduce= in fp16 has a host kernel in its compiled graph (CPU)"),
-    ("scatter", BF16): Xfail("scatter with reduce= in bf16 has a host kernel in its compiled graph (CPU)"),
-    ("scatter", I64): Xfail("scatter with reduce= in int64 runs part of itself on the CPU"),
-    ("scatter", F32): Xfail("scatter with reduce= keeps Inductor's extern scatter_reduce_ (CPU)", after=2),
-    ("scatter_add", F16): Xfail("fp16 scatter_add has a host kernel in its compiled graph (CPU); "
-                              "its later samples also meet the 0-d scatter bug", (FALLBACK, MISMATCH)),
-    ("scatter_add", BF16): Xfail("bf16 scatter_add has a host kernel in its compiled graph (CPU); "
-                              "its later samples also meet the 0-d scatter bug", (FALLBACK, MISMATCH)),
-    ("scatter_add", I64): Xfail("Inductor keeps an int64 scatter_reduce_ as an extern ATen call (CPU)"),
-    ("scatter_add", F32): Xfail(_ZERO_D_SCATTER.reason, MISMATCH, after=2),
-    ("scatter_add", I32): Xfail(_ZERO_D_SCATTER.reason, MISMATCH, after=2),
     ("log_softmax", F16): Xfail(_FP16_ONE_ULP, MISMATCH, after=2),
     ("log_softmax", BF16): Xfail(_FP16_ONE_ULP, MISMATCH, after=2),
     ("div.trunc_rounding", F16): Xfail(_TRUNC, MISMATCH, after=2),

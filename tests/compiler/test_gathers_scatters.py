@@ -293,18 +293,6 @@ def test_a_gather_and_a_scatter_beside_index_masks():
     torch.testing.assert_close(args[4].cpu(), want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16_bit_accumulating_scatters_are_refused_by_name(dtype, monkeypatch):
-    # 2000 duplicates of 0.1 into one fp16 element: eager adds in fp32 (200.0); rounding each
-    # contribution into fp16 gives 230.125. Refused (a visible fallback), never the other sum.
-    monkeypatch.delenv("SPYRE_STRICT", raising=False)
-    x = torch.zeros(4, dtype=dtype)
-    idx, src = torch.zeros(2000, dtype=torch.long), torch.full((2000,), 0.1, dtype=dtype)
-    out, _, records, warned, _ = compile_on_spyre(lambda a, i, s: a.scatter_add(0, i, s), x, idx, src)
-    assert any("accumulating scatter into" in (r.fallback_reason or "") for r in records)
-    torch.testing.assert_close(out[0].cpu(), x.scatter_add(0, idx, src), rtol=0, atol=0)
-
-
 def test_an_embedding_feeding_a_norm_is_a_gather_then_a_reduction():
     # every decoder starts so; the lookup is realized (its own program) instead of being inlined
     # into the norm's reduction, which does not gather (the whole group ran on the CPU)

@@ -441,6 +441,16 @@ class CaptureHandler(DefaultHandler):
         real = real_name(name)
         idx = affine_index(index, g.vars, f"the store to {name}", g.var_ranges, g.indirect)
         value = self._as_value(value)
+        if mode == "atomic_add" and not idx.indirect:
+            # An accumulating store whose index terms all fell away: Inductor makes the
+            # indirect index of a dim of size 1 the constant 0 (index_add into a (1, n) buffer).
+            # It is an add in place, one element per iteration; as a plain store it lost the
+            # buffer's value (x.index_add(0, [0], s) gave s).
+            sizes = [g.var_ranges.get(v, 1) for v in g.vars]
+            if any(s == 0 and r != 1 for s, r in zip(idx.strides, sizes)):
+                raise NotCapturable(f"an accumulating store to {name} at one index from several iterations")
+            value = self._default("add", (self._load(name, idx), value), {})
+            mode = None
         if idx.indirect or mode is not None:
             # A scatter: which elements it writes depends on data, so nothing is forwarded on chip.
             if g.loaded.get(real) or real in g.stored or real in g.scattered or name in g.removable:

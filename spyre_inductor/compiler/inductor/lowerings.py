@@ -268,9 +268,23 @@ def install() -> None:
             L.register_lowering(op, type_promotion_kind=None)(_spyre_addmm(L.lowerings[op], batched))
         for op in (aten.cat.default, aten.constant_pad_nd.default):
             L.register_lowering(op, type_promotion_kind=None)(_realized(L.lowerings[op]))
+        from . import accumulating_scatters
+
+        # accumulating scatters in every dtype and scatter_reduce (issue 31), under the index
+        # realization below
+        for op, lowering in accumulating_scatters.lowerings():
+            L.register_lowering(op, type_promotion_kind=None)(lowering)
+        from . import embedding_bag
+
+        for op, lowering in embedding_bag.lowerings():  # sum, mean, max over those scatters
+            L.register_lowering(op, type_promotion_kind=None)(lowering)
         for op, position in ((aten.embedding.default, 1), (aten.gather.default, 2), (aten.index.Tensor, 1), (aten._unsafe_index.Tensor, 1),
                              (aten.index_put.default, 1), (aten.index_put_.default, 1),
-                             (aten.scatter.src, 2), (aten.scatter_add.default, 2)):
+                             (aten.scatter.src, 2), (aten.scatter_add.default, 2),
+                             (aten.scatter_add_.default, 2), (aten.scatter_reduce.two, 2),
+                             (aten.scatter_reduce_.two, 2), (aten.index_add.default, 2),
+                             (aten.scatter.reduce, 2), (aten.scatter.value_reduce, 2),
+                             (aten.scatter_.reduce, 2), (aten.scatter_.value_reduce, 2)):
             gathers = op in (aten.gather.default, aten.index.Tensor, aten._unsafe_index.Tensor)
             L.register_lowering(op, type_promotion_kind=None)(
                 _with_loaded_indices(L.lowerings[op], position, source=gathers))

@@ -108,12 +108,13 @@ def lower(kernel: IndirectKernel) -> Lowered:
     _unsupported_values(kernel)
     for st in kernel.stores:
         if st.mode == "atomic_add" and kernel.buffer(st.buffer).dtype in ("fp16", "bf16"):
-            # the ISA rounds each contribution into the 16-bit row; eager's scatter_add and
-            # index_add add duplicates in fp32 and round once, index_put_ rounds each (the IR
-            # cannot tell them apart): a visible fallback, not a differently rounded sum
+            # the ISA rounds each contribution into the 16-bit row; spyre's lowerings
+            # (inductor/accumulating_scatters.py) scatter-add 16-bit floats into an fp32 buffer and
+            # round once, so a kernel that reaches here was built otherwise: refused, never a
+            # differently rounded sum
             raise Unsupported(f"{where}: an accumulating scatter into {kernel.buffer(st.buffer).dtype} "
-                              f"{st.buffer!r} is not planned yet (duplicates would round differently from "
-                              f"eager)")
+                              f"{st.buffer!r} rounds every contribution; 16-bit sums accumulate in an fp32 "
+                              f"buffer (compiler/inductor/accumulating_scatters.py)")
     loads = [(i, v) for i, v in enumerate(kernel.values) if isinstance(v, Load)]
     for i, v in loads:
         if v.dtype != kernel.buffer(v.buffer).dtype:
