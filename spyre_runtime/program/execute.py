@@ -29,7 +29,7 @@ import torch
 
 from ..hardware import HARDWARE
 from . import isa
-from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile
+from .operands import COMPUTE, DTYPES, ITEMSIZE, ScratchCount, Tile
 from .program import Program
 from .validate import ProgramError, ProgramIndexError
 
@@ -243,7 +243,11 @@ class _Unit:
                 if timing is not None:
                     timing.push(self.core, self.unit, ins.queue, m.depth[ins.queue])
             elif kind is isa.Loop or kind is isa.EndLoop:
-                after = isa.loop_step(ins, self.pc, self.loops, self.ends, m.sizes)
+                read = None
+                if m.functional and kind is isa.Loop and type(ins.count) is ScratchCount:  # (issue 31)
+                    idx = tuple(loop[2] for loop in self.loops)
+                    read = lambda tile: m.read(self.core, tile, idx).reshape(-1)[0]  # noqa: E731
+                after = isa.loop_step(ins, self.pc, self.loops, self.ends, m.sizes, read)
                 if kind is isa.Loop and after == self.ends[self.pc] + 1:  # skipped: not executed
                     self.pc = after
                     ran = True

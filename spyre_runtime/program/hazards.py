@@ -166,7 +166,10 @@ class _Replay:
                 q.pushes.append(u.clock.copy())
                 u.clock[u.g] += 1
             elif kind is isa.Loop or kind is isa.EndLoop:
-                u.pc = isa.loop_step(ins, u.pc, u.loops, u.ends, None)  # (a size's loop at its maximum)
+                if kind is isa.Loop and ins.touches():  # a count read from the scratchpad (issue 31)
+                    self.access(u, ins, tuple(loop[2] for loop in u.loops))
+                # (a size's loop, or one counted on chip, at its maximum)
+                u.pc = isa.loop_step(ins, u.pc, u.loops, u.ends, None)
                 ran = True
                 continue
             else:

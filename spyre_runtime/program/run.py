@@ -28,7 +28,7 @@ import torch
 
 from ..hardware import HARDWARE
 from ..memory import device_view, region_address
-from . import timing as _timing
+from . import isa, timing as _timing
 from .execute import Machine, _banks, bank_cores
 from .operands import STICK
 from .schedule import MAX_BOUND_STEPS, BoundRun, Schedule, step_bytes
@@ -141,10 +141,11 @@ class ProgramExecutable:
                 raise ProgramError(
                     f"program {self.program.name!r}: placeholder {sym.name!r} is unresolved "
                     f"(its correction slot was never written)")
-        if sizes is not None:
+        if sizes is not None or self._state.reads_counts:
             # Size symbols (issue 18): loop counts and the bytes each transfer moves follow the
             # launch's sizes, on which neither the static schedule nor the report cache is keyed:
-            # the general interpreter, timed as it goes.
+            # the general interpreter, timed as it goes. Likewise loops counted on chip (issue
+            # 31), which follow the data.
             timing = Timing(self.program, self.hardware, phases=self.phases(artifact, slots))
             Machine(self.program, self._buffers(artifact, slots, sizes), self.hardware.scratchpad_bytes, timing,
                     sizes=sizes).run()
@@ -257,6 +258,7 @@ class _ProgramState:
         self.reports: dict[tuple, Report] = {}  # timing key -> its report (never handed out itself)
         self.bound: collections.OrderedDict = collections.OrderedDict()  # binding -> BoundRun
         self.mean_step_bytes: float | None = None
+        self.reads_counts: bool = False  # some loop's count is read from the scratchpad (issue 31)
 
 
     @staticmethod
@@ -268,7 +270,9 @@ class _ProgramState:
         state = states.get(id(hardware))
         if state is None:
             with _states_lock:
-                state = states.setdefault(id(hardware), _ProgramState(hardware))
+                fresh = _ProgramState(hardware)
+                fresh.reads_counts = isa.reads_counts(program)
+                state = states.setdefault(id(hardware), fresh)
         return state
 
 

@@ -22,9 +22,9 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 from __future__ import annotations
 
 from spyre_runtime.program.emitter import Unit, assemble
-from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, MatMul, Pop, Push, Reduce, Select, Send, Store,
-                                      Transpose, Unary)
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Send,
+                                      Store, Transpose, Unary)
+from spyre_runtime.program.operands import ITEMSIZE, STICK, ScratchCount
 from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...ir.errors import Unsupported
@@ -59,6 +59,10 @@ class _Core:
         self.empty_units = [u for u in work.units if not u.chunks]
         self.items = [(k, u, c) for k, u in enumerate(self.units) for c in range(len(u.chunks))]
         self.queues: list[Queue] = []
+        # issue 31: the chunks past every row's position are skipped, counted on chip
+        self.on_chip = shape.bounds_on_chip and bool(self.units) and all(u.parts == 1 for u in self.units)
+        self.chunks = max((len(u.chunks) for u in self.units), default=0)
+        self.waiting: dict[int, str] = {}   # id(unit) -> the queue it pops before its first guarded chunk
 
     def q(self, name, producer, consumer) -> str:
         full = f"c{self.core}.{name}"
@@ -78,8 +82,10 @@ class _Core:
         if name in self.dtypes:
             return self.dtypes[name]
         s = self.s
+        pos = s.positions.dtype if s.positions else None
         return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
-                "positions": s.positions.dtype if s.positions else None}.get(name, "fp32")
+                "positions": pos, "pos_row": pos, "pos_max": pos, "chunk_start": pos,
+                "chunk_count": "int32"}.get(name, "fp32")
 
     def const(self, name, rows, cols):
         dtype = "int32" if name == "izero" else "fp32"
@@ -90,6 +96,49 @@ class _Core:
         if broadcast_cols is None:
             return self.tile(name, None, row, rows, 1, dtype)
         return self.tile(name, None, row, rows, broadcast_cols, dtype, "cols")
+
+    # ---- chunks counted on chip (issue 31) ------------------------------------------------------
+
+    def count_tile(self, k: int, c: int, rows: int = 1):
+        """Unit k's run counts from chunk c (1: some row's position reaches the chunk), a stick each."""
+        return self.tile("chunk_count", None, k * self.chunks + c, rows, 1, "int32")
+
+    def guarded(self, unit, t: int, emit) -> None:
+        """`emit()` the part of chunk t that `unit` runs, inside a loop counted on chip when the
+        chunk can be skipped: a unit's first chunk always runs (rows that see no position get
+        their empty-row value from it, as in the unskipped program), a later one only if some row
+        of the unit has a position that reaches it. Every unit wraps its parts of chunk t in
+        loops reading the same count, so their queue operations stay matched."""
+        k, u, c = self.items[t]
+        if not self.on_chip or c == 0:
+            emit()
+            return
+        wait = self.waiting.pop(id(unit), None)
+        if wait is not None:
+            unit.emit(Pop(wait))
+        with unit.loop(ScratchCount(self.count_tile(k, c), 1)):
+            emit()
+
+    def load_bounds(self, ls):
+        """Each unit's rows' positions, as one row per unit (the positions are contiguous)."""
+        p = self.s.positions
+        isz = ITEMSIZE[p.dtype]
+        a = self.p.at("pos_row")
+        for k, u in enumerate(self.units):
+            symbol, element = p.buffer, p.at(0, 0, u.i0, 0)
+            ls.emit(Load(ls.sp(a.offset + k * a.row_stride), ls.dev(symbol, element * isz), 1, u.rows * isz, 0,
+                         a.row_stride))
+
+    def count_chunks(self, sfp):
+        """count[k, c] = (first position of chunk c) - causal <= the largest position of unit k's rows."""
+        s = self.s
+        C = self.chunks
+        sfp.emit(Iota(self.tile("chunk_start", None, 0, C, 1), -s.causal, (), self.t.kv, 0))
+        for k, u in enumerate(self.units):
+            top = self.tile("pos_max", None, k, 1, 1)
+            sfp.emit(Reduce("max", top, self.tile("pos_row", None, k, 1, u.rows)),
+                     Binary("le", self.count_tile(k, 0, C), self.tile("chunk_start", None, 0, C, 1),
+                            self.tile("pos_max", None, k, C, 1, broadcast="scalar")))
 
     # ---- the schedule ------------------------------------------------------------------------
 
@@ -129,6 +178,9 @@ class _Core:
             self.queues.append(Queue(self.landing_queue(self.core - 1), (self.core, "ls"), (self.core - 1, "sfp"), 1))
         of = {k: self.q(f"o_full{k}", "sfp", "ls") for k in oslots}
         oe = {k: self.q(f"o_free{k}", "ls", "sfp") for k in oslots}
+        if self.on_chip:  # the positions to the sfp, the chunks' run counts back to the ls and the pe
+            bounds = self.q("bounds_full", "ls", "sfp")
+            self.waiting = {id(ls): self.q("counts_ls", "sfp", "ls"), id(pe): self.q("counts_pe", "sfp", "pe")}
 
         # priming: one free token per buffer, from the buffer's consumer
         for k in qslots:
@@ -148,6 +200,12 @@ class _Core:
             sfp.emit(Fill(self.tile(name, None, 0, 1, 1, "int32" if name == "izero" else "fp32"), value))
         if self.s.kv_size is not None:  # issue 18: the kv length, from the launch's size words
             sfp.emit(Fill(self.tile("kv_size", None, 0, 1, 1, "int32"), self.s.kv_size))
+        if self.on_chip:
+            self.load_bounds(ls)
+            ls.emit(Fence(), Push(bounds))
+            sfp.emit(Pop(bounds))
+            self.count_chunks(sfp)
+            sfp.emit(*(Push(q) for q in self.waiting.values()))
 
         # units no row of which sees any position: their rows are the empty-row value
         for e, u in enumerate(self.empty_units):
@@ -194,18 +252,25 @@ class _Core:
             k, u, c = self.items[t]
             slot = t % ns
             if t + 1 < T:
-                issue_k(t + 1)  # in flight while chunk t's K rows are transposed
-            ls.emit(Pop(ke[slot]))
+                self.guarded(ls, t + 1, lambda: issue_k(t + 1))  # in flight while chunk t's K rows are transposed
             n = u.chunks[c].n
-            ls.emit(Transpose(self.tile("kt", slot, 0, self.s.D, n), self.tile("k_rows", slot, 0, n, self.s.D)))
+
+            def transpose():
+                ls.emit(Pop(ke[slot]))
+                ls.emit(Transpose(self.tile("kt", slot, 0, self.s.D, n), self.tile("k_rows", slot, 0, n, self.s.D)))
+            self.guarded(ls, t, transpose)
             ls.emit(Fence())
             if c == 0:
                 ls.emit(Push(qf[k % 2]))
-            ls.emit(Push(kf[slot]))
-            if masks:
-                ls.emit(Push(mf[slot]))
+
+            def hand_over():
+                ls.emit(Push(kf[slot]))
+                if masks:
+                    ls.emit(Push(mf[slot]))
+            self.guarded(ls, t, hand_over)
             if t + 1 < T:
-                issue_v(t + 1)  # (after chunk t is handed over: the pe frees V slots only past it)
+                # (after chunk t is handed over: the pe frees V slots only past it)
+                self.guarded(ls, t + 1, lambda: issue_v(t + 1))
             for done in store_after.get(t, ()):
                 u_done = self.units[done]
                 if u_done.part > 0:  # a later part of a split block: its partial goes to the part before
@@ -234,9 +299,15 @@ class _Core:
                 pe.emit(MatMul(self.tile("s", b, row, rows, ch.n), self.tile("q", k % 2, row, rows, self.s.D),
                                self.tile("kt", slot, 0, self.s.D, ch.n), accumulate=False))
             pe.emit(Push(ke[slot]))
-            if c == len(u.chunks) - 1:
+            if c == len(u.chunks) - 1 and not self.on_chip:
                 pe.emit(Push(qe[k % 2]))
             pe.emit(Push(sf[b]))
+
+        def qk_guarded(t):
+            k, u, c = self.items[t]
+            self.guarded(pe, t, lambda: qk(t))
+            if c == len(u.chunks) - 1 and self.on_chip:  # (whether the chunk ran or not: Q is done with)
+                pe.emit(Push(qe[k % 2]))
 
         def pv(t):
             k, u, c = self.items[t]
@@ -248,11 +319,11 @@ class _Core:
             pe.emit(Push(pfree[b]), Push(ve[slot]), Push(ar))
 
         if T:
-            qk(0)
+            qk_guarded(0)
         for t in range(T):
             if t + 1 < T:
-                qk(t + 1)
-            pv(t)
+                qk_guarded(t + 1)
+            self.guarded(pe, t, lambda: pv(t))
         for k in used_sp:
             pe.emit(Pop(se[k]))
 
@@ -260,7 +331,7 @@ class _Core:
         for t, (k, u, c) in enumerate(self.items):
             if c == 0:
                 self.init(sfp, u)
-            self.softmax_step(sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, bool(masks))
+            self.guarded(sfp, t, lambda: self.softmax_step(sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, bool(masks)))
             if c == len(u.chunks) - 1:
                 sfp.emit(Pop(ar))
                 if u.part < u.parts - 1:  # the partial of the next part lands: combine it with ours

@@ -89,6 +89,22 @@ class AttentionShape(Describable):
         return self.causal is not None and self.positions is None
 
     @property
+    def bounds_on_chip(self) -> bool:
+        """Whether units skip, on chip, the chunks past every row's data position (issue 31): a
+        mask ``j <= positions[i] + causal`` over contiguous positions (read as one row per unit),
+        unless the kv length is a launch size."""
+        p = self.positions
+        return p is not None and (p.strides[2] == 1 or self.L == 1) and self.kv_size is None
+
+    def assumed(self) -> "AttentionShape":
+        """The shape the planner times a units-skip-on-chip kernel as: the positions taken to be
+        the rows' own, at the end of the kv positions (a prefill filling a cache: row i at
+        S - L + i), i.e. a static causal diagonal. The program itself reads the positions."""
+        from dataclasses import replace
+
+        return replace(self, positions=None, causal=self.causal + self.S - self.L)
+
+    @property
     def G(self) -> int:
         return self.H // self.KVH
 
@@ -264,8 +280,9 @@ def _row(cols: int, dtype: str) -> int:
     return sticks(cols * ITEMSIZE[dtype])
 
 
-def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
-    """Every tile of one core, whole-program (the allocation is the same for every unit)."""
+def needs(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> list[Need]:
+    """Every tile of one core, whole-program (the allocation is the same for every unit; `units`:
+    the most units a core has, for what is kept per unit, the chunks' run counts)."""
     G, R, kv, D, Dv = shape.G, t.rows, t.kv, shape.D, shape.Dv
     qd, kd, vd, od, pd = shape.q.dtype, shape.k.dtype, shape.v.dtype, shape.out.dtype, shape.p_dtype
 
@@ -286,6 +303,11 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
         out.append(Need("kv_size", STICK, STICK))
     if shape.positions is not None:
         out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
+    if shape.bounds_on_chip and t.kv_split == 1:  # issue 31: the chunks each unit runs, counted on chip
+        chunks = -(-shape.S // kv)
+        row = _row(R, shape.positions.dtype)
+        out += [Need("pos_row", units * row, row), Need("pos_max", units * STICK, STICK),
+                Need("chunk_start", chunks * STICK, STICK), Need("chunk_count", units * chunks * STICK, STICK)]
     out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
     if t.kv_split > 1:  # a neighbour's partial lands here
         out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", G * R * STICK, STICK), Need("l_in", G * R * STICK, STICK)]
@@ -293,8 +315,8 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
     return out
 
 
-def placement(shape: AttentionShape, t: AttentionTiling) -> Placement | None:
-    p = allocate(needs(shape, t), HARDWARE.scratchpad_usable_bytes)
+def placement(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> Placement | None:
+    p = allocate(needs(shape, t, units), HARDWARE.scratchpad_usable_bytes)
     return p if p.fits else None
 
 

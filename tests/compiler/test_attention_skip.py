@@ -1,0 +1,130 @@
+"""Attention skips the key/value chunks a positions mask rules out, counted on chip (issue 31).
+
+A decoder's mask over a KV cache, ``arange(S) <= pos[:, None]``, reaches the attention family as
+per-row positions read at run time: the compiler cannot know which chunks a block of query rows
+needs. The program reads each unit's positions first, the sfp computes per chunk whether any row
+reaches it, and every unit (ls, pe, sfp) wraps its part of that chunk in a loop whose count it
+reads from the scratchpad (isa.Loop with a ScratchCount): 0 skips the loads, the products and
+the softmax step. A unit's first chunk always runs, so rows that see no position get exactly the
+unskipped program's value (NaN from -inf everywhere, as PyTorch's masked_fill softmax gives).
+
+Tolerances as tests/compiler/test_attention.py: fp32 tight, fp16 at 2e-3 against fp32.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spyre_inductor.compiler.inductor.scheduling import record_kernels
+from spyre_inductor.testing.models import explicit_attention, repeat_kv
+
+FP32 = dict(rtol=1e-5, atol=2e-6)
+FP16 = dict(rtol=2e-3, atol=2e-3)
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    monkeypatch.setenv("SPYRE_STRICT", "1")
+
+
+def _randn(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def cache_attention(q, k, v, pos):
+    """The reference Llama's attention over its cache: causal through the positions tensor."""
+    keep = torch.arange(k.shape[2], device=q.device) <= pos[:, None]
+    rep = q.shape[1] // k.shape[1]
+    return explicit_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), mask=keep)
+
+
+def _compiled(L, S, dtype=torch.float32, H=8, KVH=2, D=64):
+    """(compiled function, q, k, v on spyre, CPU copies, the attention record)."""
+    q, k, v = _randn(1, H, L, D, dtype=dtype), _randn(1, KVH, S, D, dtype=dtype, seed=1), \
+        _randn(1, KVH, S, D, dtype=dtype, seed=2)
+    torch._dynamo.reset()
+    fn = torch.compile(cache_attention)
+    dev = [t.to("spyre") for t in (q, k, v)]
+    with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+        fn(*dev, torch.arange(S - L, S).to("spyre"))
+    (attention,) = [r for r in records if r.kernel is not None and r.kernel.name.startswith("spyre_attn")]
+    return fn, dev, (q, k, v), attention
+
+
+def _launch(fn, dev, cpu, pos, tol):
+    """Run the compiled attention at positions `pos` against the CPU in fp32; its report."""
+    torch.spyre.reset_kernel_reports()
+    out = fn(*dev, pos.to("spyre"))
+    torch.spyre.synchronize()
+    want = cache_attention(*[t.float() for t in cpu], pos)
+    torch.testing.assert_close(out.cpu().float(), want, **tol, equal_nan=True)
+    reports = [r for r in torch.spyre.kernel_reports() if r.name.startswith("spyre_attn")]
+    assert reports, [r.name for r in torch.spyre.kernel_reports()]
+    return out, reports[-1]
+
+
+def _chunks_run(attention, pos) -> tuple[int, int]:
+    """(chunks run, chunks in the plan) for positions `pos`, from the plan: a unit of rows
+    [i0, i0 + rows) runs chunk c (c * kv first position) when c is 0 or some row's position reaches it."""
+    plan = json.loads((attention.artifact / "plan.json").read_text())
+    rows, kv = plan["tiling"]["rows"], plan["tiling"]["kv"]
+    S = attention.kernel.k.shape[2]
+    L = len(pos)
+    run = total = 0
+    for kvh in range(attention.kernel.k.shape[1]):
+        for i0 in range(0, L, rows):
+            top = int(pos[i0:i0 + rows].max())
+            for j0 in range(0, S, kv):
+                total += 1
+                run += j0 == 0 or j0 <= top
+    return run, total
+
+
+@pytest.mark.parametrize("L,S", [(128, 128), (70, 200)])
+def test_a_prefill_into_a_cache_skips_the_chunks_past_every_rows_position(strict, L, S):
+    # one program, launched at the positions of a prefill at the end of the cache and at the
+    # positions of rows that all see the whole cache: the first reads only what the diagonal
+    # needs, and K and V bytes differ by exactly the chunks skipped
+    fn, dev, cpu, attention = _compiled(L, S)
+    assert attention.kernel.positions is not None and attention.kernel.keep is None
+    diagonal, everything = torch.arange(S - L, S), torch.full((L,), S - 1)
+    _, skipping = _launch(fn, dev, cpu, diagonal, FP32)
+    _, full = _launch(fn, dev, cpu, everything, FP32)
+    run, total = _chunks_run(attention, diagonal)
+    assert _chunks_run(attention, everything) == (total, total)
+    assert run < total
+    plan = json.loads((attention.artifact / "plan.json").read_text())
+    kv, rows = plan["tiling"]["kv"], plan["tiling"]["rows"]
+    # a skipped chunk: its K and V rows (64 features, 4 bytes; the last chunk may be short) and
+    # the unit's positions (one stick per row) are not read
+    per_position = 2 * 64 * 4
+    skipped_bytes = 0
+    for kvh in range(2):
+        for i0 in range(0, L, rows):
+            top = int(diagonal[i0:i0 + rows].max())
+            for j0 in range(kv, S, kv):
+                if j0 > top:
+                    skipped_bytes += min(kv, S - j0) * per_position + min(rows, L - i0) * 128
+    assert full.bytes_read - skipping.bytes_read == skipped_bytes
+    assert skipping.simulated_ns < full.simulated_ns
+
+
+def test_rows_that_see_no_position_match_pytorch(strict):
+    # a unit whose rows all have position -1 runs only its first chunk, fully masked: NaN rows,
+    # as the unskipped program and PyTorch's masked_fill softmax give; the others are exact
+    fn, dev, cpu, attention = _compiled(40, 200)
+    pos = torch.arange(160, 200)
+    pos[:20] = -1
+    out, _ = _launch(fn, dev, cpu, pos, FP32)
+    assert out[:, :, :20].isnan().all() and not out[:, :, 20:].isnan().any()
+    # positions in any order: a unit runs the chunks its largest position reaches
+    _launch(fn, dev, cpu, torch.randint(-1, 200, (40,), generator=torch.Generator().manual_seed(5)), FP32)
+
+
+def test_fp16_within_its_documented_tolerance(strict):
+    fn, dev, cpu, _ = _compiled(128, 128, torch.float16)
+    out, report = _launch(fn, dev, cpu, torch.arange(0, 128), FP16)
+    assert out.dtype == torch.float16
