@@ -84,7 +84,7 @@ class _Core:
         s = self.s
         pos = s.positions.dtype if s.positions else None
         return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
-                "positions": pos, "pos_row": pos, "pos_max": pos, "chunk_start": pos,
+                "positions": pos, "pos_row": pos, "pos_col": pos, "pos_max": pos, "chunk_start": pos,
                 "chunk_count": "int32"}.get(name, "fp32")
 
     def const(self, name, rows, cols):
@@ -120,7 +120,9 @@ class _Core:
             emit()
 
     def load_bounds(self, ls):
-        """Each unit's rows' positions, as one row per unit (the positions are contiguous)."""
+        """Each unit's rows' positions, as one row per unit (the positions are contiguous), and
+        transposed on chip into a column per unit (one row's position per stick, as the masks
+        compare them): every chunk of the unit reads it, none loads it again."""
         p = self.s.positions
         isz = ITEMSIZE[p.dtype]
         a = self.p.at("pos_row")
@@ -128,6 +130,10 @@ class _Core:
             symbol, element = p.buffer, p.at(0, 0, u.i0, 0)
             ls.emit(Load(ls.sp(a.offset + k * a.row_stride), ls.dev(symbol, element * isz), 1, u.rows * isz, 0,
                          a.row_stride))
+        ls.emit(Fence())
+        for k, u in enumerate(self.units):
+            ls.emit(Transpose(self.tile("pos_col", None, k * self.t.rows, u.rows, 1),
+                              self.tile("pos_row", None, k, 1, u.rows)))
 
     def count_chunks(self, sfp):
         """count[k, c] = (first position of chunk c) - causal <= the largest position of unit k's rows."""
@@ -156,7 +162,8 @@ class _Core:
         if T * 40 * self.s.G > MAX_INSTRUCTIONS_PER_CORE:
             raise Unsupported(f"attention plan with {T} chunks on core {self.core}: too many to unroll")
         ns = self.t.slots
-        masks = [m for m in ("bias", "keep", "positions") if getattr(self.s, m) is not None]
+        # (positions counted on chip are read once per unit, with the counts: not a mask per chunk)
+        masks = [m for m in ("bias", "keep") + (() if self.on_chip else ("positions",)) if getattr(self.s, m) is not None]
         slots = range(min(ns, T))
         qslots = range(min(2, len(self.units)))
         oslots = range(min(2, len(self.units) + len(self.empty_units)))
@@ -415,7 +422,7 @@ class _Core:
 
     def load_masks(self, ls, u: WorkUnit, ch: Chunk, slot):
         p = self.s.positions
-        if p is not None:  # the unit's rows' positions, one per stick
+        if p is not None and not self.on_chip:  # the unit's rows' positions, one per stick
             isz = ITEMSIZE[p.dtype]
             a = self.p.at("positions", slot)
             rows_in_pieces(ls, a.offset, p.buffer, p.at(0, 0, u.i0, 0) * isz, u.rows, isz, p.strides[2] * isz, STICK)
@@ -467,7 +474,9 @@ class _Core:
             keep = self.tile("diag_keep", None, 0, rows, n)
             position = self.tile("row_position", None, 0, rows, 1)
             # keep j <= positions[i] + causal: j - causal <= the row's position
-            sfp.emit(Unary("copy", position, self.tile("positions", slot, 0, rows, 1)),
+            mine = self.tile("pos_col", None, self.units.index(u) * self.t.rows, rows, 1) if self.on_chip else \
+                self.tile("positions", slot, 0, rows, 1)
+            sfp.emit(Unary("copy", position, mine),
                      Iota(idx, ch.j0 - s.causal, (), 0, 1),
                      Binary("le", keep, idx, self.tile("row_position", None, 0, rows, n, broadcast="cols")))
             for row, rows_h in heads:

@@ -302,11 +302,14 @@ def needs(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> list[Nee
     if shape.kv_size is not None:
         out.append(Need("kv_size", STICK, STICK))
     if shape.positions is not None:
-        out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
+        if not (shape.bounds_on_chip and t.kv_split == 1):
+            out.append(Need("positions", R * STICK, STICK, t.slots))
+        out.append(Need("row_position", R * STICK, STICK))
     if shape.bounds_on_chip and t.kv_split == 1:  # issue 31: the chunks each unit runs, counted on chip
         chunks = -(-shape.S // kv)
         row = _row(R, shape.positions.dtype)
-        out += [Need("pos_row", units * row, row), Need("pos_max", units * STICK, STICK),
+        out += [Need("pos_row", units * row, row), Need("pos_col", units * R * STICK, STICK),
+                Need("pos_max", units * STICK, STICK),
                 Need("chunk_start", chunks * STICK, STICK), Need("chunk_count", units * chunks * STICK, STICK)]
     out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
     if t.kv_split > 1:  # a neighbour's partial lands here
