@@ -669,7 +669,7 @@ class Unary(Instruction):
         return lambda: dst.copy_(fn(read()))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.src))
+        return t.sfp(*_passes(self.dst), _widest(self.dst, self.src))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
@@ -715,7 +715,7 @@ class Binary(Instruction):
         return lambda: dst.copy_(fn(read_a(), read_b()))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
+        return t.sfp(*_passes(self.dst), _widest(self.dst, self.a, self.b))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.a), ("tile", self.b))
@@ -752,7 +752,7 @@ class Select(Instruction):
         return lambda: dst.copy_(torch.where(read_c().to(torch.bool), read_a(), read_b()))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
+        return t.sfp(*_passes(self.dst), _widest(self.dst, self.a, self.b))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.cond), ("tile", self.a), ("tile", self.b))
@@ -882,7 +882,7 @@ class Fill(Instruction):
         return None if dst is None else (lambda: dst.fill_(first.value))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
+        return t.sfp(*_passes(self.dst), _widest(self.dst))
 
     def touches(self):
         return (("tile", self.dst),)
@@ -930,7 +930,7 @@ class Iota(Instruction):
         return lambda: dst.copy_(values)
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
+        return t.sfp(*_passes(self.dst), _widest(self.dst))
 
     def touches(self):
         return (("tile", self.dst),)
@@ -1003,6 +1003,15 @@ class Philox(Instruction):
         if want == "fp32" and self.dst.dtype not in ("fp32", "fp16", "bf16"):
             return f"philox {self.mode} writes floats, not {self.dst.dtype}"
         return None
+
+
+def _passes(tile: Tile) -> tuple[int, int]:
+    """(rows, cols) the sfp streams for a result tile: a packed column (issue 31: one element
+    per row, the rows' elements adjacent, as attention's per-row statistics) is one row of
+    elements, its sticks dense, not a stick per row."""
+    if tile.packed:
+        return 1, tile.rows
+    return tile.rows, tile.cols
 
 
 def _widest(*tiles: Tile) -> int:

@@ -121,6 +121,13 @@ class Tile:
         }[self.broadcast]
 
     @property
+    def packed(self) -> bool:
+        """A packed column (issue 31): rows of one element each, stored adjacent (row stride =
+        the element's size), so a column of per-row values takes its bytes, not a stick per row.
+        Its first element is on a stick like any tile's."""
+        return self.stored_shape[1] == 1 and self.stored_shape[0] > 1 and self.row_stride == ITEMSIZE[self.dtype]
+
+    @property
     def shape_key(self) -> tuple:
         """Everything about the tile but where it is: tiles with equal keys are the same view, moved."""
         return (self.dtype, self.rows, self.cols, self.row_stride, self.broadcast)

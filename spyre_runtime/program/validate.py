@@ -185,8 +185,9 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
             raise ProgramError(f"{where}: tile of {tile.rows} x {tile.cols} elements; both must be at least 1")
         _aligned(where, "tile", tile.addr)
         rows, _ = tile.stored_shape
-        if rows > 1 and tile.row_stride % STICK:
-            raise PlacementError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks")
+        if rows > 1 and tile.row_stride % STICK and not tile.packed:
+            raise PlacementError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks "
+                                 f"(nor one element of a packed column)")
         if tile.dtype not in ITEMSIZE:
             raise ProgramError(f"{where}: unknown dtype {tile.dtype!r}")
         _in_scratchpad(where, "tile", *tile.byte_extent(counts), usable)

@@ -128,3 +128,45 @@ def test_fp16_within_its_documented_tolerance(strict):
     fn, dev, cpu, _ = _compiled(128, 128, torch.float16)
     out, report = _launch(fn, dev, cpu, torch.arange(0, 128), FP16)
     assert out.dtype == torch.float16
+
+
+# ---- per-row statistics, packed -----------------------------------------------------------
+
+def _kernel(H, KVH, L, S, D=64, dtype="fp16", causal=0):
+    from spyre_inductor.compiler.ir.kernel_ir import AttentionKernel, Buffer
+
+    def buf(name, shape):
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        return Buffer(name, dtype, shape, tuple(strides))
+
+    return AttentionKernel("attention_test", (buf("q", (1, H, L, D)), buf("k", (1, KVH, S, D)),
+                                              buf("v", (1, KVH, S, D)), buf("out", (1, H, L, D))),
+                           D ** -0.5, causal, None, None, "zero", None)
+
+
+def test_the_per_row_statistics_are_packed_columns():
+    # the running max, the sum and their temporaries take 4 bytes per row (each head's rows from
+    # a stick), not a stick per row: 256 rows of 4 query heads per unit now fit beside their tiles
+    from spyre_inductor.compiler.families.attention.plan import (COLUMN_TILES, AttentionTiling, analyse, needs,
+                                                                 variants)
+
+    shape = analyse(_kernel(4, 1, 1024, 1024))
+    assert 256 in {t.rows for t in variants(shape)}
+    sizes = {n.tile: n.nbytes * n.copies for n in needs(shape, AttentionTiling(256, 64, 2))}
+    assert all(sizes[name] == 4 * 256 * 4 for name in COLUMN_TILES + ("empty",))
+    assert sizes["q"] == 2 * 4 * 256 * 128   # (for scale: Q's two copies, a stick per row of 64 fp16)
+
+
+def test_a_causal_chunk_starts_its_rows_on_a_stick_of_the_statistics():
+    # the rows a diagonal chunk skips are rounded down to 32 (one stick of fp32 statistics): the
+    # rows between see none of the chunk's positions, and the diagonal's mask leaves them as they were
+    from spyre_inductor.compiler.families.attention.plan import AttentionTiling, analyse, work_units
+
+    shape = analyse(_kernel(1, 1, 256, 256, causal=5))   # keep j <= i + 5
+    first, second = work_units(shape, AttentionTiling(128, 64, 2))
+    # rows 0..127: chunk 64..127 is seen from row 59 on, chunk 128..191 from row 123
+    assert [c.r0 for c in first.chunks] == [0, 32, 96]
+    assert [c.r0 for c in second.chunks] == [0, 0, 0, 32]   # (chunk 192..255 from row 187 = 128 + 59)
+    assert [c.masked for c in first.chunks] == [True, True, True]

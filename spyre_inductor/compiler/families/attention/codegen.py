@@ -31,7 +31,8 @@ from ...ir.errors import Unsupported
 from ...core.allocate import Placement
 from ...core.tiles import TileKernel
 from ..matmul.codegen import PIECE_BYTES, rows_in_pieces
-from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit
+from ...ir.errors import PlanError
+from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit, column_bytes
 
 MAX_INSTRUCTIONS_PER_CORE = 200_000
 NINF = float("-inf")
@@ -83,7 +84,7 @@ class _Core:
             return self.dtypes[name]
         s = self.s
         pos = s.positions.dtype if s.positions else None
-        return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
+        return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "int32", "row_position": "int32",
                 "positions": pos, "pos_row": pos, "pos_col": pos, "pos_max": pos, "chunk_start": pos,
                 "chunk_count": "int32"}.get(name, "fp32")
 
@@ -92,10 +93,23 @@ class _Core:
         return self.tile(name, None, 0, rows, cols, dtype, "scalar")
 
     def column(self, name, row, rows, broadcast_cols: int | None = None):
-        dtype = "bool" if name == "empty" else "fp32"
+        """Per-row statistics of stacked rows [row, row + rows), as a packed column (issue 31): a
+        4-byte element per row, each head's rows in a region of their own starting on a stick
+        (plan.column_bytes), so a running max over 1024 rows is 4 KiB, not 128 KiB, and the sfp
+        streams 32 rows per pass. (A block starts on a stick: at a head's first row, or a
+        multiple of 32 rows into it, plan._chunks rounding the rows a chunk skips.)"""
+        dtype = "int32" if name == "empty" else "fp32"
+        g, r = divmod(row, self.t.rows)
+        if rows > self.t.rows - r and column_bytes(self.t.rows) != self.t.rows * 4:
+            raise PlanError(f"attention column {name}: rows {row}..{row + rows} span heads whose statistics are "
+                            f"not adjacent")
+        a = self.p.at(name)
+        offset = a.offset + g * column_bytes(self.t.rows) + r * 4
+        if offset % STICK:
+            raise PlanError(f"attention column {name}: rows from {row} start off a stick")
         if broadcast_cols is None:
-            return self.tile(name, None, row, rows, 1, dtype)
-        return self.tile(name, None, row, rows, broadcast_cols, dtype, "cols")
+            return _tile(offset, dtype, rows, 1, 4)
+        return _tile(offset, dtype, rows, broadcast_cols, 4, "cols")
 
     # ---- chunks counted on chip (issue 31) ------------------------------------------------------
 
@@ -152,7 +166,7 @@ class _Core:
         """(first row, rows) of the stacked tile rows of unit u from row r0 of every head: one
         block when the heads' rows are contiguous."""
         G, R = self.s.G, self.t.rows
-        if r0 == 0 and u.rows == R:
+        if r0 == 0 and u.rows == R and column_bytes(R) == R * 4:  # (the statistics too are contiguous)
             return [(0, G * R)]
         return [(g * R + r0, u.rows - r0) for g in range(G)]
 
@@ -521,8 +535,10 @@ class _Core:
         m_in, m_out = ("m", "t2") if c % 2 == 0 else ("t2", "m")
         # a row whose scores are all -inf has a -inf max: only a data mask can do that (a causal
         # row from r0 on sees a position of every chunk it visits), so only then is it made 0
+        # (or a causal diagonal: the rows a chunk skips are rounded down to whole sticks of the
+        # packed statistics, so rows before the diagonal's own r0 may see nothing of the chunk)
         safe = (s.bias is not None or (s.keep is not None and s.masked_score == NINF)
-                or s.positions is not None or s.kv_size is not None)
+                or s.positions is not None or s.kv_size is not None or s.causal is not None)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             old, new, l = (self.column(x, row, rows) for x in (m_in, m_out, "l"))

@@ -31,7 +31,13 @@ FLOAT_INPUTS = ("fp16", "bf16", "fp32")
 ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)   # query rows per head per unit
 KV = (64, 128, 256, 512, 1024)                   # kv positions per chunk
 SLOTS = (2, 3)                                   # K/V chunk buffers in flight
-COLUMN_TILES = ("m", "l", "t1", "t2", "t3")      # fp32 per-row statistics, one stick per row
+COLUMN_TILES = ("m", "l", "t1", "t2", "t3")      # fp32 per-row statistics, packed (column_bytes per head)
+PACKED_ROWS = STICK // 4                         # rows per stick of a packed statistics column
+
+
+def column_bytes(rows: int) -> int:
+    """Bytes of one head's packed per-row statistics (4 bytes a row, whole sticks)."""
+    return sticks(rows * 4)
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,7 @@ def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
         r0 = max(0, j0 - shape.causal - i0)   # rows before r0 see no position of this chunk
         if r0 >= rows:
             continue
+        r0 -= r0 % PACKED_ROWS   # (from a whole stick of the packed statistics: the diagonal masks the rest)
         masked = j0 + n - 1 > i0 + r0 + shape.causal
         chunks.append(Chunk(j0, n, r0, masked))
     return tuple(chunks)
@@ -311,9 +318,10 @@ def needs(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> list[Nee
         out += [Need("pos_row", units * row, row), Need("pos_col", units * R * STICK, STICK),
                 Need("pos_max", units * STICK, STICK),
                 Need("chunk_start", chunks * STICK, STICK), Need("chunk_count", units * chunks * STICK, STICK)]
-    out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
+    column = G * column_bytes(R)
+    out += [Need(n, column, STICK) for n in COLUMN_TILES] + [Need("empty", column, STICK)]
     if t.kv_split > 1:  # a neighbour's partial lands here
-        out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", G * R * STICK, STICK), Need("l_in", G * R * STICK, STICK)]
+        out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", column, STICK), Need("l_in", column, STICK)]
     out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
     return out
 
@@ -358,5 +366,5 @@ def variants(shape: AttentionShape) -> list[AttentionTiling]:
     return out
 
 
-__all__ = ["Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
+__all__ = ["PACKED_ROWS", "column_bytes", "Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
            "needs", "placement", "variants", "work_units"]
