@@ -272,8 +272,11 @@ class _Core:
         for t in range(T):
             k, u, c = self.items[t]
             slot = t % ns
-            if t + 1 < T:
-                self.guarded(ls, t + 1, lambda: issue_k(t + 1))  # in flight while chunk t's K rows are transposed
+            # chunk t + 1's K rows are in flight while chunk t's are transposed, but for the first
+            # chunk: the pe's first product waits for nothing more than its own K (on a bus every
+            # core is loading its first chunks over, another chunk's K is most of a microsecond)
+            if 0 < t < T - 1:
+                self.guarded(ls, t + 1, lambda: issue_k(t + 1))
             n = u.chunks[c].n
 
             def transpose():
@@ -289,9 +292,13 @@ class _Core:
                 if masks:
                     ls.emit(Push(mf[slot]))
             self.guarded(ls, t, hand_over)
+            if t == 0 and T > 1:
+                self.guarded(ls, 1, lambda: issue_k(1))
             if t + 1 < T:
                 # (after chunk t is handed over: the pe frees V slots only past it)
                 self.guarded(ls, t + 1, lambda: issue_v(t + 1))
+            if t == 0 and T > 1:
+                ls.emit(Fence())  # (chunk 1's K rows land before they are transposed)
             for done in store_after.get(t, ()):
                 u_done = self.units[done]
                 if u_done.part > 0:  # a later part of a split block: its partial goes to the part before
