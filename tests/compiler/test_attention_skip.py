@@ -170,3 +170,19 @@ def test_a_causal_chunk_starts_its_rows_on_a_stick_of_the_statistics():
     assert [c.r0 for c in first.chunks] == [0, 32, 96]
     assert [c.r0 for c in second.chunks] == [0, 0, 0, 32]   # (chunk 192..255 from row 187 = 128 + 59)
     assert [c.masked for c in first.chunks] == [True, True, True]
+
+
+def test_few_rows_of_several_heads_stay_one_product_on_the_pe():
+    # 8 rows of 4 query heads: their statistics sit a stick apart per head (the sfp takes each
+    # head's rows on their own), but the pe multiplies the 32 stacked rows as one product: four
+    # products of 8 rows would each cost a pass
+    from spyre_runtime.program.isa import MatMul
+
+    from spyre_inductor.compiler.backend import plan_kernel
+
+    compiled = plan_kernel(_kernel(4, 1, 8, 256, causal=None), cores=1)
+    tiling = compiled.plans.stage("tiling")
+    assert tiling.rows == 8 and tiling.kv_split == 1
+    (core,) = compiled.program.cores
+    products = [i for i in dict(core.units)["pe"] if isinstance(i, MatMul)]
+    assert len(products) == 2 * -(-256 // tiling.kv) and all(p.a.rows == 32 for p in products)

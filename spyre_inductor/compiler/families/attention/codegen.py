@@ -166,9 +166,18 @@ class _Core:
         """(first row, rows) of the stacked tile rows of unit u from row r0 of every head: one
         block when the heads' rows are contiguous."""
         G, R = self.s.G, self.t.rows
-        if r0 == 0 and u.rows == R and column_bytes(R) == R * 4:  # (the statistics too are contiguous)
+        if r0 == 0 and u.rows == R:
             return [(0, G * R)]
         return [(g * R + r0, u.rows - r0) for g in range(G)]
+
+    def sfp_blocks(self, u: WorkUnit, r0: int) -> list[tuple[int, int]]:
+        """`blocks` as the sfp's work on the rows and their statistics takes them: one block per
+        head when the heads' packed statistics are not adjacent (fewer than 32 rows a head, or
+        not a multiple of 32). The same sticks either way; the pe keeps its one block (a product
+        of few rows costs a pass of 8)."""
+        if column_bytes(self.t.rows) == self.t.rows * 4:
+            return self.blocks(u, r0)
+        return [(g * self.t.rows + r0, u.rows - r0) for g in range(self.s.G)]
 
     def emit(self):
         ls, pe, sfp = Unit(), Unit(), Unit()
@@ -400,7 +409,7 @@ class _Core:
         common max (0 where both are -inf: then both sums are 0)."""
         mine = self.final_max(u)
         free = "m" if mine == "t2" else "t2"
-        for row, rows in self.blocks(u, 0):
+        for row, rows in self.sfp_blocks(u, 0):
             m, m_in, shift, new = (self.column(x, row, rows) for x in (mine, "m_in", free, "t1"))
             l, l_in, empty = (self.column(x, row, rows) for x in ("l", "l_in", "empty"))
             acc, acc_in = (self.tile(x, None, row, rows, self.s.Dv) for x in ("acc", "acc_in"))
@@ -473,7 +482,7 @@ class _Core:
     # ---- sfp: the online softmax ---------------------------------------------------------------
 
     def init(self, sfp, u: WorkUnit):
-        for row, rows in self.blocks(u, 0):
+        for row, rows in self.sfp_blocks(u, 0):
             sfp.emit(Fill(self.column("m", row, rows), NINF), Fill(self.column("l", row, rows), 0.0),
                      Fill(self.tile("acc", None, row, rows, self.s.Dv), 0.0))
 
@@ -484,7 +493,7 @@ class _Core:
         sfp.emit(Pop(sf[b]))
         if masks:
             sfp.emit(Pop(mf[slot]))
-        blocks = self.blocks(u, ch.r0)
+        blocks = self.sfp_blocks(u, ch.r0)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             sfp.emit(Binary("mul", S, S, self.const("scale", rows, n)))
@@ -579,7 +588,7 @@ class _Core:
 
     def finish(self, sfp, u: WorkUnit, b):
         s = self.s
-        for row, rows in self.blocks(u, 0):
+        for row, rows in self.sfp_blocks(u, 0):
             acc, l = self.tile("acc", None, row, rows, s.Dv), self.column("l", row, rows)
             if s.empty_rows == "zero":  # rows with no finite score: acc is 0, divide by 1
                 empty = self.column("empty", row, rows)
