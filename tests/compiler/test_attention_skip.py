@@ -186,3 +186,21 @@ def test_few_rows_of_several_heads_stay_one_product_on_the_pe():
     (core,) = compiled.program.cores
     products = [i for i in dict(core.units)["pe"] if isinstance(i, MatMul)]
     assert len(products) == 2 * -(-256 // tiling.kv) and all(p.a.rows == 32 for p in products)
+
+
+def test_the_fast_run_skips_and_times_as_the_interpreter_does(strict, monkeypatch):
+    # a program with loops counted on chip runs its precomputed schedule, skipping the steps whose
+    # count word holds 0, and is timed by a walk at the counts it read: the same outputs, bytes and
+    # time as the general interpreter (which steps and times every instruction as it goes)
+    from spyre_runtime.program import run as program_run
+
+    fn, dev, cpu, _ = _compiled(70, 200)
+    positions = [torch.arange(130, 200), torch.full((70,), -1), torch.randint(-1, 200, (70,))]
+    fast = [_launch(fn, dev, cpu, pos, FP32) for pos in positions]
+    monkeypatch.setattr(program_run, "MAX_BOUND_STEPS", 0)   # (the interpreter, timed as it goes)
+    slow = [_launch(fn, dev, cpu, pos, FP32) for pos in positions]
+    for (out_f, rep_f), (out_s, rep_s) in zip(fast, slow):
+        torch.testing.assert_close(out_f.cpu(), out_s.cpu(), rtol=0, atol=0, equal_nan=True)
+        assert (rep_f.bytes_read, rep_f.sfp_sticks) == (rep_s.bytes_read, rep_s.sfp_sticks)
+        assert rep_f.simulated_ns == pytest.approx(rep_s.simulated_ns, rel=1e-9)
+    assert fast[1][1].bytes_read < fast[0][1].bytes_read   # (rows that see nothing: first chunks only)
