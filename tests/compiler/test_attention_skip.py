@@ -204,3 +204,18 @@ def test_the_fast_run_skips_and_times_as_the_interpreter_does(strict, monkeypatc
         assert (rep_f.bytes_read, rep_f.sfp_sticks) == (rep_s.bytes_read, rep_s.sfp_sticks)
         assert rep_f.simulated_ns == pytest.approx(rep_s.simulated_ns, rel=1e-9)
     assert fast[1][1].bytes_read < fast[0][1].bytes_read   # (rows that see nothing: first chunks only)
+
+
+def test_a_decode_steps_heads_share_each_sfp_instruction():
+    # one row of 4 query heads: every block the sfp takes is all the heads' rows, so their packed
+    # statistics sit adjacent and each softmax step is one instruction over the 4 rows, not 4 of 1
+    # (the simulated time is the same; the host's, per instruction, is not)
+    from spyre_runtime.program.isa import Reduce
+
+    from spyre_inductor.compiler.backend import plan_kernel
+
+    compiled = plan_kernel(_kernel(4, 1, 1, 256, causal=None), cores=1)
+    (core,) = compiled.program.cores
+    maxima = [i for i in dict(core.units)["sfp"] if isinstance(i, Reduce) and i.op == "max"]
+    tiling = compiled.plans.stage("tiling")
+    assert len(maxima) == -(-256 // tiling.kv) and all(r.src.rows == 4 and r.dst.packed for r in maxima)

@@ -64,6 +64,12 @@ class _Core:
         self.on_chip = shape.bounds_on_chip and bool(self.units) and all(u.parts == 1 for u in self.units)
         self.chunks = max((len(u.chunks) for u in self.units), default=0)
         self.waiting: dict[int, str] = {}   # id(unit) -> the queue it pops before its first guarded chunk
+        # the heads' packed statistics: adjacent when every block the sfp takes is all the heads'
+        # rows (one instruction for all heads: a decode step's 1 row of 4 heads), else each head's
+        # from a stick (a block starting at a head's row r0 then starts on one)
+        R = tiling.rows
+        whole = all(u.rows == R and all(c.r0 == 0 for c in u.chunks) for u in self.units)
+        self.column_stride = R * 4 if whole else column_bytes(R)
 
     def q(self, name, producer, consumer) -> str:
         full = f"c{self.core}.{name}"
@@ -94,17 +100,17 @@ class _Core:
 
     def column(self, name, row, rows, broadcast_cols: int | None = None):
         """Per-row statistics of stacked rows [row, row + rows), as a packed column (issue 31): a
-        4-byte element per row, each head's rows in a region of their own starting on a stick
-        (plan.column_bytes), so a running max over 1024 rows is 4 KiB, not 128 KiB, and the sfp
+        4-byte element per row, each head's rows adjacent to the last head's or in a region of
+        their own starting on a stick (plan.column_bytes; `column_stride`), so a running max over 1024 rows is 4 KiB, not 128 KiB, and the sfp
         streams 32 rows per pass. (A block starts on a stick: at a head's first row, or a
         multiple of 32 rows into it, plan._chunks rounding the rows a chunk skips.)"""
         dtype = "int32" if name == "empty" else "fp32"
         g, r = divmod(row, self.t.rows)
-        if rows > self.t.rows - r and column_bytes(self.t.rows) != self.t.rows * 4:
+        if rows > self.t.rows - r and self.column_stride != self.t.rows * 4:
             raise PlanError(f"attention column {name}: rows {row}..{row + rows} span heads whose statistics are "
                             f"not adjacent")
         a = self.p.at(name)
-        offset = a.offset + g * column_bytes(self.t.rows) + r * 4
+        offset = a.offset + g * self.column_stride + r * 4
         if offset % STICK:
             raise PlanError(f"attention column {name}: rows from {row} start off a stick")
         if broadcast_cols is None:
@@ -175,7 +181,7 @@ class _Core:
         head when the heads' packed statistics are not adjacent (fewer than 32 rows a head, or
         not a multiple of 32). The same sticks either way; the pe keeps its one block (a product
         of few rows costs a pass of 8)."""
-        if column_bytes(self.t.rows) == self.t.rows * 4:
+        if self.column_stride == self.t.rows * 4:
             return self.blocks(u, r0)
         return [(g * self.t.rows + r0, u.rows - r0) for g in range(self.s.G)]
 
