@@ -219,3 +219,21 @@ def test_a_decode_steps_heads_share_each_sfp_instruction():
     maxima = [i for i in dict(core.units)["sfp"] if isinstance(i, Reduce) and i.op == "max"]
     tiling = compiled.plans.stage("tiling")
     assert len(maxima) == -(-256 // tiling.kv) and all(r.src.rows == 4 and r.dst.packed for r in maxima)
+
+
+def test_a_chunk_every_row_sees_whole_is_not_masked(strict):
+    # the mask's compares and selects run on a chunk only if some row of the unit does not see
+    # all of it (counted on chip too): every row at the last position masks nothing; one row one
+    # short of it masks its unit's last chunk, for each kv head
+    fn, dev, cpu, attention = _compiled(70, 256)
+    plan = json.loads((attention.artifact / "plan.json").read_text())
+    rows, kv = plan["tiling"]["rows"], plan["tiling"]["kv"]
+    assert 256 % kv == 0
+    everything = torch.full((70,), 255)
+    one_short = everything.clone()
+    one_short[0] = 254
+    _, unmasked = _launch(fn, dev, cpu, everything, FP32)
+    _, masked = _launch(fn, dev, cpu, one_short, FP32)
+    r, w, G = min(rows, 70), kv * 4 // 128, 4    # (fp32 scores: a stick holds 32 of a row's positions)
+    # per kv head: the rows' positions copied, an iota and a compare over the chunk, a select per head
+    assert masked.sfp_sticks - unmasked.sfp_sticks == 2 * (r + 2 * r * w + G * r * w)

@@ -92,6 +92,7 @@ class _Core:
         pos = s.positions.dtype if s.positions else None
         return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "int32", "row_position": "int32",
                 "positions": pos, "pos_row": pos, "pos_col": pos, "pos_max": pos, "chunk_start": pos,
+                "pos_min": pos, "chunk_last": pos, "mask_count": "int32",
                 "chunk_count": "int32"}.get(name, "fp32")
 
     def const(self, name, rows, cols):
@@ -156,15 +157,24 @@ class _Core:
                               self.tile("pos_row", None, k, 1, u.rows)))
 
     def count_chunks(self, sfp):
-        """count[k, c] = (first position of chunk c) - causal <= the largest position of unit k's rows."""
+        """count[k, c] = (first position of chunk c) - causal <= the largest position of unit k's
+        rows: the chunk runs; masked[k, c] = (last position of chunk c) - causal > the smallest:
+        some row does not see all of it, so its scores are masked (a chunk every row sees whole
+        needs no mask). (The last chunk's last position is taken as a whole chunk's: it is masked
+        when it might need it.)"""
         s = self.s
         C = self.chunks
-        sfp.emit(Iota(self.tile("chunk_start", None, 0, C, 1), -s.causal, (), self.t.kv, 0))
+        sfp.emit(Iota(self.tile("chunk_start", None, 0, C, 1), -s.causal, (), self.t.kv, 0),
+                 Iota(self.tile("chunk_last", None, 0, C, 1), self.t.kv - 1 - s.causal, (), self.t.kv, 0))
         for k, u in enumerate(self.units):
-            top = self.tile("pos_max", None, k, 1, 1)
-            sfp.emit(Reduce("max", top, self.tile("pos_row", None, k, 1, u.rows)),
+            row = self.tile("pos_row", None, k, 1, u.rows)
+            sfp.emit(Reduce("max", self.tile("pos_max", None, k, 1, 1), row),
                      Binary("le", self.count_tile(k, 0, C), self.tile("chunk_start", None, 0, C, 1),
-                            self.tile("pos_max", None, k, C, 1, broadcast="scalar")))
+                            self.tile("pos_max", None, k, C, 1, broadcast="scalar")),
+                     Reduce("min", self.tile("pos_min", None, k, 1, 1), row),
+                     Binary("gt", self.tile("mask_count", None, k * C, C, 1, "int32"),
+                            self.tile("chunk_last", None, 0, C, 1),
+                            self.tile("pos_min", None, k, C, 1, broadcast="scalar")))
 
     # ---- the schedule ------------------------------------------------------------------------
 
@@ -391,6 +401,10 @@ class _Core:
             sfp.emit(Pop(pfree[k]))
         for k in oslots:
             sfp.emit(Pop(oe[k]))
+        for unit in (ls, pe):  # (a core none of whose chunks could be skipped: the counts' token, unused)
+            wait = self.waiting.pop(id(unit), None)
+            if wait is not None:
+                unit.emit(Pop(wait))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
     # ---- a block split over cores: partials combined along the ring ---------------------------
@@ -510,14 +524,22 @@ class _Core:
             keep = self.tile("diag_keep", None, 0, rows, n)
             position = self.tile("row_position", None, 0, rows, 1)
             # keep j <= positions[i] + causal: j - causal <= the row's position
-            mine = self.tile("pos_col", None, self.units.index(u) * self.t.rows, rows, 1) if self.on_chip else \
+            k = self.units.index(u)
+            mine = self.tile("pos_col", None, k * self.t.rows, rows, 1) if self.on_chip else \
                 self.tile("positions", slot, 0, rows, 1)
-            sfp.emit(Unary("copy", position, mine),
-                     Iota(idx, ch.j0 - s.causal, (), 0, 1),
-                     Binary("le", keep, idx, self.tile("row_position", None, 0, rows, n, broadcast="cols")))
-            for row, rows_h in heads:
-                S = self.tile("s", b, row, rows_h, n)
-                sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+
+            def mask():
+                sfp.emit(Unary("copy", position, mine),
+                         Iota(idx, ch.j0 - s.causal, (), 0, 1),
+                         Binary("le", keep, idx, self.tile("row_position", None, 0, rows, n, broadcast="cols")))
+                for row, rows_h in heads:
+                    S = self.tile("s", b, row, rows_h, n)
+                    sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+            if self.on_chip:  # (only if some row of the unit does not see all of the chunk)
+                with sfp.loop(ScratchCount(self.tile("mask_count", None, k * self.chunks + c, 1, 1, "int32"), 1)):
+                    mask()
+            else:
+                mask()
         elif ch.masked:
             rows = u.rows - ch.r0
             idx = self.tile("diag_index", None, 0, rows, n)

@@ -317,7 +317,9 @@ def needs(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> list[Nee
         row = _row(R, shape.positions.dtype)
         out += [Need("pos_row", units * row, row), Need("pos_col", units * R * STICK, STICK),
                 Need("pos_max", units * STICK, STICK),
-                Need("chunk_start", chunks * STICK, STICK), Need("chunk_count", units * chunks * STICK, STICK)]
+                Need("chunk_start", chunks * STICK, STICK), Need("chunk_count", units * chunks * STICK, STICK),
+                Need("pos_min", units * STICK, STICK), Need("chunk_last", chunks * STICK, STICK),
+                Need("mask_count", units * chunks * STICK, STICK)]
     column = G * column_bytes(R)
     out += [Need(n, column, STICK) for n in COLUMN_TILES] + [Need("empty", column, STICK)]
     if t.kv_split > 1:  # a neighbour's partial lands here
