@@ -29,7 +29,7 @@ import torch
 
 from ..hardware import HARDWARE
 from . import isa
-from .operands import COMPUTE, DTYPES, ITEMSIZE, Tile
+from .operands import COMPUTE, DTYPES, ITEMSIZE, ScratchCount, Tile
 from .program import Program
 from .validate import ProgramError, ProgramIndexError
 
@@ -42,6 +42,12 @@ class Machine:
         # instruction in the order run (control flow is static: schedule.py replays that order).
         self.functional = functional
         self.trace = trace
+        # Loops counted on chip (issue 31): with a trace, `guards` gets per traced instruction the
+        # count words (core, byte address, dtype) of the loops enclosing it; a walk without data
+        # reads their counts through `count_reader(core, tile, idx)` (None: each at its maximum).
+        self.guards: list | None = [] if trace is not None else None
+        self.count_words: set = set()  # (with a trace) every count word a loop read
+        self.count_reader = None
         missing = [s.name for s in program.symbols if s.name not in buffers] if functional else []
         if missing:
             raise ProgramError(f"program {program.name!r}: no memory bound for {', '.join(missing)}")
@@ -243,7 +249,16 @@ class _Unit:
                 if timing is not None:
                     timing.push(self.core, self.unit, ins.queue, m.depth[ins.queue])
             elif kind is isa.Loop or kind is isa.EndLoop:
-                after = isa.loop_step(ins, self.pc, self.loops, self.ends, m.sizes)
+                read = None
+                if kind is isa.Loop and type(ins.count) is ScratchCount:  # (issue 31)
+                    idx = tuple(loop[2] for loop in self.loops)
+                    if m.guards is not None:
+                        m.count_words.add((self.core, ins.count.tile.addr.at(idx), ins.count.tile.dtype))
+                    if m.functional:
+                        read = lambda tile: m.read(self.core, tile, idx).reshape(-1)[0]  # noqa: E731
+                    elif m.count_reader is not None:
+                        read = lambda tile: m.count_reader(self.core, tile, idx)  # noqa: E731
+                after = isa.loop_step(ins, self.pc, self.loops, self.ends, m.sizes, read)
                 if kind is isa.Loop and after == self.ends[self.pc] + 1:  # skipped: not executed
                     self.pc = after
                     ran = True
@@ -255,6 +270,7 @@ class _Unit:
                     timing.run(self.core, self.unit, ins, idx)
                 if m.trace is not None:
                     m.trace.append((self.core, self.unit, self.pc, ins, idx))
+                    m.guards.append(self.guards())
                 if m.functional:
                     run_one(m, self.core, self.unit, self.pc, ins, idx)
             m.executed += 1
@@ -262,6 +278,17 @@ class _Unit:
             ran = True
         self.done = True
         return ran
+
+    def guards(self) -> tuple:
+        """The count words (core, byte address, dtype) of the loops counted on chip around the
+        next instruction (schedule.py skips it when one of them holds 0)."""
+        out = ()
+        for depth, (pc, _, _) in enumerate(self.loops):
+            count = self.instrs[pc].count
+            if type(count) is ScratchCount:
+                outer = tuple(loop[2] for loop in self.loops[:depth])
+                out += ((self.core, count.tile.addr.at(outer), count.tile.dtype),)
+        return out
 
     def blocked_on(self) -> str:
         ins = self.instrs[self.pc]

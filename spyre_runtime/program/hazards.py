@@ -166,7 +166,10 @@ class _Replay:
                 q.pushes.append(u.clock.copy())
                 u.clock[u.g] += 1
             elif kind is isa.Loop or kind is isa.EndLoop:
-                u.pc = isa.loop_step(ins, u.pc, u.loops, u.ends, None)  # (a size's loop at its maximum)
+                if kind is isa.Loop and ins.touches():  # a count read from the scratchpad (issue 31)
+                    self.access(u, ins, tuple(loop[2] for loop in u.loops))
+                # (a size's loop, or one counted on chip, at its maximum)
+                u.pc = isa.loop_step(ins, u.pc, u.loops, u.ends, None)
                 ran = True
                 continue
             else:
@@ -387,9 +390,12 @@ def _row_sticks(rows: int, width: int, stride_sticks: int) -> np.ndarray:
 
 def _rows(addr: int, rows: int, nbytes: int, stride: int):
     """The sticks of `rows` rows of `nbytes` bytes, `stride` bytes apart, from `addr` (all stick-
-    aligned: the validator's): a slice when they are contiguous, else an index array."""
+    aligned: the validator's, but for a packed column's rows): a slice when they are contiguous,
+    else an index array."""
     width = -(-nbytes // STICK)
     first = addr // STICK
+    if 0 < stride == nbytes < STICK:  # a packed column: its rows' elements adjacent
+        return slice(first, -(-(addr + rows * nbytes) // STICK))
     if rows <= 1 or stride == 0:
         return slice(first, first + width)
     if stride == width * STICK:

@@ -26,7 +26,8 @@ from typing import ClassVar
 import torch
 
 from .philox import MODES as PHILOX_MODES, philox as philox_values, philox_result_dtype
-from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, SizeExpr, Tile, clipped_rows, count_at, sticks
+from .operands import (COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, ScratchCount, SizeExpr, Tile, clipped_rows,
+                       count_at, sticks)
 
 UNITS = ("ls", "pe", "sfp")
 REGISTRY: dict[str, type] = {}
@@ -109,15 +110,38 @@ def _steps(steps: tuple[int, ...]) -> str:
 class Loop(Instruction):
     """Run the instructions up to the matching endloop `count` times. A SizeExpr count (issue
     18) is read from the launch's size words: it may be 0 (the body is skipped) and is never
-    more than its static maximum."""
+    more than its static maximum. A ScratchCount (issue 31) is read from the scratchpad when the
+    loop starts (a read of its tile, ordered like any other)."""
 
-    count: int | SizeExpr
+    count: int | SizeExpr | ScratchCount
+
+    def touches(self):
+        return (("tile", self.count.tile),) if isinstance(self.count, ScratchCount) else ()
+
+    def scratch_modes(self):
+        return ("r",) if isinstance(self.count, ScratchCount) else ()
+
+    def problem(self):
+        if isinstance(self.count, ScratchCount):
+            t = self.count.tile
+            if t.dtype not in ("int32", "int64") or t.stored_shape != (1, 1):
+                return f"a loop count read from the scratchpad is one int32 or int64 element, got {t.dtype} " \
+                       f"{t.stored_shape}"
+            if self.count.hi < 1:
+                return f"a loop count read from the scratchpad must allow at least 1, got at most {self.count.hi}"
+        return None
 
 
 @instruction("endloop", UNITS)
 @dataclass(frozen=True)
 class EndLoop(Instruction):
     pass
+
+
+def reads_counts(program) -> bool:
+    """Whether some loop of `program` reads its count from the scratchpad (a ScratchCount)."""
+    return any(isinstance(ins, Loop) and isinstance(ins.count, ScratchCount)
+               for cp in program.cores for _, instrs in cp.units for ins in instrs)
 
 
 def loop_ends(instrs) -> dict[int, int]:
@@ -131,12 +155,13 @@ def loop_ends(instrs) -> dict[int, int]:
     return ends
 
 
-def loop_step(ins, pc: int, loops: list, ends: dict, sizes) -> int:
+def loop_step(ins, pc: int, loops: list, ends: dict, sizes, read=None) -> int:
     """The position after Loop or EndLoop `ins` at `pc`, in one unit's stream: `loops` is its stack
     of [Loop position, count, iteration] (updated), `ends` its loop_ends, `sizes` the launch's
-    (None: a size-dependent count at its maximum). A loop of count 0 is skipped whole."""
+    (None: a size-dependent count at its maximum), `read(tile)` the scratchpad's value of a
+    ScratchCount's tile (None: its maximum). A loop of count 0 is skipped whole."""
     if isinstance(ins, Loop):
-        count = count_at(ins.count, sizes)
+        count = count_at(ins.count, sizes, read)
         if count <= 0:  # a size-dependent loop with nothing to do at these sizes
             return ends[pc] + 1
         loops.append([pc, count, 0])
@@ -644,7 +669,7 @@ class Unary(Instruction):
         return lambda: dst.copy_(fn(read()))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.src))
+        return t.sfp(*_passes(self.dst), _widest(self.dst, self.src))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.src))
@@ -690,7 +715,7 @@ class Binary(Instruction):
         return lambda: dst.copy_(fn(read_a(), read_b()))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
+        return t.sfp(*_passes(self.dst), _widest(self.dst, self.a, self.b))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.a), ("tile", self.b))
@@ -727,7 +752,7 @@ class Select(Instruction):
         return lambda: dst.copy_(torch.where(read_c().to(torch.bool), read_a(), read_b()))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst, self.a, self.b))
+        return t.sfp(*_passes(self.dst), _widest(self.dst, self.a, self.b))
 
     def touches(self):
         return (("tile", self.dst), ("tile", self.cond), ("tile", self.a), ("tile", self.b))
@@ -857,7 +882,7 @@ class Fill(Instruction):
         return None if dst is None else (lambda: dst.fill_(first.value))
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
+        return t.sfp(*_passes(self.dst), _widest(self.dst))
 
     def touches(self):
         return (("tile", self.dst),)
@@ -905,7 +930,7 @@ class Iota(Instruction):
         return lambda: dst.copy_(values)
 
     def cost(self, t, core, idx):
-        return t.sfp(self.dst.rows, self.dst.cols, _widest(self.dst))
+        return t.sfp(*_passes(self.dst), _widest(self.dst))
 
     def touches(self):
         return (("tile", self.dst),)
@@ -978,6 +1003,15 @@ class Philox(Instruction):
         if want == "fp32" and self.dst.dtype not in ("fp32", "fp16", "bf16"):
             return f"philox {self.mode} writes floats, not {self.dst.dtype}"
         return None
+
+
+def _passes(tile: Tile) -> tuple[int, int]:
+    """(rows, cols) the sfp streams for a result tile: a packed column (issue 31: one element
+    per row, the rows' elements adjacent, as attention's per-row statistics) is one row of
+    elements, its sticks dense, not a stick per row."""
+    if tile.packed:
+        return 1, tile.rows
+    return tile.rows, tile.cols
 
 
 def _widest(*tiles: Tile) -> int:

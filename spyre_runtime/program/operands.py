@@ -121,6 +121,13 @@ class Tile:
         }[self.broadcast]
 
     @property
+    def packed(self) -> bool:
+        """A packed column (issue 31): rows of one element each, stored adjacent (row stride =
+        the element's size), so a column of per-row values takes its bytes, not a stick per row.
+        Its first element is on a stick like any tile's."""
+        return self.stored_shape[1] == 1 and self.stored_shape[0] > 1 and self.row_stride == ITEMSIZE[self.dtype]
+
+    @property
     def shape_key(self) -> tuple:
         """Everything about the tile but where it is: tiles with equal keys are the same view, moved."""
         return (self.dtype, self.rows, self.cols, self.row_stride, self.broadcast)
@@ -186,10 +193,28 @@ class SizeExpr:
         return f"clamp({e}, {self.lo}, {self.hi})"
 
 
-def count_at(n, sizes) -> int:
-    """A count that may be a SizeExpr, at `sizes` (None: its static maximum)."""
+@dataclass(frozen=True)
+class ScratchCount:
+    """A loop count computed on chip (issue 31): the integer in the one-element `tile` of the
+    unit's core's scratchpad when the loop starts, clamped to [0, hi]. How a program skips work
+    its data rules out (attention's key chunks past every row's position): a count of 0 skips
+    the body. A walk without data (the schedule, the planner's estimates, the checks) runs it at
+    `hi`; a program with one runs on the general interpreter, timed as it goes."""
+
+    tile: Tile
+    hi: int
+
+    def value(self, read) -> int:
+        return min(max(int(read(self.tile)), 0), self.hi)
+
+
+def count_at(n, sizes, read=None) -> int:
+    """A count that may be a SizeExpr, at `sizes` (None: its static maximum), or a ScratchCount
+    read by `read(tile)` (None: its static maximum)."""
     if isinstance(n, SizeExpr):
         return n.hi if sizes is None else n.value(sizes)
+    if isinstance(n, ScratchCount):
+        return n.hi if read is None else n.value(read)
     return n
 
 

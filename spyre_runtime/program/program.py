@@ -45,7 +45,7 @@ from pathlib import Path
 
 from ..artifact import PROGRAM_FORMAT
 from . import isa
-from .operands import ITEMSIZE, Addr, DevAddr, RowIndex, SizeExpr, Tile, sticks
+from .operands import ITEMSIZE, Addr, DevAddr, RowIndex, ScratchCount, SizeExpr, Tile, sticks
 
 MAGIC = "spyre-program"
 SLOT_BYTES = 16  # (region, offset) as two little-endian uint64
@@ -351,7 +351,7 @@ def _check_minimum(name, total, reads) -> None:
                          f"large (reads and writes together), got {total!r}")
 
 
-_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex, SizeExpr)}
+_OPERANDS = {cls.__name__: cls for cls in (Addr, DevAddr, Tile, Symbol, Queue, RowIndex, SizeExpr, ScratchCount)}
 
 
 # Per dataclass: its "@" kind and field names (the encoder's hot path: a program has thousands

@@ -28,7 +28,7 @@ import torch
 
 from ..hardware import HARDWARE
 from ..memory import device_view, region_address
-from . import timing as _timing
+from . import isa, timing as _timing
 from .execute import Machine, _banks, bank_cores
 from .operands import STICK
 from .schedule import MAX_BOUND_STEPS, BoundRun, Schedule, step_bytes
@@ -141,10 +141,16 @@ class ProgramExecutable:
                 raise ProgramError(
                     f"program {self.program.name!r}: placeholder {sym.name!r} is unresolved "
                     f"(its correction slot was never written)")
-        if sizes is not None:
+        counted = None
+        if self._state.reads_counts and sizes is None:
+            counted = self._get_schedule()
+            if counted is not None and (not counted.counted or len(counted.steps) > MAX_BOUND_STEPS):
+                counted = None
+        if sizes is not None or (self._state.reads_counts and counted is None):
             # Size symbols (issue 18): loop counts and the bytes each transfer moves follow the
             # launch's sizes, on which neither the static schedule nor the report cache is keyed:
-            # the general interpreter, timed as it goes.
+            # the general interpreter, timed as it goes. Likewise loops counted on chip (issue
+            # 31), which follow the data, when the schedule cannot skip their steps itself.
             timing = Timing(self.program, self.hardware, phases=self.phases(artifact, slots))
             Machine(self.program, self._buffers(artifact, slots, sizes), self.hardware.scratchpad_bytes, timing,
                     sizes=sizes).run()
@@ -162,7 +168,7 @@ class ProgramExecutable:
             report = self.report(artifact, slots)
             Machine(self.program, self._buffers(artifact, slots), self.hardware.scratchpad_bytes).run()
         else:
-            report = self.report(artifact, slots)
+            report = self.report(artifact, slots) if counted is None else None
             bank = _banks.take(self.hardware.scratchpad_bytes, self._bank_cores)
             try:
                 # (not the artifact's correction area: the buffers are the same whichever of
@@ -177,8 +183,13 @@ class ProgramExecutable:
                         while len(bound_runs) > BOUND_RUNS_KEPT:
                             bound_runs.popitem(last=False)
                 bound.run()
+                if counted is not None:  # (the counts the loops read, for the time they make)
+                    values = tuple(int(bound.machine.read(core, _word(addr, dtype), ()).reshape(-1)[0])
+                                   for core, addr, dtype in counted.count_words)
             finally:
                 _banks.give(bank)
+            if counted is not None:
+                report = self.counted_report(artifact, slots, dict(zip(counted.count_words, values)))
         self.last_report = report
         with _reports_lock:  # a resize swaps the deque: append to the current one
             _reports.append(report)
@@ -240,9 +251,37 @@ class ProgramExecutable:
         self._last_report_key[(artifact, slots, recording)] = report
         return report.copy()
 
+    def counted_report(self, artifact: Artifact, slots, counts: dict) -> Report:
+        """The report of a run whose loops counted on chip read `counts` ({(core, byte address,
+        dtype): value}): a walk without data at those counts, once per (stick phases, recording,
+        counts)."""
+        recording = _timing._recording
+        phases = self.phases(artifact, slots)
+        key = (tuple(phases.values()), recording, tuple(counts.values()))
+        reports = self._state.reports
+        report = reports.get(key)
+        if report is None:
+            timing = Timing(self.program, self.hardware, phases=phases)
+            walk = Machine(self.program, {}, self.hardware.scratchpad_bytes, timing, functional=False)
+            walk.count_reader = lambda core, tile, idx: counts[core, tile.addr.at(idx), tile.dtype]
+            walk.run()
+            report = timing.finish()
+            with self._lock:
+                if len(reports) >= 64:
+                    reports.clear()
+                reports[key] = report
+        return report.copy()
+
     def simulated_ns(self, artifact: Artifact) -> float:
         """The last run's simulated time: the Compute's duration on the timeline."""
         return self.last_report.simulated_ns if self.last_report is not None else 0.0
+
+
+def _word(addr: int, dtype: str):
+    """A count word as a one-element tile."""
+    from .operands import Addr, Tile
+
+    return Tile(Addr(addr), dtype, 1, 1, STICK)
 
 
 class _ProgramState:
@@ -257,6 +296,7 @@ class _ProgramState:
         self.reports: dict[tuple, Report] = {}  # timing key -> its report (never handed out itself)
         self.bound: collections.OrderedDict = collections.OrderedDict()  # binding -> BoundRun
         self.mean_step_bytes: float | None = None
+        self.reads_counts: bool = False  # some loop's count is read from the scratchpad (issue 31)
 
 
     @staticmethod
@@ -268,7 +308,9 @@ class _ProgramState:
         state = states.get(id(hardware))
         if state is None:
             with _states_lock:
-                state = states.setdefault(id(hardware), _ProgramState(hardware))
+                fresh = _ProgramState(hardware)
+                fresh.reads_counts = isa.reads_counts(program)
+                state = states.setdefault(id(hardware), fresh)
         return state
 
 

@@ -52,8 +52,16 @@ class Schedule:
 
     def __init__(self, program, scratchpad_bytes: int):
         steps: list = []
-        Machine(program, {}, scratchpad_bytes, None, functional=False, trace=steps).run()
+        walk = Machine(program, {}, scratchpad_bytes, None, functional=False, trace=steps)
+        walk.run()
         self.steps = steps
+        # Loops counted on chip (issue 31), walked at their maximum: per step the count words that
+        # skip it when 0 (a run reads each once, when first needed); a program qualifies only if
+        # nothing writes a count word once a loop has read it (then the words' values after a run
+        # are the ones every loop read, and time the run: `count_words`)
+        self.guards = walk.guards if any(walk.guards) else None
+        self.count_words = tuple(sorted(walk.count_words))
+        self.counted = not walk.count_words or _counts_written_first(steps, walk.guards, walk.count_words)
         self.shares_scratchpads = any(touch[0] == "sp_rows_on" for _, _, _, ins, _ in steps
                                       for touch in ins.touches())
         # step -> the steps of other cores it must follow (scratchpad addresses are static)
@@ -63,6 +71,23 @@ class Schedule:
             if id(ins) not in sizes:
                 sizes[id(ins)] = step_bytes(ins)
         self.mean_step_bytes = sum(sizes[id(ins)] for _, _, _, ins, _ in steps) / max(len(steps), 1)
+
+
+def _counts_written_first(steps, guards, words) -> bool:
+    """Whether every write of a count word comes before the first step a loop reading it guards."""
+    first: dict = {}
+    for k, g in enumerate(guards):
+        for core, addr, _ in g:
+            first.setdefault((core, addr), k)
+    for k, (core, _, _, ins, idx) in enumerate(steps):
+        for touch, mode in zip(ins.touches(), ins.scratch_modes()):
+            if "w" not in mode:
+                continue
+            owner, lo, hi = _scratch_spans(touch, idx, core)
+            for wcore, addr, dtype in words:
+                if wcore == owner and lo < addr + ITEMSIZE[dtype] and addr < hi and k >= first.get((wcore, addr), k + 1):
+                    return False
+    return True
 
 
 def step_bytes(ins) -> int:
@@ -270,7 +295,13 @@ class BoundRun:
         self.machine = m = Machine(program, buffers, bank.nbytes)
         m.bank = bank  # never released by this machine: the bound run's caller owns the bank
         steps = schedule.steps
-        if schedule.mean_step_bytes > BATCH_STEP_BYTES or not cores_independent(steps, buffers):
+        self.guards = schedule.guards
+        if self.guards is not None:  # (each step its own operation: its count words are its core's)
+            self.words = {w: bank.core(w[0])[w[1]:w[1] + ITEMSIZE[w[2]]].view(DTYPES[w[2]])
+                          for g in self.guards for w in g}
+            self.guard_of: list = []
+        if self.guards is not None or schedule.mean_step_bytes > BATCH_STEP_BYTES or \
+                not cores_independent(steps, buffers):
             groups = [[s] for s in steps]
             self.batched = False
         else:
@@ -278,8 +309,10 @@ class BoundRun:
             self.batched = True
         b = Binder(buffers, bank)
         self.ops: list = []
+        self._index = {id(step): k for k, step in enumerate(steps)}
         for group in groups:
             self._bind(b, group)
+        del self._index
 
     def _bind(self, b: Binder, group) -> None:
         cls = type(group[0][3])
@@ -289,6 +322,10 @@ class BoundRun:
             fn = None           # run them (and raise, if they are wrong, where the interpreter would)
             BIND_ERRORS[(cls.__name__, type(e).__name__)] += 1  # counted: a fast form's bug only slows
         if fn is b.NOTHING:
+            return
+        if self.guards is not None:  # a step's count words, by its place in the schedule
+            fn = fn or (lambda: run_one(self.machine, *group[0]))
+            self.ops.append((fn, group, self.guards[self._index[id(group[0])]]))
             return
         if fn is not None:
             self.ops.append((fn, group))
@@ -301,11 +338,33 @@ class BoundRun:
             self.ops.append((lambda: run_one(m, core, unit, pc, ins, idx), group))
 
     def run(self) -> None:
+        if self.guards is not None:
+            return self._run_counted()
         for fn, group in self.ops:
             try:
                 fn()
             except Exception as e:
                 self._failed(group, e)
+
+    def _run_counted(self) -> None:
+        """The schedule's steps but those a count word holding 0 skips (issue 31): each word read
+        once, when a step it guards is first reached (it is written before, never after)."""
+        seen: dict = {}
+        words = self.words
+        for fn, group, guard in self.ops:
+            run = True
+            for w in guard:
+                v = seen.get(w)
+                if v is None:
+                    v = seen[w] = int(words[w]) > 0
+                if not v:
+                    run = False
+                    break
+            if run:
+                try:
+                    fn()
+                except Exception as e:
+                    self._failed(group, e)
 
     def _failed(self, group, e: Exception):
         if isinstance(e, ProgramError):  # the general semantics failed: already named

@@ -14,7 +14,7 @@ Format problems (magic, version, checksum) are rejected when a program is read.
 from __future__ import annotations
 
 from . import isa
-from .operands import BROADCASTS, ITEMSIZE, STICK, Addr, SizeExpr, Tile, count_at
+from .operands import BROADCASTS, ITEMSIZE, STICK, Addr, ScratchCount, SizeExpr, Tile, count_at
 from .program import ROLES, Program
 
 DRY_RUN_LIMIT = 2_000_000  # control steps; beyond this the runtime's own deadlock check stands
@@ -125,7 +125,7 @@ def _check_unit(program, core, unit, instrs, queues, usable, ncores) -> None:
                     problem = f"a size-dependent loop count {ins.count} must allow at least 1"
                 if problem:
                     raise ProgramError(f"{where}: {problem}")
-            elif ins.count < 1:
+            elif isinstance(ins.count, int) and ins.count < 1:
                 raise ProgramError(f"{where}: loop count must be at least 1, got {ins.count}")
         elif isinstance(ins, isa.Fill) and isinstance(ins.value, SizeExpr):
             problem = _size_problem(program, ins.value)
@@ -185,8 +185,9 @@ def _check_access(program, where, core, access, counts, usable, ncores) -> None:
             raise ProgramError(f"{where}: tile of {tile.rows} x {tile.cols} elements; both must be at least 1")
         _aligned(where, "tile", tile.addr)
         rows, _ = tile.stored_shape
-        if rows > 1 and tile.row_stride % STICK:
-            raise PlacementError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks")
+        if rows > 1 and tile.row_stride % STICK and not tile.packed:
+            raise PlacementError(f"{where}: tile row stride {tile.row_stride} is not a whole number of sticks "
+                                 f"(nor one element of a packed column)")
         if tile.dtype not in ITEMSIZE:
             raise ProgramError(f"{where}: unknown dtype {tile.dtype!r}")
         _in_scratchpad(where, "tile", *tile.byte_extent(counts), usable)
@@ -340,10 +341,46 @@ def _check_queues(program: Program, queues) -> None:
                     f"program {program.name!r}: queue {name!r} gets {pushes} pushes (core {q.producer[0]} unit "
                     f"{q.producer[1]}) but {pops} pops (core {q.consumer[0]} unit {q.consumer[1]}){at}: they "
                     f"cannot match")
+    _check_counted_on_chip(program, units, queues)
     _dry_run(program, queues, units)
+    if any(isinstance(op, isa.Loop) and isinstance(op.count, ScratchCount) for _, ops in units for op in ops):
+        _dry_run(program, queues, units, on_chip=0)  # (every loop counted on chip skipped, too)
 
 
-def _dry_run(program, queues, units) -> None:
+def _check_counted_on_chip(program: Program, units, queues) -> None:
+    """Loops counted on chip (issue 31) run 0 times or once, and whatever value each count
+    takes, pushes and pops must match: so per count word (a core's scratchpad element, which
+    every unit of that core guarding one piece of work reads), the queue operations the loops
+    reading it enclose must match by themselves. A count's word is named by (core, address)."""
+    totals: dict[tuple, dict[str, list[int]]] = {}
+    for (core, unit), ops in units:
+        guards: list = []
+        for op in ops:
+            if isinstance(op, isa.Loop):
+                word = None
+                if isinstance(op.count, ScratchCount):
+                    if op.count.hi != 1 or op.count.tile.addr.steps:
+                        raise ProgramError(f"program {program.name!r}: core {core} unit {unit}: a loop counted on "
+                                           f"chip enclosing queue operations runs at most once, at one address")
+                    word = (core, op.count.tile.addr.base)
+                guards.append(word)
+            elif isinstance(op, isa.EndLoop):
+                guards.pop()
+            else:
+                word = next((g for g in reversed(guards) if g is not None), None)
+                if word is not None:
+                    t = totals.setdefault(word, {}).setdefault(op.queue, [0, 0])
+                    t[0 if isinstance(op, isa.Push) else 1] += 1
+    for (core, addr), per in totals.items():
+        for name, (pushes, pops) in per.items():
+            if pushes != pops:
+                raise PlacementError(f"program {program.name!r}: the loops counted at core {core} scratchpad byte "
+                                     f"{addr} enclose {pushes} pushes but {pops} pops of queue {name!r}: skipping "
+                                     f"them would unbalance it")
+
+
+def _dry_run(program, queues, units, on_chip=None) -> None:
+    """A token-level run (`on_chip`: the count of every loop counted on chip; None, its maximum)."""
     tokens = {name: 0 for name in queues}
     states = [[0, []] for _ in units]  # pc, loop stack of [start, remaining]
     steps = 0
@@ -361,7 +398,13 @@ def _dry_run(program, queues, units) -> None:
                         break
                     tokens[op.queue] -= 1
                 elif isinstance(op, isa.Loop):
-                    state[1].append([state[0], count_at(op.count, None)])
+                    count = on_chip if on_chip is not None and isinstance(op.count, ScratchCount) else \
+                        count_at(op.count, None)
+                    if count <= 0:
+                        state[0] = _loop_end(ops, state[0]) + 1
+                        progressed = True
+                        continue
+                    state[1].append([state[0], count])
                 elif isinstance(op, isa.EndLoop):
                     top = state[1][-1]
                     top[1] -= 1
@@ -382,6 +425,19 @@ def _dry_run(program, queues, units) -> None:
             blocked = [f"core {who[0]} unit {who[1]} at {ops[st[0]].opcode} {ops[st[0]].queue!r}"
                        for (who, ops), st in zip(units, states) if st[0] < len(ops)]
             raise PlacementError(f"program {program.name!r}: queues deadlock: " + "; ".join(blocked))
+
+
+def _loop_end(ops, at: int) -> int:
+    """The position of the EndLoop matching the Loop at `at`."""
+    depth = 0
+    for i in range(at, len(ops)):
+        if isinstance(ops[i], isa.Loop):
+            depth += 1
+        elif isinstance(ops[i], isa.EndLoop):
+            depth -= 1
+            if depth == 0:
+                return i
+    raise ProgramError("a loop without its endloop")
 
 
 def scratchpad_high_water(program: Program) -> dict[int, int]:

@@ -22,16 +22,17 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 from __future__ import annotations
 
 from spyre_runtime.program.emitter import Unit, assemble
-from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, MatMul, Pop, Push, Reduce, Select, Send, Store,
-                                      Transpose, Unary)
-from spyre_runtime.program.operands import ITEMSIZE, STICK
+from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Send,
+                                      Store, Transpose, Unary)
+from spyre_runtime.program.operands import ITEMSIZE, STICK, ScratchCount
 from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...ir.errors import Unsupported
 from ...core.allocate import Placement
 from ...core.tiles import TileKernel
 from ..matmul.codegen import PIECE_BYTES, rows_in_pieces
-from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit
+from ...ir.errors import PlanError
+from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit, column_bytes
 
 MAX_INSTRUCTIONS_PER_CORE = 200_000
 NINF = float("-inf")
@@ -59,6 +60,16 @@ class _Core:
         self.empty_units = [u for u in work.units if not u.chunks]
         self.items = [(k, u, c) for k, u in enumerate(self.units) for c in range(len(u.chunks))]
         self.queues: list[Queue] = []
+        # issue 31: the chunks past every row's position are skipped, counted on chip
+        self.on_chip = shape.bounds_on_chip and bool(self.units) and all(u.parts == 1 for u in self.units)
+        self.chunks = max((len(u.chunks) for u in self.units), default=0)
+        self.waiting: dict[int, str] = {}   # id(unit) -> the queue it pops before its first guarded chunk
+        # the heads' packed statistics: adjacent when every block the sfp takes is all the heads'
+        # rows (one instruction for all heads: a decode step's 1 row of 4 heads), else each head's
+        # from a stick (a block starting at a head's row r0 then starts on one)
+        R = tiling.rows
+        whole = all(u.rows == R and all(c.r0 == 0 for c in u.chunks) for u in self.units)
+        self.column_stride = R * 4 if whole else column_bytes(R)
 
     def q(self, name, producer, consumer) -> str:
         full = f"c{self.core}.{name}"
@@ -78,18 +89,92 @@ class _Core:
         if name in self.dtypes:
             return self.dtypes[name]
         s = self.s
-        return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "bool", "row_position": "int32",
-                "positions": s.positions.dtype if s.positions else None}.get(name, "fp32")
+        pos = s.positions.dtype if s.positions else None
+        return {"keep": "bool", "diag_index": "int32", "diag_keep": "bool", "empty": "int32", "row_position": "int32",
+                "positions": pos, "pos_row": pos, "pos_col": pos, "pos_max": pos, "chunk_start": pos,
+                "pos_min": pos, "chunk_last": pos, "mask_count": "int32",
+                "chunk_count": "int32"}.get(name, "fp32")
 
     def const(self, name, rows, cols):
         dtype = "int32" if name == "izero" else "fp32"
         return self.tile(name, None, 0, rows, cols, dtype, "scalar")
 
     def column(self, name, row, rows, broadcast_cols: int | None = None):
-        dtype = "bool" if name == "empty" else "fp32"
+        """Per-row statistics of stacked rows [row, row + rows), as a packed column (issue 31): a
+        4-byte element per row, each head's rows adjacent to the last head's or in a region of
+        their own starting on a stick (plan.column_bytes; `column_stride`), so a running max over 1024 rows is 4 KiB, not 128 KiB, and the sfp
+        streams 32 rows per pass. (A block starts on a stick: at a head's first row, or a
+        multiple of 32 rows into it, plan._chunks rounding the rows a chunk skips.)"""
+        dtype = "int32" if name == "empty" else "fp32"
+        g, r = divmod(row, self.t.rows)
+        if rows > self.t.rows - r and self.column_stride != self.t.rows * 4:
+            raise PlanError(f"attention column {name}: rows {row}..{row + rows} span heads whose statistics are "
+                            f"not adjacent")
+        a = self.p.at(name)
+        offset = a.offset + g * self.column_stride + r * 4
+        if offset % STICK:
+            raise PlanError(f"attention column {name}: rows from {row} start off a stick")
         if broadcast_cols is None:
-            return self.tile(name, None, row, rows, 1, dtype)
-        return self.tile(name, None, row, rows, broadcast_cols, dtype, "cols")
+            return _tile(offset, dtype, rows, 1, 4)
+        return _tile(offset, dtype, rows, broadcast_cols, 4, "cols")
+
+    # ---- chunks counted on chip (issue 31) ------------------------------------------------------
+
+    def count_tile(self, k: int, c: int, rows: int = 1):
+        """Unit k's run counts from chunk c (1: some row's position reaches the chunk), a stick each."""
+        return self.tile("chunk_count", None, k * self.chunks + c, rows, 1, "int32")
+
+    def guarded(self, unit, t: int, emit) -> None:
+        """`emit()` the part of chunk t that `unit` runs, inside a loop counted on chip when the
+        chunk can be skipped: a unit's first chunk always runs (rows that see no position get
+        their empty-row value from it, as in the unskipped program), a later one only if some row
+        of the unit has a position that reaches it. Every unit wraps its parts of chunk t in
+        loops reading the same count, so their queue operations stay matched."""
+        k, u, c = self.items[t]
+        if not self.on_chip or c == 0:
+            emit()
+            return
+        wait = self.waiting.pop(id(unit), None)
+        if wait is not None:
+            unit.emit(Pop(wait))
+        with unit.loop(ScratchCount(self.count_tile(k, c), 1)):
+            emit()
+
+    def load_bounds(self, ls):
+        """Each unit's rows' positions, as one row per unit (the positions are contiguous), and
+        transposed on chip into a column per unit (one row's position per stick, as the masks
+        compare them): every chunk of the unit reads it, none loads it again."""
+        p = self.s.positions
+        isz = ITEMSIZE[p.dtype]
+        a = self.p.at("pos_row")
+        for k, u in enumerate(self.units):
+            symbol, element = p.buffer, p.at(0, 0, u.i0, 0)
+            ls.emit(Load(ls.sp(a.offset + k * a.row_stride), ls.dev(symbol, element * isz), 1, u.rows * isz, 0,
+                         a.row_stride))
+        ls.emit(Fence())
+        for k, u in enumerate(self.units):
+            ls.emit(Transpose(self.tile("pos_col", None, k * self.t.rows, u.rows, 1),
+                              self.tile("pos_row", None, k, 1, u.rows)))
+
+    def count_chunks(self, sfp):
+        """count[k, c] = (first position of chunk c) - causal <= the largest position of unit k's
+        rows: the chunk runs; masked[k, c] = (last position of chunk c) - causal > the smallest:
+        some row does not see all of it, so its scores are masked (a chunk every row sees whole
+        needs no mask). (The last chunk's last position is taken as a whole chunk's: it is masked
+        when it might need it.)"""
+        s = self.s
+        C = self.chunks
+        sfp.emit(Iota(self.tile("chunk_start", None, 0, C, 1), -s.causal, (), self.t.kv, 0),
+                 Iota(self.tile("chunk_last", None, 0, C, 1), self.t.kv - 1 - s.causal, (), self.t.kv, 0))
+        for k, u in enumerate(self.units):
+            row = self.tile("pos_row", None, k, 1, u.rows)
+            sfp.emit(Reduce("max", self.tile("pos_max", None, k, 1, 1), row),
+                     Binary("le", self.count_tile(k, 0, C), self.tile("chunk_start", None, 0, C, 1),
+                            self.tile("pos_max", None, k, C, 1, broadcast="scalar")),
+                     Reduce("min", self.tile("pos_min", None, k, 1, 1), row),
+                     Binary("gt", self.tile("mask_count", None, k * C, C, 1, "int32"),
+                            self.tile("chunk_last", None, 0, C, 1),
+                            self.tile("pos_min", None, k, C, 1, broadcast="scalar")))
 
     # ---- the schedule ------------------------------------------------------------------------
 
@@ -101,13 +186,23 @@ class _Core:
             return [(0, G * R)]
         return [(g * R + r0, u.rows - r0) for g in range(G)]
 
+    def sfp_blocks(self, u: WorkUnit, r0: int) -> list[tuple[int, int]]:
+        """`blocks` as the sfp's work on the rows and their statistics takes them: one block per
+        head when the heads' packed statistics are not adjacent (fewer than 32 rows a head, or
+        not a multiple of 32). The same sticks either way; the pe keeps its one block (a product
+        of few rows costs a pass of 8)."""
+        if self.column_stride == self.t.rows * 4:
+            return self.blocks(u, r0)
+        return [(g * self.t.rows + r0, u.rows - r0) for g in range(self.s.G)]
+
     def emit(self):
         ls, pe, sfp = Unit(), Unit(), Unit()
         T = len(self.items)
         if T * 40 * self.s.G > MAX_INSTRUCTIONS_PER_CORE:
             raise Unsupported(f"attention plan with {T} chunks on core {self.core}: too many to unroll")
         ns = self.t.slots
-        masks = [m for m in ("bias", "keep", "positions") if getattr(self.s, m) is not None]
+        # (positions counted on chip are read once per unit, with the counts: not a mask per chunk)
+        masks = [m for m in ("bias", "keep") + (() if self.on_chip else ("positions",)) if getattr(self.s, m) is not None]
         slots = range(min(ns, T))
         qslots = range(min(2, len(self.units)))
         oslots = range(min(2, len(self.units) + len(self.empty_units)))
@@ -129,6 +224,9 @@ class _Core:
             self.queues.append(Queue(self.landing_queue(self.core - 1), (self.core, "ls"), (self.core - 1, "sfp"), 1))
         of = {k: self.q(f"o_full{k}", "sfp", "ls") for k in oslots}
         oe = {k: self.q(f"o_free{k}", "ls", "sfp") for k in oslots}
+        if self.on_chip:  # the positions to the sfp, the chunks' run counts back to the ls and the pe
+            bounds = self.q("bounds_full", "ls", "sfp")
+            self.waiting = {id(ls): self.q("counts_ls", "sfp", "ls"), id(pe): self.q("counts_pe", "sfp", "pe")}
 
         # priming: one free token per buffer, from the buffer's consumer
         for k in qslots:
@@ -148,6 +246,12 @@ class _Core:
             sfp.emit(Fill(self.tile(name, None, 0, 1, 1, "int32" if name == "izero" else "fp32"), value))
         if self.s.kv_size is not None:  # issue 18: the kv length, from the launch's size words
             sfp.emit(Fill(self.tile("kv_size", None, 0, 1, 1, "int32"), self.s.kv_size))
+        if self.on_chip:
+            self.load_bounds(ls)
+            ls.emit(Fence(), Push(bounds))
+            sfp.emit(Pop(bounds))
+            self.count_chunks(sfp)
+            sfp.emit(*(Push(q) for q in self.waiting.values()))
 
         # units no row of which sees any position: their rows are the empty-row value
         for e, u in enumerate(self.empty_units):
@@ -193,19 +297,33 @@ class _Core:
         for t in range(T):
             k, u, c = self.items[t]
             slot = t % ns
-            if t + 1 < T:
-                issue_k(t + 1)  # in flight while chunk t's K rows are transposed
-            ls.emit(Pop(ke[slot]))
+            # chunk t + 1's K rows are in flight while chunk t's are transposed, but for the first
+            # chunk: the pe's first product waits for nothing more than its own K (on a bus every
+            # core is loading its first chunks over, another chunk's K is most of a microsecond)
+            if 0 < t < T - 1:
+                self.guarded(ls, t + 1, lambda: issue_k(t + 1))
             n = u.chunks[c].n
-            ls.emit(Transpose(self.tile("kt", slot, 0, self.s.D, n), self.tile("k_rows", slot, 0, n, self.s.D)))
+
+            def transpose():
+                ls.emit(Pop(ke[slot]))
+                ls.emit(Transpose(self.tile("kt", slot, 0, self.s.D, n), self.tile("k_rows", slot, 0, n, self.s.D)))
+            self.guarded(ls, t, transpose)
             ls.emit(Fence())
             if c == 0:
                 ls.emit(Push(qf[k % 2]))
-            ls.emit(Push(kf[slot]))
-            if masks:
-                ls.emit(Push(mf[slot]))
+
+            def hand_over():
+                ls.emit(Push(kf[slot]))
+                if masks:
+                    ls.emit(Push(mf[slot]))
+            self.guarded(ls, t, hand_over)
+            if t == 0 and T > 1:
+                self.guarded(ls, 1, lambda: issue_k(1))
             if t + 1 < T:
-                issue_v(t + 1)  # (after chunk t is handed over: the pe frees V slots only past it)
+                # (after chunk t is handed over: the pe frees V slots only past it)
+                self.guarded(ls, t + 1, lambda: issue_v(t + 1))
+            if t == 0 and T > 1:
+                ls.emit(Fence())  # (chunk 1's K rows land before they are transposed)
             for done in store_after.get(t, ()):
                 u_done = self.units[done]
                 if u_done.part > 0:  # a later part of a split block: its partial goes to the part before
@@ -234,9 +352,15 @@ class _Core:
                 pe.emit(MatMul(self.tile("s", b, row, rows, ch.n), self.tile("q", k % 2, row, rows, self.s.D),
                                self.tile("kt", slot, 0, self.s.D, ch.n), accumulate=False))
             pe.emit(Push(ke[slot]))
-            if c == len(u.chunks) - 1:
+            if c == len(u.chunks) - 1 and not self.on_chip:
                 pe.emit(Push(qe[k % 2]))
             pe.emit(Push(sf[b]))
+
+        def qk_guarded(t):
+            k, u, c = self.items[t]
+            self.guarded(pe, t, lambda: qk(t))
+            if c == len(u.chunks) - 1 and self.on_chip:  # (whether the chunk ran or not: Q is done with)
+                pe.emit(Push(qe[k % 2]))
 
         def pv(t):
             k, u, c = self.items[t]
@@ -248,11 +372,11 @@ class _Core:
             pe.emit(Push(pfree[b]), Push(ve[slot]), Push(ar))
 
         if T:
-            qk(0)
+            qk_guarded(0)
         for t in range(T):
             if t + 1 < T:
-                qk(t + 1)
-            pv(t)
+                qk_guarded(t + 1)
+            self.guarded(pe, t, lambda: pv(t))
         for k in used_sp:
             pe.emit(Pop(se[k]))
 
@@ -260,7 +384,7 @@ class _Core:
         for t, (k, u, c) in enumerate(self.items):
             if c == 0:
                 self.init(sfp, u)
-            self.softmax_step(sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, bool(masks))
+            self.guarded(sfp, t, lambda: self.softmax_step(sfp, t, u, c, sf, se, pf, pfree, mf, me, ar, bool(masks)))
             if c == len(u.chunks) - 1:
                 sfp.emit(Pop(ar))
                 if u.part < u.parts - 1:  # the partial of the next part lands: combine it with ours
@@ -277,6 +401,10 @@ class _Core:
             sfp.emit(Pop(pfree[k]))
         for k in oslots:
             sfp.emit(Pop(oe[k]))
+        for unit in (ls, pe):  # (a core none of whose chunks could be skipped: the counts' token, unused)
+            wait = self.waiting.pop(id(unit), None)
+            if wait is not None:
+                unit.emit(Pop(wait))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
     # ---- a block split over cores: partials combined along the ring ---------------------------
@@ -301,7 +429,7 @@ class _Core:
         common max (0 where both are -inf: then both sums are 0)."""
         mine = self.final_max(u)
         free = "m" if mine == "t2" else "t2"
-        for row, rows in self.blocks(u, 0):
+        for row, rows in self.sfp_blocks(u, 0):
             m, m_in, shift, new = (self.column(x, row, rows) for x in (mine, "m_in", free, "t1"))
             l, l_in, empty = (self.column(x, row, rows) for x in ("l", "l_in", "empty"))
             acc, acc_in = (self.tile(x, None, row, rows, self.s.Dv) for x in ("acc", "acc_in"))
@@ -344,7 +472,7 @@ class _Core:
 
     def load_masks(self, ls, u: WorkUnit, ch: Chunk, slot):
         p = self.s.positions
-        if p is not None:  # the unit's rows' positions, one per stick
+        if p is not None and not self.on_chip:  # the unit's rows' positions, one per stick
             isz = ITEMSIZE[p.dtype]
             a = self.p.at("positions", slot)
             rows_in_pieces(ls, a.offset, p.buffer, p.at(0, 0, u.i0, 0) * isz, u.rows, isz, p.strides[2] * isz, STICK)
@@ -374,7 +502,7 @@ class _Core:
     # ---- sfp: the online softmax ---------------------------------------------------------------
 
     def init(self, sfp, u: WorkUnit):
-        for row, rows in self.blocks(u, 0):
+        for row, rows in self.sfp_blocks(u, 0):
             sfp.emit(Fill(self.column("m", row, rows), NINF), Fill(self.column("l", row, rows), 0.0),
                      Fill(self.tile("acc", None, row, rows, self.s.Dv), 0.0))
 
@@ -385,7 +513,7 @@ class _Core:
         sfp.emit(Pop(sf[b]))
         if masks:
             sfp.emit(Pop(mf[slot]))
-        blocks = self.blocks(u, ch.r0)
+        blocks = self.sfp_blocks(u, ch.r0)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             sfp.emit(Binary("mul", S, S, self.const("scale", rows, n)))
@@ -396,12 +524,22 @@ class _Core:
             keep = self.tile("diag_keep", None, 0, rows, n)
             position = self.tile("row_position", None, 0, rows, 1)
             # keep j <= positions[i] + causal: j - causal <= the row's position
-            sfp.emit(Unary("copy", position, self.tile("positions", slot, 0, rows, 1)),
-                     Iota(idx, ch.j0 - s.causal, (), 0, 1),
-                     Binary("le", keep, idx, self.tile("row_position", None, 0, rows, n, broadcast="cols")))
-            for row, rows_h in heads:
-                S = self.tile("s", b, row, rows_h, n)
-                sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+            k = self.units.index(u)
+            mine = self.tile("pos_col", None, k * self.t.rows, rows, 1) if self.on_chip else \
+                self.tile("positions", slot, 0, rows, 1)
+
+            def mask():
+                sfp.emit(Unary("copy", position, mine),
+                         Iota(idx, ch.j0 - s.causal, (), 0, 1),
+                         Binary("le", keep, idx, self.tile("row_position", None, 0, rows, n, broadcast="cols")))
+                for row, rows_h in heads:
+                    S = self.tile("s", b, row, rows_h, n)
+                    sfp.emit(Select(S, keep, S, self.const("ninf", rows_h, n)))
+            if self.on_chip:  # (only if some row of the unit does not see all of the chunk)
+                with sfp.loop(ScratchCount(self.tile("mask_count", None, k * self.chunks + c, 1, 1, "int32"), 1)):
+                    mask()
+            else:
+                mask()
         elif ch.masked:
             rows = u.rows - ch.r0
             idx = self.tile("diag_index", None, 0, rows, n)
@@ -441,8 +579,10 @@ class _Core:
         m_in, m_out = ("m", "t2") if c % 2 == 0 else ("t2", "m")
         # a row whose scores are all -inf has a -inf max: only a data mask can do that (a causal
         # row from r0 on sees a position of every chunk it visits), so only then is it made 0
+        # (or a causal diagonal: the rows a chunk skips are rounded down to whole sticks of the
+        # packed statistics, so rows before the diagonal's own r0 may see nothing of the chunk)
         safe = (s.bias is not None or (s.keep is not None and s.masked_score == NINF)
-                or s.positions is not None or s.kv_size is not None)
+                or s.positions is not None or s.kv_size is not None or s.causal is not None)
         for row, rows in blocks:
             S = self.tile("s", b, row, rows, n)
             old, new, l = (self.column(x, row, rows) for x in (m_in, m_out, "l"))
@@ -476,7 +616,7 @@ class _Core:
 
     def finish(self, sfp, u: WorkUnit, b):
         s = self.s
-        for row, rows in self.blocks(u, 0):
+        for row, rows in self.sfp_blocks(u, 0):
             acc, l = self.tile("acc", None, row, rows, s.Dv), self.column("l", row, rows)
             if s.empty_rows == "zero":  # rows with no finite score: acc is 0, divide by 1
                 empty = self.column("empty", row, rows)

@@ -31,7 +31,13 @@ FLOAT_INPUTS = ("fp16", "bf16", "fp32")
 ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)   # query rows per head per unit
 KV = (64, 128, 256, 512, 1024)                   # kv positions per chunk
 SLOTS = (2, 3)                                   # K/V chunk buffers in flight
-COLUMN_TILES = ("m", "l", "t1", "t2", "t3")      # fp32 per-row statistics, one stick per row
+COLUMN_TILES = ("m", "l", "t1", "t2", "t3")      # fp32 per-row statistics, packed (column_bytes per head)
+PACKED_ROWS = STICK // 4                         # rows per stick of a packed statistics column
+
+
+def column_bytes(rows: int) -> int:
+    """Bytes of one head's packed per-row statistics (4 bytes a row, whole sticks)."""
+    return sticks(rows * 4)
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,22 @@ class AttentionShape(Describable):
     def skips(self) -> bool:
         """Whether units skip the chunks and rows a causal diagonal hides (not with data positions)."""
         return self.causal is not None and self.positions is None
+
+    @property
+    def bounds_on_chip(self) -> bool:
+        """Whether units skip, on chip, the chunks past every row's data position (issue 31): a
+        mask ``j <= positions[i] + causal`` over contiguous positions (read as one row per unit),
+        unless the kv length is a launch size."""
+        p = self.positions
+        return p is not None and (p.strides[2] == 1 or self.L == 1) and self.kv_size is None
+
+    def assumed(self) -> "AttentionShape":
+        """The shape the planner times a units-skip-on-chip kernel as: the positions taken to be
+        the rows' own, at the end of the kv positions (a prefill filling a cache: row i at
+        S - L + i), i.e. a static causal diagonal. The program itself reads the positions."""
+        from dataclasses import replace
+
+        return replace(self, positions=None, causal=self.causal + self.S - self.L)
 
     @property
     def G(self) -> int:
@@ -232,6 +254,7 @@ def _chunks(shape, tiling, i0, rows) -> tuple[Chunk, ...]:
         r0 = max(0, j0 - shape.causal - i0)   # rows before r0 see no position of this chunk
         if r0 >= rows:
             continue
+        r0 -= r0 % PACKED_ROWS   # (from a whole stick of the packed statistics: the diagonal masks the rest)
         masked = j0 + n - 1 > i0 + r0 + shape.causal
         chunks.append(Chunk(j0, n, r0, masked))
     return tuple(chunks)
@@ -264,8 +287,9 @@ def _row(cols: int, dtype: str) -> int:
     return sticks(cols * ITEMSIZE[dtype])
 
 
-def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
-    """Every tile of one core, whole-program (the allocation is the same for every unit)."""
+def needs(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> list[Need]:
+    """Every tile of one core, whole-program (the allocation is the same for every unit; `units`:
+    the most units a core has, for what is kept per unit, the chunks' run counts)."""
     G, R, kv, D, Dv = shape.G, t.rows, t.kv, shape.D, shape.Dv
     qd, kd, vd, od, pd = shape.q.dtype, shape.k.dtype, shape.v.dtype, shape.out.dtype, shape.p_dtype
 
@@ -285,16 +309,27 @@ def needs(shape: AttentionShape, t: AttentionTiling) -> list[Need]:
     if shape.kv_size is not None:
         out.append(Need("kv_size", STICK, STICK))
     if shape.positions is not None:
-        out += [Need("positions", R * STICK, STICK, t.slots), Need("row_position", R * STICK, STICK)]
-    out += [Need(n, G * R * STICK, STICK) for n in COLUMN_TILES] + [Need("empty", G * R * STICK, STICK)]
+        if not (shape.bounds_on_chip and t.kv_split == 1):
+            out.append(Need("positions", R * STICK, STICK, t.slots))
+        out.append(Need("row_position", R * STICK, STICK))
+    if shape.bounds_on_chip and t.kv_split == 1:  # issue 31: the chunks each unit runs, counted on chip
+        chunks = -(-shape.S // kv)
+        row = _row(R, shape.positions.dtype)
+        out += [Need("pos_row", units * row, row), Need("pos_col", units * R * STICK, STICK),
+                Need("pos_max", units * STICK, STICK),
+                Need("chunk_start", chunks * STICK, STICK), Need("chunk_count", units * chunks * STICK, STICK),
+                Need("pos_min", units * STICK, STICK), Need("chunk_last", chunks * STICK, STICK),
+                Need("mask_count", units * chunks * STICK, STICK)]
+    column = G * column_bytes(R)
+    out += [Need(n, column, STICK) for n in COLUMN_TILES] + [Need("empty", column, STICK)]
     if t.kv_split > 1:  # a neighbour's partial lands here
-        out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", G * R * STICK, STICK), Need("l_in", G * R * STICK, STICK)]
+        out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", column, STICK), Need("l_in", column, STICK)]
     out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
     return out
 
 
-def placement(shape: AttentionShape, t: AttentionTiling) -> Placement | None:
-    p = allocate(needs(shape, t), HARDWARE.scratchpad_usable_bytes)
+def placement(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> Placement | None:
+    p = allocate(needs(shape, t, units), HARDWARE.scratchpad_usable_bytes)
     return p if p.fits else None
 
 
@@ -333,5 +368,5 @@ def variants(shape: AttentionShape) -> list[AttentionTiling]:
     return out
 
 
-__all__ = ["Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
+__all__ = ["PACKED_ROWS", "column_bytes", "Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
            "needs", "placement", "variants", "work_units"]

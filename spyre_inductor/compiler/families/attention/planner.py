@@ -126,7 +126,16 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
         symbols, buffers = symbols_of(kernel), buffers_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     tilings = variants(shape)
-    moved = {t: traffic(shape, t) for t in tilings}
+
+    def skips(tiling) -> bool:
+        """Whether the program counts on chip which chunks each unit runs (issue 31): then it is
+        timed, pruned and divided as the shape the planner assumes (plan.AttentionShape.assumed)."""
+        return shape.bounds_on_chip and tiling.kv_split == 1
+
+    def timed_shape(tiling) -> AttentionShape:
+        return shape.assumed() if skips(tiling) else shape
+
+    moved = {t: traffic(timed_shape(t), t) for t in tilings}
     least = min(moved.values())
     # Timed: the tilings that move the fewest bytes, and for every rows-per-unit the best of its
     # tilings (fewer rows re-read K and V, but give more units to the cores: a small prefill
@@ -141,13 +150,31 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     tilings = base + [t for t in tilings if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in bare]
     errors: list[str] = []
 
-    def divided(tiling, n):
-        """(units, each core's work, placement, a program of some of the cores' work)."""
+    def divided(tiling, n, timing=False):
+        """(units, each core's work, placement, a program of some of the cores' work); `timing`:
+        of the shape it is timed as (the same as the program's but where chunks are skipped on chip)."""
         units = work_units(shape, tiling, n)
         work = divide(units, n)
         place = placement(shape, tiling)
+        skipped = ""
+        if skips(tiling):
+            guess = work_units(shape.assumed(), tiling, n)
+            if timing:
+                work, place = divide(guess, n), placement(shape.assumed(), tiling)
+                return guess, work, place, lambda cores: build_attention_program(
+                    kernel.name, symbols, shape.assumed(), tk, tiling, place, cores, "")
+            # the units of the program (every chunk, each skipped on chip or not) dealt as the
+            # assumed ones are (their work differs along the diagonal)
+            same = {(u.b, u.kvh, u.i0, u.rows): u for u in units}
+            work = tuple(type(w)(w.core, tuple(same[u.b, u.kvh, u.i0, u.rows] for u in w.units))
+                         for w in divide(guess, n))
+            most = max((len(w.units) for w in work), default=1)
+            place = placement(shape, tiling, most)
+            if place is None:
+                raise Unsupported(f"{tiling.label}: the chunks' run counts of {most} units per core do not fit")
+            skipped = ", chunks past every row's position skipped (counted on chip)"
         notes = (f"{COMPILER_VERSION}: flash attention, {tiling.label}, {len(units)} work unit(s) on "
-                 f"{len(work)} core(s)")
+                 f"{len(work)} core(s){skipped}")
         return units, work, place, lambda cores: build_attention_program(kernel.name, symbols, shape, tk, tiling,
                                                                          place, cores, notes)
 
@@ -161,7 +188,7 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     def evaluate(tiling, n):
         n = min(n, len(work_units(shape, tiling)))  # (no more cores than units)
         if (tiling, n) not in timed:
-            _, work, _, program = divided(tiling, n)
+            _, work, _, program = divided(tiling, n, timing=True)
             if not work:
                 return None  # (split units need a core each)
             if tiling.kv_split == 1:  # its busiest core standing for all of them in step
