@@ -251,9 +251,6 @@ def test_t5_for_conditional_generation_compiles_strict():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=torch._inductor.exc.InductorError,
-                   reason="at a second length T5's eager attention scores (heads, s, s) have the stride s**2, "
-                          "which symbolic capture refuses by name: 'the term i0*s**2 is not affine in the sizes'")
 def test_t5_at_a_second_sequence_length_stays_on_chip():
     from spyre_inductor.testing import hf_models
 

@@ -119,3 +119,18 @@ def test_a_symbolic_stride_of_a_one_element_dim_does_not_keep_a_kernel_off_the_c
         out = compiled(full.to(SPYRE)[:, 1:, -7:], new.to(SPYRE)).cpu()
         torch.testing.assert_close(out, fn(k, new))
     assert counted
+
+
+def test_a_size_takes_its_own_value_when_its_square_is_a_term_of_its_own():
+    """T5's attention scores (heads, s, s) at a second length: the stride s**2 is not multilinear
+    in s, so s**2 is specialized per value as a size of its own (capture.size_terms, as a Min/Max
+    of sizes is; tests/compiler/test_piecewise_index.py runs T5 at two lengths). The template's
+    corners step s**2 apart from s, where sympy's subs would read s**2 = 145 as s = sqrt(145)."""
+    from spyre_inductor.compiler.inductor import indexing
+    from spyre_inductor.compiler.symbolic.exact import exact_values
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    with exact_values({s: 12, s**2: 145}):
+        assert indexing.static_int(s, "a loop range") == 12
+        assert indexing.static_int(s**2, "a stride") == 145
+        assert indexing.specialized(3 * s**2 + 2 * s, "an index") == 3 * 145 + 24

@@ -449,20 +449,23 @@ def test_an_attention_launch_checks_the_sizes_and_strides_it_binds(counted):
     assert (out.cpu() == 7.0).all()  # nothing was launched
 
 
-def test_a_mask_read_from_data_over_a_dynamic_length_is_not_fused(counted):
-    # (not compiled yet: the mask's [L, S] layout is symbolic in both dims) it is said so, under strict
+def test_a_mask_read_from_data_over_a_dynamic_length_runs_unfused_on_the_card(counted):
+    # (the fused attention does not take a mask whose [L, S] layout is symbolic in both dims)
+    # unfused, its pieces read a [B*H, S, S] score buffer whose stride S**2 is a size term of its
+    # own (capture.size_terms), specialized per value: on the card under strict at every length
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    q = torch.randn(1, 4, 40, 64).to(SPYRE)
-    mask = torch.randn(40, 40).to(SPYRE)
-    torch._dynamo.mark_dynamic(q, 2)
-    torch._dynamo.mark_dynamic(mask, 0)
-    torch._dynamo.mark_dynamic(mask, 1)
-    # unfused, its pieces read a [B*H, S, S] score buffer whose strides depend on the length: the
-    # strict error names that piece and why (not yet the attention and its mask)
-    with pytest.raises(Exception, match=r"the term i0\*s\d+\*\*2 is not affine in the sizes.*SPYRE_STRICT=1 forbids"):
-        torch.compile(lambda q, m: sdpa(q, q, q, attn_mask=m))(q, mask)
-    assert not [k for k in counted if type(k).__name__ == "AttentionKernel"]
+    fn = lambda q, m: sdpa(q, q, q, attn_mask=m)  # noqa: E731
+    compiled = torch.compile(fn)
+    for k, n in enumerate((40, 24, 33)):
+        q, mask = torch.randn(1, 4, n, 64), torch.randn(n, n)
+        qs, ms = q.to(SPYRE), mask.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(qs, 2)
+            torch._dynamo.mark_dynamic(ms, 0)
+            torch._dynamo.mark_dynamic(ms, 1)
+        torch.testing.assert_close(compiled(qs, ms).cpu(), fn(q, mask), rtol=1e-5, atol=1e-5)
+    assert counted and not [k for k in counted if type(k).__name__ == "AttentionKernel"]
 
 
 @pytest.mark.slow
@@ -746,13 +749,13 @@ def test_a_hint_outside_dynamos_range_is_named_not_a_raw_error(monkeypatch):
 NON_AFFINE = {
     "half": (lambda x: x[: x.shape[0] // 2].sum(0), r"\(s\d+//2\) is not affine in the sizes"),
     "quarter_amax": (lambda x: x[: x.shape[0] // 4].amax(0), r"\(s\d+//4\) is not affine in the sizes"),
-    "min": (lambda x: x[: min(x.shape[0], 50)].sum(0), r"Min\(50, s\d+\) is not affine in the sizes"),
+    "min": (lambda x: x[: min(x.shape[0], 50)].sum(0), None),  # a size term: served (below)
     "chunk": (lambda x: (lambda a, b: (a * b).sum(0))(*x.chunk(2, 0)), r"is not affine in the sizes"),
     "reshape": (lambda x: x.reshape(-1, 2, 256).sum(1), r"\(s\d+//2\) is not affine in the sizes"),
 }
 
 
-@pytest.mark.parametrize("name", sorted(NON_AFFINE))
+@pytest.mark.parametrize("name", sorted(n for n, (_, reason) in NON_AFFINE.items() if reason))
 def test_a_size_used_non_affinely_is_refused_under_strict(counted, name):
     fn, reason = NON_AFFINE[name]
     x = torch.randn(40, 256).to(SPYRE)
@@ -760,6 +763,19 @@ def test_a_size_used_non_affinely_is_refused_under_strict(counted, name):
     with pytest.raises(Exception, match=reason + r".*SPYRE_STRICT=1 forbids"):
         torch.compile(fn)(x)
     assert counted == []
+
+
+def test_a_min_of_a_size_and_a_constant_is_served_on_the_card_on_both_sides_of_its_bend(counted):
+    # Min(s, 50) is a size term of its own (capture.size_terms), specialized per value with s
+    fn, _ = NON_AFFINE["min"]
+    compiled = torch.compile(fn)
+    for k, n in enumerate((40, 64, 100, 18, 50, 51, 49)):
+        x = torch.randn(n, 256)
+        xs = x.to(SPYRE)
+        if k == 0:
+            torch._dynamo.mark_dynamic(xs, 0)
+        torch.testing.assert_close(compiled(xs).cpu(), fn(x), rtol=1e-5, atol=1e-4)
+    assert counted
 
 
 @pytest.mark.parametrize("name", ["half", "min"])

@@ -56,6 +56,8 @@ def static_int(expr, what: str) -> int:
         return int(expr)
     values = {**(SIZE_VALUES.get() or {}), **(EXACT_VALUES.get() or {})}
     expr = size_terms_put_in(expr, values)
+    if isinstance(expr, sympy.Integer):  # (a size term alone: a stride s**2)
+        return int(expr)
     if values and expr.free_symbols and expr.free_symbols <= set(values):
         bend = non_affine_term(expr)
         if bend is not None:
@@ -63,7 +65,7 @@ def static_int(expr, what: str) -> int:
             # each size is determined by them; n // 2 or Min(n, 50) would be extrapolated wrongly)
             part = "" if sympy.expand(expr) == bend else f" (its term {bend})"
             raise NotCapturable(f"symbolic {what} {expr} is not affine in the sizes{part}: not compiled for spyre yet")
-        value = expr.subs(values)
+        value = expr.xreplace(_sizes_only(values))
         if isinstance(value, sympy.Integer):
             return int(value)
     raise NotCapturable(f"symbolic {what} {expr} (dynamic shapes are not compiled for spyre yet)")
@@ -94,6 +96,12 @@ def size_terms_put_in(expr, values):
     return expr.xreplace(terms) if terms else expr
 
 
+def _sizes_only(values) -> dict:
+    """The size symbols' values (its terms are put in by size_terms_put_in): ``subs`` with a term
+    s**2 among its keys would solve for s (s -> sqrt(145) at a corner where s**2 is stepped alone)."""
+    return {k: sympy.Integer(v) for k, v in values.items() if isinstance(k, sympy.Symbol)}
+
+
 def specialized(expr, what: str):
     """`expr` with the sizes a kernel is specialized to (EXACT_VALUES) put in: NotCapturable when
     a term with such a size is not affine in it (the template must be exact: symbolic/exact.py)."""
@@ -105,7 +113,7 @@ def specialized(expr, what: str):
     bend = non_affine_term(expr, set(values))
     if bend is not None:
         raise NotCapturable(f"{what}: the term {bend} is not affine in the sizes")
-    return sympy.expand(expr.subs(values))
+    return sympy.expand(expr.xreplace(_sizes_only(values)))
 
 
 def loop_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:

@@ -114,6 +114,9 @@ def size_terms(nodes, symbols) -> list:
             if e.free_symbols and e.free_symbols <= allowed:
                 found.add(e)
             return  # (a bend in a loop variable: capture's, not a size's)
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 1 and e.free_symbols <= allowed:
+            found.add(e)  # a stride s**2 (scores of shape (heads, s, s)): a size of its own too
+            return
         for a in getattr(e, "args", ()):
             walk(a)
 
