@@ -486,18 +486,21 @@ class MatMul(Instruction):
         refresh_a, a32 = b.converted(a, first.a, torch.float32)
         refresh_b, b32 = b.converted(bb, first.b, torch.float32)
         refresh = [r for r in (refresh_a, refresh_b) if r is not None]
-        members = [(a32[k], b32[k], out[k]) for k in range(len(group))]
         mm = torch.mm
         if first.accumulate:
-            product = torch.empty(out.shape[1:], dtype=torch.float32)
+            # each member's product into a buffer of its own, then one add over them all: the
+            # same elementwise sums as run's `out.add_(a @ b)`, in one operation
+            products = b.buffer(out.shape, torch.float32)
+            members = [(a32[k], b32[k], products[k]) for k in range(len(group))]
 
             def accumulate():
                 for r in refresh:
                     r()
-                for x, y, o in members:
-                    mm(x, y, out=product)
-                    o.add_(product)
+                for x, y, p in members:
+                    mm(x, y, out=p)
+                out.add_(products)
             return accumulate
+        members = [(a32[k], b32[k], out[k]) for k in range(len(group))]
 
         def overwrite():
             for r in refresh:

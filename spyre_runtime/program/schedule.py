@@ -38,7 +38,7 @@ import torch
 
 from . import isa
 from .execute import Machine, ScratchBank, failure, run_one
-from .operands import COMPUTE, DTYPES, ITEMSIZE, STICK, Addr, DevAddr, Tile
+from .operands import COMPUTE, DTYPES, ITEMSIZE, Addr, DevAddr, Tile, sticks
 from .validate import ProgramError
 
 MAX_BOUND_STEPS = 200_000  # a longer schedule is run by `run` in order (views are built per step)
@@ -224,6 +224,10 @@ class Binder:
 
 
     @staticmethod
+    def buffer(shape, dtype: torch.dtype) -> torch.Tensor:
+        return member_buffer(shape, dtype)
+
+    @staticmethod
     def converted(view: torch.Tensor, tile, dtype: torch.dtype):
         """(refresh, value): `value` is what Machine.read gives for `tile` over a bound view once
         `refresh()` ran (None: nothing to run, the view is read as it is); a conversion is made
@@ -231,7 +235,7 @@ class Binder:
         shape = view.shape[:-2] + (tile.rows, tile.cols)
         if view.dtype == dtype:
             return None, (view.expand(shape) if tile.broadcast != "none" else view)
-        buffer = torch.empty(view.shape, dtype=dtype)
+        buffer = member_buffer(view.shape, dtype)
         return functools.partial(buffer.copy_, view), (buffer.expand(shape) if tile.broadcast != "none" else buffer)
 
     @staticmethod
@@ -243,6 +247,15 @@ class Binder:
         buffer = torch.empty(view.shape, dtype=dtype)
         value = buffer.expand(view.shape[:-2] + (tile.rows, tile.cols)) if tile.broadcast != "none" else buffer
         return lambda: (buffer.copy_(view), value)[1]
+
+
+def member_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An empty (members, rows, cols) tensor whose members each start on 64 bytes, as a tensor
+    of their own would (a library kernel may take another path over unaligned operands)."""
+    members, rows, cols = shape
+    size = torch.empty((), dtype=dtype).element_size()
+    slot = -(-rows * cols * size // 64) * 64 // size
+    return torch.empty(members * slot, dtype=dtype).as_strided((members, rows, cols), (slot, cols, 1))
 
 
 def _device_spans(steps, buffers):
@@ -377,32 +390,42 @@ def coalesce(steps, after):
 
 
 def _join(first, then):
-    """One Load (Store) step doing `first` and then `then`, or None if they do not continue."""
+    """One Load (Store) step doing `first` and then `then`, or None if they do not continue.
+    (The stride of a transfer of one row is no part of what it does: a row joins the next
+    whatever its stride.)"""
     core, unit, pc, a, ia = first
     _, unit2, _, b, ib = then
     kind = type(a)
-    if kind is not type(b) or kind not in (isa.Load, isa.Store) or unit != unit2:
+    if kind is not type(b) or kind not in (isa.Load, isa.Store) or unit != unit2 or a.row_bytes != b.row_bytes:
         return None
-    if kind is isa.Load:
-        dev, sp, dev_stride, sp_stride = "src", "dst", a.src_stride, a.dst_stride
+    load = kind is isa.Load
+    da, db = (a.src, b.src) if load else (a.dst, b.dst)
+    sa, sb = (a.dst, b.dst) if load else (a.src, b.src)
+    if da.symbol != db.symbol:
+        return None
+    dev_at, sp_at = da.at(ia), sa.at(ia)
+    dev_gap, sp_gap = db.at(ib) - dev_at, sb.at(ib) - sp_at
+
+    def strides(i):  # (device stride, scratchpad stride)
+        return (i.src_stride, i.dst_stride) if load else (i.dst_stride, i.src_stride)
+
+    if a.rows > 1:
+        dev_stride, sp_stride = strides(a)
+    elif b.rows > 1:
+        dev_stride, sp_stride = strides(b)
     else:
-        dev, sp, dev_stride, sp_stride = "dst", "src", a.dst_stride, a.src_stride
-    da, db = getattr(a, dev), getattr(b, dev)
-    if (da.symbol != db.symbol or a.row_bytes != b.row_bytes or (a.src_stride, a.dst_stride) !=
-            (b.src_stride, b.dst_stride)):
+        dev_stride, sp_stride = dev_gap, sp_gap
+    if (b.rows > 1 and strides(b) != (dev_stride, sp_stride)) or \
+            (dev_gap, sp_gap) != (a.rows * dev_stride, a.rows * sp_stride):
         return None
-    # rows apart, whole sticks of each (a load writes its rows' padding too; a store's rows land
-    # in device order)
-    if sp_stride < -a.row_bytes % STICK + a.row_bytes or (kind is isa.Store and dev_stride < a.row_bytes):
-        return None
-    dev_at, sp_at = da.at(ia), getattr(a, sp).at(ia)
-    if db.at(ib) != dev_at + a.rows * dev_stride or getattr(b, sp).at(ib) != sp_at + a.rows * sp_stride:
+    # rows apart (a load writes each scratchpad row's padding too; a store's rows land in order)
+    if sp_stride < sticks(a.row_bytes) or dev_stride < 0 or (not load and dev_stride < a.row_bytes):
         return None
     rows = a.rows + b.rows
-    if kind is isa.Load:
-        joined = isa.Load(Addr(sp_at), DevAddr(da.symbol, dev_at), rows, a.row_bytes, a.src_stride, a.dst_stride)
+    if load:
+        joined = isa.Load(Addr(sp_at), DevAddr(da.symbol, dev_at), rows, a.row_bytes, dev_stride, sp_stride)
     else:
-        joined = isa.Store(DevAddr(da.symbol, dev_at), Addr(sp_at), rows, a.row_bytes, a.dst_stride, a.src_stride)
+        joined = isa.Store(DevAddr(da.symbol, dev_at), Addr(sp_at), rows, a.row_bytes, dev_stride, sp_stride)
     return core, unit, pc, joined, ()
 
 
