@@ -302,6 +302,27 @@ def test_transfers_of_one_row_join_whatever_their_strides():
         [("Load", 2, 4), ("Store", 2, 4)]
 
 
+def test_the_same_instruction_at_another_pc_joins_its_round():
+    # core 2 runs the same transpose as the others inside a loop of one (a combining core's
+    # program is laid out otherwise): its pc differs, its round is the same, and the four
+    # transposes run as one operation
+    syms = (Symbol("x", "input", "fp16", (4 * 64, 64), (64, 1)), Symbol("out", "output", "fp16", (4 * 64, 64), (64, 1)))
+    cps = []
+    for c in range(4):
+        t = isa.Transpose(Tile(Addr(8192), "fp16", 64, 64, 128), Tile(Addr(0), "fp16", 64, 64, 128))
+        body = (isa.Loop(1), t, isa.EndLoop()) if c == 2 else (t,)
+        ls = (isa.Load(Addr(0), DevAddr("x", c * 8192), 64, 128, 128, 128), *body,
+              isa.Store(DevAddr("out", c * 8192), Addr(8192), 64, 128, 128, 128))
+        cps.append(CoreProgram(c, (("ls", ls),)))
+    program = Program("transposes", syms, tuple(cps))
+    general, fast, bound = _both(program)
+    assert torch.equal(general["out"], fast["out"])
+    x = fast["x"].view(torch.float16).view(4, 64, 64)
+    assert torch.equal(fast["out"].view(torch.float16).view(4, 64, 64), x.transpose(1, 2))
+    assert [(type(group[0][3]).__name__, len(group)) for _, group in bound.ops] == \
+        [("Load", 4), ("Transpose", 4), ("Store", 4)]
+
+
 def test_a_joined_load_that_fails_is_named_by_its_own_part():
     # the last core's third load reads past x: the joined load cannot bind, its parts run by the
     # general semantics, and the error names that part (instruction 2), as the interpreter does

@@ -311,12 +311,31 @@ class BoundRun:
             self.batched = False
         else:
             steps, self.parts, self.absorbed = schedule.joined()
-            groups = _round_groups(steps, schedule.after)
+            groups = _round_groups(steps, schedule.after, functools.partial(self._regroup, bank.nbytes))
             self.batched = True
         b = Binder(buffers, bank)
         self.ops: list = []
         for group in groups:
             self._bind(b, group)
+
+    def _regroup(self, sp_bytes: int, groups: list) -> list:
+        """A round's groups (by unit and pc), those of the same instruction at different pcs taken
+        as one where their cores are then evenly spaced: a combining core runs the others'
+        loads, transposes and products at pcs of its own, and would cut their round in runs."""
+        alike: dict = {}
+        for group in groups:
+            live = [step for step in group if id(step) not in self.absorbed]
+            if live:
+                alike.setdefault((live[0][1], _likeness(live[0][3])), []).append(live)
+        out = []
+        for same in alike.values():
+            if len(same) > 1:
+                union = sorted((step for group in same for step in group), key=lambda step: step[0])
+                if len(spaced_runs(union, sp_bytes)) == 1:
+                    out.append(union)
+                    continue
+            out.extend(same)
+        return out
 
     def _bind(self, b: Binder, group) -> None:
         if self.absorbed:
@@ -335,7 +354,12 @@ class BoundRun:
             self.ops.append((fn, group))
         elif len(group) > 1:
             runs = spaced_runs(group, b.sp_bytes)
-            for run in (runs if len(runs) > 1 else [[step] for step in group]):
+            if len(runs) == 1:  # evenly spaced, yet not taken whole: by pc (_regroup's parts), else alone
+                pcs: dict = {}
+                for step in group:
+                    pcs.setdefault(step[2], []).append(step)
+                runs = list(pcs.values()) if len(pcs) > 1 else [[step] for step in group]
+            for run in runs:
                 self._bind(b, run)
         else:
             m = self.machine
@@ -431,11 +455,12 @@ def _join(first, then):
 
 def _likeness(ins) -> tuple:
     """What a fast form needs alike in the members it takes as one: every operand but where it
-    sits (tiles by shape and dtype, device addresses by buffer)."""
+    sits (tiles by shape and dtype, device addresses by buffer; a send's far core is where its
+    destination sits, spaced with it by _addresses)."""
     key = [type(ins)]
     for f in fields(ins):
         value = getattr(ins, f.name)
-        if isinstance(value, Addr):
+        if isinstance(value, Addr) or f.name == "core":
             continue
         key.append(value.symbol if isinstance(value, DevAddr) else
                    value.shape_key if isinstance(value, Tile) else value)
@@ -492,7 +517,7 @@ def spaced_runs(group, sp_bytes: int) -> list[list]:
     return runs
 
 
-def _round_groups(steps, after):
+def _round_groups(steps, after, regroup=None):
     """Independent cores, in rounds: each core's next step if the steps of other cores it must
     follow (`after`) ran in an earlier round; those of a round by instruction (same unit and pc).
 
@@ -523,5 +548,5 @@ def _round_groups(steps, after):
         for k in ran:
             done[k] = True
         left -= len(ran)
-        groups.extend(at_k.values())
+        groups.extend(regroup(list(at_k.values())) if regroup is not None else at_k.values())
     return groups
