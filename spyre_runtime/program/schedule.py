@@ -21,7 +21,12 @@ program, and the views a run needs are a property of its bound addresses.
   has yet to do runs, alike ones as one operation over all their tiles (the bank
   keeps every core's scratchpad in one tensor), keeping each core's own order.
   What one core must wait for is the schedule's own: a ring send into bytes
-  another core touches, ordered as the interpreter ordered the two.
+  another core touches, ordered as the interpreter ordered the two. Before the
+  rounds, each core's back-to-back loads (stores) that continue one another are
+  joined into one (`coalesce`); in a round, alike instructions at different pcs
+  go together when their cores are then evenly spaced (`BoundRun._regroup`), and
+  a group a fast form cannot take whole goes in evenly spaced runs of cores
+  (`spaced_runs`) before one core at a time.
 
 A failing operation is run again one instruction at a time by the general
 semantics, so the error names the core, unit and instruction as the
