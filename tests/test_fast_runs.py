@@ -248,6 +248,138 @@ def test_a_failing_fast_form_is_named_by_the_general_semantics():
         bound.run()
 
 
+def _tile_copy(rows_of=(0, 1, 2, 5, 6, 7), pieces=4, row_bytes=128, bad_piece=None):
+    """Core c copies fp16 block rows_of[c] (64 rows of `row_bytes`) of x to out, the block loaded
+    as `pieces` back-to-back loads of 64 / pieces rows (a weight tile as the matmul plans load it)
+    and stored in one. The cores' blocks are not evenly spaced (0, 1, 2, then 5, 6, 7). With
+    `bad_piece`, that load of the last core reads past x."""
+    blocks = max(rows_of) + 1
+    syms = (Symbol("x", "input", "fp16", (blocks * 64, row_bytes // 2), (row_bytes // 2, 1)),
+            Symbol("out", "output", "fp16", (blocks * 64, row_bytes // 2), (row_bytes // 2, 1)))
+    cps = []
+    step = 64 // pieces
+    for c, r in enumerate(rows_of):
+        ls = []
+        for p in range(pieces):
+            src = (r * 64 + p * step) * row_bytes
+            if bad_piece == p and c == len(rows_of) - 1:
+                src = blocks * 64 * row_bytes
+            ls.append(isa.Load(Addr(p * step * 128), DevAddr("x", src), step, row_bytes, row_bytes, 128))
+        ls.append(isa.Store(DevAddr("out", r * 64 * row_bytes), Addr(0), 64, row_bytes, row_bytes, 128))
+        cps.append(CoreProgram(c, (("ls", tuple(ls)),)))
+    return Program("tile_copy", syms, tuple(cps))
+
+
+@pytest.mark.parametrize("row_bytes", [128, 96])  # (96: each scratchpad row's last 32 bytes masked)
+def test_back_to_back_loads_join_and_unevenly_spaced_cores_run_in_evenly_spaced_runs(row_bytes):
+    program = _tile_copy(row_bytes=row_bytes)
+    general, fast, bound = _both(program)
+    for sym in program.symbols:
+        assert torch.equal(general[sym.name], fast[sym.name]), sym.name
+    # each core's four loads are one load of 64 rows; the six cores' loads two operations (cores
+    # 0-2 and 3-5: blocks 0, 1, 2 and 5, 6, 7), not one per core
+    loads = [group for _, group in bound.ops if isinstance(group[0][3], isa.Load)]
+    assert [len(group) for group in loads] == [3, 3]
+    assert all(group[0][3].rows == 64 for group in loads)
+    assert len(bound.ops) == 4  # and the stores, alike
+    blocks = fast["out"].view(torch.float16).view(8, 64, row_bytes // 2)
+    assert torch.equal(blocks[[0, 1, 2, 5, 6, 7]], fast["x"].view(torch.float16).view(8, 64, -1)[[0, 1, 2, 5, 6, 7]])
+
+
+def test_transfers_of_one_row_join_whatever_their_strides():
+    # (a one-row transfer's stride does nothing: attention's query rows come in as loads of one
+    # row with stride 0, its output rows go out likewise)
+    syms = (Symbol("q", "input", "fp16", (8, 64), (64, 1)), Symbol("out", "output", "fp16", (8, 64), (64, 1)))
+    cps = []
+    for c in range(2):
+        ls = [isa.Load(Addr(r * 128), DevAddr("q", (c * 4 + r) * 128), 1, 128, 0, 128) for r in range(4)]
+        ls += [isa.Store(DevAddr("out", (c * 4 + r) * 128), Addr(r * 128), 1, 128, 0, 128) for r in range(4)]
+        cps.append(CoreProgram(c, (("ls", tuple(ls)),)))
+    program = Program("rows", syms, tuple(cps))
+    general, fast, bound = _both(program)
+    assert torch.equal(general["out"], fast["out"]) and torch.equal(fast["out"], fast["q"])
+    assert [(type(group[0][3]).__name__, len(group), group[0][3].rows) for _, group in bound.ops] == \
+        [("Load", 2, 4), ("Store", 2, 4)]
+
+
+def test_the_same_instruction_at_another_pc_joins_its_round():
+    # core 2 runs the same transpose as the others inside a loop of one (a combining core's
+    # program is laid out otherwise): its pc differs, its round is the same, and the four
+    # transposes run as one operation
+    syms = (Symbol("x", "input", "fp16", (4 * 64, 64), (64, 1)), Symbol("out", "output", "fp16", (4 * 64, 64), (64, 1)))
+    cps = []
+    for c in range(4):
+        t = isa.Transpose(Tile(Addr(8192), "fp16", 64, 64, 128), Tile(Addr(0), "fp16", 64, 64, 128))
+        body = (isa.Loop(1), t, isa.EndLoop()) if c == 2 else (t,)
+        ls = (isa.Load(Addr(0), DevAddr("x", c * 8192), 64, 128, 128, 128), *body,
+              isa.Store(DevAddr("out", c * 8192), Addr(8192), 64, 128, 128, 128))
+        cps.append(CoreProgram(c, (("ls", ls),)))
+    program = Program("transposes", syms, tuple(cps))
+    general, fast, bound = _both(program)
+    assert torch.equal(general["out"], fast["out"])
+    x = fast["x"].view(torch.float16).view(4, 64, 64)
+    assert torch.equal(fast["out"].view(torch.float16).view(4, 64, 64), x.transpose(1, 2))
+    assert [(type(group[0][3]).__name__, len(group)) for _, group in bound.ops] == \
+        [("Load", 4), ("Transpose", 4), ("Store", 4)]
+
+
+def test_a_joined_load_that_fails_is_named_by_its_own_part():
+    # the last core's third load reads past x: the joined load cannot bind, its parts run by the
+    # general semantics, and the error names that part (instruction 2), as the interpreter does
+    program = _tile_copy(bad_piece=2)
+    inputs = _inputs(program)
+    general = _buffers(program, inputs)
+    with pytest.raises(ProgramError) as raised:
+        Machine(program, general, S).run()
+    fast = _buffers(program, inputs)
+    bound = BoundRun(Schedule(program, S), program, fast, ScratchBank(S, 32))
+    with pytest.raises(ProgramError, match=r"core 5 unit ls instruction 2 \(load\)") as e:
+        bound.run()
+    assert str(e.value) == str(raised.value)
+    # core 5's store never ran (the other cores' may have: the run stops at the failure)
+    assert (fast["out"].view(8, 64 * 128)[7] == 0xAB).all() and (general["out"].view(8, 64 * 128)[7] == 0xAB).all()
+
+
+def _matmuls(cores=4, accumulate=True, spaced=(0, 1, 2, 3)):
+    """Core c: acc = a[c] @ b[c] (+ a2[c] @ b2[c] with `accumulate`), fp16 tiles, fp32 result;
+    its tiles at scratchpad offset 256 * spaced[c] (unevenly spaced over the cores if asked)."""
+    M, K, N = 4, 64, 32
+    syms = (Symbol("a", "input", "fp16", (cores * 2 * M, K), (K, 1)), Symbol("b", "input", "fp16", (cores * 2 * K, N), (N, 1)),
+            Symbol("out", "output", "fp32", (cores * M, N), (N, 1)))
+    cps, queues = [], []
+    for c in range(cores):
+        base = 256 * spaced[c]
+        A = lambda k: Tile(Addr(base + k * 1024), "fp16", M, K, 128)  # noqa: E731
+        B = lambda k: Tile(Addr(base + 4096 + k * 16384), "fp16", K, N, 128)  # noqa: E731
+        acc = Tile(Addr(base + 40960), "fp32", M, N, 128)
+        queues += [Queue(f"f{c}", (c, "ls"), (c, "pe"), 1), Queue(f"d{c}", (c, "pe"), (c, "ls"), 1)]
+        ls = [isa.Load(Addr(base + k * 1024), DevAddr("a", ((2 * c + k) * M) * K * 2), M, K * 2, K * 2, 128)
+              for k in range(2)]
+        ls += [isa.Load(Addr(base + 4096 + k * 16384), DevAddr("b", ((2 * c + k) * K) * N * 2), K, N * 2, N * 2, 128)
+               for k in range(2)]
+        ls += [isa.Push(f"f{c}"), isa.Pop(f"d{c}"),
+               isa.Store(DevAddr("out", c * M * N * 4), Addr(base + 40960), M, N * 4, N * 4, 128)]
+        pe = [isa.Pop(f"f{c}"), isa.MatMul(acc, A(0), B(0), accumulate=False)]
+        if accumulate:
+            pe.append(isa.MatMul(acc, A(1), B(1), accumulate=True))
+        pe.append(isa.Push(f"d{c}"))
+        cps.append(CoreProgram(c, (("ls", tuple(ls)), ("pe", tuple(pe)))))
+    return Program("matmuls", syms, tuple(cps), tuple(queues))
+
+
+@pytest.mark.parametrize("spaced", [(0, 1, 2, 3), (0, 1, 2, 7)])
+def test_the_matmuls_of_several_cores_run_as_one_operation_each_with_one_product_per_core(spaced):
+    program = _matmuls(spaced=spaced)
+    general, fast, bound = _both(program)
+    assert torch.equal(general["out"], fast["out"])
+    a = fast["a"].view(torch.float16).float().view(4, 2, 4, 64)
+    b = fast["b"].view(torch.float16).float().view(4, 2, 64, 32)
+    want = torch.stack([torch.mm(a[c, 0], b[c, 0]).add_(torch.mm(a[c, 1], b[c, 1])) for c in range(4)])
+    assert torch.equal(fast["out"].view(torch.float32).view(4, 4, 32), want)
+    sizes = [len(group) for _, group in bound.ops if isinstance(group[0][3], isa.MatMul)]
+    assert sizes == ([4, 4] if spaced == (0, 1, 2, 3) else [3, 1, 3, 1])
+
+
 def test_the_schedule_walk_raises_the_interpreters_deadlock():
     syms = (Symbol("x", "input", "fp32", (32,), (1,)),)
     program = Program("dead", syms, (CoreProgram(0, (("ls", (isa.Pop("out"), isa.Push("in"))),
@@ -333,7 +465,7 @@ def _plans_after(fn, *args):
 
 
 @pytest.mark.parametrize("case", ["add", "matmul", "sum", "softmax", "embedding", "rand", "randn", "attention",
-                                  "index_put", "index_put_accumulate", "decode_attention"])
+                                  "index_put", "index_put_accumulate", "decode_attention", "decode_projection"])
 def test_compiled_programs_give_the_interpreters_bits(case):
     from spyre_runtime.program.schedule import BIND_ERRORS
 
@@ -359,6 +491,10 @@ def test_compiled_programs_give_the_interpreters_bits(case):
         # (Send's fast form, the rounds of schedule.ring_order)
         "decode_attention": (lambda q, k: torch.nn.functional.scaled_dot_product_attention(q, k, k),
                              (a[:4].reshape(1, 4, 1, 64).half(), torch.randn(1, 4, 1024, 64, generator=g).half())),
+        # one row against a weight stored transposed, k split unevenly over the cores (joined
+        # loads, unevenly spaced runs, the matmuls of a round as one operation)
+        "decode_projection": (lambda x, w: x @ w.t(), (torch.randn(1, 768, generator=g).half(),
+                                                        torch.randn(256, 768, generator=g).half())),
     }[case]
     errors = BIND_ERRORS.copy()
     dev = [t.to("spyre") for t in args]

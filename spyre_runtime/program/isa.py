@@ -496,23 +496,43 @@ class MatMul(Instruction):
 
     @classmethod
     def bind(cls, b, group):
-        if len(group) != 1:
-            return None  # one matmul per core: a batched one may sum in another order
-        (core, i, idx), = group
-        out, a, bb = b.tile([(core, i.acc, idx)]), b.tile([(core, i.a, idx)]), b.tile([(core, i.b, idx)])
+        first = group[0][1]
+        key = (first.acc.shape_key, first.a.shape_key, first.b.shape_key, first.accumulate)
+        if any((i.acc.shape_key, i.a.shape_key, i.b.shape_key, i.accumulate) != key for _, i, _ in group):
+            return None
+        out = b.tile([(c, i.acc, idx) for c, i, idx in group])
+        a = b.tile([(c, i.a, idx) for c, i, idx in group])
+        bb = b.tile([(c, i.b, idx) for c, i, idx in group])
         if out is None or a is None or bb is None:
             return None
-        # (operands converted into buffers of their own, the product into one: no allocation per
-        # run, the same torch.mm and the same sum)
-        read_a, read_b, out = b.into(a[0], i.a, torch.float32), b.into(bb[0], i.b, torch.float32), out[0]
-        if i.accumulate:
-            product = torch.empty(out.shape, dtype=torch.float32)
+        # Every member's operands converted at once into buffers bound now (a round's members
+        # touch no bytes another writes), then one torch.mm per member into its own tile, as run
+        # does: one batched product may sum in another order. No allocation per run.
+        refresh_a, a32 = b.converted(a, first.a, torch.float32)
+        refresh_b, b32 = b.converted(bb, first.b, torch.float32)
+        refresh = [r for r in (refresh_a, refresh_b) if r is not None]
+        mm = torch.mm
+        if first.accumulate:
+            # each member's product into a buffer of its own, then one add over them all: the
+            # same elementwise sums as run's `out.add_(a @ b)`, in one operation
+            products = b.buffer(out.shape, torch.float32)
+            members = [(a32[k], b32[k], products[k]) for k in range(len(group))]
 
             def accumulate():
-                torch.mm(read_a(), read_b(), out=product)
-                out.add_(product)
+                for r in refresh:
+                    r()
+                for x, y, p in members:
+                    mm(x, y, out=p)
+                out.add_(products)
             return accumulate
-        return lambda: torch.mm(read_a(), read_b(), out=out)
+        members = [(a32[k], b32[k], out[k]) for k in range(len(group))]
+
+        def overwrite():
+            for r in refresh:
+                r()
+            for x, y, o in members:
+                mm(x, y, out=o)
+        return overwrite
 
     def cost(self, t, core, idx):
         return t.pe(self.a.rows, self.b.cols, self.a.cols)

@@ -21,7 +21,12 @@ program, and the views a run needs are a property of its bound addresses.
   has yet to do runs, alike ones as one operation over all their tiles (the bank
   keeps every core's scratchpad in one tensor), keeping each core's own order.
   What one core must wait for is the schedule's own: a ring send into bytes
-  another core touches, ordered as the interpreter ordered the two.
+  another core touches, ordered as the interpreter ordered the two. Before the
+  rounds, each core's back-to-back loads (stores) that continue one another are
+  joined into one (`coalesce`); in a round, alike instructions at different pcs
+  go together when their cores are then evenly spaced (`BoundRun._regroup`), and
+  a group a fast form cannot take whole goes in evenly spaced runs of cores
+  (`spaced_runs`) before one core at a time.
 
 A failing operation is run again one instruction at a time by the general
 semantics, so the error names the core, unit and instruction as the
@@ -31,12 +36,14 @@ interpreter's does (the failing instructions check before they write).
 from __future__ import annotations
 
 import collections
+import functools
+from dataclasses import fields
 
 import torch
 
 from . import isa
 from .execute import Machine, ScratchBank, failure, run_one
-from .operands import COMPUTE, DTYPES, ITEMSIZE
+from .operands import COMPUTE, DTYPES, ITEMSIZE, Addr, DevAddr, Tile, sticks
 from .validate import ProgramError
 
 MAX_BOUND_STEPS = 200_000  # a longer schedule is run by `run` in order (views are built per step)
@@ -71,6 +78,14 @@ class Schedule:
             if id(ins) not in sizes:
                 sizes[id(ins)] = step_bytes(ins)
         self.mean_step_bytes = sum(sizes[id(ins)] for _, _, _, ins, _ in steps) / max(len(steps), 1)
+        self._joined = None
+
+    def joined(self):
+        """(steps, parts, absorbed) for a batched run: `steps` with each core's back-to-back
+        transfers that continue one another joined (coalesce)."""
+        if self._joined is None:
+            self._joined = coalesce(self.steps, self.after)
+        return self._joined
 
 
 def _counts_written_first(steps, guards, words) -> bool:
@@ -239,6 +254,21 @@ class Binder:
 
 
     @staticmethod
+    def buffer(shape, dtype: torch.dtype) -> torch.Tensor:
+        return member_buffer(shape, dtype)
+
+    @staticmethod
+    def converted(view: torch.Tensor, tile, dtype: torch.dtype):
+        """(refresh, value): `value` is what Machine.read gives for `tile` over a bound view once
+        `refresh()` ran (None: nothing to run, the view is read as it is); a conversion is made
+        into a buffer allocated now, so a fast form may keep slices of it (one member each)."""
+        shape = view.shape[:-2] + (tile.rows, tile.cols)
+        if view.dtype == dtype:
+            return None, (view.expand(shape) if tile.broadcast != "none" else view)
+        buffer = member_buffer(view.shape, dtype)
+        return functools.partial(buffer.copy_, view), (buffer.expand(shape) if tile.broadcast != "none" else buffer)
+
+    @staticmethod
     def into(view: torch.Tensor, tile, dtype: torch.dtype):
         """As `reader`, converting into a buffer of its own allocated now (a conversion per run,
         no allocation per run): for operands a fast form reads once per run and does not keep."""
@@ -247,6 +277,15 @@ class Binder:
         buffer = torch.empty(view.shape, dtype=dtype)
         value = buffer.expand(view.shape[:-2] + (tile.rows, tile.cols)) if tile.broadcast != "none" else buffer
         return lambda: (buffer.copy_(view), value)[1]
+
+
+def member_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An empty (members, rows, cols) tensor whose members each start on 64 bytes, as a tensor
+    of their own would (a library kernel may take another path over unaligned operands)."""
+    members, rows, cols = shape
+    size = torch.empty((), dtype=dtype).element_size()
+    slot = -(-rows * cols * size // 64) * 64 // size
+    return torch.empty(members * slot, dtype=dtype).as_strided((members, rows, cols), (slot, cols, 1))
 
 
 def _device_spans(steps, buffers):
@@ -292,6 +331,8 @@ class BoundRun:
 
     def __init__(self, schedule: Schedule, program, buffers: dict[str, torch.Tensor], bank: ScratchBank):
         self.program, self.bank = program, bank
+        self.parts: dict[int, list] = {}  # id of a joined step -> the program's steps it joins
+        self.absorbed: set[int] = set()  # ids of steps a joined step does (they do nothing themselves)
         self.machine = m = Machine(program, buffers, bank.nbytes)
         m.bank = bank  # never released by this machine: the bound run's caller owns the bank
         steps = schedule.steps
@@ -305,7 +346,8 @@ class BoundRun:
             groups = [[s] for s in steps]
             self.batched = False
         else:
-            groups = _round_groups(steps, schedule.after)
+            steps, self.parts, self.absorbed = schedule.joined()
+            groups = _round_groups(steps, schedule.after, functools.partial(self._regroup, bank.nbytes))
             self.batched = True
         b = Binder(buffers, bank)
         self.ops: list = []
@@ -314,7 +356,30 @@ class BoundRun:
             self._bind(b, group)
         del self._index
 
+    def _regroup(self, sp_bytes: int, groups: list) -> list:
+        """A round's groups (by unit and pc), those of the same instruction at different pcs taken
+        as one where their cores are then evenly spaced: a combining core runs the others'
+        loads, transposes and products at pcs of its own, and would cut their round in runs."""
+        alike: dict = {}
+        for group in groups:
+            live = [step for step in group if id(step) not in self.absorbed]
+            if live:
+                alike.setdefault((live[0][1], _likeness(live[0][3])), []).append(live)
+        out = []
+        for same in alike.values():
+            if len(same) > 1:
+                union = sorted((step for group in same for step in group), key=lambda step: step[0])
+                if len(spaced_runs(union, sp_bytes)) == 1:
+                    out.append(union)
+                    continue
+            out.extend(same)
+        return out
+
     def _bind(self, b: Binder, group) -> None:
+        if self.absorbed:
+            group = [step for step in group if id(step) not in self.absorbed]
+            if not group:
+                return
         cls = type(group[0][3])
         try:
             fn = cls.bind(b, [(core, ins, idx) for core, _, _, ins, idx in group])
@@ -330,12 +395,18 @@ class BoundRun:
         if fn is not None:
             self.ops.append((fn, group))
         elif len(group) > 1:
-            for step in group:
-                self._bind(b, [step])
+            runs = spaced_runs(group, b.sp_bytes)
+            if len(runs) == 1:  # evenly spaced, yet not taken whole: by pc (_regroup's parts), else alone
+                pcs: dict = {}
+                for step in group:
+                    pcs.setdefault(step[2], []).append(step)
+                runs = list(pcs.values()) if len(pcs) > 1 else [[step] for step in group]
+            for run in runs:
+                self._bind(b, run)
         else:
-            (core, unit, pc, ins, idx), = group
             m = self.machine
-            self.ops.append((lambda: run_one(m, core, unit, pc, ins, idx), group))
+            for core, unit, pc, ins, idx in self.parts.get(id(group[0]), group):
+                self.ops.append((functools.partial(run_one, m, core, unit, pc, ins, idx), group))
 
     def run(self) -> None:
         if self.guards is not None:
@@ -371,13 +442,146 @@ class BoundRun:
             raise e
         # A fast form failed: again by the general semantics, one instruction at a time, so the
         # error names where (the failing instructions check before they write).
+        group = [part for step in group for part in self.parts.get(id(step), (step,))]
         for core, unit, pc, ins, idx in group:
             run_one(self.machine, core, unit, pc, ins, idx)
         core, unit, pc, ins, idx = group[0]
         raise failure(self.program, core, unit, pc, ins, e) from e
 
 
-def _round_groups(steps, after):
+def coalesce(steps, after):
+    """Each core's back-to-back loads (stores) that continue one another joined into one: the
+    next one moves the rows right after the last one's, from the same buffer with the same
+    strides, into (from) the scratchpad rows right after its. A matmul's weight tile comes in as
+    several loads of a few rows; joined, a batched run moves it in one operation.
+
+    Joined loads write the very bytes the parts wrote and read the very bytes they read; the
+    later part runs when the earlier would, which nothing forbids: it is the next step of its
+    core, rows never overlap, and a step that waits for another core's step (`after`: a ring send
+    into its bytes) is never joined to the one before it. The joined step takes the first part's
+    place; the later parts keep theirs, as steps that do nothing (`absorbed`), so that cores
+    whose loads join and cores whose loads do not still reach the same instructions in the
+    same rounds. Returns (steps, {id(joined step): [the program's steps it joins]}, absorbed ids)."""
+    out, parts, absorbed, last = list(steps), {}, set(), {}
+    for k, step in enumerate(steps):
+        core = step[0]
+        j = last.get(core)
+        if j is not None and not after.get(k):
+            joined = _join(out[j], step)
+            if joined is not None:
+                parts[id(joined)] = parts.pop(id(out[j]), [out[j]]) + [step]
+                out[j] = joined
+                absorbed.add(id(step))
+                continue
+        last[core] = k
+    return out, parts, absorbed
+
+
+def _join(first, then):
+    """One Load (Store) step doing `first` and then `then`, or None if they do not continue.
+    (The stride of a transfer of one row is no part of what it does: a row joins the next
+    whatever its stride.)"""
+    core, unit, pc, a, ia = first
+    _, unit2, _, b, ib = then
+    kind = type(a)
+    if kind is not type(b) or kind not in (isa.Load, isa.Store) or unit != unit2 or a.row_bytes != b.row_bytes:
+        return None
+    load = kind is isa.Load
+    da, db = (a.src, b.src) if load else (a.dst, b.dst)
+    sa, sb = (a.dst, b.dst) if load else (a.src, b.src)
+    if da.symbol != db.symbol:
+        return None
+    dev_at, sp_at = da.at(ia), sa.at(ia)
+    dev_gap, sp_gap = db.at(ib) - dev_at, sb.at(ib) - sp_at
+
+    def strides(i):  # (device stride, scratchpad stride)
+        return (i.src_stride, i.dst_stride) if load else (i.dst_stride, i.src_stride)
+
+    if a.rows > 1:
+        dev_stride, sp_stride = strides(a)
+    elif b.rows > 1:
+        dev_stride, sp_stride = strides(b)
+    else:
+        dev_stride, sp_stride = dev_gap, sp_gap
+    if (b.rows > 1 and strides(b) != (dev_stride, sp_stride)) or \
+            (dev_gap, sp_gap) != (a.rows * dev_stride, a.rows * sp_stride):
+        return None
+    # rows apart (a load writes each scratchpad row's padding too; a store's rows land in order)
+    if sp_stride < sticks(a.row_bytes) or dev_stride < 0 or (not load and dev_stride < a.row_bytes):
+        return None
+    rows = a.rows + b.rows
+    if load:
+        joined = isa.Load(Addr(sp_at), DevAddr(da.symbol, dev_at), rows, a.row_bytes, dev_stride, sp_stride)
+    else:
+        joined = isa.Store(DevAddr(da.symbol, dev_at), Addr(sp_at), rows, a.row_bytes, dev_stride, sp_stride)
+    return core, unit, pc, joined, ()
+
+
+def _likeness(ins) -> tuple:
+    """What a fast form needs alike in the members it takes as one: every operand but where it
+    sits (tiles by shape and dtype, device addresses by buffer; a send's far core is where its
+    destination sits, spaced with it by _addresses)."""
+    key = [type(ins)]
+    for f in fields(ins):
+        value = getattr(ins, f.name)
+        if isinstance(value, Addr) or f.name == "core":
+            continue
+        key.append(value.symbol if isinstance(value, DevAddr) else
+                   value.shape_key if isinstance(value, Tile) else value)
+    return tuple(key)
+
+
+def _addresses(step, sp_bytes: int):
+    """Where `step`'s operands sit, one number per operand in the frames a Binder spaces members
+    in (the bank for scratchpad operands, a buffer's bytes for device ones), and what must be
+    alike besides (_likeness); None for an operand found only at run time (gathers, scatters)."""
+    core, _, _, ins, idx = step
+    where, names = [], [_likeness(ins)]
+    for touch in ins.touches():
+        kind = touch[0]
+        if kind == "tile":
+            if touch[1] is not None:
+                where.append(core * sp_bytes + touch[1].addr.at(idx))
+        elif kind == "sp_rows":
+            where.append(core * sp_bytes + touch[1].at(idx))
+        elif kind == "sp_rows_on":
+            where.append(touch[1] * sp_bytes + touch[2].at(idx))
+        elif kind == "dev_rows":
+            where.append(touch[1].at(idx))
+            names.append(touch[1].symbol)
+        elif kind.startswith("dev"):
+            return None
+    return tuple(where), tuple(names)
+
+
+def spaced_runs(group, sp_bytes: int) -> list[list]:
+    """A round's group that a fast form cannot take whole, cut into runs of consecutive members
+    whose operands are all evenly spaced (what a Binder view over members needs), so a fast form
+    may take each run as one operation. A round's steps touch no bytes another of them writes, so
+    they may run in any grouping. Members whose addresses come from the data stay alone."""
+    runs: list[list] = []
+    run, step, last = [], None, None
+    for member in group:
+        here = _addresses(member, sp_bytes)
+        if here is None:
+            runs.extend([run, [member]] if run else [[member]])
+            run, step, last = [], None, None
+            continue
+        if run and here[1] == last[1] and len(here[0]) == len(last[0]):
+            diff = tuple(h - p for h, p in zip(here[0], last[0]))
+            if min(diff, default=0) >= 0 and (step is None or diff == step):
+                run.append(member)
+                step, last = diff, here
+                continue
+        if run:
+            runs.append(run)
+        run, step, last = [member], None, here
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _round_groups(steps, after, regroup=None):
     """Independent cores, in rounds: each core's next step if the steps of other cores it must
     follow (`after`) ran in an earlier round; those of a round by instruction (same unit and pc).
 
@@ -408,5 +612,5 @@ def _round_groups(steps, after):
         for k in ran:
             done[k] = True
         left -= len(ran)
-        groups.extend(at_k.values())
+        groups.extend(regroup(list(at_k.values())) if regroup is not None else at_k.values())
     return groups
