@@ -46,8 +46,7 @@ from ...core.tiles import Role, TileKernel, live_ranges, tile_geometry
 from ...ir.errors import PlanError
 
 PE_ROWS = 64  # rows per core from which the PE arrays run at full fill efficiency (8 rows x 8 passes)
-SPLIT_K_ROWS = 128  # matmuls with at most this many rows (per batch) also try plans that split k over
-# cores: up to two PE row blocks, a prefill projection with few columns leaves most cores idle too
+SPLIT_K_ROWS = 64  # matmuls with at most this many rows (per batch) try plans that split k over cores
 
 
 @dataclass(frozen=True)
