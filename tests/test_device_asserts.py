@@ -58,10 +58,27 @@ def test_compiled_one_hot_of_an_id_out_of_range_fails_with_one_hots_message(ids,
             torch.spyre.synchronize()
 
 
-def test_the_check_follows_the_work_that_computes_its_condition_on_another_stream():
-    x = torch.zeros(4).to(SPYRE)
+def test_the_check_waits_for_the_condition_computed_on_another_stream():
+    x = torch.zeros(1 << 16).to(SPYRE)
     side = torch.spyre.Stream()
-    with strict_mode(True), torch.spyre.stream(side):
-        cond = (x + 1).all()  # computed on the side stream
-        torch._assert_async(cond, "not reached")
-    torch.spyre.synchronize()
+    with strict_mode(True):
+        with torch.spyre.stream(side):
+            cond = (x > 5).all()  # false, written by the side stream
+        torch._assert_async(cond, "read after the side stream wrote it")  # checked on the current stream
+        with pytest.raises(StreamError, match="read after the side stream wrote it"):
+            torch.spyre.synchronize()
+
+
+def test_an_empty_message_fails_in_the_cpus_words():
+    torch._assert_async(torch.tensor(0.0).to(SPYRE), "")
+    with pytest.raises(StreamError, match="Assertion is failed"):
+        torch.spyre.synchronize()
+
+
+def test_the_functional_form_checks_and_hands_back_a_new_token():
+    token = torch.ones(1).to(SPYRE)
+    out = torch.ops.aten._functional_assert_async.msg(torch.tensor(1).to(SPYRE), "fine", token)
+    assert out.device == token.device and out.data_ptr() != token.data_ptr()
+    torch.ops.aten._functional_assert_async.msg(torch.tensor(0).to(SPYRE), "the functional form", token)
+    with pytest.raises(StreamError, match="the functional form"):
+        torch.spyre.synchronize()

@@ -29,7 +29,8 @@ def assert_async(cond: torch.Tensor, message: str = DEFAULT_MESSAGE) -> None:
     if cond.numel() != 1:  # the CPU's words, at the call: the size is known without the data
         count = "no values" if cond.numel() == 0 else "more than one value"
         raise RuntimeError(f"Boolean value of Tensor with {count} is ambiguous")
-    if queues.in_host_operation():  # inside a host operation already: check now
+    if queues.in_host_operation():  # inside a host operation (its stream's turn): check now, and a
+        # false one raises to that operation's caller, as any error inside it does
         _check(cond, message)
         return
     device = cond.device.index
@@ -40,12 +41,12 @@ def assert_async(cond: torch.Tensor, message: str = DEFAULT_MESSAGE) -> None:
 
 def _check(cond: torch.Tensor, message: str) -> None:
     if not bool(_C.host_alias(cond).item()):
-        raise RuntimeError(message)
+        raise RuntimeError(message or "Assertion is failed")  # (the CPU's words for an empty one)
 
 
 def functional_assert_async(cond: torch.Tensor, message: str, dep_token: torch.Tensor) -> torch.Tensor:
     assert_async(cond, message)
-    return dep_token
+    return dep_token.clone()  # (a new token, as the CPU's: the op's schema does not alias it)
 
 
 def install() -> None:

@@ -25,11 +25,14 @@ def _on_spyre(x) -> bool:
 
 
 def _spyre_assert(op, inductor_lowering):
-    def lowering(cond, *args):
+    def lowering(cond, msg, *token):
         if not _on_spyre(cond):
-            return inductor_lowering(cond, *args)
+            return inductor_lowering(cond, msg, *token)
         cond.realize()
-        return L.fallback_handler(op, add_to_fallback_set=False)(cond, *args)
+        # the side-effecting form even for the functional one, whose FallbackKernel Inductor would
+        # drop as unused (it is not impure); its token passes through
+        L.fallback_handler(aten._assert_async.msg, add_to_fallback_set=False)(cond, msg)
+        return token[0] if token else None
 
     return lowering
 

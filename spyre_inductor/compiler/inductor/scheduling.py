@@ -96,24 +96,40 @@ def artifact_root() -> Path:
     return Path(cache_dir()) / "spyre" / compiler_version()
 
 
-def _written_storages(node) -> dict[str, str]:
-    """Each buffer a scheduler node writes -> the buffer whose memory it is (a cat's input
-    computed into its slice of the cat: NonOwningLayout)."""
-    out = {}
+def _written_spans(node) -> list[tuple[str, object]]:
+    """(the buffer whose memory it is, its element span or None) of each buffer a scheduler node
+    writes: a cat's input computed into its slice of the cat (NonOwningLayout) is a span of the
+    cat's buffer; None when the span is symbolic (or the node writes a buffer of its own)."""
+    out = []
     for n in node.get_nodes():
         layout = n.node.get_layout()
-        base = layout.view.get_name() if isinstance(layout, ir.NonOwningLayout) else n.get_name()
-        out[n.get_name()] = base
+        if not isinstance(layout, ir.NonOwningLayout):
+            out.append((n.get_name(), None))
+            continue
+        view = layout.view.get_layout()
+        try:
+            lo = int(view.offset)
+            hi = lo + sum((int(size) - 1) * int(stride) for size, stride in zip(view.size, view.stride))
+            span = (lo, hi)
+        except (TypeError, ValueError):  # symbolic sizes: assume the spans meet
+            span = None
+        out.append((layout.view.get_name(), span))
     return out
 
 
 def _write_into_one_buffer(node1, node2) -> bool:
-    """Two nodes computing different slices of one buffer (a cat made by ConcatKernel: gpt-oss's
-    rotary ``cat((first_, second_), -1)``) stay two programs: fused, one launch would write two
-    outputs that are interleaved views of the same bytes, which the launch refuses (partial sticks
-    of one buffer from two outputs race on the card)."""
-    a, b = _written_storages(node1), _written_storages(node2)
-    return bool(set(a.values()) & set(b.values()))
+    """Two nodes computing slices of one buffer whose element spans interleave (a cat made by
+    ConcatKernel along an inner dim: gpt-oss's rotary ``cat((first_, second_), -1)``) stay two
+    programs: fused, one launch would write two outputs over the same bytes, which the launch
+    refuses (partial sticks of one buffer from two outputs race on the card). Slices one after
+    the other (a cat along the outermost dim) may fuse."""
+    for base, span in _written_spans(node1):
+        for other, other_span in _written_spans(node2):
+            if base != other:
+                continue
+            if span is None or other_span is None or (span[0] <= other_span[1] and other_span[0] <= span[1]):
+                return True
+    return False
 
 
 def compile_kernel(kernel: Kernel) -> tuple[Path | None, str | None]:
