@@ -111,6 +111,13 @@ from spyre_inductor.device import queues
 from spyre_runtime.queue import HostCallback
 
 faulthandler.dump_traceback_later(90, exit=True)  # a hang shows every thread's stack
+# A user's Ctrl-C in an interactive process: the default handler, SIGINT not blocked, whatever
+# this child inherited from the test runner (an ignored or blocked SIGINT is inherited through
+# fork and exec); what it inherited is said on a hang
+print("inherited SIGINT:", signal.getsignal(signal.SIGINT), "blocked:",
+      signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []), file=sys.stderr, flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 def blocked_in_a_device_wait(ident):
     # The main thread sleeps in a lock's wait called from the runtime's queue: the
@@ -153,10 +160,10 @@ def interrupted(wait):
     torch.spyre.synchronize()  # the device is still usable afterwards
     return outcome
 
-print(interrupted(lambda s, e: torch.spyre.synchronize()))
-print(interrupted(lambda s, e: torch.accelerator.synchronize()))
-print(interrupted(lambda s, e: s.synchronize()))
-print(interrupted(lambda s, e: e.synchronize()))
+print(interrupted(lambda s, e: torch.spyre.synchronize()), flush=True)
+print(interrupted(lambda s, e: torch.accelerator.synchronize()), flush=True)
+print(interrupted(lambda s, e: s.synchronize()), flush=True)
+print(interrupted(lambda s, e: e.synchronize()), flush=True)
 """
 
 
@@ -165,7 +172,7 @@ def test_ctrl_c_during_a_wait_raises_keyboard_interrupt():
     KeyboardInterrupt (so ``except KeyboardInterrupt`` and the REPL behave), from
     each kind of wait. The interrupted wait leaves the device usable."""
     result = run_python(_INTERRUPTED_WAIT, SPYRE_NUM_DEVICES=1)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == ["KeyboardInterrupt ''"] * 4, result.stdout
 
 
