@@ -28,11 +28,11 @@ synchronize: the launches and the simulator running them (the machine's time, no
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import collections
 import os
 import pstats
-import sys
 import time
 import warnings
 
@@ -213,32 +213,46 @@ def whole_models() -> None:
                  "max err / (2^-11 scale)", "host ms per step"], rows)
 
 
-def main() -> None:
-    if "--transformers" in sys.argv:
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("--quick", action="store_true",
+                        help="the Llama-style tables only, prefill 128 and decode with a cache of 1024")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N",
+                        help="compiles per backend for the compile-time table (the best is kept; default 3)")
+    parser.add_argument("--profile", action="store_true", help="add where spyre's compile goes (cProfile)")
+    parser.add_argument("--compile-only", action="store_true", help="stop after the compile-time table")
+    parser.add_argument("--transformers", nargs="*", metavar="NAME",
+                        help="only the table of transformers' own models (all, or the NAMEs given)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.transformers is not None:
         from _transformers import transformers_table
-        transformers_table(sys.argv[sys.argv.index("--transformers") + 1:] or None)
+        transformers_table(args.transformers or None)
         return
-    quick = "--quick" in sys.argv
-    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
     for device in ("spyre", "cpu"):
         _warm_up(device)  # (its throwaway function makes a spyre tensor eagerly: before strict mode)
     os.environ["SPYRE_STRICT"] = "1"
     try:
-        compile_time(repeats)
-        if "--profile" in sys.argv:
+        compile_time(args.repeats)
+        if args.profile:
             profile_compile()
-        if "--compile-only" in sys.argv:
+        if args.compile_only:
             return
         cases = [("prefill 128, cache 128", 128, 128), ("decode 1, cache 128", 1, 128),
                  ("decode 1, cache 1024", 1, 1024)]
-        details = per_layer_table(cases if not quick else [cases[0], cases[2]])
+        details = per_layer_table(cases if not args.quick else [cases[0], cases[2]])
         for label in ("prefill 128, cache 128", "decode 1, cache 1024"):
             kernel_table(label, *details[label])
-        if not quick:
+        if not args.quick:
             whole_models()
     finally:
         del os.environ["SPYRE_STRICT"]
-    if not quick:
+    if not args.quick:
         from _transformers import transformers_table
         transformers_table()
 

@@ -32,7 +32,7 @@ if __name__ == "__main__":
     compiled_reductions.main()
     compiled_matmul.main()
     data_movement.main()
-    models.main()
+    models.main([])
     dynamic_sizes.main()
     eager.main([])
     eager_cache.main([])
