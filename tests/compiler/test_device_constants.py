@@ -51,3 +51,29 @@ def test_a_device_constant_compiles_and_matches_the_cpu(spyre, case, strict):
     torch.testing.assert_close(got.cpu(), want)
     after = torch.spyre.eager_cache_stats()
     assert (after.hits, after.misses) == (before.hits, before.misses)  # no eager op, for bookkeeping or else
+
+
+HOST_VALUES = {
+    # the CPU's arange computes in fp64: moved to the card as Inductor would, a cast to fp64 in a
+    # spyre program, refused under strict
+    "torch.arange(16.).to(x.device)": lambda x: x + torch.arange(16.0).to(x.device),
+    "torch.linspace(-1, 1, 16).to(x.device, torch.float16)":
+        lambda x: x * torch.linspace(-1.0, 1.0, 16).to(x.device, torch.float16),
+    "torch.full((16,), 0.1).to(x.device)": lambda x: x - torch.full((16,), 0.1).to(x.device),
+}
+
+
+@pytest.mark.parametrize("case", list(HOST_VALUES))
+def test_a_value_computed_on_the_cpu_is_copied_as_the_cpu_computed_it(spyre, case):
+    """A CPU tensor made inside the compiled function and moved to spyre is computed by a CPU
+    kernel and copied, bit for bit the CPU's value, under strict; the op on it is a spyre program."""
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    torch._dynamo.reset()
+    fn, a = HOST_VALUES[case], torch.randn(8, 16)
+    dtype = torch.float16 if "float16" in case else torch.float32
+    with strict_mode(True), record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+        got = torch.compile(fn)(a.to(dtype).to(spyre))
+    torch.testing.assert_close(got.cpu(), fn(a.to(dtype)), rtol=0, atol=0)
+    assert [r.fallback_reason for r in records if r.kernel is None] == []
+    assert len([r for r in records if r.artifact is not None]) == 1

@@ -251,6 +251,37 @@ def _read_from_memory(node) -> bool:
     return isinstance(data, ir.StorageBox) and isinstance(data.data, ir.Buffer)
 
 
+class HostValueCopy(ir.DeviceCopy):
+    """A value the graph computes on the CPU, copied to spyre as computed.
+
+    Inductor's ``DeviceCopy.create`` moves a CPU expression over constants (``torch.arange(10.)
+    .to(x.device)``) to the target device and computes it there, intermediate dtypes and all: the
+    CPU's arange is in fp64, which spyre programs do not compute (under strict: a refusal). What
+    the user wrote is a CPU tensor and a copy, so that is what runs: the expression as a CPU kernel,
+    its bytes copied in stream order. (Values made on spyre, ``arange(..., device=x.device)``, are
+    spyre programs as before.)"""
+
+    @classmethod
+    def create(cls, x, device: torch.device, non_blocking: bool):
+        V.graph.add_device_info(device)
+        V.graph.add_device_info(x.get_device())
+        x = ir.ExternKernel.require_contiguous(x)
+        stride = x.get_stride() if x.get_size() else None
+        layout = ir.FixedLayout(device, x.get_dtype(), x.get_size(), stride)
+        return cls(layout, [cls.realize_input(x)], (non_blocking,))
+
+
+def _host_value_to_spyre(inductor_device_put):
+    def lowering(x, device, non_blocking=False):
+        device = torch.device(device) if not isinstance(device, torch.device) else device
+        source = x.get_device()
+        if device.type == "spyre" and source is not None and source.type == "cpu" and not x.is_extern():
+            return ir.TensorBox.create(HostValueCopy.create(x, device, non_blocking))
+        return inductor_device_put(x, device, non_blocking)
+
+    return lowering
+
+
 def install() -> None:
     """Register the spyre-conditional lowerings (idempotent)."""
     global _installed
@@ -260,6 +291,8 @@ def install() -> None:
         for overload in (aten.pow.Tensor_Tensor, aten.pow.Scalar):
             inductor_pow = L.lowerings[overload]
             L.register_lowering(overload, broadcast=True)(_spyre_pow(inductor_pow))
+        L.register_lowering(torch.ops.prims.device_put.default, type_promotion_kind=None)(
+            _host_value_to_spyre(L.lowerings[torch.ops.prims.device_put.default]))
         # Overloads, not packets: Inductor looks lowerings up by the overload in the graph, and
         # registering a packet here would not replace them.
         for op, batched in ((aten.mm.default, False), (aten.bmm.default, True)):
