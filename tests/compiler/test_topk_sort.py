@@ -1,7 +1,9 @@
 """topk, sort and argsort in spyre programs (issue 31), eager and compiled, under SPYRE_STRICT=1.
 
-Both ways lower to compiler/inductor/sorting.py's scheme: a reduction counts, for every element,
-the elements that come before it (the rank), and a scatter by rank writes values and indices.
+Both ways lower as compiler/inductor/sorting.py says: rows of a static length go to the sort
+family (one program: a bitonic network over tiles of rows, values and indices together); a row
+length known only at launch keeps the rank count (a reduction counts, for every element, the
+elements that come before it, and a scatter by rank writes values and indices).
 What is pinned against the CPU:
 * values exactly (a sort moves elements, it computes nothing), NaNs where the CPU puts them;
 * indices exactly against the CPU's *stable* sort: ties in input order. The CPU's unstable sort and
@@ -142,13 +144,68 @@ def test_compiled_topk_sort_and_argsort_on_the_card(dtype):
     _assert_indices(out[5], _stable(x, -1, True).indices)
 
 
-def test_compiled_sort_is_a_rank_reduction_and_one_scatter_program():
+def test_compiled_sort_is_one_sort_family_program():
     x = torch.randn(8, 32)
     out, _, records, _, _ = compile_on_spyre(lambda a: torch.sort(a, descending=True), x)
     _all_on_card(records)
     kinds = sorted(type(r.kernel).__name__ for r in records)
-    assert kinds == ["IndirectKernel", "ReductionKernel"], kinds  # no fill: every element is scattered
+    assert kinds == ["SortKernel"], kinds  # values and indices from one program
     _assert_values(out[0], torch.sort(x, descending=True).values)
+    _assert_indices(out[1], _stable(x, -1, True).indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int16, torch.int8, torch.uint8])
+@pytest.mark.parametrize("shape", [(3, 1), (5, 7), (2, 64), (3, 100), (2, 1024), (1, 4096)])
+def test_compiled_sort_and_topk_of_rows_the_network_pads(dtype, shape):
+    x = _tied(shape, dtype, seed=shape[1])
+    k = min(5, shape[1])
+
+    def f(a):
+        s = torch.sort(a, descending=True, stable=True)
+        t = torch.topk(a, k, largest=False, sorted=False)
+        return s.values, s.indices, t.values, t.indices
+
+    out, _, records, warned, _ = compile_on_spyre(f, x)
+    assert not warned
+    _all_on_card(records)
+    assert {type(r.kernel).__name__ for r in records} == {"SortKernel"}
+    want = _stable(x, -1, True)
+    _assert_values(out[0], want.values)
+    _assert_indices(out[1], want.indices)
+    low = _stable(x, -1, False)
+    _assert_values(out[2], low.values[:, :k])  # (sorted=False: sorted is one order the CPU allows)
+    _assert_indices(out[3], low.indices[:, :k])
+
+
+def test_compiled_sort_over_several_row_lengths_sorts_each_length_with_the_network():
+    """dynamic=True: one graph for every row length. The network needs the length when it is
+    planned, so the graph calls the op (sorting.py: a symbolic length past what the rank count
+    takes), whose compile-backed spyre kernel plans one network per length it meets: exact at
+    every length, on the card, a sort family program each."""
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: torch.sort(a, descending=True, stable=True), dynamic=True)
+    for n in (8, 13, 24, 40):
+        x = _tied((4, n), torch.float32, seed=n)
+        with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            values, indices = f(x.to("spyre"))
+        _all_on_card(records)
+        assert [(type(r.kernel).__name__, r.kernel.source.shape) for r in records] == [("SortKernel", (4, n))]
+        want = _stable(x, -1, True)
+        _assert_values(values, want.values)
+        _assert_indices(indices, want.indices)
+
+
+def test_compiled_topk_of_several_static_row_lengths_is_a_network_each():
+    """Without dynamic shapes each row length compiles a graph of its own, each a sort family program."""
+    for n in (6, 64, 130):
+        x = _tied((3, n), torch.float16, seed=n)
+        out, _, records, _, _ = compile_on_spyre(lambda a: torch.topk(a, 4), x, dynamic=False)
+        _all_on_card(records)
+        assert [type(r.kernel).__name__ for r in records] == ["SortKernel"]
+        _assert_values(out[0], torch.topk(x, 4).values)
+        _assert_indices(out[1], _stable(x, -1, True).indices[:, :4])
 
 
 def test_compiled_topk_k_equal_to_n_and_its_bad_k():
@@ -162,11 +219,13 @@ def test_compiled_topk_k_equal_to_n_and_its_bad_k():
 
 
 def test_a_row_longer_than_the_limit_is_refused_by_name_under_strict(monkeypatch):
+    """Too long for the network's scratchpad (2**17 padded fp32 keys and their indices) and for the
+    rank count's MAX_N: Inductor's fallback, refused under strict."""
     from spyre_inductor.compiler.inductor import sorting
 
     monkeypatch.setattr(sorting, "MAX_N", 16)
     with pytest.raises(Exception, match="aten.topk"):
-        compile_on_spyre(lambda a: torch.topk(a, 2), torch.randn(2, 17))
+        compile_on_spyre(lambda a: torch.topk(a, 2), torch.randn(1, 2 ** 16 + 1))
 
 
 # ---------------------------------------------------------------- mixture-of-experts routing pieces
