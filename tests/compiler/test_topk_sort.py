@@ -197,6 +197,52 @@ def test_compiled_sort_over_several_row_lengths_sorts_each_length_with_the_netwo
         _assert_indices(indices, want.indices)
 
 
+def _compiled_over(shapes, fn, dynamic_dims):
+    """fn compiled once, called on _tied inputs of each shape with `dynamic_dims` marked dynamic:
+    [(input, outputs, the kernels compiled by that call)]."""
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    torch._dynamo.reset()
+    f = torch.compile(fn)
+    out = []
+    for shape in shapes:
+        x = _tied(shape, torch.float32, seed=shape[0])
+        xs = x.to("spyre")
+        for d in dynamic_dims:
+            torch._dynamo.mark_dynamic(xs, d)
+        with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            got = f(xs)
+        out.append((x, got, list(records)))
+    return out
+
+
+def test_compiled_topk_over_a_dynamic_count_of_rows_is_one_bucketed_network():
+    """A dynamic count of rows (tokens into a router): the network planned at the bucket's maximum,
+    its transfers clipped to the rows of the launch; a size in another bucket compiles that
+    bucket's kernel from the artifact's kernel.json (the family's rebucket) at run time."""
+    calls = _compiled_over([(5, 24), (9, 24), (30, 24), (70, 24)], lambda a: torch.topk(a, 3), [0])
+    (_, _, records), *_ = calls
+    _all_on_card(records)
+    (kernel,) = [r.kernel for r in records]
+    assert type(kernel).__name__ == "SortKernel" and kernel.symbolic is not None
+    for x, (values, indices), _ in calls:
+        _assert_values(values, torch.topk(x, 3).values)
+        _assert_indices(indices, _stable(x, -1, True).indices[:, :3])
+
+
+def test_rows_counted_by_two_dynamic_sizes_keep_the_rank_count():
+    """Where the network does not apply: rows that are a product of two sizes known only at launch
+    (a kernel serves one size symbol): the rank count and its scatters, exact at every size."""
+    calls = _compiled_over([(3, 5, 16), (4, 7, 16)], lambda a: torch.sort(a, descending=True), [0, 1])
+    (_, _, records), *_ = calls
+    _all_on_card(records)
+    assert "SortKernel" not in {type(r.kernel).__name__ for r in records}
+    for x, (values, indices), _ in calls:
+        want = _stable(x, -1, True)
+        _assert_values(values, want.values)
+        _assert_indices(indices, want.indices)
+
+
 def test_compiled_topk_of_several_static_row_lengths_is_a_network_each():
     """Without dynamic shapes each row length compiles a graph of its own, each a sort family program."""
     for n in (6, 64, 130):

@@ -8,10 +8,15 @@ program. Here they lower, on spyre, in one of two ways:
 bitonic network on chip, one program writing values and indices (topk: the first k of each row,
 nothing else stored). It applies to every static row length whose network fits the scratchpad
 (a row of N = n padded to a power of two, keys and int64 indices, twice: N <= 65536 for 32- and
-16-bit keys, 32768 for int64 ones).
+16-bit keys, 32768 for int64 ones), over a static count of rows or a dynamic one (coef * one size:
+planned at its bucket's maximum, the transfers clipped to the launch's rows).
 
-**The rank count** (the rest: a row length known only at launch (issue 18 buckets), or a row too
-long for the network but within ``MAX_N``), the same scheme randperm.py uses for its keys:
+**The rank count** where the network does not apply: rows counted by more than one size known
+only at launch (a (batch, seq) of router logits both dynamic: a kernel serves one size symbol),
+a row length or k known only at launch but statically at most ``MAX_N`` (a longer symbolic one
+is Inductor's fallback call of the op, whose compile-backed spyre kernel plans one network per
+length it meets), or a static row too long for the network but within ``MAX_N`` (none today).
+The same scheme randperm.py uses for its keys:
 
 1. ``rank[..., i] = #{j : x[j] comes before x[i]}``: an (n, n) compare summed over j, one reduction
    program per row block (the compare is inlined into the reduction's body: nothing n x n is

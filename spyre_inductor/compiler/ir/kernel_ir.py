@@ -701,7 +701,7 @@ class SortKernel:
     name: str
     buffers: tuple[Buffer, ...]
     descending: bool
-    symbolic: SymbolicSizes | None = None  # (static sizes only, so far: sorting.py keeps the rank count else)
+    symbolic: SymbolicSizes | None = None  # a dynamic count of rows: dim 0 of every buffer (issue 18)
 
     @property
     def source(self) -> Buffer:

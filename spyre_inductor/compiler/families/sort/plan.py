@@ -93,8 +93,8 @@ def analyse(kernel: SortKernel) -> SortShape:
         kernel.check()
     except ValueError as e:
         raise Unsupported(str(e)) from e
-    if kernel.symbolic is not None:
-        raise Unsupported(f"{where}: symbolic sizes (a sorting network of a launch-time row length)")
+    if kernel.symbolic is not None and any(d != 0 for _, d, _, _, _ in kernel.symbolic.buffers):
+        raise Unsupported(f"{where}: a symbolic row length (the network is planned for its length)")
     if kernel.source.dtype not in KEY_DTYPES:
         raise Unsupported(f"{where}: keys of {kernel.source.dtype} (the network orders {', '.join(KEY_DTYPES)})")
     if min(kernel.rows, kernel.n, kernel.k) == 0:
