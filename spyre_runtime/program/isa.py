@@ -1294,7 +1294,11 @@ class CompareExchange(Instruction):
     stable order (``descending`` or not; NaN greater than every number, ties by index, see
     _first_in_order) when bit `block` of p is clear, its reverse when it is set. The steps of
     distance block/2, ..., 1 for block = 2, 4, ..., cols sort every row; ``block = cols`` is the
-    final merge (every pair in the requested order).
+    final merge (every pair in the requested order). With ``halve``, the pairs once in order are
+    packed: the first of every pair, in position order, fills the row's first half and the second
+    of every pair its second half. A top-k network's step (families/sort/network.py): two sorted
+    runs of K in opposite orders, paired K apart, leave in the first half a bitonic run of the K
+    that come first of both, and the rest of the network works on that half only.
 
     Why an instruction of its own: a step pairs elements `distance` apart, under a stick's lanes
     for distances below a stick, and no sfp instruction moves data across a stick's lanes (tiles
@@ -1302,14 +1306,15 @@ class CompareExchange(Instruction):
     at 40 GB/s. Cost: CMPX_KEY_PASSES passes over the key tile and CMPX_INDEX_PASSES over the
     index tile at the sfp's measured stick rate, i.e. what the compare, the NaN and tie flags and
     the two selects take as elementwise instructions (an estimate: no sorting kernel was measured);
-    the pairing of lanes is taken to come with the operand read, as a vector unit's permute
-    network does."""
+    the pairing of lanes is taken to come with the operand read, and a halving's packing with the
+    result's write, as a vector unit's permute network does."""
 
     keys: Tile
     index: Tile
     distance: int
     block: int
     descending: bool = False
+    halve: bool = False
 
     def run(self, m, core, idx):
         rows, cols, j = self.keys.rows, self.keys.cols, self.distance
@@ -1321,8 +1326,10 @@ class CompareExchange(Instruction):
         reverse = ((first & self.block) != 0).view(1, -1, 1)
         swap = torch.where(reverse, _first_in_order(lo_k, lo_i, hi_k, hi_i, self.descending),
                            _first_in_order(hi_k, hi_i, lo_k, lo_i, self.descending))
-        k = torch.stack((torch.where(swap, hi_k, lo_k), torch.where(swap, lo_k, hi_k)), dim=2)
-        i = torch.stack((torch.where(swap, hi_i, lo_i), torch.where(swap, lo_i, hi_i)), dim=2)
+        # (halve: the first of every pair packed into the row's first half, the rest after it)
+        at = 1 if self.halve else 2
+        k = torch.stack((torch.where(swap, hi_k, lo_k), torch.where(swap, lo_k, hi_k)), dim=at)
+        i = torch.stack((torch.where(swap, hi_i, lo_i), torch.where(swap, lo_i, hi_i)), dim=at)
         m.write(core, self.keys, idx, k.reshape(rows, cols))
         m.write(core, self.index, idx, i.reshape(rows, cols))
 

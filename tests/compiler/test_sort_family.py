@@ -8,7 +8,7 @@ import torch
 
 from spyre_inductor.compiler import backend
 from spyre_inductor.compiler.core.family import family_of
-from spyre_inductor.compiler.families.sort.network import padded, steps
+from spyre_inductor.compiler.families.sort.network import NetworkStep, network, padded, steps
 from spyre_inductor.compiler.ir.errors import Unsupported
 from spyre_inductor.compiler.ir.kernel_ir import DTYPE_NAMES, Buffer, SortKernel, kernel_from_json, sort_reference
 from spyre_runtime.direct import run_program
@@ -51,6 +51,15 @@ def test_the_network_has_the_bitonic_steps_and_pads_to_a_power_of_two():
         steps(12)
 
 
+def test_a_topk_network_sorts_blocks_of_k_then_halves_the_row_to_them():
+    S = NetworkStep
+    assert network(16, 3) == (S(1, 2, 16), S(2, 4, 16), S(1, 4, 16),      # blocks of K = 4 sorted
+                              S(4, 16, 16, True), S(2, 4, 8), S(1, 4, 8),  # halved to 8, runs merged
+                              S(4, 8, 8, True), S(2, 4, 4), S(1, 4, 4))    # to 4: the top 4 in order
+    assert network(16, 9) == tuple(S(d, b, 16) for d, b in steps(16))     # K = N: the sort
+    assert [s.cols for s in network(8, 1)] == [8, 4, 2]                    # k = 1: halvings only
+
+
 @pytest.mark.parametrize("R,n,k,dtype,descending", [
     (8, 24, 24, torch.float32, True),     # padded, a sort
     (37, 100, 7, torch.float16, False),   # padded, a topk(largest=False), rows over many cores
@@ -59,6 +68,8 @@ def test_the_network_has_the_bitonic_steps_and_pads_to_a_power_of_two():
     (4, 33, 33, torch.bfloat16, True),
     (6, 17, 3, torch.uint8, False),       # integers padded with their maximum
     (2, 1, 1, torch.float32, False),      # rows of one element: no step at all
+    (3, 4096, 8, torch.float32, True),    # a top-k network: blocks of 8, halved 9 times
+    (4, 300, 1, torch.float16, False),    # k = 1: halvings only
 ])
 def test_the_planned_program_sorts_rows_like_the_cpu_stable_sort(R, n, k, dtype, descending):
     kernel = sort_kernel(R, n, k, dtype, descending)

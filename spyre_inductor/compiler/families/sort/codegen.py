@@ -4,7 +4,8 @@ ls: load chunk t's rows into key buffer t % 2 (one load: rows of n elements, eac
 a whole number of sticks), then, once the sfp is done with it, store the first k columns of the
 key and index tiles as the values and indices rows. sfp: set the columns past n to the pad (a
 select by a column mask made once per core), write each row's element indices (an iota), then
-run every step of the network (network.steps) as one ``cmpx`` over the whole chunk.
+run every step of the network (network.network) as one ``cmpx`` over the chunk's rows (a top-k
+network's steps over fewer columns once it has halved them).
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def _core(ls: Unit, sfp: Unit, q, shape: SortShape, tiling: Tiling, place, share
             unit.emit(Select(kt, unit.tile(valid, "bool", rows, N, place.at("valid").row_stride, "rows"), kt,
                              unit.tile(pad, shape.dtype, rows, N, 128, "scalar")))
         unit.emit(Iota(it, 0, (), 0, 1))
-        for distance, block in shape.steps:
-            unit.emit(CompareExchange(kt, it, distance, block, shape.descending))
+        for step in shape.steps:
+            unit.emit(CompareExchange(unit.tile(keys[b], shape.dtype, rows, step.cols, shape.key_stride),
+                                      unit.tile(index[b], INDEX_DTYPE, rows, step.cols, shape.index_stride),
+                                      step.distance, step.block, shape.descending, step.halve))
 
     def store(unit, t, b, size):
         first = t * tiling.rows + share.first

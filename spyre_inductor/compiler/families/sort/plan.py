@@ -24,7 +24,7 @@ from ...core._dump import Describable
 from ...core.allocate import Need, Placement, allocate
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import TORCH_DTYPES, SortKernel
-from .network import padded, steps
+from .network import NetworkStep, network, padded
 
 KEY_DTYPES = ("fp32", "fp16", "bf16", "int64", "int32", "int16", "int8", "uint8")
 INDEX_DTYPE = "int64"
@@ -74,8 +74,9 @@ class SortShape(Describable):
         return info.min if self.descending else info.max
 
     @property
-    def steps(self) -> tuple[tuple[int, int], ...]:
-        return steps(self.N)
+    def steps(self) -> tuple[NetworkStep, ...]:
+        """The network: a sort of the row, or a top-k one when k is well under N (network.py)."""
+        return network(self.N, self.k)
 
     @property
     def key_stride(self) -> int:

@@ -41,12 +41,13 @@ def tile_kernel(shape: SortShape) -> TileKernel:
     if shape.pad is not None:
         tiles += [Tile("valid", "bool", space("n"), Role.CONSTANT), Tile("pad", shape.dtype, space(), Role.CONSTANT)]
         steps.insert(0, Step("select", "where", "keys", ("valid", "keys", "pad")))
-    steps += [Step("cmpx", f"distance {d} block {b}", "keys", ("keys", "index")) for d, b in shape.steps]
+    steps += [Step("cmpx", f"distance {s.distance} block {s.block} over {s.cols}" + (" halving" if s.halve else ""),
+                   "keys", ("keys", "index")) for s in shape.steps]
     order = "descending" if shape.descending else "ascending"
     notes = (f"{shape.R} row(s) of {shape.n} sorted {order} (stable: NaN greatest, ties by index); the first "
              f"{shape.k} of each stored",
-             f"a bitonic network over rows of {shape.N}: {len(shape.steps)} compare-exchange steps, values and "
-             f"indices together" + (f"; elements past {shape.n} padded with {shape.pad}" if shape.pad is not None
+             f"a bitonic {'top-k ' if any(s.halve for s in shape.steps) else ''}network over rows of {shape.N}: "
+             f"{len(shape.steps)} compare-exchange steps, values and indices together" + (f"; elements past {shape.n} padded with {shape.pad}" if shape.pad is not None
                                     else ""))
     return TileKernel("sort", ("rows", "n"), tuple(tiles), (), (
         Phase(PhaseKind.CHUNK, tuple(steps), (("keys", "source"),), (("keys", "values"), ("index", "indices")),
