@@ -5,7 +5,7 @@ a whole number of sticks), then, once the sfp is done with it, store the first k
 key and index tiles as the values and indices rows. sfp: set the columns past n to the pad (a
 select by a column mask made once per core), write each row's element indices (an iota), then
 run every step of the network (network.network) as one ``cmpx`` over the chunk's rows (a top-k
-network's steps over fewer columns once it has halved them).
+network's steps over fewer columns once it has halved them), then cast the first k indices to int64.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spyre_runtime.program.emitter import Unit, assemble, pipeline, pipeline_queues
-from spyre_runtime.program.isa import Binary, CompareExchange, Fill, Iota, Load, Select, Store
+from spyre_runtime.program.isa import Binary, CompareExchange, Fill, Iota, Load, Select, Store, Unary
 from spyre_runtime.program.operands import ITEMSIZE
 
-from .plan import INDEX_DTYPE, SortShape, Tiling
+from .plan import INDEX_DTYPE, NETWORK_INDEX, SortShape, Tiling
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ def _core(ls: Unit, sfp: Unit, q, shape: SortShape, tiling: Tiling, place, share
     N = shape.N
     keys = [place.at("keys", b).offset for b in range(2)]
     index = [place.at("index", b).offset for b in range(2)]
+    out = [place.at("indices", b).offset for b in range(2)]
     padded = shape.pad is not None
     if padded:  # once per core: valid[c] = c < n, and the pad as a scalar
         columns, valid = place.at("columns").offset, place.at("valid").offset
@@ -67,23 +68,25 @@ def _core(ls: Unit, sfp: Unit, q, shape: SortShape, tiling: Tiling, place, share
     def compute(unit, t, b, size):
         rows = rows_of(size)
         kt = unit.tile(keys[b], shape.dtype, rows, N, shape.key_stride)
-        it = unit.tile(index[b], INDEX_DTYPE, rows, N, shape.index_stride)
+        it = unit.tile(index[b], NETWORK_INDEX, rows, N, shape.index_stride)
         if padded:
             unit.emit(Select(kt, unit.tile(valid, "bool", rows, N, place.at("valid").row_stride, "rows"), kt,
                              unit.tile(pad, shape.dtype, rows, N, 128, "scalar")))
         unit.emit(Iota(it, 0, (), 0, 1))
         for step in shape.steps:
             unit.emit(CompareExchange(unit.tile(keys[b], shape.dtype, rows, step.cols, shape.key_stride),
-                                      unit.tile(index[b], INDEX_DTYPE, rows, step.cols, shape.index_stride),
+                                      unit.tile(index[b], NETWORK_INDEX, rows, step.cols, shape.index_stride),
                                       step.distance, step.block, shape.descending, step.halve))
+        unit.emit(Unary("copy", unit.tile(out[b], INDEX_DTYPE, rows, shape.k, shape.out_stride),
+                        unit.tile(index[b], NETWORK_INDEX, rows, shape.k, shape.index_stride)))
 
     def store(unit, t, b, size):
         first = t * tiling.rows + share.first
         rows = rows_of(size)
         unit.emit(Store(unit.dev(shape.values.buffer, shape.values.byte(first)), unit.sp(keys[b]), rows,
                         shape.k * ks, shape.values.row_bytes_stride, shape.key_stride),
-                  Store(unit.dev(shape.indices.buffer, shape.indices.byte(first)), unit.sp(index[b]), rows,
-                        shape.k * iz, shape.indices.row_bytes_stride, shape.index_stride))
+                  Store(unit.dev(shape.indices.buffer, shape.indices.byte(first)), unit.sp(out[b]), rows,
+                        shape.k * iz, shape.indices.row_bytes_stride, shape.out_stride))
 
     chunks, rem = divmod(share.count, tiling.rows)
     pipeline(ls, sfp, chunks, rem, q, load, compute, store, buffers=2)

@@ -4,7 +4,8 @@ Each core takes a contiguous share of the rows (row-major: a share is one span o
 and of each output) and streams it in **chunks** of ``rows`` rows through two buffers: the ls unit
 loads chunk t + 1 while the sfp runs the network over chunk t. A chunk's rows sit in the
 scratchpad as a key tile [rows, N] (the source's dtype, N the padded row length) and an index
-tile [rows, N] (int64: what the indices output is). Elements past n (a row length that is not a
+tile [rows, N] (int32: half the sticks of int64 through every step; cast to the int64 output's
+[rows, k] tile once the network is done). Elements past n (a row length that is not a
 power of two) are set to the **pad**, the value that comes last in the requested order (NaN
 ascending, -inf descending; an integer dtype's maximum or minimum): with their indices past n
 they sort after every element of the row, so the first k are the row's own.
@@ -27,7 +28,8 @@ from ...ir.kernel_ir import TORCH_DTYPES, SortKernel
 from .network import NetworkStep, network, padded
 
 KEY_DTYPES = ("fp32", "fp16", "bf16", "int64", "int32", "int16", "int8", "uint8")
-INDEX_DTYPE = "int64"
+INDEX_DTYPE = "int64"    # the indices output's
+NETWORK_INDEX = "int32"  # the indices the network moves: half int64's sticks (rows are < 2**31 long)
 SPLITS = (1, 2, 4)  # a core's rows in at least this many chunks (more chunks: loads overlap the network)
 BUFFERS = 2
 
@@ -85,7 +87,12 @@ class SortShape(Describable):
 
     @property
     def index_stride(self) -> int:
-        return sticks(self.N * ITEMSIZE[INDEX_DTYPE])
+        return sticks(self.N * ITEMSIZE[NETWORK_INDEX])
+
+    @property
+    def out_stride(self) -> int:
+        """Bytes between a chunk's rows in the int64 indices tile (the first k, cast)."""
+        return sticks(self.k * ITEMSIZE[INDEX_DTYPE])
 
 
 def analyse(kernel: SortKernel) -> SortShape:
@@ -122,7 +129,7 @@ def fixed_bytes(shape: SortShape) -> int:
 
 
 def chunk_bytes(shape: SortShape, rows: int) -> int:
-    return rows * (shape.key_stride + shape.index_stride)
+    return rows * (shape.key_stride + shape.index_stride + shape.out_stride)
 
 
 def most_rows(shape: SortShape) -> int:
@@ -142,7 +149,8 @@ def tiling(shape: SortShape, per_core: int, split: int) -> Tiling:
 
 def placement(shape: SortShape, t: Tiling) -> Placement:
     needs = [Need("keys", t.rows * shape.key_stride, shape.key_stride, BUFFERS),
-             Need("index", t.rows * shape.index_stride, shape.index_stride, BUFFERS)]
+             Need("index", t.rows * shape.index_stride, shape.index_stride, BUFFERS),
+             Need("indices", t.rows * shape.out_stride, shape.out_stride, BUFFERS)]
     if shape.pad is not None:
         needs += [Need("columns", sticks(shape.N * 4), sticks(shape.N * 4)), Need("valid", sticks(shape.N), sticks(shape.N)),
                   Need("length", STICK, STICK), Need("pad", STICK, STICK)]
@@ -152,4 +160,4 @@ def placement(shape: SortShape, t: Tiling) -> Placement:
     return place
 
 
-__all__ = ["BUFFERS", "INDEX_DTYPE", "Rows", "SPLITS", "SortShape", "Tiling", "analyse", "placement", "tiling"]
+__all__ = ["BUFFERS", "INDEX_DTYPE", "NETWORK_INDEX", "Rows", "SPLITS", "SortShape", "Tiling", "analyse", "placement", "tiling"]

@@ -24,7 +24,7 @@ from ...core.tiles import Phase, PhaseKind, Role, Step, Tile, TileKernel, space
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import SortKernel
 from .codegen import Share, build_sort_program
-from .plan import INDEX_DTYPE, SPLITS, SortShape, analyse, placement, tiling
+from .plan import INDEX_DTYPE, NETWORK_INDEX, SPLITS, SortShape, analyse, placement, tiling
 
 
 def minimum(shape: SortShape) -> Traffic:
@@ -36,13 +36,15 @@ def minimum(shape: SortShape) -> Traffic:
 def tile_kernel(shape: SortShape) -> TileKernel:
     """What the program does per chunk, for a person (codegen.py emits it)."""
     tiles = [Tile("keys", shape.dtype, space("rows", "n"), Role.INPUT),
-             Tile("index", INDEX_DTYPE, space("rows", "n"), Role.TEMPORARY)]
+             Tile("index", NETWORK_INDEX, space("rows", "n"), Role.TEMPORARY),
+             Tile("indices", INDEX_DTYPE, space("rows", "k"), Role.OUTPUT)]
     steps = [Step("iota", "iota", "index")]
     if shape.pad is not None:
         tiles += [Tile("valid", "bool", space("n"), Role.CONSTANT), Tile("pad", shape.dtype, space(), Role.CONSTANT)]
         steps.insert(0, Step("select", "where", "keys", ("valid", "keys", "pad")))
     steps += [Step("cmpx", f"distance {s.distance} block {s.block} over {s.cols}" + (" halving" if s.halve else ""),
                    "keys", ("keys", "index")) for s in shape.steps]
+    steps.append(Step("unary", "copy", "indices", ("index",)))
     order = "descending" if shape.descending else "ascending"
     notes = (f"{shape.R} row(s) of {shape.n} sorted {order} (stable: NaN greatest, ties by index); the first "
              f"{shape.k} of each stored",
@@ -50,7 +52,7 @@ def tile_kernel(shape: SortShape) -> TileKernel:
              f"{len(shape.steps)} compare-exchange steps, values and indices together" + (f"; elements past {shape.n} padded with {shape.pad}" if shape.pad is not None
                                     else ""))
     return TileKernel("sort", ("rows", "n"), tuple(tiles), (), (
-        Phase(PhaseKind.CHUNK, tuple(steps), (("keys", "source"),), (("keys", "values"), ("index", "indices")),
+        Phase(PhaseKind.CHUNK, tuple(steps), (("keys", "source"),), (("keys", "values"), ("indices", "indices")),
               "one chunk of rows"),), None, notes)
 
 
