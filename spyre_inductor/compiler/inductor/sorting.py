@@ -7,9 +7,10 @@ program. Here they lower, on spyre, in one of two ways:
 **The sort family** (sort_node.py, families/sort/, issue 31): rows of a static length, sorted by a
 bitonic network on chip, one program writing values and indices (topk: the first k of each row,
 nothing else stored). It applies to every static row length whose network fits the scratchpad
-(a row of N = n padded to a power of two, keys and int64 indices, twice: N <= 65536 for 32- and
-16-bit keys, 32768 for int64 ones), over a static count of rows or a dynamic one (coef * one size:
-planned at its bucket's maximum, the transfers clipped to the launch's rows).
+(a row of N = n padded to a power of two: its keys, int32 indices and the int64 first k, twice;
+a full sort up to N = 32768 of 32- and 64-bit keys, 65536 of 8- and 16-bit ones, a small topk
+twice that), over a static count of rows or a dynamic one (coef * one size: planned at its
+bucket's maximum, the transfers clipped to the launch's rows).
 
 **The rank count** where the network does not apply: rows counted by more than one size known
 only at launch (a (batch, seq) of router logits both dynamic: a kernel serves one size symbol),
