@@ -1317,10 +1317,15 @@ class CompareExchange(Instruction):
     halve: bool = False
 
     def run(self, m, core, idx):
-        rows, cols, j = self.keys.rows, self.keys.cols, self.distance
-        keys, index = m.read(core, self.keys, idx), m.read(core, self.index, idx)
-        k = keys.reshape(rows, cols // (2 * j), 2, j)
-        i = index.reshape(rows, cols // (2 * j), 2, j)
+        keys, index = self._step(m.read(core, self.keys, idx), m.read(core, self.index, idx))
+        m.write(core, self.keys, idx, keys)
+        m.write(core, self.index, idx, index)
+
+    def _step(self, keys, index):
+        """The step over (..., cols) keys and indices (any leading dims: rows, or cores' rows)."""
+        shape, cols, j = keys.shape, self.keys.cols, self.distance
+        k = keys.reshape(-1, cols // (2 * j), 2, j)
+        i = index.reshape(-1, cols // (2 * j), 2, j)
         lo_k, hi_k, lo_i, hi_i = k[:, :, 0], k[:, :, 1], i[:, :, 0], i[:, :, 1]
         first = torch.arange(0, cols, 2 * j, device=keys.device)  # each pair group's first position
         reverse = ((first & self.block) != 0).view(1, -1, 1)
@@ -1330,8 +1335,28 @@ class CompareExchange(Instruction):
         at = 1 if self.halve else 2
         k = torch.stack((torch.where(swap, hi_k, lo_k), torch.where(swap, lo_k, hi_k)), dim=at)
         i = torch.stack((torch.where(swap, hi_i, lo_i), torch.where(swap, lo_i, hi_i)), dim=at)
-        m.write(core, self.keys, idx, k.reshape(rows, cols))
-        m.write(core, self.index, idx, i.reshape(rows, cols))
+        return k.reshape(shape), i.reshape(shape)
+
+    @classmethod
+    def bind(cls, b, group):
+        # Rows are independent and the step is exact (compares and moves): every core's tile in one go.
+        first = group[0][1]
+        key = (first.keys.shape_key, first.index.shape_key, first.distance, first.block, first.descending,
+               first.halve)
+        if any((i.keys.shape_key, i.index.shape_key, i.distance, i.block, i.descending, i.halve) != key
+               for _, i, _ in group):
+            return None
+        keys = b.tile([(c, i.keys, idx) for c, i, idx in group])
+        index = b.tile([(c, i.index, idx) for c, i, idx in group])
+        if keys is None or index is None:
+            return None
+        read_k, read_i = b.reader(keys, first.keys), b.reader(index, first.index)
+
+        def step():
+            k, i = first._step(read_k(), read_i())
+            keys.copy_(k)
+            index.copy_(i)
+        return step
 
     def cost(self, t, core, idx):
         keys, index = _passes(self.keys), _passes(self.index)
