@@ -87,7 +87,8 @@ def plan_sort(kernel: SortKernel, *, cores: int | None = None, max_cores: int | 
     split, n = chosen.plan
     work, t, place = divided(split, n)
     check_placement("sort scratchpad plan", place.allocations, HARDWARE.scratchpad_usable_bytes)
-    notes = f"{COMPILER_VERSION}: bitonic sort of rows of {shape.N}, {t.label}, {len(work)} core(s)"
+    what = f"top-{shape.k} network" if any(s.halve for s in shape.steps) else "sort"
+    notes = f"{COMPILER_VERSION}: bitonic {what} of rows of {shape.N}, {t.label}, {len(work)} core(s)"
     program = kept(kernel, build_sort_program(kernel.name, symbols, shape, t, place, work, notes), minimum(shape))
     division = Division(len(work), f"{shape.R} rows", tuple((r.label, r.ns) for r in results),
                         search.reason(chosen, results), tuple((w.core, w.count) for w in work), chosen.ns)
