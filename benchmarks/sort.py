@@ -9,6 +9,8 @@ moved, and the compile seconds (cold: dynamo reset, Inductor's caches off).
 The same script runs against any checkout: `PYTHONPATH=<checkout>` shows another lowering's row
 (the rank count before issue 31's sort family) for the same shapes.
 `--quick` runs the rows of 64 only.
+The last row is one row of 128256 (top-k sampling over a vocabulary): longer than a segment
+(inductor/sort_segments.py), the first 50 of each segment, then of their candidates.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ CASES = [  # (op, rows, row length)
     ("sort", 256, 64), ("topk 8", 256, 64),
     ("sort", 32, 1024), ("topk 8", 32, 1024),
     ("sort", 8, 4096), ("topk 8", 8, 4096),
+    ("topk 50", 1, 128256),  # top-k sampling over Llama 3's vocabulary: one row, cut in segments
 ]
 
 
@@ -51,7 +54,8 @@ def row(op: str, rows: int, n: int) -> list:
     k = values.shape[-1]
     exact = torch.equal(values.cpu(), want.values[:, :k]) and torch.equal(indices.cpu(), want.indices[:, :k])
     kinds = sorted({type(r.kernel).__name__ for r in records if r.kernel is not None})
-    return [op, f"{rows} x {n}", len(reports), "+".join(k.replace("Kernel", "") for k in kinds),
+    kinds += ["cpu fallback"] if any(r.artifact is None for r in records) else []
+    return [op, f"{rows} x {n}", len(reports), "+".join(k.replace("Kernel", "") for k in kinds) or "-",
             sum(r.simulated_ns for r in reports) / 1e3, sum(r.bytes_moved for r in reports),
             "yes" if exact else "NO", seconds]
 

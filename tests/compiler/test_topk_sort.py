@@ -265,13 +265,30 @@ def test_compiled_topk_k_equal_to_n_and_its_bad_k():
 
 
 def test_a_row_longer_than_the_limit_is_refused_by_name_under_strict(monkeypatch):
-    """Too long for the network's scratchpad (2**17 padded fp32 keys and their indices) and for the
-    rank count's MAX_N: Inductor's fallback, refused under strict."""
+    """A sort too long for the network's scratchpad (2**17 padded fp32 keys and their indices) and
+    for the rank count's MAX_N: Inductor's fallback, refused under strict."""
     from spyre_inductor.compiler.inductor import sorting
 
     monkeypatch.setattr(sorting, "MAX_N", 16)
-    with pytest.raises(Exception, match="aten.topk"):
-        compile_on_spyre(lambda a: torch.topk(a, 2), torch.randn(1, 2 ** 16 + 1))
+    with pytest.raises(Exception, match="aten.sort"):
+        compile_on_spyre(lambda a: torch.sort(a), torch.randn(1, 2 ** 16 + 1))
+
+
+@pytest.mark.parametrize("shape,k,largest,dtype", [
+    ((1, 100000), 50, True, torch.float32),   # top-k sampling over a vocabulary: 25 segments
+    ((2, 10000), 5, False, torch.float32),    # the last segment padded with NaN (it sorts last)
+    ((3, 9000), 7, True, torch.int32),        # padded with the integer minimum
+    ((2, 8192), 1, True, torch.float16),      # no padding
+])
+def test_compiled_topk_of_a_row_longer_than_a_segment_is_two_networks_and_a_gather(shape, k, largest, dtype):
+    x = _tied(shape, dtype, seed=k)
+    out, _, records, warned, _ = compile_on_spyre(lambda a: torch.topk(a, k, largest=largest), x)
+    assert not warned
+    _all_on_card(records)
+    assert [type(r.kernel).__name__ for r in records].count("SortKernel") == 2
+    want = _stable(x, -1, largest)
+    _assert_values(out[0], want.values[:, :k])
+    _assert_indices(out[1], want.indices[:, :k])
 
 
 # ---------------------------------------------------------------- mixture-of-experts routing pieces

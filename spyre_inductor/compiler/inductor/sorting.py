@@ -146,6 +146,13 @@ def _along(x, dim: int, body):
     return None if got is None else tuple(L.permute(t, order) for t in got)
 
 
+def segmented_topk(x, descending: bool, k):
+    """topk of rows longer than a segment (sort_segments.py), or None."""
+    from .sort_segments import segmented_topk as cut
+
+    return cut(x, descending, k)
+
+
 def _network(x, dim: int, descending: bool, k):
     """(values, indices) of the first k along `dim` from the sort family's program, or None where
     the network does not apply (sort_node.lower_sort)."""
@@ -182,7 +189,7 @@ def _spyre_topk(inductor_topk):
     def lowering(x, k, dim=-1, largest=True, sorted=True):
         if sortable(x):
             dim = L.canonicalize_dim(len(x.get_size()), dim)
-            got = _network(x, dim, largest, k)
+            got = _along(x, dim, lambda t: segmented_topk(t, largest, k)) or _network(x, dim, largest, k)
             if got is not None:
                 return got
             if _fits(x.get_size()[dim]):
