@@ -10,7 +10,10 @@ nothing else stored). It applies to every static row length whose network fits t
 (a row of N = n padded to a power of two: its keys, int32 indices and the int64 first k, twice;
 a full sort up to N = 32768 of 32- and 64-bit keys, 65536 of 8- and 16-bit ones, a small topk
 twice that), over a static count of rows or a dynamic one (coef * one size: planned at its
-bucket's maximum, the transfers clipped to the launch's rows).
+bucket's maximum, the transfers clipped to the launch's rows). A topk of rows longer than a
+segment (4096) takes the first k of every segment, then of their candidates (sort_segments.py):
+every core busy for one long row, and rows past one network's scratchpad (a vocabulary) within
+reach.
 
 **The rank count** where the network does not apply: rows counted by more than one size known
 only at launch (a (batch, seq) of router logits both dynamic: a kernel serves one size symbol),
