@@ -14,8 +14,6 @@ None here, and sorting.py keeps its rank-counting lowering for it.
 
 from __future__ import annotations
 
-import math
-
 import sympy
 import torch
 from torch._inductor import ir

@@ -16,10 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from spyre_runtime.hardware import HARDWARE
 from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
-
-import torch
 
 from ...core._dump import Describable
 from ...core.allocate import Need, Placement, allocate
@@ -152,12 +151,14 @@ def placement(shape: SortShape, t: Tiling) -> Placement:
              Need("index", t.rows * shape.index_stride, shape.index_stride, BUFFERS),
              Need("indices", t.rows * shape.out_stride, shape.out_stride, BUFFERS)]
     if shape.pad is not None:
-        needs += [Need("columns", sticks(shape.N * 4), sticks(shape.N * 4)), Need("valid", sticks(shape.N), sticks(shape.N)),
-                  Need("length", STICK, STICK), Need("pad", STICK, STICK)]
+        needs += [Need("columns", sticks(shape.N * 4), sticks(shape.N * 4)),
+                  Need("valid", sticks(shape.N), sticks(shape.N)), Need("length", STICK, STICK),
+                  Need("pad", STICK, STICK)]
     place = allocate(needs, HARDWARE.scratchpad_usable_bytes)
     if not place.fits:
         raise Unsupported(f"{t.label}: needs {place.high_water} B of scratchpad")
     return place
 
 
-__all__ = ["BUFFERS", "INDEX_DTYPE", "NETWORK_INDEX", "Rows", "SPLITS", "SortShape", "Tiling", "analyse", "placement", "tiling"]
+__all__ = ["BUFFERS", "INDEX_DTYPE", "NETWORK_INDEX", "Rows", "SPLITS", "SortShape", "Tiling", "analyse", "placement",
+           "tiling"]

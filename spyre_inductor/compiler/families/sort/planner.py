@@ -46,11 +46,11 @@ def tile_kernel(shape: SortShape) -> TileKernel:
                    "keys", ("keys", "index")) for s in shape.steps]
     steps.append(Step("unary", "copy", "indices", ("index",)))
     order = "descending" if shape.descending else "ascending"
+    padding = f"; elements past {shape.n} padded with {shape.pad}" if shape.pad is not None else ""
     notes = (f"{shape.R} row(s) of {shape.n} sorted {order} (stable: NaN greatest, ties by index); the first "
              f"{shape.k} of each stored",
              f"a bitonic {'top-k ' if any(s.halve for s in shape.steps) else ''}network over rows of {shape.N}: "
-             f"{len(shape.steps)} compare-exchange steps, values and indices together" + (f"; elements past {shape.n} padded with {shape.pad}" if shape.pad is not None
-                                    else ""))
+             f"{len(shape.steps)} compare-exchange steps, values and indices together{padding}")
     return TileKernel("sort", ("rows", "n"), tuple(tiles), (), (
         Phase(PhaseKind.CHUNK, tuple(steps), (("keys", "source"),), (("keys", "values"), ("indices", "indices")),
               "one chunk of rows"),), None, notes)
