@@ -101,6 +101,21 @@ def test_eager_topk_along_dim_0_and_into_out_tensors():
     _assert_indices(out[1], _stable(x, 0, True).indices[:2])
 
 
+def test_eager_topk_and_sort_of_a_long_row():
+    """Eager ops compile the same lowerings: a topk of rows past a segment (two networks and a
+    gather), a sort of rows of 10000 (one network over rows padded to 16384)."""
+    x = _tied((2, 10000), torch.float32, seed=9)
+    xs = x.to("spyre")
+    values, indices = torch.topk(xs, 5, largest=False)
+    want = _stable(x, -1, False)
+    _assert_values(values, want.values[:, :5])
+    _assert_indices(indices, want.indices[:, :5])
+    values, indices = torch.sort(xs, descending=True, stable=True)
+    want = _stable(x, -1, True)
+    _assert_values(values, want.values)
+    _assert_indices(indices, want.indices)
+
+
 def test_nan_comes_first_when_largest_and_last_when_smallest():
     x = torch.tensor([[1.0, NAN, 3.0, NAN, -1.0]])
     xs = x.to("spyre")
