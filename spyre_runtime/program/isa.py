@@ -1276,10 +1276,11 @@ def _first_in_order(a, ia, b, ib, descending: bool) -> torch.Tensor:
     return ahead | (equal & (ia < ib))
 
 
-# Per compare-exchange, the sfp's passes over the key tile (the value compare, the NaN and equal
-# flags, the exchange) and over the index tile (the tie compare, the exchange): what the same work
-# takes in its elementwise instructions (binary, unary isnan, select), one pass per stick each.
-CMPX_KEY_PASSES = 4
+# Per compare-exchange, the sfp's passes over the key tile (the value compare, the equal flag, the
+# exchange, and for floats the NaN flags) and over the index tile (the tie compare, the exchange):
+# what the same work takes in its elementwise instructions (binary, unary isnan, select), one pass
+# per stick each.
+CMPX_KEY_PASSES = {"float": 4, "integer": 3}
 CMPX_INDEX_PASSES = 2
 
 
@@ -1303,9 +1304,9 @@ class CompareExchange(Instruction):
     Why an instruction of its own: a step pairs elements `distance` apart, under a stick's lanes
     for distances below a stick, and no sfp instruction moves data across a stick's lanes (tiles
     start on sticks, rows a whole number of sticks apart); only the ls unit's transpose permutes,
-    at 40 GB/s. Cost: CMPX_KEY_PASSES passes over the key tile and CMPX_INDEX_PASSES over the
-    index tile at the sfp's measured stick rate, i.e. what the compare, the NaN and tie flags and
-    the two selects take as elementwise instructions (an estimate: no sorting kernel was measured);
+    at 40 GB/s. Cost: CMPX_KEY_PASSES passes over the key tile (4 for floats, 3 for integers: no
+    NaN flags) and CMPX_INDEX_PASSES over the index tile at the sfp's measured stick rate, i.e.
+    what the compare, the NaN and tie flags and the two selects take as elementwise instructions (an estimate: no sorting kernel was measured);
     the pairing of lanes is taken to come with the operand read, and a halving's packing with the
     result's write, as a vector unit's permute network does."""
 
@@ -1360,7 +1361,8 @@ class CompareExchange(Instruction):
 
     def cost(self, t, core, idx):
         keys, index = _passes(self.keys), _passes(self.index)
-        return (CMPX_KEY_PASSES * t.sfp(*keys, ITEMSIZE[self.keys.dtype])
+        kind = "float" if DTYPES[self.keys.dtype].is_floating_point else "integer"
+        return (CMPX_KEY_PASSES[kind] * t.sfp(*keys, ITEMSIZE[self.keys.dtype])
                 + CMPX_INDEX_PASSES * t.sfp(*index, ITEMSIZE[self.index.dtype]))
 
     def touches(self):
