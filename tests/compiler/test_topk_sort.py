@@ -245,6 +245,19 @@ def test_compiled_topk_over_a_dynamic_count_of_rows_is_one_bucketed_network():
         _assert_indices(indices, _stable(x, -1, True).indices[:, :3])
 
 
+def test_compiled_topk_of_long_rows_over_a_dynamic_count_of_rows():
+    """Segments (sort_segments.py) over a dynamic count of rows: both networks bucketed, the
+    candidates' index add and gather symbolic too."""
+    calls = _compiled_over([(3, 9000), (5, 9000), (20, 9000)], lambda a: torch.topk(a, 4), [0])
+    (_, _, records), *_ = calls
+    _all_on_card(records)
+    assert [type(r.kernel).__name__ for r in records].count("SortKernel") == 2
+    for x, (values, indices), _ in calls:
+        want = _stable(x, -1, True)
+        _assert_values(values, want.values[:, :4])
+        _assert_indices(indices, want.indices[:, :4])
+
+
 def test_rows_counted_by_two_dynamic_sizes_keep_the_rank_count():
     """Where the network does not apply: rows that are a product of two sizes known only at launch
     (a kernel serves one size symbol): the rank count and its scatters, exact at every size."""
