@@ -368,7 +368,7 @@ def test_dropout_forward_and_backward(spyre):
     assert torch.equal(torch.nn.functional.dropout(x.detach(), 0.25, training=False).cpu(), xc)
 
 
-# ---- randperm: ranked by counting in a program (compiler/inductor/randperm.py) --------------------------
+# ---- randperm: keys sorted by the sort family in a program (compiler/inductor/randperm.py) ---------------
 
 
 def test_randperm_is_the_stable_argsort_of_keys_drawn_at_the_generator_offset(spyre):

@@ -9,10 +9,11 @@ SPYRE_STRICT=1 as well.
 
 Dtypes the programs do not have (fp64, complex) keep the CPU fallback, visibly (warned once,
 refused under SPYRE_STRICT=1), drawing from the C++ generator's Mersenne Twister as before.
-``randperm`` (every overload reaches ``randperm.generator_out``) runs in a program too, without
-a sort (compiler/inductor/randperm.py: random keys ranked by counting, then a scatter), up to
-``randperm.MAX_N`` elements (O(n**2) work); above it, and for float64, it keeps the CPU
-fallback, visibly (SPYRE_STRICT=1 refuses it naming randperm and the limit).
+``randperm`` (every overload reaches ``randperm.generator_out``) runs in programs too
+(compiler/inductor/randperm.py: random keys, then their stable argsort by the sort family's
+network), up to ``randperm.MAX_N`` elements (what the network sorts in the scratchpad); above it,
+and for float64, it keeps the CPU fallback, visibly (SPYRE_STRICT=1 refuses it naming randperm
+and the limit).
 
 Registered at device registration (cheap: nothing imports Inductor until the first fill).
 """
@@ -120,7 +121,7 @@ def _randperm_out(n, *, generator=None, out):
     if n > randperm.MAX_N:
         return fallback.run(op, (n,), {"generator": generator, "out": out},
                             f"randperm of n = {n} is above its in-program limit of {randperm.MAX_N} "
-                            f"(it ranks by O(n**2) compares)")
+                            f"(the longest row of keys the sorting network holds in the scratchpad)")
     return randperm.randperm_(out, n, generator)
 
 

@@ -76,7 +76,7 @@ DATA_MOVEMENT = (
     "scatter_reduce", "scatter_reduce_", "_embedding_bag", "_embedding_bag_forward_only",
 )
 
-# sort and topk: ranked by counting, then scattered (compiler/inductor/sorting.py); argsort is
+# sort and topk: the sort family's network (compiler/inductor/sorting.py, families/sort/); argsort is
 # CompositeImplicitAutograd (PyTorch calls sort for it)
 SORTING = ("sort", "topk")
 

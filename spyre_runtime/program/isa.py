@@ -1259,3 +1259,129 @@ class Scatter(Instruction):
         if self.accumulate and (self.dtype not in ITEMSIZE or self.row_bytes % ITEMSIZE[self.dtype]):
             return f"an accumulating scatter of {self.row_bytes}-byte rows of {self.dtype}"
         return _index_problem(self.indices, self.rows)
+
+
+# ---- sorting networks (issue 31) -------------------------------------------------------
+
+
+def _first_in_order(a, ia, b, ib, descending: bool) -> torch.Tensor:
+    """Whether (a, ia) comes strictly before (b, ib) in a stable sort: by value (descending or
+    not), NaN greater than every number and equal to NaN, -0.0 equal to 0.0, then by index."""
+    ahead = a > b if descending else a < b
+    equal = a == b
+    if a.is_floating_point():
+        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+        ahead = ahead | ((nan_a & ~nan_b) if descending else (~nan_a & nan_b))
+        equal = equal | (nan_a & nan_b)
+    return ahead | (equal & (ia < ib))
+
+
+# Per compare-exchange, the sfp's passes over the key tile (the value compare, the equal flag, the
+# exchange, and for floats the NaN flags) and over the index tile (the tie compare, the exchange):
+# what the same work takes in its elementwise instructions (binary, unary isnan, select), one pass
+# per stick each.
+CMPX_KEY_PASSES = {"float": 4, "integer": 3}
+CMPX_INDEX_PASSES = 2
+
+
+@instruction("cmpx", ("sfp",))
+@dataclass(frozen=True)
+class CompareExchange(Instruction):
+    """One step of a bitonic sorting network on every row of a tile (issue 31), values and indices together.
+
+    Each row of `keys` is one sequence of `keys.cols` elements (a power of two), its element
+    indices in the same row of `index`. For every position p whose bit `distance` is clear, the
+    pairs (keys[p], index[p]) and (keys[p + distance], index[p + distance]) are put in order: the
+    stable order (``descending`` or not; NaN greater than every number, ties by index, see
+    _first_in_order) when bit `block` of p is clear, its reverse when it is set. The steps of
+    distance block/2, ..., 1 for block = 2, 4, ..., cols sort every row; ``block = cols`` is the
+    final merge (every pair in the requested order). With ``halve``, the pairs once in order are
+    packed: the first of every pair, in position order, fills the row's first half and the second
+    of every pair its second half. A top-k network's step (families/sort/network.py): two sorted
+    runs of K in opposite orders, paired K apart, leave in the first half a bitonic run of the K
+    that come first of both, and the rest of the network works on that half only.
+
+    Why an instruction of its own: a step pairs elements `distance` apart, under a stick's lanes
+    for distances below a stick, and no sfp instruction moves data across a stick's lanes (tiles
+    start on sticks, rows a whole number of sticks apart); only the ls unit's transpose permutes,
+    at 40 GB/s. Cost: CMPX_KEY_PASSES passes over the key tile (4 for floats, 3 for integers: no
+    NaN flags) and CMPX_INDEX_PASSES over the index tile at the sfp's measured stick rate, i.e.
+    what the compare, the NaN and tie flags and the two selects take as elementwise instructions (an estimate: no sorting kernel was measured);
+    the pairing of lanes is taken to come with the operand read, and a halving's packing with the
+    result's write, as a vector unit's permute network does."""
+
+    keys: Tile
+    index: Tile
+    distance: int
+    block: int
+    descending: bool = False
+    halve: bool = False
+
+    def run(self, m, core, idx):
+        keys, index = self._step(m.read(core, self.keys, idx), m.read(core, self.index, idx))
+        m.write(core, self.keys, idx, keys)
+        m.write(core, self.index, idx, index)
+
+    def _step(self, keys, index):
+        """The step over (..., cols) keys and indices (any leading dims: rows, or cores' rows)."""
+        shape, cols, j = keys.shape, self.keys.cols, self.distance
+        k = keys.reshape(-1, cols // (2 * j), 2, j)
+        i = index.reshape(-1, cols // (2 * j), 2, j)
+        lo_k, hi_k, lo_i, hi_i = k[:, :, 0], k[:, :, 1], i[:, :, 0], i[:, :, 1]
+        first = torch.arange(0, cols, 2 * j, device=keys.device)  # each pair group's first position
+        reverse = ((first & self.block) != 0).view(1, -1, 1)
+        swap = torch.where(reverse, _first_in_order(lo_k, lo_i, hi_k, hi_i, self.descending),
+                           _first_in_order(hi_k, hi_i, lo_k, lo_i, self.descending))
+        # (halve: the first of every pair packed into the row's first half, the rest after it)
+        at = 1 if self.halve else 2
+        k = torch.stack((torch.where(swap, hi_k, lo_k), torch.where(swap, lo_k, hi_k)), dim=at)
+        i = torch.stack((torch.where(swap, hi_i, lo_i), torch.where(swap, lo_i, hi_i)), dim=at)
+        return k.reshape(shape), i.reshape(shape)
+
+    @classmethod
+    def bind(cls, b, group):
+        # Rows are independent and the step is exact (compares and moves): every core's tile in one go.
+        first = group[0][1]
+        key = (first.keys.shape_key, first.index.shape_key, first.distance, first.block, first.descending,
+               first.halve)
+        if any((i.keys.shape_key, i.index.shape_key, i.distance, i.block, i.descending, i.halve) != key
+               for _, i, _ in group):
+            return None
+        keys = b.tile([(c, i.keys, idx) for c, i, idx in group])
+        index = b.tile([(c, i.index, idx) for c, i, idx in group])
+        if keys is None or index is None:
+            return None
+        read_k, read_i = b.reader(keys, first.keys), b.reader(index, first.index)
+
+        def step():
+            k, i = first._step(read_k(), read_i())
+            keys.copy_(k)
+            index.copy_(i)
+        return step
+
+    def cost(self, t, core, idx):
+        keys, index = _passes(self.keys), _passes(self.index)
+        kind = "float" if DTYPES[self.keys.dtype].is_floating_point else "integer"
+        return (CMPX_KEY_PASSES[kind] * t.sfp(*keys, ITEMSIZE[self.keys.dtype])
+                + CMPX_INDEX_PASSES * t.sfp(*index, ITEMSIZE[self.index.dtype]))
+
+    def touches(self):
+        return (("tile", self.keys), ("tile", self.index))
+
+    def scratch_modes(self):
+        return ("rw", "rw")
+
+    def problem(self):
+        k, i = self.keys, self.index
+        power = lambda n: n >= 1 and n & (n - 1) == 0  # noqa: E731
+        if i.dtype not in ("int32", "int64"):
+            return f"cmpx indices are int32 or int64, not {i.dtype}"
+        if k.dtype == "bool":
+            return "cmpx does not order bool keys"
+        if (k.rows, k.cols) != (i.rows, i.cols) or k.broadcast != "none" or i.broadcast != "none":
+            return f"cmpx keys [{k.rows}x{k.cols}] and indices [{i.rows}x{i.cols}] must be the same full tiles"
+        if not (power(k.cols) and power(self.distance) and power(self.block)):
+            return f"cmpx over {k.cols} columns at distance {self.distance}, block {self.block}: powers of two"
+        if not (self.distance < k.cols and 2 * self.distance <= self.block):
+            return f"cmpx distance {self.distance} (block {self.block}) does not fit rows of {k.cols}"
+        return None

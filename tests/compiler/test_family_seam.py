@@ -45,6 +45,7 @@ def _kinds():
         "matmul": (lambda x, w: x @ w, [torch.randn(16, 64), torch.randn(64, 32)]),
         "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
                       [torch.randn(1, 2, 16, 32) for _ in range(3)]),
+        "topk": (lambda a: torch.topk(a, 3), [torch.randn(8, 64)]),
     }
     kinds = {}
     for what, (fn, args) in fns.items():
@@ -64,7 +65,7 @@ def test_each_kernel_goes_to_the_family_of_its_kind():
                         "gather": ["pointwise"],  # (cut into pieces first, the rows then the indirect plan)
                         "gather then sum": ["pointwise", "reduction"],  # (a gather is realized apart)
                         "matmul": ["matmul"],
-                        "attention": ["attention"]}, families
+                        "attention": ["attention"], "topk": ["sort"]}, families
     assert family_of(binary_kernel("add", (8, 64))).name == "pointwise"
     assert family_of(row_reduce("sum", (8, 64), 1)).name == "reduction"
     assert family_of(row_reduce("sum", (8, 0), 1)).name == "reduction"  # (handed to pointwise: identities)
@@ -94,7 +95,7 @@ def test_a_family_is_registered_once_by_name():
 
 def test_a_kernel_no_family_claims_is_refused_naming_the_families(monkeypatch):
     monkeypatch.setattr(registry, "FAMILIES", [f for f in FAMILIES if f.name != "pointwise"])
-    with pytest.raises(Unsupported, match=r"no kernel family claims kernel .*registered: \['attention', 'indirect'"):
+    with pytest.raises(Unsupported, match=r"no kernel family claims kernel .*registered: \['attention', 'sort', 'indirect'"):
         registry.family_of(binary_kernel("add", (8, 64)))
 
 

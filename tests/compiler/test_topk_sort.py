@@ -1,7 +1,9 @@
 """topk, sort and argsort in spyre programs (issue 31), eager and compiled, under SPYRE_STRICT=1.
 
-Both ways lower to compiler/inductor/sorting.py's scheme: a reduction counts, for every element,
-the elements that come before it (the rank), and a scatter by rank writes values and indices.
+Both ways lower as compiler/inductor/sorting.py says: rows of a static length go to the sort
+family (one program: a bitonic network over tiles of rows, values and indices together); a row
+length known only at launch keeps the rank count (a reduction counts, for every element, the
+elements that come before it, and a scatter by rank writes values and indices).
 What is pinned against the CPU:
 * values exactly (a sort moves elements, it computes nothing), NaNs where the CPU puts them;
 * indices exactly against the CPU's *stable* sort: ties in input order. The CPU's unstable sort and
@@ -99,6 +101,21 @@ def test_eager_topk_along_dim_0_and_into_out_tensors():
     _assert_indices(out[1], _stable(x, 0, True).indices[:2])
 
 
+def test_eager_topk_and_sort_of_a_long_row():
+    """Eager ops compile the same lowerings: a topk of rows past a segment (two networks and a
+    gather), a sort of rows of 10000 (one network over rows padded to 16384)."""
+    x = _tied((2, 10000), torch.float32, seed=9)
+    xs = x.to("spyre")
+    values, indices = torch.topk(xs, 5, largest=False)
+    want = _stable(x, -1, False)
+    _assert_values(values, want.values[:, :5])
+    _assert_indices(indices, want.indices[:, :5])
+    values, indices = torch.sort(xs, descending=True, stable=True)
+    want = _stable(x, -1, True)
+    _assert_values(values, want.values)
+    _assert_indices(indices, want.indices)
+
+
 def test_nan_comes_first_when_largest_and_last_when_smallest():
     x = torch.tensor([[1.0, NAN, 3.0, NAN, -1.0]])
     xs = x.to("spyre")
@@ -142,13 +159,127 @@ def test_compiled_topk_sort_and_argsort_on_the_card(dtype):
     _assert_indices(out[5], _stable(x, -1, True).indices)
 
 
-def test_compiled_sort_is_a_rank_reduction_and_one_scatter_program():
+def test_compiled_sort_is_one_sort_family_program():
     x = torch.randn(8, 32)
     out, _, records, _, _ = compile_on_spyre(lambda a: torch.sort(a, descending=True), x)
     _all_on_card(records)
     kinds = sorted(type(r.kernel).__name__ for r in records)
-    assert kinds == ["IndirectKernel", "ReductionKernel"], kinds  # no fill: every element is scattered
+    assert kinds == ["SortKernel"], kinds  # values and indices from one program
     _assert_values(out[0], torch.sort(x, descending=True).values)
+    _assert_indices(out[1], _stable(x, -1, True).indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int16, torch.int8, torch.uint8])
+@pytest.mark.parametrize("shape", [(3, 1), (5, 7), (2, 64), (3, 100), (2, 1024), (1, 4096)])
+def test_compiled_sort_and_topk_of_rows_the_network_pads(dtype, shape):
+    x = _tied(shape, dtype, seed=shape[1])
+    k = min(5, shape[1])
+
+    def f(a):
+        s = torch.sort(a, descending=True, stable=True)
+        t = torch.topk(a, k, largest=False, sorted=False)
+        return s.values, s.indices, t.values, t.indices
+
+    out, _, records, warned, _ = compile_on_spyre(f, x)
+    assert not warned
+    _all_on_card(records)
+    assert {type(r.kernel).__name__ for r in records} == {"SortKernel"}
+    want = _stable(x, -1, True)
+    _assert_values(out[0], want.values)
+    _assert_indices(out[1], want.indices)
+    low = _stable(x, -1, False)
+    _assert_values(out[2], low.values[:, :k])  # (sorted=False: sorted is one order the CPU allows)
+    _assert_indices(out[3], low.indices[:, :k])
+
+
+def test_compiled_sort_over_several_row_lengths_sorts_each_length_with_the_network():
+    """dynamic=True: one graph for every row length. The network needs the length when it is
+    planned, so the graph calls the op (sorting.py: a symbolic length past what the rank count
+    takes), whose compile-backed spyre kernel plans one network per length it meets: exact at
+    every length, on the card, a sort family program each."""
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: torch.sort(a, descending=True, stable=True), dynamic=True)
+    for n in (8, 13, 24, 40):
+        x = _tied((4, n), torch.float32, seed=n)
+        with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            values, indices = f(x.to("spyre"))
+        _all_on_card(records)
+        assert [(type(r.kernel).__name__, r.kernel.source.shape) for r in records] == [("SortKernel", (4, n))]
+        want = _stable(x, -1, True)
+        _assert_values(values, want.values)
+        _assert_indices(indices, want.indices)
+
+
+def _compiled_over(shapes, fn, dynamic_dims):
+    """fn compiled once, called on _tied inputs of each shape with `dynamic_dims` marked dynamic:
+    [(input, outputs, the kernels compiled by that call)]."""
+    from spyre_inductor.compiler.inductor.scheduling import record_kernels
+
+    torch._dynamo.reset()
+    f = torch.compile(fn)
+    out = []
+    for shape in shapes:
+        x = _tied(shape, torch.float32, seed=shape[0])
+        xs = x.to("spyre")
+        for d in dynamic_dims:
+            torch._dynamo.mark_dynamic(xs, d)
+        with record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
+            got = f(xs)
+        out.append((x, got, list(records)))
+    return out
+
+
+def test_compiled_topk_over_a_dynamic_count_of_rows_is_one_bucketed_network():
+    """A dynamic count of rows (tokens into a router): the network planned at the bucket's maximum,
+    its transfers clipped to the rows of the launch; a size in another bucket compiles that
+    bucket's kernel from the artifact's kernel.json (the family's rebucket) at run time."""
+    calls = _compiled_over([(5, 24), (9, 24), (30, 24), (70, 24)], lambda a: torch.topk(a, 3), [0])
+    (_, _, records), *_ = calls
+    _all_on_card(records)
+    (kernel,) = [r.kernel for r in records]
+    assert type(kernel).__name__ == "SortKernel" and kernel.symbolic is not None
+    for x, (values, indices), _ in calls:
+        _assert_values(values, torch.topk(x, 3).values)
+        _assert_indices(indices, _stable(x, -1, True).indices[:, :3])
+
+
+def test_compiled_topk_of_long_rows_over_a_dynamic_count_of_rows():
+    """Segments (sort_segments.py) over a dynamic count of rows: both networks bucketed, the
+    candidates' index add and gather symbolic too."""
+    calls = _compiled_over([(3, 9000), (5, 9000), (20, 9000)], lambda a: torch.topk(a, 4), [0])
+    (_, _, records), *_ = calls
+    _all_on_card(records)
+    assert [type(r.kernel).__name__ for r in records].count("SortKernel") == 2
+    for x, (values, indices), _ in calls:
+        want = _stable(x, -1, True)
+        _assert_values(values, want.values[:, :4])
+        _assert_indices(indices, want.indices[:, :4])
+
+
+def test_rows_counted_by_two_dynamic_sizes_keep_the_rank_count():
+    """Where the network does not apply: rows that are a product of two sizes known only at launch
+    (a kernel serves one size symbol): the rank count and its scatters, exact at every size."""
+    calls = _compiled_over([(3, 5, 16), (4, 7, 16)], lambda a: torch.sort(a, descending=True), [0, 1])
+    (_, _, records), *_ = calls
+    _all_on_card(records)
+    assert "SortKernel" not in {type(r.kernel).__name__ for r in records}
+    for x, (values, indices), _ in calls:
+        want = _stable(x, -1, True)
+        _assert_values(values, want.values)
+        _assert_indices(indices, want.indices)
+
+
+def test_compiled_topk_of_several_static_row_lengths_is_a_network_each():
+    """Without dynamic shapes each row length compiles a graph of its own, each a sort family program."""
+    for n in (6, 64, 130):
+        x = _tied((3, n), torch.float16, seed=n)
+        out, _, records, _, _ = compile_on_spyre(lambda a: torch.topk(a, 4), x, dynamic=False)
+        _all_on_card(records)
+        assert [type(r.kernel).__name__ for r in records] == ["SortKernel"]
+        _assert_values(out[0], torch.topk(x, 4).values)
+        _assert_indices(out[1], _stable(x, -1, True).indices[:, :4])
 
 
 def test_compiled_topk_k_equal_to_n_and_its_bad_k():
@@ -162,11 +293,30 @@ def test_compiled_topk_k_equal_to_n_and_its_bad_k():
 
 
 def test_a_row_longer_than_the_limit_is_refused_by_name_under_strict(monkeypatch):
+    """A sort too long for the network's scratchpad (2**17 padded fp32 keys and their indices) and
+    for the rank count's MAX_N: Inductor's fallback, refused under strict."""
     from spyre_inductor.compiler.inductor import sorting
 
     monkeypatch.setattr(sorting, "MAX_N", 16)
-    with pytest.raises(Exception, match="aten.topk"):
-        compile_on_spyre(lambda a: torch.topk(a, 2), torch.randn(2, 17))
+    with pytest.raises(Exception, match="aten.sort"):
+        compile_on_spyre(lambda a: torch.sort(a), torch.randn(1, 2 ** 16 + 1))
+
+
+@pytest.mark.parametrize("shape,k,largest,dtype", [
+    ((1, 100000), 50, True, torch.float32),   # top-k sampling over a vocabulary: 25 segments
+    ((2, 10000), 5, False, torch.float32),    # the last segment padded with NaN (it sorts last)
+    ((3, 9000), 7, True, torch.int32),        # padded with the integer minimum
+    ((2, 8192), 1, True, torch.float16),      # no padding
+])
+def test_compiled_topk_of_a_row_longer_than_a_segment_is_two_networks_and_a_gather(shape, k, largest, dtype):
+    x = _tied(shape, dtype, seed=k)
+    out, _, records, warned, _ = compile_on_spyre(lambda a: torch.topk(a, k, largest=largest), x)
+    assert not warned
+    _all_on_card(records)
+    assert [type(r.kernel).__name__ for r in records].count("SortKernel") == 2
+    want = _stable(x, -1, largest)
+    _assert_values(out[0], want.values[:, :k])
+    _assert_indices(out[1], want.indices[:, :k])
 
 
 # ---------------------------------------------------------------- mixture-of-experts routing pieces

@@ -26,8 +26,8 @@ Two routes reach the ISA's ``philox`` instruction (spyre_runtime/program/philox.
 The kernel functions are for real tensors, outside a trace (they draw from the generator and
 launch): inside torch.compile, Inductor's own random lowering above is what applies.
 
-``randperm`` has no sort to use: randperm.py ranks philox keys by counting (O(n**2),
-up to its MAX_N) and scatters; above that limit it keeps the CPU fallback (the C++ generator's
+``randperm``: randperm.py sorts philox keys with the sort family's network (a stable argsort,
+up to its MAX_N); above that limit it keeps the CPU fallback (the C++ generator's
 Mersenne Twister there, still seeded by torch.spyre.manual_seed), refused by name under
 SPYRE_STRICT=1.
 """

@@ -1,22 +1,20 @@
-"""``randperm`` in a spyre program, without a sort: rank random keys by counting, then scatter.
+"""``randperm`` in a spyre program: the stable argsort of random keys, by the sort family's network.
 
-The compiler has no sort, but it has what a counting rank needs. One compiled graph per
-(n, dtype, out's layout):
+One compiled graph per (n, dtype, out's layout):
 
 1. ``keys = philox(state, [n], "randint")``: n int64 keys in [0, 2**62) from the device
    generator's Philox state (random.py), so a randperm is seeded and reproducible from
    ``torch.manual_seed`` / ``torch.spyre`` generator state and independent of the CPU generator;
    it advances the generator by n counters, like any fill of n elements.
-2. ``rank[i] = #{j : key[j] < key[i] or (key[j] == key[i] and j < i)}``: an (n, n) compare and a
-   sum over j, one reduction program. Ties are broken by index, so the ranks are exactly
-   0 .. n-1 whatever the keys are: the result is always a permutation. (With keys from 2**62
-   values a tie is about n**2 / 2**63 likely, so the tie-break biases nothing measurable.)
-3. ``out[rank[i]] = i``: a scatter of the index at a loaded rank (``index_put_``), cast to out's
-   dtype. The result is ``argsort(keys, stable=True)``, which is what the tests check it against.
+2. ``out = argsort(keys, stable=True)``, cast to out's dtype: one sort family program (sorting.py,
+   families/sort/: a bitonic network, ties broken by index, so the result is always a permutation
+   whatever the keys are; with keys from 2**62 values a tie is about n**2 / 2**63 likely, so the
+   tie-break biases nothing measurable).
 
-That is O(n**2) compares, so ``MAX_N`` bounds it (4096: 16.8M compares, about 0.4 .. 1.4 s host
-time in the simulator, against ~0.1 s for 1024); above it the op keeps the CPU fallback, visibly
-(warned once; SPYRE_STRICT=1 raises naming randperm and the limit).
+``MAX_N`` is the longest row of int64 keys the network sorts in the scratchpad (32768: its keys,
+int32 indices and int64 result, twice); above it the op keeps the CPU fallback, visibly (warned
+once; SPYRE_STRICT=1 raises naming randperm and the limit). (Before the sort family it ranked the
+keys by counting, n**2 compares, up to 4096.)
 """
 
 from __future__ import annotations
@@ -25,22 +23,12 @@ import torch
 
 from . import random
 
-MAX_N = 4096
+MAX_N = 32768
 
 # Dtypes a program stores the permutation in; the others (float64) keep the CPU fallback.
 DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                     torch.float32, torch.float16, torch.bfloat16})
 _KEY_RANGE = 1 << 62
-
-
-def _iota(like: torch.Tensor) -> torch.Tensor:
-    # 0 .. n-1 on like's device. Wrapped for torch.fx.symbolic_trace (an arange of plain ints
-    # would run eagerly while tracing, not become part of the graph); Inductor's trace of the
-    # graph goes through it and gets an iota.
-    return torch.arange(like.shape[0], device=like.device)
-
-
-torch.fx.wrap("_iota")
 
 
 def check_dtype(n: int, dtype: torch.dtype) -> None:
@@ -66,11 +54,7 @@ def randperm_(out: torch.Tensor, n: int, generator=None) -> torch.Tensor:
     def build():
         def perm(out, state):
             keys = random.philox(state, [n], "randint")
-            idx = _iota(keys)
-            kj, ki = keys[None, :], keys[:, None]
-            before = (kj < ki) | ((kj == ki) & (idx[None, :] < idx[:, None]))
-            rank = before.sum(1)
-            out.index_put_((rank,), idx.to(dtype))
+            out.copy_(torch.sort(keys, stable=True).indices.to(dtype))
         return perm
 
     state = random.philox_state(generator, out.device, n, 0, _KEY_RANGE)

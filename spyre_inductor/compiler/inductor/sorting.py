@@ -1,9 +1,26 @@
-"""``sort``, ``argsort`` and ``topk`` in spyre programs: rank every element by counting, then scatter.
+"""``sort``, ``argsort`` and ``topk`` in spyre programs: a sorting network where it applies, else ranks and scatters.
 
 Inductor lowers ``aten.sort`` to ``ir.Sort`` (Triton's bitonic ``ops.sort``, which our capture does
 not take) or an ATen fallback, and ``aten.topk`` to an ATen fallback: on spyre both ran outside any
-program. Here they lower, on spyre, to two kernels the existing families plan (the same scheme
-randperm.py uses for its keys):
+program. Here they lower, on spyre, in one of two ways:
+
+**The sort family** (sort_node.py, families/sort/, issue 31): rows of a static length, sorted by a
+bitonic network on chip, one program writing values and indices (topk: the first k of each row,
+nothing else stored). It applies to every static row length whose network fits the scratchpad
+(a row of N = n padded to a power of two: its keys, int32 indices and the int64 first k, twice;
+a full sort up to N = 32768 of 32- and 64-bit keys, 65536 of 8- and 16-bit ones, a small topk
+twice that), over a static count of rows or a dynamic one (coef * one size: planned at its
+bucket's maximum, the transfers clipped to the launch's rows). A topk of rows longer than a
+segment (4096) takes the first k of every segment, then of their candidates (sort_segments.py):
+every core busy for one long row, and rows past one network's scratchpad (a vocabulary) within
+reach.
+
+**The rank count** where the network does not apply: rows counted by more than one size known
+only at launch (a (batch, seq) of router logits both dynamic: a kernel serves one size symbol),
+a row length or k known only at launch but statically at most ``MAX_N`` (a longer symbolic one
+is Inductor's fallback call of the op, whose compile-backed spyre kernel plans one network per
+length it meets), or a static row too long for the network but within ``MAX_N`` (none today).
+The same scheme randperm.py uses for its keys:
 
 1. ``rank[..., i] = #{j : x[j] comes before x[i]}``: an (n, n) compare summed over j, one reduction
    program per row block (the compare is inlined into the reduction's body: nothing n x n is
@@ -15,10 +32,10 @@ randperm.py uses for its keys):
 
 ``topk(k)`` is the first k of the sort in the requested direction (``largest``): its ranks and
 scatters are the sort's, sliced. The timing model charges what these programs do: n**2 compares
-per row, so ``MAX_N`` bounds the row length (as for randperm); a longer row keeps Inductor's
-fallback, which under SPYRE_STRICT=1 is a named refusal.
+per row, so ``MAX_N`` bounds the row length (as for randperm); a longer row the network does not
+take keeps Inductor's fallback, which under SPYRE_STRICT=1 is a named refusal.
 
-What this matches of PyTorch's CPU kernels (pinned by tests/compiler/test_topk_sort.py):
+What both match of PyTorch's CPU kernels (pinned by tests/compiler/test_topk_sort.py):
 * NaN compares greater than every number and equal to NaN: it comes first in a descending sort
   and in topk(largest=True), last in an ascending sort and in topk(largest=False); NaNs keep
   their input order among themselves. ``-0.0`` and ``0.0`` compare equal (input order).
@@ -121,19 +138,39 @@ def _first(t, k):
 
 
 def _along(x, dim: int, body):
-    """body(x with `dim` moved last) -> tensors with that dim last, moved back to `dim`."""
+    """body(x with `dim` moved last) -> tensors with that dim last, moved back to `dim` (None if
+    body gives None)."""
     last = len(x.get_size()) - 1
     if dim == last:
         return body(x)
     order = list(range(last + 1))
     order[dim], order[last] = last, dim
-    return tuple(L.permute(t, order) for t in body(L.permute(x, order)))
+    got = body(L.permute(x, order))
+    return None if got is None else tuple(L.permute(t, order) for t in got)
+
+
+def segmented_topk(x, descending: bool, k):
+    """topk of rows longer than a segment (sort_segments.py), or None."""
+    from .sort_segments import segmented_topk as cut
+
+    return cut(x, descending, k)
+
+
+def _network(x, dim: int, descending: bool, k):
+    """(values, indices) of the first k along `dim` from the sort family's program, or None where
+    the network does not apply (sort_node.lower_sort)."""
+    from .sort_node import lower_sort
+
+    return _along(x, dim, lambda t: lower_sort(t, descending, k))
 
 
 def _spyre_sort_stable(inductor_sort_stable):
     def lowering(x, *, stable=None, dim=-1, descending=False):
         if sortable(x):
             dim = L.canonicalize_dim(len(x.get_size()), dim)
+            got = _network(x, dim, descending, x.get_size()[dim])
+            if got is not None:
+                return got
             if _fits(x.get_size()[dim]):
                 return _along(x, dim, lambda t: sort_last(t, descending))
             return L.sort_fallback(x, stable=stable, dim=dim, descending=descending)
@@ -155,6 +192,9 @@ def _spyre_topk(inductor_topk):
     def lowering(x, k, dim=-1, largest=True, sorted=True):
         if sortable(x):
             dim = L.canonicalize_dim(len(x.get_size()), dim)
+            got = _along(x, dim, lambda t: segmented_topk(t, largest, k)) or _network(x, dim, largest, k)
+            if got is not None:
+                return got
             if _fits(x.get_size()[dim]):
                 def first_k(t):
                     return tuple(_first(s, k) for s in sort_last(t, largest))

@@ -686,6 +686,106 @@ class AttentionKernel:
                    _symbolic_of(d.get("symbolic")))
 
 
+@dataclass(frozen=True)
+class SortKernel:
+    """A sort along rows (issue 31): for every row r of ``source`` [R, n], ``values[r, :k]`` and
+    ``indices[r, :k]`` are the first k of the row's stable sort (``descending`` or not): NaN
+    greater than every number and equal to NaN, -0.0 equal to 0.0, ties in input order.
+    ``sort`` and ``argsort`` are k = n, ``topk`` is k <= n in the order of ``largest``.
+
+    Buffers, in order: source [R, n], values [R, k] (the source's dtype), indices [R, k] (int64);
+    each row's elements contiguous (stride 1). Not a ``Kernel``: a sorting network's steps
+    pair elements across the row, which no loop nest of per-element values states.
+    """
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    descending: bool
+    symbolic: SymbolicSizes | None = None  # a dynamic count of rows: dim 0 of every buffer (issue 18)
+
+    @property
+    def source(self) -> Buffer:
+        return self.buffers[0]
+
+    @property
+    def values(self) -> Buffer:
+        return self.buffers[1]
+
+    @property
+    def indices(self) -> Buffer:
+        return self.buffers[2]
+
+    @property
+    def rows(self) -> int:
+        return self.source.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.source.shape[1]
+
+    @property
+    def k(self) -> int:
+        return self.values.shape[1]
+
+    @property
+    def ranges(self) -> tuple[int, ...]:
+        return (self.rows, self.k)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.source.name,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.values.name, self.indices.name)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name!r} has no buffer {name!r}")
+
+    def check(self) -> None:
+        """Raise ValueError naming the first malformed part."""
+        where = f"sort kernel {self.name!r}"
+        if len(self.buffers) != 3:
+            raise ValueError(f"{where}: {len(self.buffers)} buffers, expected source, values and indices")
+        for b in self.buffers:
+            if len(b.shape) != 2 or len(b.strides) != 2:
+                raise ValueError(f"{where}: {b.name} must be 2-D (rows, elements), got {b.shape}")
+            if b.dtype not in TORCH_DTYPES:
+                raise ValueError(f"{where}: buffer {b.name!r} has unknown dtype {b.dtype!r}")
+            if b.strides[1] != 1 and b.shape[1] > 1:
+                raise ValueError(f"{where}: {b.name}'s rows are not contiguous (stride {b.strides[1]})")
+        R, n = self.source.shape
+        if self.values.shape != self.indices.shape or self.values.shape[0] != R or not 0 <= self.k <= n:
+            raise ValueError(f"{where}: values {self.values.shape} and indices {self.indices.shape} are not "
+                             f"the first k <= {n} of {R} rows")
+        if self.values.dtype != self.source.dtype or self.indices.dtype != "int64":
+            raise ValueError(f"{where}: values of {self.values.dtype} (the source's {self.source.dtype}) and "
+                             f"indices of {self.indices.dtype} (int64)")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "SortKernel", "name": self.name,
+                           "buffers": [dataclasses.asdict(b) for b in self.buffers], "descending": self.descending,
+                           **({"symbolic": symbolic_doc(self.symbolic)} if self.symbolic is not None else {})},
+                          indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SortKernel":
+        d = json.loads(text)
+        buffers = tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
+                        for b in d["buffers"])
+        return cls(d["name"], buffers, d["descending"], _symbolic_of(d.get("symbolic")))
+
+
+def sort_reference(source, k: int, descending: bool):
+    """SortKernel's semantics on torch tensors: (values, indices) of the first k of each row's
+    stable sort (the CPU's stable sort has exactly the NaN, -0.0 and tie order above)."""
+    values, indices = torch.sort(source, dim=-1, descending=descending, stable=True)
+    return values[..., :k], indices[..., :k]
+
+
 def symbolic_doc(sym: SymbolicSizes) -> dict:
     """SymbolicSizes as JSON; no strides key when none is symbolic (a kernel dumps as it did before
     symbolic strides existed: the same artifact key)."""
@@ -699,9 +799,12 @@ def _symbolic_of(d: dict | None) -> SymbolicSizes | None:
                                                                           "strides")))
 
 
-def kernel_from_json(text: str) -> "Kernel | AttentionKernel":
+def kernel_from_json(text: str) -> "Kernel | AttentionKernel | SortKernel":
     """The kernel an artifact's kernel.json holds, of whichever kind it names."""
-    return AttentionKernel.from_json(text) if json.loads(text).get("kind") == "AttentionKernel" else Kernel.from_json(text)
+    kind = json.loads(text).get("kind")
+    if kind == "SortKernel":
+        return SortKernel.from_json(text)
+    return AttentionKernel.from_json(text) if kind == "AttentionKernel" else Kernel.from_json(text)
 
 
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,
