@@ -60,12 +60,15 @@ MAX_INSTRUCTIONS_PER_CORE = 200_000
 
 def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulShape, tk: TileKernel,
                          tiling: MatmulTiling, placement: Placement, grid: Grid, notes: str = "",
-                         blocks: tuple[CoreShare, ...] | None = None, share: str | None = None) -> Program:
+                         blocks: tuple[CoreShare, ...] | None = None, share: str | None = None,
+                         core: type | None = None) -> Program:
     """`blocks` (default: the grid's) lets a planner time one representative core; `share` ("a"
-    or "b") all-gathers that operand over the ring between the grid's cores."""
+    or "b") all-gathers that operand over the ring between the grid's cores; `core` (a
+    MatmulCore subclass) moves an operand its own way (the conv family gathers A's patches)."""
     cores, queues = {}, []
     for block in (grid.blocks if blocks is None else blocks):
-        cores[block.core], qs = _Core(shape, tk, tiling, placement, block, share, grid.cores, grid.gk).emit()
+        cores[block.core], qs = (core or _Core)(shape, tk, tiling, placement, block, share, grid.cores,
+                                                grid.gk).emit()
         queues += qs
     return assemble(name, symbols, queues, cores, notes, check=False)
 
@@ -278,12 +281,8 @@ class _Core:
                 pe.emit(Pop(qa[pa.slot[i]][0]))
             if pb.new[i]:
                 pe.emit(Pop(qb[pb.slot[i]][0]))
-            acc = self.p.at(self.acc, slot)
-            a, b = self.p.at(self.ta, pa.slot[i]), self.p.at(self.tb, pb.slot[i])
-            pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
-                           pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
-                           pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
-                           accumulate=i != first[o]))
+            self.matmul(pe, self.p.at(self.acc, slot), self.p.at(self.ta, pa.slot[i]),
+                        self.p.at(self.tb, pb.slot[i]), mt, nt, kt, accumulate=i != first[o])
             if pa.last_use(i):
                 pe.emit(Push(qa[pa.slot[i]][1]))
             if pb.last_use(i):
@@ -321,6 +320,14 @@ class _Core:
                 ls.emit(Pop(qepi[c][1]))
             sfp.emit(Pop(qout[c][1]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
+
+    def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool) -> None:
+        """The PE's product of one k-step: the A tile [rows, k] by the B tile [k, cols] into the
+        accumulator (allocations `acc`, `a`, `b`)."""
+        pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
+                       pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
+                       pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
+                       accumulate=accumulate))
 
     def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt, after=None):
         """Move one operand tile into its slot; `after` (a list) defers the fence, the on-chip
@@ -478,6 +485,9 @@ class _Core:
             emit_elementwise(sfp, st, tile)
 
 
+MatmulCore = _Core  # (what a family building on the PE plan subclasses: load_operand, matmul)
+
+
 def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     """Whether the grid's cores can all-gather the shared operand: each fill splits into a slice
     per core (at least one row each), and every core fills the same tiles in the same order."""
@@ -489,4 +499,4 @@ def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     return min(rows) >= grid.cores
 
 
-__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "build_matmul_program", "ring_ready"]
+__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "MatmulCore", "build_matmul_program", "ring_ready", "rows_in_pieces"]

@@ -1,0 +1,163 @@
+"""Conv lowering: a ConvKernel -> the matmul it is, its patch runs and its tile kernel.
+
+conv2d is ``out[m, oc] = sum_k A[m, k] * B[k, oc]`` with m = (n, oh, ow) and k the taps (c, kh,
+kw) in some order: A is the patch matrix, B the weight. The patch matrix is never written: each
+A tile is gathered straight from the image into the scratchpad, in **runs**, the pieces of a
+patch row that are contiguous in the image and, in the same k order, in the weight:
+
+* a channels-last image (and a channels-last weight [OC, KH, KW, C]): a run is an image row's
+  KW taps of all channels, KW*C elements (for a stride-equals-kernel patch embedding, ViT's and
+  CLIP's, each patch row is KH such runs); with a dilation along w, each tap's C channels;
+* an NCHW image (and PyTorch's weight [OC, C, KH, KW]): a run is one channel's KW taps of one
+  image row, KW elements (ViT's 3 x 16 x 16 patches: 48 runs of 16).
+
+Each run starts a stick of the A tile's row (the scratchpad moves whole sticks), so a run of R
+elements occupies Rp (R rounded up to a stick, the rest zeros that the Load masks); the PE
+multiplies each run's R columns with R rows of B (the weight read as a plain ``x @ W.t()``
+operand, k contiguous, transposed on chip), so the padding is never multiplied. Everything
+after the product (the fp32 accumulator, the bias as epilogue, the one rounding to the output
+dtype, the stores of a channels-last output) is the matmul family's.
+
+Declined (Unsupported: the lowering's patch-copy form plans it): padding (the lowering pads
+first), other layouts, runs under a fifth of a stick (an NCHW 3-channel 3x3: the Load would move
+21 times the image), a weight whose k order is not contiguous, an output that is not
+channels-last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.program.operands import ITEMSIZE, STICK
+
+from ...core._dump import Describable
+from ...core.layout import FLOATS
+from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import ConvKernel
+from ..matmul.lowering import AXES, MAccess, MatmulShape
+
+# A run under 1/MIN_RUN_SHARE of a stick wastes more of the move than the patch copy would
+# (Pixtral's 14 taps of fp16, 28 B, are taken; a 3x3's 3 taps, 6 B, are not).
+MIN_RUN_SHARE = 5
+
+
+@dataclass(frozen=True)
+class PatchRuns(Describable):
+    """How an A tile is gathered: row m = (n, oh, ow) starts at image element
+    ``offset + n * n_stride + oh * oh_stride + ow * ow_stride``; its k = run * R + j (j < R) is
+    image element ``row start + runs[run] + j``, stored at column run * Rp + j of the tile."""
+
+    image: str
+    dtype: str
+    offset: int
+    n_stride: int
+    oh_stride: int
+    ow_stride: int
+    OH: int
+    OW: int
+    runs: tuple[int, ...]   # each run's image offset from the row's start
+    R: int                  # elements per run
+    Rp: int                 # columns per run in the A tile (R rounded up to whole sticks)
+    form: str               # for a person: which run form
+
+    def columns(self, k: int) -> int:
+        """A tile columns that hold `k` elements of whole runs."""
+        return k // self.R * self.Rp
+
+    def rows(self, m0: int, count: int):
+        """The output rows [m0, m0 + count) as pieces inside one output row: (first row, rows,
+        image element of the first row's start)."""
+        m, end = m0, m0 + count
+        while m < end:
+            img, rest = divmod(m, self.OH * self.OW)
+            oh, ow = divmod(rest, self.OW)
+            n = min(end - m, self.OW - ow)
+            yield m - m0, n, self.offset + img * self.n_stride + oh * self.oh_stride + ow * self.ow_stride
+            m += n
+
+
+def _runs(kernel: ConvKernel, where: str):
+    """(runs, R, form) of the image and weight layouts, or Unsupported."""
+    N, C, H, W = kernel.image.shape
+    OC, _, KH, KW = kernel.weight.shape
+    sn, sc, sh, sw = kernel.image.strides
+    wo, wc, wkh, wkw = kernel.weight.strides
+    dh, dw = kernel.dilation
+    def at(stride, extent, want):  # (a dim of one element is never stepped along: any stride)
+        return extent == 1 or stride == want
+
+    if at(sc, C, 1) and at(wc, C, 1) and at(wkw, KW, C) and at(wkh, KH, KW * C):
+        if dw == 1 and at(sw, W, C):
+            return tuple(kh * dh * sh for kh in range(KH)), KW * C, "channels-last: a run is an image row's KW taps x C"
+        return tuple(kh * dh * sh + kw * dw * sw for kh in range(KH) for kw in range(KW)), C, \
+            "channels-last: a run is one tap's C channels"
+    if at(sw, W, 1) and dw == 1 and at(wkw, KW, 1) and at(wkh, KH, KW) and at(wc, C, KH * KW):
+        return tuple(c * sc + kh * dh * sh for c in range(C) for kh in range(KH)), KW, \
+            "NCHW: a run is one channel's KW taps of an image row"
+    raise Unsupported(f"{where}: image strides {kernel.image.strides} and weight strides {kernel.weight.strides}: "
+                      f"no run of taps is contiguous in both (channels-last image and weight, or NCHW and "
+                      f"PyTorch's weight, are planned)")
+
+
+def analyse(kernel: ConvKernel) -> tuple[PatchRuns, MatmulShape, TileKernel]:
+    where = f"kernel {kernel.name!r}"
+    kernel.check()
+    image, weight, bias, out = kernel.image, kernel.weight, kernel.bias, kernel.out
+    for role, b in (("image", image), ("weight", weight)):
+        if b.dtype not in FLOATS:
+            raise Unsupported(f"{where}: a convolution of a {b.dtype} {role} (the PE arrays multiply floats)")
+    N, C, H, W = image.shape
+    OC, _, KH, KW = weight.shape
+    _, _, OH, OW = out.shape
+    runs, R, form = _runs(kernel, where)
+    isz = ITEMSIZE[image.dtype]
+    Rp = -(-R * isz // STICK) * STICK // isz
+    if R * isz * MIN_RUN_SHARE < STICK:
+        raise Unsupported(f"{where}: runs of {R} elements ({R * isz} B) fill under 1/{MIN_RUN_SHARE} of a stick: "
+                          f"gathered, they would move {STICK // (R * isz)}x the image")
+    m_stride = OC
+    wanted = (OH * OW * OC, 1, OW * OC, OC)  # channels-last: (n, oh, ow) rows of OC channels
+    if any(n > 1 and s != w for n, s, w in zip(out.shape, out.strides, wanted)):
+        raise Unsupported(f"{where}: output strides {out.strides} are not channels-last {wanted} (its rows are "
+                          f"the PE's rows)")
+    if OC > 1 and weight.strides[0] == 1:
+        raise Unsupported(f"{where}: a weight with output channels contiguous")
+    sn, _, sh, sw = image.strides
+    (st_h, st_w) = kernel.stride
+    patches = PatchRuns(image.name, image.dtype, image.offset, sn, st_h * sh, st_w * sw, OH, OW, runs, R, Rp, form)
+    M, K = N * OH * OW, len(runs) * R
+    # A: the virtual patch matrix [M, K] (what the slot pools key tiles by; never in device memory)
+    a = MAccess(image.name, image.dtype, (), K, 0, 1, 0)
+    b = MAccess(weight.name, weight.dtype, (), 0, weight.strides[0], 1, weight.offset)
+    b_tr = OC > 1
+    o = MAccess(out.name, out.dtype, (), m_stride, 1, 0, out.offset)
+    tiles = [Tile("a", image.dtype, space("m", "k"), Role.INPUT), Tile("b", weight.dtype, space("k", "n"), Role.INPUT)]
+    if b_tr:
+        tiles.append(Tile("b_rows", weight.dtype, space("k", "n"), Role.STAGING, of="b", relayout=Relayout.TRANSPOSED))
+    tiles.append(Tile("acc", "fp32", space("m", "n"), Role.ACCUMULATOR))
+    epi_steps, epi_loads = [], []
+    if bias is not None:
+        if OC > 1 and bias.strides[0] != 1:
+            raise Unsupported(f"{where}: a bias with stride {bias.strides[0]}")
+        tiles.append(Tile("bias", bias.dtype, space("n"), Role.INPUT))
+        epi_loads.append(("bias", MAccess(bias.name, bias.dtype, (), 0, 1, 0, bias.offset)))
+        epi_steps.append(Step("binary", "add", "acc", ("acc", "bias")))  # in fp32, before the one rounding
+    tiles.append(Tile("o", out.dtype, space("m", "n"), Role.OUTPUT))
+    epi_steps.append(Step("unary", "copy", "o", ("acc",)))
+    shape = MatmulShape((), M, OC, K, a, b, False, b_tr, tuple(epi_loads), (("o", o),), out.dtype)
+    notes = (f"conv2d as C[{M}, {OC}] = patches[{M}, {K}] @ W^T[{K}, {OC}], the patches gathered from the image",
+             f"{form}: {len(runs)} runs of {R} elements, {Rp} columns each in the A tile",
+             "B moved as [n, k] rows (the weight) and transposed on chip")
+    tk = TileKernel(
+        "conv", AXES, tuple(tiles), (),
+        (Phase(PhaseKind.CHUNK, (Step("matmul", "matmul", "acc", ("a", "b"), accumulate=True),), (("a", a), ("b", b)),
+               (), "one k chunk of whole runs: the A tile gathered from the image, B from the weight, into the PE"),
+         Phase(PhaseKind.EPILOGUE, tuple(epi_steps), tuple(epi_loads), (("o", o),),
+               "once per output tile: the bias on the fp32 accumulator, then the store (channels-last rows)")),
+        None, notes)
+    tk.check()
+    return patches, shape, tk
+
+
+__all__ = ["MIN_RUN_SHARE", "PatchRuns", "analyse"]

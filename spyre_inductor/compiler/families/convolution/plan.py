@@ -1,0 +1,119 @@
+"""The conv family's plan: the matmul family's grids and tilings (matmul/plan.py), k chunks of
+whole runs, the A tile as wide as its runs' sticks, each candidate timed by one core's program
+on the timing model (core/search.py), the kept program validated and verified once.
+
+Only the plain PE plans: no operand shared over the ring (its fill moves slices of a tile in
+device-memory order, not runs), no split k (a conv's rows are many: the image's pixels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.operands import ITEMSIZE, sticks
+
+from ...core import search
+from ...core.allocate import Need, allocate, check_needs, check_placement
+from ...core.division import candidate_counts, representative_ns
+from ...core.keep import kept
+from ...core.layout import buffers_of, symbols_of
+from ...core.minimum import Traffic
+from ...core.plans import Division, Plans
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import ConvKernel
+from ..matmul.codegen import build_matmul_program
+from ..matmul.plan import best_grid, span_problem, tile_needs, tiling_for, variants
+from .codegen import patch_core
+from .lowering import PatchRuns, analyse
+
+
+def needs(tk, tiling, patches: PatchRuns) -> list[Need]:
+    """The matmul's needs at this tiling, the A tile's rows as wide as its runs' sticks."""
+    out = []
+    for need in tile_needs(tk, tiling):
+        if need.tile == "a":
+            row = sticks(patches.columns(tiling.tk) * ITEMSIZE[patches.dtype])
+            need = dataclasses.replace(need, nbytes=tiling.tm * row, row_stride=row)
+        out.append(need)
+    return out
+
+
+def minimum(kernel: ConvKernel) -> Traffic:
+    """The image elements some tap reads, the weight, the bias, once; the output written once."""
+    N, C, H, W = kernel.image.shape
+    _, _, KH, KW = kernel.weight.shape
+    _, OC, OH, OW = kernel.out.shape
+    (sh, sw), (dh, dw) = kernel.stride, kernel.dilation
+    rows = len({oh * sh + kh * dh for oh in range(OH) for kh in range(KH)})
+    cols = len({ow * sw + kw * dw for ow in range(OW) for kw in range(KW)})
+    size = lambda b, n: n * ITEMSIZE[b.dtype]  # noqa: E731
+    read = size(kernel.image, N * C * rows * cols) + size(kernel.weight, OC * C * KH * KW)
+    if kernel.bias is not None:
+        read += size(kernel.bias, OC)
+    return Traffic(read, size(kernel.out, N * OC * OH * OW))
+
+
+def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | None = None, estimate=None):
+    from ...core.compiled import COMPILER_VERSION, Compiled
+
+    patches, shape, tk = analyse(kernel)
+    symbols = symbols_of(kernel)
+    limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
+    counts = [cores] if cores else candidate_counts(limit)
+    errors: list[str] = []
+    seen: set = set()
+    core = patch_core(patches)
+
+    def evaluate(variant, n):
+        (tm, tn, tk_), *rest = variant
+        # a k chunk is whole runs: the tile target rounded down to them (at least one)
+        variant = ((tm, tn, max(patches.R, tk_ // patches.R * patches.R)), *rest)
+        grid = best_grid(shape, n)
+        problem = span_problem(shape, grid)
+        if problem is not None:
+            errors.append(problem)
+            return None
+        tiling = tiling_for(shape, grid, variant)
+        placement = allocate(needs(tk, tiling, patches), HARDWARE.scratchpad_usable_bytes)
+        if not placement.fits:
+            return None
+        key = (grid.gb, grid.gm, grid.gn, dataclasses.replace(tiling, label=""))
+        if key in seen:
+            return None
+        seen.add(key)
+
+        def one_core(blocks):
+            return build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, blocks=blocks,
+                                        core=core)
+
+        ns = (estimate(one_core(grid.blocks[:1])) if estimate is not None
+              else representative_ns(one_core, grid.blocks, check=False))
+        label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
+                 f"{tiling.label}")
+        return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
+
+    plain = [v for v in variants() if v[3] is None and v[4] == 1]
+    results = search.search(plain, counts, evaluate, errors)
+    if not results:
+        raise Unsupported(f"kernel {kernel.name!r}: no conv plan: no tiling fits the "
+                          f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad"
+                          + (f", or {'; '.join(dict.fromkeys(errors))}" if errors else ""))
+    chosen = search.choose(results)
+    grid, tiling, placement = chosen.plan
+    check_needs("conv scratchpad plan", needs(tk, tiling, patches), placement)
+    check_placement("conv scratchpad plan", placement.allocations,
+                    min(placement.usable, HARDWARE.scratchpad_usable_bytes))
+    notes = (f"{COMPILER_VERSION}: conv as matmul {shape.M}x{shape.K}x{shape.N} ({len(patches.runs)} runs of "
+             f"{patches.R}), tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
+    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes, core=core)
+    program = kept(kernel, program, minimum(kernel))
+    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
+                        chosen.ns)
+    plans = Plans("conv", buffers_of(kernel), tk,
+                  (("patches", patches), ("shape", shape), ("tiling", tiling), ("grid", grid)), placement, division)
+    return Compiled(plans, program)
+
+
+__all__ = ["minimum", "needs", "plan_conv"]
