@@ -115,7 +115,8 @@ def test_a_family_imports_no_other_familys_modules():
                (f"{C}.families.convolution.lowering", f"{M}.lowering"),
                (f"{C}.families.convolution.codegen", f"{M}.codegen"),
                (f"{C}.families.convolution.plan", f"{M}.codegen"),
-               (f"{C}.families.convolution.plan", f"{M}.plan")}
+               (f"{C}.families.convolution.plan", f"{M}.plan"),
+               (f"{C}.families.convolution.plan", f"{M}.planner")}
 
     def family(module):  # (a family's package itself too: `from .. import matmul`)
         parts = module.split(".")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from spyre_inductor.compiler.inductor.scheduling import record_kernels
-from spyre_inductor.compiler.ir.kernel_ir import MatmulKernel
+from spyre_inductor.compiler.ir.kernel_ir import ConvKernel, MatmulKernel
 from spyre_inductor.device import fallback
 from spyre_inductor.eager.cache import CACHE
 from spyre_inductor.eager.launch import CompiledEntry
@@ -84,7 +84,8 @@ def _meta_stride(x, w, b, conv):
 
 
 def _assert_on_card(records):
-    assert any(isinstance(r.kernel, MatmulKernel) for r in records), "no MatmulKernel program was built"
+    """The PE ran it: the conv family's program (an implicit GEMM) or the patch copy's matmul."""
+    assert any(isinstance(r.kernel, (ConvKernel, MatmulKernel)) for r in records), "no PE program was built"
     for r in records:
         assert r.artifact is not None and r.fallback_reason is None, (r.nodes, r.fallback_reason)
 

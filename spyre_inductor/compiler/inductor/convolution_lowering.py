@@ -134,12 +134,59 @@ class _Fake:
         return len(self.node.get_size())
 
 
+def _channels_last_copy(x, pads=None):
+    """`x` [N, C, H, W] realized channels-last (padded along H and W by `pads` (ph, pw) with zeros),
+    seen as [N, C, H, W] again: a view with channels-last strides."""
+    nhwc = LOWERED.permute(x, (0, 2, 3, 1))
+    if pads is not None and any(pads):
+        nhwc = LOWERED.pad(nhwc, [0, 0, pads[1], pads[1], pads[0], pads[0]])
+    return LOWERED.permute(LOWERED.contiguous(nhwc), (0, 3, 1, 2))
+
+
+def _implicit_gemm(input, weight, bias, stride, padding, dilation, groups):
+    """The conv family's program for this forward conv2d (families/convolution), or None where the
+    family does not take it (grouped; runs of taps too short in either layout; a plan it declines).
+
+    The family reads runs of taps contiguous in both image and weight and no padding, so the
+    image is laid out here: channels-last (as given, else one copy, padded in the same copy)
+    when its channels fill a stick or the input is channels-last (runs of KW x C, the weight
+    made channels-last too: one small copy), else NCHW as given (runs of KW taps per channel, the
+    weight as PyTorch keeps it: ViT's patch embedding reads the image once and nothing else is
+    copied); padding is one pad copy before it."""
+    from .convolution_node import lower_conv
+    from ..families.convolution.lowering import MIN_RUN_SHARE
+
+    if groups != 1:
+        return None
+    stride, padding, dilation = convolution._pairs(stride, padding, dilation)
+    _, c, _, _ = LOWERED.shape(input)
+    _, _, _, kw = LOWERED.shape(weight)
+    isz = LOWERED.itemsize(input)
+    nchw_runs = dilation[1] == 1 and kw * isz * MIN_RUN_SHARE >= convolution.STICK_BYTES
+    if _channels_last(input) or c * isz >= convolution.STICK_BYTES or not nchw_runs:
+        cl_run = (kw * c if dilation[1] == 1 else c) * isz
+        if cl_run * MIN_RUN_SHARE < convolution.STICK_BYTES:
+            return None
+        if not (_channels_last(input) and not any(padding)):
+            input = _channels_last_copy(input, padding)
+        if not _channels_last(weight):
+            weight = _channels_last_copy(weight)
+    elif any(padding):
+        input = LOWERED.contiguous(LOWERED.pad(input, [padding[1], padding[1], padding[0], padding[0]]))
+    return lower_conv(input, LOWERED.contiguous(weight) if not _channels_last(weight) else weight, bias, stride,
+                      dilation)
+
+
 def _forward(inductor_lowering):
     def lowering(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
         if not _taken((input, weight), input, weight, transposed, groups):
             return inductor_lowering(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                      groups)
-        return convolution.conv2d(LOWERED, input, weight, bias, stride, padding, dilation, _channels_last(input),
+        channels_last = _channels_last(input)
+        out = _implicit_gemm(input, weight, bias, stride, padding, dilation, int(groups))
+        if out is not None:
+            return out if channels_last else LOWERED.contiguous(out)
+        return convolution.conv2d(LOWERED, input, weight, bias, stride, padding, dilation, channels_last,
                                   int(groups))
 
     return lowering

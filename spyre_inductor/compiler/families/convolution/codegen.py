@@ -1,16 +1,16 @@
 """Conv code generation: the matmul family's program (matmul/codegen.py: slots, queues, the
 epilogue, the stores) with its A tiles gathered from the image and its PE steps per run.
 
-A k chunk holds whole runs (lowering.PatchRuns). The load/store unit moves each A tile as one
-Load per run and per piece of the tile's rows inside one output row (consecutive output
-columns read the image ``stride * w-stride`` apart, one run each), into the run's stick-aligned
-columns. The PE multiplies each run's R columns of A with the R rows of B that hold the same
+A k chunk holds whole runs (lowering.PatchRuns). The load/store unit moves each A tile (or, when
+the cores share A over the ring, its own slice of the tile's rows) as one Load per run and per
+piece of the rows inside one output row (consecutive output columns read the image ``stride *
+w-stride`` apart, one run each), into the run's stick-aligned columns. The PE multiplies each run's R columns of A with the R rows of B that hold the same
 taps, so a run's padding up to its stick is moved (whole sticks) but never multiplied.
 """
 
 from __future__ import annotations
 
-from spyre_runtime.program.isa import Load, MatMul, Pop, Push
+from spyre_runtime.program.isa import Load, MatMul
 from spyre_runtime.program.operands import ITEMSIZE
 
 from ..matmul.codegen import MatmulCore
@@ -24,27 +24,21 @@ class PatchCore(MatmulCore):
         super().__init__(*args)
         self.patches = patches
 
-    def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt, after=None):
+    def move_rows(self, ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes=None):
+        """Rows [r0, r0 + count) of an A tile (a slot's whole tile, or this core's slice of one all
+        the cores share over the ring) gathered from the image: a Load per run per piece of rows
+        inside one output row."""
         if which != "a":
-            return super().load_operand(ls, queues, which, slot, bidx, mt, nt, kt, after)
-        pr, full, free = self.patches, queues[0], queues[1]
+            return super().move_rows(ls, which, dst, r0, count, bidx, mt, nt, kt,
+                                     *(() if piece_bytes is None else (piece_bytes,)))
+        pr = self.patches
         isz = ITEMSIZE[pr.dtype]
-        dst = self.p.at(self.ta, slot)
-        first, count = divmod(kt[0], pr.R)[0], kt[1] // pr.R
-        ls.emit(Pop(free))
-        for r0, rows, start in pr.rows(mt[0], mt[1]):
-            for j in range(count):
-                ls.emit(Load(ls.sp(dst.offset + r0 * dst.row_stride + j * pr.Rp * isz),
-                             ls.dev(pr.image, (start + pr.runs[first + j]) * isz), rows, pr.R * isz,
-                             pr.ow_stride * isz if rows > 1 else 0, dst.row_stride))
-
-        def finish():
-            ls.emit(Push(full))
-
-        if after is None:
-            finish()
-        else:
-            after.append(finish)
+        first, runs = kt[0] // pr.R, kt[1] // pr.R
+        for row, rows, start in pr.rows(mt[0] + r0, count):
+            at = dst.offset + (r0 + row) * dst.row_stride
+            for j in range(runs):
+                ls.emit(Load(ls.sp(at + j * pr.Rp * isz), ls.dev(pr.image, (start + pr.runs[first + j]) * isz), rows,
+                             pr.R * isz, pr.ow_stride * isz if rows > 1 else 0, dst.row_stride))
 
     def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool) -> None:
         pr = self.patches

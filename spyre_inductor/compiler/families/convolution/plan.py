@@ -2,8 +2,9 @@
 whole runs, the A tile as wide as its runs' sticks, each candidate timed by one core's program
 on the timing model (core/search.py), the kept program validated and verified once.
 
-Only the plain PE plans: no operand shared over the ring (its fill moves slices of a tile in
-device-memory order, not runs), no split k (a conv's rows are many: the image's pixels).
+The plain PE plans, and where every plain grid would re-read the patches, A all-gathered over
+the ring (each core gathers its slice of a tile's rows from the image, then the slices travel
+core to core). No split k (a conv's rows are many: the image's pixels).
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from spyre_runtime.program.operands import ITEMSIZE, sticks
 
 from ...core import search
 from ...core.allocate import Need, allocate, check_needs, check_placement
-from ...core.division import candidate_counts, representative_ns
+from ...core.division import candidate_counts, representative_ns, simulated_ns
 from ...core.keep import kept
 from ...core.layout import buffers_of, symbols_of
 from ...core.minimum import Traffic
 from ...core.plans import Division, Plans
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import ConvKernel
-from ..matmul.codegen import build_matmul_program
-from ..matmul.plan import best_grid, span_problem, tile_needs, tiling_for, variants
+from ..matmul.codegen import build_matmul_program, ring_ready
+from ..matmul.plan import best_grid, grid_for, shared_variants, span_problem, tile_needs, tiling_for, variants
+from ..matmul.planner import REFETCH_WORTH_SHARING, refetch
 from .codegen import patch_core
 from .lowering import PatchRuns, analyse
 
@@ -69,7 +71,10 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
         (tm, tn, tk_), *rest = variant
         # a k chunk is whole runs: the tile target rounded down to them (at least one)
         variant = ((tm, tn, max(patches.R, tk_ // patches.R * patches.R)), *rest)
-        grid = best_grid(shape, n)
+        share = variant[3]
+        grid = grid_for(shape, n, variant)
+        if grid is None:
+            return None
         problem = span_problem(shape, grid)
         if problem is not None:
             errors.append(problem)
@@ -83,18 +88,40 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
             return None
         seen.add(key)
 
-        def one_core(blocks):
-            return build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, blocks=blocks,
-                                        core=core)
+        if share:
+            # the cores meet on the ring: time them all (their programs differ in who sends where)
+            if not ring_ready(shape, tk, tiling, placement, grid):
+                return None
+            program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, share=share,
+                                           core=core)
+            ns = estimate(program) if estimate is not None else simulated_ns(program, check=False)
+        else:
+            def one_core(blocks):
+                return build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, blocks=blocks,
+                                            core=core)
 
-        ns = (estimate(one_core(grid.blocks[:1])) if estimate is not None
-              else representative_ns(one_core, grid.blocks, check=False))
+            ns = (estimate(one_core(grid.blocks[:1])) if estimate is not None
+                  else representative_ns(one_core, grid.blocks, check=False))
         label = (f"{grid.cores}c grid {grid.gb}x{grid.gm}x{grid.gn}, tiles {tiling.tm}x{tiling.tn}x{tiling.tk} "
                  f"{tiling.label}")
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
 
     plain = [v for v in variants() if v[3] is None and v[4] == 1]
     results = search.search(plain, counts, evaluate, errors)
+    top = max(counts)
+    if top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
+        # Every plain grid re-reads an operand (A, the patches, once per column block): the cores
+        # split the columns and all-gather A over the ring instead, each gathering a slice of its
+        # rows from the image (B, the weight, is moved transposed: the matmul shares only an
+        # operand moved in its own layout). Timed whole: the first two tile shapes that fit.
+        found = 0
+        for v in (v for v in shared_variants(shape) if v[3] == "a"):
+            r = evaluate(v, top)
+            if r is not None:
+                results.append(r)
+                found += 1
+                if found == 2:
+                    break
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no conv plan: no tiling fits the "
                           f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad"
@@ -106,9 +133,11 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
                     min(placement.usable, HARDWARE.scratchpad_usable_bytes))
     notes = (f"{COMPILER_VERSION}: conv as matmul {shape.M}x{shape.K}x{shape.N} ({len(patches.runs)} runs of "
              f"{patches.R}), tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
-    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes, core=core)
+    program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
+                                   share=tiling.share, core=core)
     program = kept(kernel, program, minimum(kernel))
-    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)",
+    division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)"
+                        + (", the patches shared over the ring" if tiling.share else ""),
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
                         chosen.ns)
     plans = Plans("conv", buffers_of(kernel), tk,
