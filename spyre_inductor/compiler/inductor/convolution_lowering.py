@@ -1,5 +1,7 @@
-"""Spyre lowerings of convolution: conv2d as a patch gather and a matmul (convolution.py's
-arithmetic over Inductor's own lowerings), instead of an extern ATen convolution.
+"""Spyre lowerings of convolution: a forward conv2d the conv family takes as its implicit GEMM
+(families/convolution, through convolution_node.py: the image laid out for runs here), else
+conv2d as a patch gather and a matmul (convolution.py's arithmetic over Inductor's own
+lowerings), instead of an extern ATen convolution. The backward is always the latter.
 
 ``aten.convolution`` and ``aten.convolution_backward`` are what a torch.compile'd graph holds;
 ``convolution_overrideable`` and ``convolution_backward_overrideable`` are what the compile-backed
