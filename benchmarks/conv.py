@@ -1,0 +1,90 @@
+"""Compiled conv2d on spyre (issue 31): `.venv/bin/python benchmarks/conv.py`.
+
+Rows (fp16, one run, forward): ViT's patch embedding (1x3x224x224 -> 768, kernel 16 stride 16,
+bias) with an NCHW image as the model hands it over, and a ResNet-style 64 -> 64 3x3 stride 1
+padding 1 on 56x56, NCHW and channels-last. Columns (_compiled.kernel_row): the programs one
+call runs, the most cores one used, the timing model's time summed over them, the sum of their
+rooflines (FLOPs at the sustained matrix rate or minimum bytes at the stream bandwidth, per
+program), efficiency = roofline / simulated, bytes moved and their minimum, what each program's
+plan chose (the conv family's `conv` plans, or the patch-copy lowering's pointwise + matmul), max
+|err| against the CPU in fp32, compile seconds.
+
+Measured (issue 31), before the conv family (pad, patch copy, matmul) -> with it:
+
+  row                                  simulated us     bytes moved            efficiency
+  ViT patch embed 3x224x224 -> 768     50.6 -> 42.1     4886016 -> 3380736     0.394 -> 0.377
+  3x3 s1 64->64 56x56 NCHW              122 -> 64.5    16708096 -> 7310848     0.586 -> 0.278
+  3x3 s1 64->64 56x56 channels-last     115 -> 61.4    15905280 -> 6909440     0.575 -> 0.292
+  3x3 s2 64->128 56x56 channels-last   PlanError -> 44   (the matmul's ring plan, see the report)
+
+(Efficiency falls while time halves: the roofline is summed per program, and the patch copy's
+programs were each near their own roofline while moving far more than the conv needs.)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from _bench import TRAFFIC_HEADER, print_table
+from _compiled import KERNEL_HEADER, kernel_row, plan_labels
+
+warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
+
+
+def conv(stride, padding):
+    def fn(x, w, b):
+        return F.conv2d(x, w, b, stride=stride, padding=padding)
+    return fn
+
+
+ROWS = [
+    # name, image shape, weight shape, stride, padding, channels-last image
+    ("ViT patch embed 3x224x224 -> 768 k16 s16", (1, 3, 224, 224), (768, 3, 16, 16), 16, 0, False),
+    ("3x3 s1 64->64 56x56 NCHW", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, False),
+    ("3x3 s1 64->64 56x56 channels-last", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, True),
+    ("3x3 s2 64->128 56x56 channels-last", (1, 64, 56, 56), (128, 64, 3, 3), 2, 1, True),
+]
+
+
+def inputs(shape, wshape, channels_last):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(*wshape, generator=g) / (wshape[1] * wshape[2] * wshape[3]) ** 0.5
+    b = torch.randn(wshape[0], generator=g)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    return x, w, b
+
+
+def label(plan) -> str:
+    return plan["family"]
+
+
+def main() -> None:
+    rows = []
+    for name, shape, wshape, stride, padding, cl in ROWS:
+        fn = conv(stride, padding)
+        x, w, b = inputs(shape, wshape, cl)
+        half = [t.half() for t in (x, w, b)]
+        if cl:
+            half[0] = half[0].contiguous(memory_format=torch.channels_last)
+        want = fn(*[t.float() for t in half])
+        dev = [t.to("spyre") for t in half]
+        if cl:
+            dev[0] = half[0].to("spyre")  # (keeps the channels-last strides)
+        torch._dynamo.reset()
+        try:
+            rows.append(kernel_row(name, fn, dev, half, want,
+                                   lambda records: plan_labels([r for r in records if r.kernel is not None], label)))
+        except Exception as e:  # (a row that does not compile says why, the others still print)
+            rows.append([name, "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                         f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][-140:]}", "-", "-"])
+    print_table("Compiled conv2d forward, fp16", KERNEL_HEADER + TRAFFIC_HEADER + ["plans", "max |err|",
+                                                                                  "compile s"], rows)
+
+
+if __name__ == "__main__":
+    main()
