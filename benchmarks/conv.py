@@ -13,11 +13,12 @@ Measured (issue 31), before the conv family (pad, patch copy, matmul) -> with it
 
   row                                  simulated us     bytes moved            efficiency
   ViT patch embed 3x224x224 -> 768     50.6 -> 42.1     4886016 -> 3380736     0.394 -> 0.377
-  3x3 s1 64->64 56x56 NCHW              122 -> 64.5    16708096 -> 7310848     0.586 -> 0.278
-  3x3 s1 64->64 56x56 channels-last     115 -> 61.4    15905280 -> 6909440     0.575 -> 0.292
+  3x3 s1 64->64 56x56 NCHW              122 -> 42.5    16708096 -> 4593920     0.586 -> 0.421
+  3x3 s1 64->64 56x56 channels-last     115 -> 39.4    15905280 -> 4192512     0.575 -> 0.455
   3x3 s2 64->128 56x56 channels-last   PlanError -> 44   (the matmul's ring plan, see the report)
 
-(Efficiency falls while time halves: the roofline is summed per program, and the patch copy's
+(the stride-1 rows through the shifted window; with gathered runs they were 64.5 / 61.4 us.
+Efficiency falls where time drops: the roofline is summed per program, and the patch copy's
 programs were each near their own roofline while moving far more than the conv needs.)
 """
 

@@ -63,7 +63,8 @@ def tensors(shape, wshape, dtype=torch.float16, channels_last=False, bias=True, 
 
 
 CASES = [
-    # name, image, weight, stride, dilation, channels-last
+    # name, image, weight, stride, dilation, channels-last (a stride-1 channels-last conv: a shifted
+    # window; the others: gathered runs)
     ("vit-like patch embed NCHW k16 s16", (1, 3, 64, 64), (96, 3, 16, 16), (16, 16), (1, 1), False),
     ("patch embed channels-last k16 s16", (2, 3, 64, 48), (64, 3, 16, 16), (16, 16), (1, 1), True),
     ("3x3 s1 64->64 channels-last", (1, 64, 12, 10), (64, 64, 3, 3), (1, 1), (1, 1), True),
@@ -71,6 +72,8 @@ CASES = [
     ("3x3 dilated 2 32ch fp32 channels-last", (1, 32, 12, 12), (40, 32, 3, 3), (1, 1), (2, 2), True),
     ("pixtral-like k14 s14 NCHW", (1, 3, 28, 42), (64, 3, 14, 14), (14, 14), (1, 1), False),
     ("1x1 s1 128->64 channels-last", (1, 128, 7, 9), (64, 128, 1, 1), (1, 1), (1, 1), True),
+    ("3x3 s1 two images 96->72 channels-last", (2, 96, 9, 13), (72, 96, 3, 3), (1, 1), (1, 1), True),
+    ("5x3 s1 dilated (1, 2) 32->16 fp32 channels-last", (1, 32, 11, 12), (16, 32, 5, 3), (1, 1), (1, 2), True),
 ]
 
 
@@ -98,13 +101,30 @@ def _program(x, w, b, stride):
     return kernel, plan_kernel(kernel)
 
 
-def test_the_a_tiles_are_runs_of_the_image_and_nothing_else_is_written_but_the_output():
-    x, w, b = tensors((1, 64, 10, 10), (64, 64, 3, 3), channels_last=True)
-    kernel, compiled = _program(x, w, b, (1, 1))
+def _image_loads(compiled):
+    return [i for c in compiled.program.cores for _, instrs in c.units for i in instrs
+            if isinstance(i, Load) and i.src.symbol == "image"]
+
+
+def test_strided_a_tiles_are_runs_of_the_image_and_nothing_is_written_but_the_output():
+    x, w, b = tensors((1, 64, 11, 11), (64, 64, 3, 3), channels_last=True)
+    kernel, compiled = _program(x, w, b, (2, 2))
     assert compiled.plans.family == "conv"
-    loads = [i for c in compiled.program.cores for _, instrs in c.units for i in instrs if isinstance(i, Load)]
-    image = [i for i in loads if i.src.symbol == "image"]
+    image = _image_loads(compiled)
     assert image and all(i.row_bytes == 3 * 64 * 2 for i in image)  # a run: an image row's 3 taps x 64 channels
+    assert all(i.src_stride in (0, 2 * 64 * 2) for i in image)  # output columns 2 pixels apart
+    assert {s.name for s in compiled.program.symbols} == {"image", "weight", "bias", "out"}  # no patch matrix
+
+
+def test_a_stride_1_conv_reads_each_image_band_once_for_every_tap():
+    x, w, b = tensors((2, 64, 10, 10), (64, 64, 3, 3), channels_last=True)
+    kernel, compiled = _program(x, w, b, (1, 1))
+    assert compiled.plans.stage("window").halo == 2 * 10 + 2
+    image = _image_loads(compiled)
+    assert image and all(i.row_bytes == 128 and i.src_stride in (0, 128) for i in image)  # whole pixels, in order
+    blocks = compiled.plans.division.cores
+    # each core's band: its rows and one halo, read once (not once per tap: 9x the image)
+    assert sum(i.rows for i in image) <= 2 * 10 * 10 + blocks * 22
     assert {s.name for s in compiled.program.symbols} == {"image", "weight", "bias", "out"}
 
 

@@ -77,6 +77,68 @@ class PatchRuns(Describable):
             m += n
 
 
+@dataclass(frozen=True)
+class ShiftedWindow(Describable):
+    """A stride-1 conv over a channels-last image whose pixels are rows of C channels, back to
+    back: output row m' = oh * W + ow of an image (W the image's width: the last KW - 1 columns of
+    each row are computed and never stored) reads, for tap t, image pixel m' + shifts[t]. So one
+    band of the image, rows [m0, m0 + tm + halo), holds every tap's A tile of output rows
+    [m0, m0 + tm): each an offset into it. The image is read once per row tile (plus its halo),
+    where gathered patches read it once per tap."""
+
+    image: str
+    dtype: str
+    offset: int
+    n_stride: int
+    pixel_stride: int      # elements between pixels (C)
+    C: int
+    W: int                 # pixels per image row (the output rows' pitch)
+    OW: int
+    shifts: tuple[int, ...]  # per tap (kh, kw): pixels from the output row's pixel
+    out: str
+    out_dtype: str
+    out_offset: int
+    out_n_stride: int
+    out_oh_stride: int
+    out_ow_stride: int
+
+    @property
+    def halo(self) -> int:
+        return max(self.shifts)
+
+    def stored(self, m0: int, count: int):
+        """The rows [m0, m0 + count) that are outputs, as pieces inside one output row: (first row,
+        rows, output element of the first, without the batch's)."""
+        m, end = m0, m0 + count
+        while m < end:
+            oh, ow = divmod(m, self.W)
+            if ow >= self.OW:  # (the row's last KW - 1 pixels: no output)
+                m += self.W - ow
+                continue
+            n = min(end - m, self.OW - ow)
+            yield m - m0, n, self.out_offset + oh * self.out_oh_stride + ow * self.out_ow_stride
+            m += n
+
+
+def _window(kernel: ConvKernel) -> ShiftedWindow | None:
+    """The shifted-window form of a stride-1 conv over a channels-last image and weight, else None."""
+    N, C, H, W = kernel.image.shape
+    OC, _, KH, KW = kernel.weight.shape
+    _, _, OH, OW = kernel.out.shape
+    sn, sc, sh, sw = kernel.image.strides
+    wo, wc, wkh, wkw = kernel.weight.strides
+    (dh, dw) = kernel.dilation
+    if kernel.stride != (1, 1) or KH * KW == 1 or C == 1:
+        return None
+    if not (sc == 1 and sw == C and (H == 1 or sh == W * C) and wc == 1 and (KW == 1 or wkw == C)
+            and (KH == 1 or wkh == KW * C)):
+        return None
+    shifts = tuple(kh * dh * W + kw * dw for kh in range(KH) for kw in range(KW))
+    out = kernel.out
+    return ShiftedWindow(kernel.image.name, kernel.image.dtype, kernel.image.offset, sn, C, C, W, OW, shifts,
+                         out.name, out.dtype, out.offset, out.strides[0], out.strides[2], out.strides[3])
+
+
 def _runs(kernel: ConvKernel, where: str):
     """(runs, R, form) of the image and weight layouts, or Unsupported."""
     N, C, H, W = kernel.image.shape
@@ -100,7 +162,7 @@ def _runs(kernel: ConvKernel, where: str):
                       f"PyTorch's weight, are planned)")
 
 
-def analyse(kernel: ConvKernel) -> tuple[PatchRuns, MatmulShape, TileKernel]:
+def analyse(kernel: ConvKernel) -> tuple[PatchRuns | ShiftedWindow, MatmulShape, TileKernel]:
     where = f"kernel {kernel.name!r}"
     kernel.check()
     image, weight, bias, out = kernel.image, kernel.weight, kernel.bias, kernel.out
@@ -110,12 +172,14 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns, MatmulShape, TileKernel]:
     N, C, H, W = image.shape
     OC, _, KH, KW = weight.shape
     _, _, OH, OW = out.shape
-    runs, R, form = _runs(kernel, where)
-    isz = ITEMSIZE[image.dtype]
-    Rp = -(-R * isz // STICK) * STICK // isz
-    if R * isz * MIN_RUN_SHARE < STICK:
-        raise Unsupported(f"{where}: runs of {R} elements ({R * isz} B) fill under 1/{MIN_RUN_SHARE} of a stick: "
-                          f"gathered, they would move {STICK // (R * isz)}x the image")
+    window = _window(kernel)
+    if window is None:
+        runs, R, form = _runs(kernel, where)
+        isz = ITEMSIZE[image.dtype]
+        Rp = -(-R * isz // STICK) * STICK // isz
+        if R * isz * MIN_RUN_SHARE < STICK:
+            raise Unsupported(f"{where}: runs of {R} elements ({R * isz} B) fill under 1/{MIN_RUN_SHARE} of a "
+                              f"stick: gathered, they would move {STICK // (R * isz)}x the image")
     m_stride = OC
     wanted = (OH * OW * OC, 1, OW * OC, OC)  # channels-last: (n, oh, ow) rows of OC channels
     if any(n > 1 and s != w for n, s, w in zip(out.shape, out.strides, wanted)):
@@ -125,13 +189,24 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns, MatmulShape, TileKernel]:
         raise Unsupported(f"{where}: a weight with output channels contiguous")
     sn, _, sh, sw = image.strides
     (st_h, st_w) = kernel.stride
-    patches = PatchRuns(image.name, image.dtype, image.offset, sn, st_h * sh, st_w * sw, OH, OW, runs, R, Rp, form)
-    M, K = N * OH * OW, len(runs) * R
-    # A: the virtual patch matrix [M, K] (what the slot pools key tiles by; never in device memory)
-    a = MAccess(image.name, image.dtype, (), K, 0, 1, 0)
-    b = MAccess(weight.name, weight.dtype, (), 0, weight.strides[0], 1, weight.offset)
     b_tr = OC > 1
-    o = MAccess(out.name, out.dtype, (), m_stride, 1, 0, out.offset)
+    if window is not None:
+        # per image (a batch): rows m' = oh * W + ow up to the last output, k chunks one tap each;
+        # A is the image's pixel rows, every tap of a row tile the same band (k stride 0: one slot)
+        gather, batch, M, K = window, (N,), (OH - 1) * W + OW, KH * KW * C
+        a = MAccess(image.name, image.dtype, (sn,), window.pixel_stride, 0, 0, image.offset)
+        b = MAccess(weight.name, weight.dtype, (0,), 0, weight.strides[0], 1, weight.offset)
+        o = MAccess(out.name, out.dtype, (out.strides[0],), m_stride, 1, 0, out.offset)
+        form = (f"shifted window: {KH * KW} taps of {C} channels, each an offset into one band of image "
+                f"rows (halo {window.halo} pixels)")
+    else:
+        gather = PatchRuns(image.name, image.dtype, image.offset, sn, st_h * sh, st_w * sw, OH, OW, runs, R, Rp, form)
+        batch, M, K = (), N * OH * OW, len(runs) * R
+        # A: the virtual patch matrix [M, K] (what the slot pools key tiles by; never in device memory)
+        a = MAccess(image.name, image.dtype, (), K, 0, 1, 0)
+        b = MAccess(weight.name, weight.dtype, (), 0, weight.strides[0], 1, weight.offset)
+        o = MAccess(out.name, out.dtype, (), m_stride, 1, 0, out.offset)
+        form = f"{form}: {len(runs)} runs of {R} elements, {Rp} columns each in the A tile"
     tiles = [Tile("a", image.dtype, space("m", "k"), Role.INPUT), Tile("b", weight.dtype, space("k", "n"), Role.INPUT)]
     if b_tr:
         tiles.append(Tile("b_rows", weight.dtype, space("k", "n"), Role.STAGING, of="b", relayout=Relayout.TRANSPOSED))
@@ -141,13 +216,13 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns, MatmulShape, TileKernel]:
         if OC > 1 and bias.strides[0] != 1:
             raise Unsupported(f"{where}: a bias with stride {bias.strides[0]}")
         tiles.append(Tile("bias", bias.dtype, space("n"), Role.INPUT))
-        epi_loads.append(("bias", MAccess(bias.name, bias.dtype, (), 0, 1, 0, bias.offset)))
+        epi_loads.append(("bias", MAccess(bias.name, bias.dtype, tuple(0 for _ in batch), 0, 1, 0, bias.offset)))
         epi_steps.append(Step("binary", "add", "acc", ("acc", "bias")))  # in fp32, before the one rounding
     tiles.append(Tile("o", out.dtype, space("m", "n"), Role.OUTPUT))
     epi_steps.append(Step("unary", "copy", "o", ("acc",)))
-    shape = MatmulShape((), M, OC, K, a, b, False, b_tr, tuple(epi_loads), (("o", o),), out.dtype)
-    notes = (f"conv2d as C[{M}, {OC}] = patches[{M}, {K}] @ W^T[{K}, {OC}], the patches gathered from the image",
-             f"{form}: {len(runs)} runs of {R} elements, {Rp} columns each in the A tile",
+    shape = MatmulShape(batch, M, OC, K, a, b, False, b_tr, tuple(epi_loads), (("o", o),), out.dtype)
+    notes = (f"conv2d as C[{M}, {OC}] = patches[{M}, {K}] @ W^T[{K}, {OC}]" + (f" x {N} images" if batch else "")
+             + ", the patches read from the image, never written", form,
              "B moved as [n, k] rows (the weight) and transposed on chip")
     tk = TileKernel(
         "conv", AXES, tuple(tiles), (),
@@ -157,7 +232,7 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns, MatmulShape, TileKernel]:
                "once per output tile: the bias on the fp32 accumulator, then the store (channels-last rows)")),
         None, notes)
     tk.check()
-    return patches, shape, tk
+    return gather, shape, tk
 
 
-__all__ = ["MIN_RUN_SHARE", "PatchRuns", "analyse"]
+__all__ = ["MIN_RUN_SHARE", "PatchRuns", "ShiftedWindow", "analyse"]

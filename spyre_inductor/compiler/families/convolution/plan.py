@@ -27,18 +27,28 @@ from ..matmul.codegen import build_matmul_program, ring_ready
 from ..matmul.plan import best_grid, grid_for, shared_variants, span_problem, tile_needs, tiling_for, variants
 from ..matmul.planner import REFETCH_WORTH_SHARING, refetch
 from .codegen import patch_core
-from .lowering import PatchRuns, analyse
+from .lowering import PatchRuns, ShiftedWindow, analyse
 
 
-def needs(tk, tiling, patches: PatchRuns) -> list[Need]:
-    """The matmul's needs at this tiling, the A tile's rows as wide as its runs' sticks."""
+def needs(tk, tiling, gather: PatchRuns | ShiftedWindow) -> list[Need]:
+    """The matmul's needs at this tiling, the A tile's rows as wide as its runs' sticks (gathered
+    runs), or as many as its band's (a shifted window: the row tile and the halo)."""
     out = []
     for need in tile_needs(tk, tiling):
         if need.tile == "a":
-            row = sticks(patches.columns(tiling.tk) * ITEMSIZE[patches.dtype])
-            need = dataclasses.replace(need, nbytes=tiling.tm * row, row_stride=row)
+            if isinstance(gather, ShiftedWindow):
+                row = sticks(gather.C * ITEMSIZE[gather.dtype])
+                need = dataclasses.replace(need, nbytes=(tiling.tm + gather.halo) * row, row_stride=row)
+            else:
+                row = sticks(gather.columns(tiling.tk) * ITEMSIZE[gather.dtype])
+                need = dataclasses.replace(need, nbytes=tiling.tm * row, row_stride=row)
         out.append(need)
     return out
+
+
+# A shifted window's band is the row tile plus its halo (two image rows for a 3x3): taller row
+# tiles read the halo fewer times, so they are tried too.
+WINDOW_TARGETS = ((512, 128), (256, 128), (256, 64))
 
 
 def minimum(kernel: ConvKernel) -> Traffic:
@@ -67,10 +77,13 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
     seen: set = set()
     core = patch_core(patches)
 
+    window = isinstance(patches, ShiftedWindow)
+
     def evaluate(variant, n):
         (tm, tn, tk_), *rest = variant
-        # a k chunk is whole runs: the tile target rounded down to them (at least one)
-        variant = ((tm, tn, max(patches.R, tk_ // patches.R * patches.R)), *rest)
+        # a k chunk is whole runs (the tile target rounded down to them, at least one), or one tap
+        k_chunk = patches.C if window else max(patches.R, tk_ // patches.R * patches.R)
+        variant = ((tm, tn, k_chunk), *rest)
         share = variant[3]
         grid = grid_for(shape, n, variant)
         if grid is None:
@@ -107,9 +120,11 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
         return search.Candidate(label, grid.cores, ns, (grid, tiling, placement))
 
     plain = [v for v in variants() if v[3] is None and v[4] == 1]
+    if window:
+        plain += [((tm, tn, 0), "B resident", "output", None, 1) for tm, tn in WINDOW_TARGETS]
     results = search.search(plain, counts, evaluate, errors)
     top = max(counts)
-    if top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
+    if not window and top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
         # Every plain grid re-reads an operand (A, the patches, once per column block): the cores
         # split the columns and all-gather A over the ring instead, each gathering a slice of its
         # rows from the image (B, the weight, is moved transposed: the matmul shares only an
@@ -131,8 +146,8 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
     check_needs("conv scratchpad plan", needs(tk, tiling, patches), placement)
     check_placement("conv scratchpad plan", placement.allocations,
                     min(placement.usable, HARDWARE.scratchpad_usable_bytes))
-    notes = (f"{COMPILER_VERSION}: conv as matmul {shape.M}x{shape.K}x{shape.N} ({len(patches.runs)} runs of "
-             f"{patches.R}), tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
+    how = f"{len(patches.shifts)} shifted taps" if window else f"{len(patches.runs)} runs of {patches.R}"
+    notes = (f"{COMPILER_VERSION}: conv as matmul {shape.M}x{shape.K}x{shape.N} ({how}), tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
     program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
                                    share=tiling.share, core=core)
     program = kept(kernel, program, minimum(kernel))
@@ -141,7 +156,7 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
                         chosen.ns)
     plans = Plans("conv", buffers_of(kernel), tk,
-                  (("patches", patches), ("shape", shape), ("tiling", tiling), ("grid", grid)), placement, division)
+                  (("window" if window else "patches", patches), ("shape", shape), ("tiling", tiling), ("grid", grid)), placement, division)
     return Compiled(plans, program)
 
 
