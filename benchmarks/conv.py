@@ -13,11 +13,14 @@ Measured (issue 31), before the conv family (pad, patch copy, matmul) -> with it
 
   row                                  simulated us     bytes moved            efficiency
   ViT patch embed 3x224x224 -> 768     50.6 -> 42.1     4886016 -> 3380736     0.394 -> 0.377
-  3x3 s1 64->64 56x56 NCHW              122 -> 42.5    16708096 -> 4593920     0.586 -> 0.421
-  3x3 s1 64->64 56x56 channels-last     115 -> 39.4    15905280 -> 4192512     0.575 -> 0.455
-  3x3 s2 64->128 56x56 channels-last   PlanError -> 44   (the matmul's ring plan, see the report)
+  3x3 s1 64->64 56x56 NCHW              122 -> 34.2    16708096 -> 4077824     0.586 -> 0.525
+  3x3 s1 64->64 56x56 channels-last     115 -> 31.0    15905280 -> 3676416     0.575 -> 0.577
+  3x3 s2 64->128 56x56 channels-last   PlanError -> 32.4 (the matmul's ring plan, see the report)
 
-(the stride-1 rows through the shifted window; with gathered runs they were 64.5 / 61.4 us.
+(the stride-1 rows through the shifted window, the weight laid out [KH, KW, C, OC] and shared
+over the ring: the conv program 13 us; with gathered runs they were 64.5 / 61.4 us. The rest is
+Inductor's pointwise copies around it: the padded channels-last image, the weight, and the
+output made contiguous, as the graph's output promises.
 Efficiency falls where time drops: the roofline is summed per program, and the patch copy's
 programs were each near their own roofline while moving far more than the conv needs.)
 """

@@ -146,3 +146,28 @@ def test_a_layout_without_common_runs_is_refused_by_name():
     x, w, b = tensors((1, 64, 8, 8), (64, 64, 3, 3), channels_last=True)
     with pytest.raises(Unsupported, match="no run of taps is contiguous"):
         _program(x, w.contiguous(), b, (1, 1))  # channels-last image, PyTorch's weight
+
+
+def k_rows(w):
+    """The weight laid out [KH, KW, C, OC] (what the lowering makes of a channels-last conv's),
+    seen as [OC, C, KH, KW]: read as [K, OC] rows, shareable over the ring."""
+    return w.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
+
+
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)], ids=["window", "runs"])
+def test_a_weight_laid_out_k_by_oc_is_moved_as_it_lies_and_matches(tmp_path, stride):
+    x, w, b = tensors((1, 64, 12, 10), (128, 64, 3, 3), channels_last=True)
+    wk = k_rows(w)
+    kernel, _ = conv_kernel(x, wk, b, stride)
+    compiled = plan_kernel(kernel)
+    shape = compiled.plans.stage("shape")
+    assert not shape.b_transposed and shape.b.k_stride == 128
+    artifact = compile_kernel(kernel, tmp_path)
+    plan = prepare_kernel(artifact)
+    N, OC, OH, OW = kernel.out.shape
+    out = torch.empty_strided((N, OC, OH, OW), kernel.out.strides, dtype=x.dtype, device="spyre")
+    args = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="spyre").copy_(t) for t in (x, wk)]
+    launch_jobplan(plan, args + [b.to("spyre"), out])
+    torch.spyre.synchronize()
+    want = F.conv2d(x.float(), w.float(), b.float(), stride=stride).to(x.dtype)
+    torch.testing.assert_close(out.cpu().float(), want.float(), atol=2e-3, rtol=2e-3)

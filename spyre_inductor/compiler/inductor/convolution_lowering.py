@@ -145,14 +145,21 @@ def _channels_last_copy(x, pads=None):
     return LOWERED.permute(LOWERED.contiguous(nhwc), (0, 3, 1, 2))
 
 
+def _k_rows_copy(w):
+    """The weight [OC, C, KH, KW] realized as [KH, KW, C, OC] (the conv family reads it as [K, OC]
+    rows as they lie, and shares it over the ring), seen as [OC, C, KH, KW] again."""
+    return LOWERED.permute(LOWERED.contiguous(LOWERED.permute(w, (2, 3, 1, 0))), (3, 2, 0, 1))
+
+
 def _implicit_gemm(input, weight, bias, stride, padding, dilation, groups):
     """The conv family's program for this forward conv2d (families/convolution), or None where the
     family does not take it (grouped; runs of taps too short in either layout; a plan it declines).
 
     The family reads runs of taps contiguous in both image and weight and no padding, so the
     image is laid out here: channels-last (as given, else one copy, padded in the same copy)
-    when its channels fill a stick or the input is channels-last (runs of KW x C, the weight
-    made channels-last too: one small copy), else NCHW as given (runs of KW taps per channel, the
+    when its channels fill a stick or the input is channels-last (runs of KW x C, or a shifted
+    window at stride 1; the weight laid out [KH, KW, C, OC] in one small copy, unless it is
+    channels-last already), else NCHW as given (runs of KW taps per channel, the
     weight as PyTorch keeps it: ViT's patch embedding reads the image once and nothing else is
     copied); padding is one pad copy before it."""
     from .convolution_node import lower_conv
@@ -172,11 +179,12 @@ def _implicit_gemm(input, weight, bias, stride, padding, dilation, groups):
         if not (_channels_last(input) and not any(padding)):
             input = _channels_last_copy(input, padding)
         if not _channels_last(weight):
-            weight = _channels_last_copy(weight)
-    elif any(padding):
-        input = LOWERED.contiguous(LOWERED.pad(input, [padding[1], padding[1], padding[0], padding[0]]))
-    return lower_conv(input, LOWERED.contiguous(weight) if not _channels_last(weight) else weight, bias, stride,
-                      dilation)
+            weight = _k_rows_copy(weight)
+    else:
+        if any(padding):
+            input = LOWERED.contiguous(LOWERED.pad(input, [padding[1], padding[1], padding[0], padding[0]]))
+        weight = LOWERED.contiguous(weight)
+    return lower_conv(input, weight, bias, stride, dilation)
 
 
 def _forward(inductor_lowering):

@@ -120,18 +120,38 @@ class ShiftedWindow(Describable):
             m += n
 
 
+def _at(stride, extent, want) -> bool:
+    """A dim's stride is `want` (a dim of one element is never stepped along: any stride is)."""
+    return extent == 1 or stride == want
+
+
+def k_stride(kernel: ConvKernel, channels_inner: bool) -> int | None:
+    """The weight's stride along k, when k = (kh, kw, c) (`channels_inner`) or (c, kh, kw) is one
+    stride in it (1: PyTorch's or a channels-last weight, read as [OC, K] rows and transposed on
+    chip; OC: the weight laid out [KH, KW, C, OC], read as [K, OC] rows as they are), else None."""
+    _, C, KH, KW = kernel.weight.shape
+    _, wc, wkh, wkw = kernel.weight.strides
+    if channels_inner:
+        dims = ((wc, C, 1), (wkw, KW, C), (wkh, KH, KW * C))
+    else:
+        dims = ((wkw, KW, 1), (wkh, KH, KW), (wc, C, KH * KW))
+    for stride, extent, inner in dims:
+        if extent > 1:
+            ks = stride // inner
+            return ks if ks > 0 and all(_at(s, e, i * ks) for s, e, i in dims) else None
+    return 1
+
+
 def _window(kernel: ConvKernel) -> ShiftedWindow | None:
     """The shifted-window form of a stride-1 conv over a channels-last image and weight, else None."""
     N, C, H, W = kernel.image.shape
     OC, _, KH, KW = kernel.weight.shape
     _, _, OH, OW = kernel.out.shape
     sn, sc, sh, sw = kernel.image.strides
-    wo, wc, wkh, wkw = kernel.weight.strides
     (dh, dw) = kernel.dilation
     if kernel.stride != (1, 1) or KH * KW == 1 or C == 1:
         return None
-    if not (sc == 1 and sw == C and (H == 1 or sh == W * C) and wc == 1 and (KW == 1 or wkw == C)
-            and (KH == 1 or wkh == KW * C)):
+    if not (sc == 1 and sw == C and (H == 1 or sh == W * C) and k_stride(kernel, True) is not None):
         return None
     shifts = tuple(kh * dh * W + kw * dw for kh in range(KH) for kw in range(KW))
     out = kernel.out
@@ -144,17 +164,13 @@ def _runs(kernel: ConvKernel, where: str):
     N, C, H, W = kernel.image.shape
     OC, _, KH, KW = kernel.weight.shape
     sn, sc, sh, sw = kernel.image.strides
-    wo, wc, wkh, wkw = kernel.weight.strides
     dh, dw = kernel.dilation
-    def at(stride, extent, want):  # (a dim of one element is never stepped along: any stride)
-        return extent == 1 or stride == want
-
-    if at(sc, C, 1) and at(wc, C, 1) and at(wkw, KW, C) and at(wkh, KH, KW * C):
-        if dw == 1 and at(sw, W, C):
+    if _at(sc, C, 1) and k_stride(kernel, True) is not None:
+        if dw == 1 and _at(sw, W, C):
             return tuple(kh * dh * sh for kh in range(KH)), KW * C, "channels-last: a run is an image row's KW taps x C"
         return tuple(kh * dh * sh + kw * dw * sw for kh in range(KH) for kw in range(KW)), C, \
             "channels-last: a run is one tap's C channels"
-    if at(sw, W, 1) and dw == 1 and at(wkw, KW, 1) and at(wkh, KH, KW) and at(wc, C, KH * KW):
+    if _at(sw, W, 1) and dw == 1 and k_stride(kernel, False) is not None:
         return tuple(c * sc + kh * dh * sh for c in range(C) for kh in range(KH)), KW, \
             "NCHW: a run is one channel's KW taps of an image row"
     raise Unsupported(f"{where}: image strides {kernel.image.strides} and weight strides {kernel.weight.strides}: "
@@ -185,17 +201,21 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns | ShiftedWindow, MatmulShape,
     if any(n > 1 and s != w for n, s, w in zip(out.shape, out.strides, wanted)):
         raise Unsupported(f"{where}: output strides {out.strides} are not channels-last {wanted} (its rows are "
                           f"the PE's rows)")
-    if OC > 1 and weight.strides[0] == 1:
-        raise Unsupported(f"{where}: a weight with output channels contiguous")
+    channels_inner = window is not None or (_at(image.strides[1], C, 1) and k_stride(kernel, True) is not None)
+    ks = k_stride(kernel, channels_inner)
+    wo = weight.strides[0]
+    if ks is None or (ks != 1 and wo != 1 and OC > 1):
+        raise Unsupported(f"{where}: weight strides {weight.strides}: neither its output channels nor its taps are "
+                          f"contiguous")
     sn, _, sh, sw = image.strides
     (st_h, st_w) = kernel.stride
-    b_tr = OC > 1
+    b_tr = OC > 1 and ks == 1 and wo != 1  # (else read as [k, n] rows: a weight laid out [KH, KW, C, OC])
     if window is not None:
         # per image (a batch): rows m' = oh * W + ow up to the last output, k chunks one tap each;
         # A is the image's pixel rows, every tap of a row tile the same band (k stride 0: one slot)
         gather, batch, M, K = window, (N,), (OH - 1) * W + OW, KH * KW * C
         a = MAccess(image.name, image.dtype, (sn,), window.pixel_stride, 0, 0, image.offset)
-        b = MAccess(weight.name, weight.dtype, (0,), 0, weight.strides[0], 1, weight.offset)
+        b = MAccess(weight.name, weight.dtype, (0,), 0, wo, ks, weight.offset)
         o = MAccess(out.name, out.dtype, (out.strides[0],), m_stride, 1, 0, out.offset)
         form = (f"shifted window: {KH * KW} taps of {C} channels, each an offset into one band of image "
                 f"rows (halo {window.halo} pixels)")
@@ -204,7 +224,7 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns | ShiftedWindow, MatmulShape,
         batch, M, K = (), N * OH * OW, len(runs) * R
         # A: the virtual patch matrix [M, K] (what the slot pools key tiles by; never in device memory)
         a = MAccess(image.name, image.dtype, (), K, 0, 1, 0)
-        b = MAccess(weight.name, weight.dtype, (), 0, weight.strides[0], 1, weight.offset)
+        b = MAccess(weight.name, weight.dtype, (), 0, wo, ks, weight.offset)
         o = MAccess(out.name, out.dtype, (), m_stride, 1, 0, out.offset)
         form = f"{form}: {len(runs)} runs of {R} elements, {Rp} columns each in the A tile"
     tiles = [Tile("a", image.dtype, space("m", "k"), Role.INPUT), Tile("b", weight.dtype, space("k", "n"), Role.INPUT)]
@@ -223,7 +243,7 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns | ShiftedWindow, MatmulShape,
     shape = MatmulShape(batch, M, OC, K, a, b, False, b_tr, tuple(epi_loads), (("o", o),), out.dtype)
     notes = (f"conv2d as C[{M}, {OC}] = patches[{M}, {K}] @ W^T[{K}, {OC}]" + (f" x {N} images" if batch else "")
              + ", the patches read from the image, never written", form,
-             "B moved as [n, k] rows (the weight) and transposed on chip")
+             "B moved as [n, k] rows (the weight) and transposed on chip" if b_tr else "B moved as [k, n] rows")
     tk = TileKernel(
         "conv", AXES, tuple(tiles), (),
         (Phase(PhaseKind.CHUNK, (Step("matmul", "matmul", "acc", ("a", "b"), accumulate=True),), (("a", a), ("b", b)),

@@ -2,9 +2,10 @@
 whole runs, the A tile as wide as its runs' sticks, each candidate timed by one core's program
 on the timing model (core/search.py), the kept program validated and verified once.
 
-The plain PE plans, and where every plain grid would re-read the patches, A all-gathered over
-the ring (each core gathers its slice of a tile's rows from the image, then the slices travel
-core to core). No split k (a conv's rows are many: the image's pixels).
+The plain PE plans, and where every plain grid would re-read an operand, that operand
+all-gathered over the ring (A: each core gathers its slice of a tile's rows from the image, then
+the slices travel core to core; B: the weight, when it is moved as it lies). No split k (a
+conv's rows are many: the image's pixels).
 """
 
 from __future__ import annotations
@@ -124,19 +125,22 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
         plain += [((tm, tn, 0), "B resident", "output", None, 1) for tm, tn in WINDOW_TARGETS]
     results = search.search(plain, counts, evaluate, errors)
     top = max(counts)
-    if not window and top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
-        # Every plain grid re-reads an operand (A, the patches, once per column block): the cores
-        # split the columns and all-gather A over the ring instead, each gathering a slice of its
-        # rows from the image (B, the weight, is moved transposed: the matmul shares only an
-        # operand moved in its own layout). Timed whole: the first two tile shapes that fit.
-        found = 0
-        for v in (v for v in shared_variants(shape) if v[3] == "a"):
-            r = evaluate(v, top)
-            if r is not None:
-                results.append(r)
-                found += 1
-                if found == 2:
-                    break
+    if top > 1 and refetch(shape, best_grid(shape, top)) > REFETCH_WORTH_SHARING:
+        # Every plain grid re-reads an operand (A, the patches, once per column block, or B, the
+        # weight, once per row block): the cores split the other operand's dim and all-gather
+        # this one over the ring instead, A each core gathering a slice of its rows from the
+        # image (not a window's band: its halo is not sent), B only when it is moved as it lies
+        # (a weight laid out [KH, KW, C, OC]; the matmul shares no operand transposed on chip).
+        # Timed whole: the first two tile shapes that fit, per operand.
+        for share in ("b",) if window else ("a", "b"):
+            found = 0
+            for v in (v for v in shared_variants(shape) if v[3] == share):
+                r = evaluate(v, top)
+                if r is not None:
+                    results.append(r)
+                    found += 1
+                    if found == 2:
+                        break
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no conv plan: no tiling fits the "
                           f"{HARDWARE.scratchpad_usable_bytes} B of scratchpad"
