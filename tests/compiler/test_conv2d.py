@@ -249,3 +249,23 @@ def test_compiled_training_step_runs_the_backward_as_programs(case, strict):
     _assert_on_card(records)
     for got, want in ((ws.grad, wr.grad), (bs.grad, br.grad)):
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("case,convs", [(CASES[5], 2), (CASES[3], 1)], ids=["stride1_channels_last", "stride2"])
+def test_a_stride_1_grad_input_is_the_conv_familys_forward_conv(case, convs, strict):
+    """grad_input of a stride-1 conv is the full correlation of grad_output with the flipped
+    weight: the conv family's program, as the forward is (a strided one keeps col2im)."""
+    x, w, b, conv = _inputs(case)
+    torch.manual_seed(1)
+    g = torch.randn(F.conv2d(x, w, b, **conv).shape)
+
+    def grads(x, w, g):
+        xb, wb = x.detach().requires_grad_(), w.detach().requires_grad_()
+        (F.conv2d(xb, wb, None, **conv) * g).sum().backward()
+        return xb.grad, wb.grad
+
+    ref = grads(x, w, g)
+    got, records, _ = _eager(grads, x, w, g)
+    assert sum(isinstance(r.kernel, ConvKernel) for r in records) == convs
+    for r, o in zip(ref, got):
+        torch.testing.assert_close(o.cpu(), r, rtol=0, atol=2e-5 * r.abs().max().item())

@@ -1,7 +1,9 @@
 """Spyre lowerings of convolution: a forward conv2d the conv family takes as its implicit GEMM
 (families/convolution, through convolution_node.py: the image laid out for runs here), else
 conv2d as a patch gather and a matmul (convolution.py's arithmetic over Inductor's own
-lowerings), instead of an extern ATen convolution. The backward is always the latter.
+lowerings), instead of an extern ATen convolution. The backward's grad_input of a stride-1 conv
+is the family's forward conv too (the full correlation with the flipped weight); its
+grad_weight and grad_bias, and every other grad_input, are the patch copy's.
 
 ``aten.convolution`` and ``aten.convolution_backward`` are what a torch.compile'd graph holds;
 ``convolution_overrideable`` and ``convolution_backward_overrideable`` are what the compile-backed
@@ -151,7 +153,7 @@ def _k_rows_copy(w):
     return LOWERED.permute(LOWERED.contiguous(LOWERED.permute(w, (2, 3, 1, 0))), (3, 2, 0, 1))
 
 
-def _implicit_gemm(input, weight, bias, stride, padding, dilation, groups):
+def _implicit_gemm(input, weight, bias, stride, padding, dilation, groups, weight_laid_out=False):
     """The conv family's program for this forward conv2d (families/convolution), or None where the
     family does not take it (grouped; runs of taps too short in either layout; a plan it declines).
 
@@ -178,7 +180,7 @@ def _implicit_gemm(input, weight, bias, stride, padding, dilation, groups):
             return None
         if not (_channels_last(input) and not any(padding)):
             input = _channels_last_copy(input, padding)
-        if not _channels_last(weight):
+        if not (_channels_last(weight) or weight_laid_out):
             weight = _k_rows_copy(weight)
     else:
         if any(padding):
@@ -202,14 +204,44 @@ def _forward(inductor_lowering):
     return lowering
 
 
+def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
+    """grad_input of a stride-1 conv2d as the conv family's forward conv, or None: the full
+    correlation of grad_output (padded by KH - 1 - ph, KW - 1 - pw) with the weight flipped and
+    its channels swapped, laid out [KH, KW, OC, C] in one copy (what _k_rows_copy makes of a
+    forward weight). Strided and dilated ones keep the patch copy's col2im."""
+    stride, padding, dilation = convolution._pairs(stride, padding, dilation)
+    _, _, kh, kw = LOWERED.shape(weight)
+    if groups != 1 or stride != (1, 1) or dilation != (1, 1) or padding[0] >= kh or padding[1] >= kw:
+        return None
+    load = weight.make_loader()
+
+    def flipped(index):  # [KH, KW, OC, C]: tap (i, j) of the transposed conv is the weight's (kh-1-i, kw-1-j)
+        i, j, oc, c = index
+        return load([oc, c, kh - 1 - i, kw - 1 - j])
+
+    rows = ir.Pointwise.create(device=weight.get_device(), dtype=weight.get_dtype(), inner_fn=flipped,
+                               ranges=[kh, kw, *LOWERED.shape(weight)[:2]])
+    swapped = LOWERED.permute(LOWERED.contiguous(rows), (3, 2, 0, 1))  # seen as [C, OC, KH, KW]
+    out = _implicit_gemm(grad_output, swapped, None, (1, 1), (kh - 1 - padding[0], kw - 1 - padding[1]), (1, 1), 1,
+                         weight_laid_out=True)
+    if out is None:
+        return None
+    return out if _channels_last(input) else LOWERED.contiguous(out)
+
+
 def _backward(inductor_lowering, with_bias_sizes: bool):
     def lowering(grad_output, input, weight, *rest):
         args = rest[1:] if with_bias_sizes else rest
         stride, padding, dilation, transposed, output_padding, groups, output_mask = args
         if not _taken((grad_output, input, weight), input, weight, transposed, groups):
             return inductor_lowering(grad_output, input, weight, *rest)
-        return convolution.conv2d_backward(LOWERED, grad_output, input, weight, stride, padding, dilation,
-                                           output_mask, int(groups))
+        grad_input = None
+        if output_mask[0]:
+            grad_input = _grad_input(grad_output, input, weight, stride, padding, dilation, int(groups))
+        mask = [output_mask[0] and grad_input is None, output_mask[1], output_mask[2]]
+        grads = convolution.conv2d_backward(LOWERED, grad_output, input, weight, stride, padding, dilation, mask,
+                                            int(groups))
+        return [grad_input if grad_input is not None else grads[0], grads[1], grads[2]]
 
     return lowering
 
