@@ -227,7 +227,8 @@ def test_the_patch_arithmetic_is_exact_on_the_cpu_in_fp64(case):
     args = [pairs(conv[k]) for k in ("stride", "padding", "dilation")]
     channels_last = case[7]
     out = convolution.conv2d(convolution.ATEN, x, w, b, *args, channels_last, conv["groups"])
-    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True], conv["groups"])
+    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True], conv["groups"],
+                                      channels_last)
     torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
     for o, r in zip(got, want):
         torch.testing.assert_close(o, r, rtol=1e-12, atol=1e-12)

@@ -215,13 +215,16 @@ def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
         return None
     load = weight.make_loader()
 
-    def flipped(index):  # [KH, KW, OC, C]: tap (i, j) of the transposed conv is the weight's (kh-1-i, kw-1-j)
-        i, j, oc, c = index
+    def flipped(index):  # tap (i, j) of the transposed conv is the weight's (kh-1-i, kw-1-j)
+        oc, c, i, j = index
         return load([oc, c, kh - 1 - i, kw - 1 - j])
 
-    rows = ir.Pointwise.create(device=weight.get_device(), dtype=weight.get_dtype(), inner_fn=flipped,
-                               ranges=[kh, kw, *LOWERED.shape(weight)[:2]])
-    swapped = LOWERED.permute(LOWERED.contiguous(rows), (3, 2, 0, 1))  # seen as [C, OC, KH, KW]
+    # realized in the weight's own order first: the flip and the transpose of [OC, C] in one copy
+    # gathered single elements (9 MB moved for a 72 KB weight: 64 us); apart, 6 us
+    flip = LOWERED.contiguous(ir.Pointwise.create(device=weight.get_device(), dtype=weight.get_dtype(),
+                                                  inner_fn=flipped, ranges=list(LOWERED.shape(weight))))
+    # [KH, KW, OC, C] (the taps' k rows of the transposed conv), seen as its weight [C, OC, KH, KW]
+    swapped = LOWERED.permute(LOWERED.contiguous(LOWERED.permute(flip, (2, 3, 0, 1))), (3, 2, 0, 1))
     out = _implicit_gemm(grad_output, swapped, None, (1, 1), (kh - 1 - padding[0], kw - 1 - padding[1]), (1, 1), 1,
                          weight_laid_out=True)
     if out is None:
@@ -240,7 +243,7 @@ def _backward(inductor_lowering, with_bias_sizes: bool):
             grad_input = _grad_input(grad_output, input, weight, stride, padding, dilation, int(groups))
         mask = [output_mask[0] and grad_input is None, output_mask[1], output_mask[2]]
         grads = convolution.conv2d_backward(LOWERED, grad_output, input, weight, stride, padding, dilation, mask,
-                                            int(groups))
+                                            int(groups), _channels_last(input))
         return [grad_input if grad_input is not None else grads[0], grads[1], grads[2]]
 
     return lowering
