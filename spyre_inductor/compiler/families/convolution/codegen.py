@@ -8,7 +8,7 @@ image ``stride * w-stride`` apart, one run each), into the run's stick-aligned c
 multiplies each run's R columns of A with the R rows of B that hold the same taps, so a run's
 padding up to its stick is moved (whole sticks) but never multiplied.
 
-A shifted window (lowering.ShiftedWindow, stride 1): a k chunk is one tap. A row tile's A slot
+A shifted window (lowering.ShiftedWindow, stride 1): a k chunk is whole taps. A row tile's A slot
 holds a band of image pixels, its rows and the halo the taps reach, loaded once (every tap's
 step keys the same tile, so the slot pool keeps it); each tap's product reads the band from
 its shift on. The stores skip the rows past each output row's last column.
@@ -59,11 +59,14 @@ class PatchCore(MatmulCore):
         dtype_a, dtype_b = self.tk.tile(self.ta).dtype, self.tk.tile(self.tb).dtype
         out = pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride)
         if isinstance(g, ShiftedWindow):
-            tap, extra = divmod(kt[0], g.C)
-            if extra or kt[1] != g.C:
-                raise PlanError(f"conv shifted-window plan: k chunk {kt} is not one tap of {g.C} channels")
-            pe.emit(MatMul(out, pe.tile(a.offset + g.shifts[tap] * a.row_stride, dtype_a, mt[1], g.C, a.row_stride),
-                           pe.tile(b.offset, dtype_b, g.C, nt[1], b.row_stride), accumulate=accumulate))
+            first, extra = divmod(kt[0], g.C)
+            if extra or kt[1] % g.C:
+                raise PlanError(f"conv shifted-window plan: k chunk {kt} is not whole taps of {g.C} channels")
+            for j in range(kt[1] // g.C):  # each tap's rows of the band, from its shift, by its C rows of B
+                pe.emit(MatMul(out, pe.tile(a.offset + g.shifts[first + j] * a.row_stride, dtype_a, mt[1], g.C,
+                                            a.row_stride),
+                               pe.tile(b.offset + j * g.C * b.row_stride, dtype_b, g.C, nt[1], b.row_stride),
+                               accumulate=accumulate or j > 0))
             return
         if g.Rp == g.R:  # the runs fill whole sticks: the A tile's columns are k, one product
             return super().matmul(pe, acc, a, b, mt, nt, kt, accumulate)

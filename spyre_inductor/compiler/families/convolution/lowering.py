@@ -211,7 +211,7 @@ def analyse(kernel: ConvKernel) -> tuple[PatchRuns | ShiftedWindow, MatmulShape,
     (st_h, st_w) = kernel.stride
     b_tr = OC > 1 and ks == 1 and wo != 1  # (else read as [k, n] rows: a weight laid out [KH, KW, C, OC])
     if window is not None:
-        # per image (a batch): rows m' = oh * W + ow up to the last output, k chunks one tap each;
+        # per image (a batch): rows m' = oh * W + ow up to the last output, k chunks whole taps;
         # A is the image's pixel rows, every tap of a row tile the same band (k stride 0: one slot)
         gather, batch, M, K = window, (N,), (OH - 1) * W + OW, KH * KW * C
         a = MAccess(image.name, image.dtype, (sn,), window.pixel_stride, 0, 0, image.offset)
