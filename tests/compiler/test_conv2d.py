@@ -1,9 +1,10 @@
-"""conv2d on spyre runs as a patch gather and a matmul on the PE arrays, eager and compiled, and
-matches the CPU (compiler/inductor/convolution.py).
+"""conv2d on spyre runs on the PE arrays, eager and compiled, and matches the CPU: as the conv
+family's implicit GEMM where it takes the conv (families/convolution), else as a patch gather and
+a matmul (compiler/inductor/convolution.py).
 
 Every test but the refusals' runs under SPYRE_STRICT=1, so a convolution that ran through the
 CPU fallback (an extern convolution, the eager CPU route) fails it; each also checks that a
-MatmulKernel program was built and that no kernel of the graph fell back.
+ConvKernel or MatmulKernel program was built and that no kernel of the graph fell back.
 
 Tolerances are derived as test_compiled_matmul.py's: a convolution is a matmul over
 K = C*KH*KW, so |spyre - exact| <= gamma_{K+1} * conv(|x|, |w|) (+ |bias|), times 1.2 plus a few

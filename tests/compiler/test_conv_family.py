@@ -136,7 +136,7 @@ def test_a_runs_padding_is_moved_but_never_multiplied():
     assert sum(i.a.rows * i.b.cols * i.a.cols for i in mms) == 4 * 64 * 3 * 16 * 16
 
 
-def test_runs_under_a_quarter_stick_are_refused_by_name():
+def test_runs_under_a_fifth_of_a_stick_are_refused_by_name():
     x, w, b = tensors((1, 3, 16, 16), (8, 3, 3, 3))  # NCHW 3x3: runs of 3 taps
     with pytest.raises(Unsupported, match="runs of 3 elements"):
         _program(x, w, b, (1, 1))
