@@ -70,22 +70,22 @@ def minimum(kernel: ConvKernel) -> Traffic:
 def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | None = None, estimate=None):
     from ...core.compiled import COMPILER_VERSION, Compiled
 
-    patches, shape, tk = analyse(kernel)
+    gather, shape, tk = analyse(kernel)
     symbols = symbols_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     counts = [cores] if cores else candidate_counts(limit)
     errors: list[str] = []
     seen: set = set()
-    core = patch_core(patches)
+    core = patch_core(gather)
 
-    window = isinstance(patches, ShiftedWindow)
+    window = isinstance(gather, ShiftedWindow)
 
     def evaluate(variant, n):
         (tm, tn, tk_), *rest = variant
         # a k chunk is whole runs, or whole taps: the tile target rounded down to them, at least one
         # (a window's shared-B plans one tap: the ring's fills pipeline finer, 13.0 us for a
         # 64->64 3x3 on 56x56 where 4 taps took 17.2)
-        unit = patches.C if window else patches.R
+        unit = gather.C if window else gather.R
         k_chunk = unit if window and rest[2] else max(unit, tk_ // unit * unit)
         variant = ((tm, tn, k_chunk), *rest)
         share = variant[3]
@@ -97,7 +97,7 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
             errors.append(problem)
             return None
         tiling = tiling_for(shape, grid, variant)
-        placement = allocate(needs(tk, tiling, patches), HARDWARE.scratchpad_usable_bytes)
+        placement = allocate(needs(tk, tiling, gather), HARDWARE.scratchpad_usable_bytes)
         if not placement.fits:
             return None
         key = (grid.gb, grid.gm, grid.gn, dataclasses.replace(tiling, label=""))
@@ -150,20 +150,23 @@ def plan_conv(kernel: ConvKernel, *, cores: int | None = None, max_cores: int | 
                           + (f", or {'; '.join(dict.fromkeys(errors))}" if errors else ""))
     chosen = search.choose(results)
     grid, tiling, placement = chosen.plan
-    check_needs("conv scratchpad plan", needs(tk, tiling, patches), placement)
+    check_needs("conv scratchpad plan", needs(tk, tiling, gather), placement)
     check_placement("conv scratchpad plan", placement.allocations,
                     min(placement.usable, HARDWARE.scratchpad_usable_bytes))
-    how = f"{len(patches.shifts)} shifted taps" if window else f"{len(patches.runs)} runs of {patches.R}"
-    notes = (f"{COMPILER_VERSION}: conv as matmul {shape.M}x{shape.K}x{shape.N} ({how}), tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
+    how = f"{len(gather.shifts)} shifted taps" if window else f"{len(gather.runs)} runs of {gather.R}"
+    notes = (f"{COMPILER_VERSION}: conv as matmul {shape.M}x{shape.K}x{shape.N} ({how}), "
+             f"tiles {tiling.tm}x{tiling.tn}x{tiling.tk} ({tiling.label}), {grid.cores} core(s)")
     program = build_matmul_program(kernel.name, symbols, shape, tk, tiling, placement, grid, notes,
                                    share=tiling.share, core=core)
     program = kept(kernel, program, minimum(kernel))
     division = Division(grid.cores, f"grid {grid.gb} batch x {grid.gm} row x {grid.gn} column block(s)"
-                        + (", the patches shared over the ring" if tiling.share else ""),
+                        + (f", {'the patches' if tiling.share == 'a' else 'the weight'} shared over the ring"
+                           if tiling.share else ""),
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), grid.blocks,
                         chosen.ns)
     plans = Plans("conv", buffers_of(kernel), tk,
-                  (("window" if window else "patches", patches), ("shape", shape), ("tiling", tiling), ("grid", grid)), placement, division)
+                  (("window" if window else "patches", gather), ("shape", shape), ("tiling", tiling), ("grid", grid)),
+                  placement, division)
     return Compiled(plans, program)
 
 
