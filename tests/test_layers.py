@@ -76,7 +76,8 @@ def test_the_family_registry_lists_every_family_in_dispatch_order():
     from spyre_inductor.compiler import backend  # noqa: F401 - registers the families
     from spyre_inductor.compiler.core.family import FAMILIES
 
-    assert [f.name for f in FAMILIES] == ["attention", "sort", "indirect", "matmul", "reduction", "pointwise"]
+    assert [f.name for f in FAMILIES] == ["attention", "sort", "indirect", "conv", "matmul", "reduction",
+                                         "pointwise"]
 
 
 def test_importing_the_planner_entry_does_not_load_inductors_glue():
@@ -107,8 +108,15 @@ def test_below_the_glue_nothing_imports_inductor_or_dynamo():
 
 def test_a_family_imports_no_other_familys_modules():
     """What two families share lives in the core. (Attention is built on the matmul family's PE
-    piece loads: the one edge between families, named here.)"""
-    allowed = {(f"{C}.families.attention.codegen", f"{C}.families.matmul.codegen")}
+    piece loads, and conv2d is the matmul family's PE plan with its A tiles gathered from the
+    image (an implicit GEMM): the edges between families, named here.)"""
+    M = f"{C}.families.matmul"
+    allowed = {(f"{C}.families.attention.codegen", f"{M}.codegen"),
+               (f"{C}.families.convolution.lowering", f"{M}.lowering"),
+               (f"{C}.families.convolution.codegen", f"{M}.codegen"),
+               (f"{C}.families.convolution.plan", f"{M}.codegen"),
+               (f"{C}.families.convolution.plan", f"{M}.plan"),
+               (f"{C}.families.convolution.plan", f"{M}.planner")}
 
     def family(module):  # (a family's package itself too: `from .. import matmul`)
         parts = module.split(".")

@@ -1,9 +1,10 @@
-"""conv2d on spyre runs as a patch gather and a matmul on the PE arrays, eager and compiled, and
-matches the CPU (compiler/inductor/convolution.py).
+"""conv2d on spyre runs on the PE arrays, eager and compiled, and matches the CPU: as the conv
+family's implicit GEMM where it takes the conv (families/convolution), else as a patch gather and
+a matmul (compiler/inductor/convolution.py).
 
 Every test but the refusals' runs under SPYRE_STRICT=1, so a convolution that ran through the
 CPU fallback (an extern convolution, the eager CPU route) fails it; each also checks that a
-MatmulKernel program was built and that no kernel of the graph fell back.
+ConvKernel or MatmulKernel program was built and that no kernel of the graph fell back.
 
 Tolerances are derived as test_compiled_matmul.py's: a convolution is a matmul over
 K = C*KH*KW, so |spyre - exact| <= gamma_{K+1} * conv(|x|, |w|) (+ |bias|), times 1.2 plus a few
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from spyre_inductor.compiler.inductor.scheduling import record_kernels
-from spyre_inductor.compiler.ir.kernel_ir import MatmulKernel
+from spyre_inductor.compiler.ir.kernel_ir import ConvKernel, MatmulKernel
 from spyre_inductor.device import fallback
 from spyre_inductor.eager.cache import CACHE
 from spyre_inductor.eager.launch import CompiledEntry
@@ -84,7 +85,8 @@ def _meta_stride(x, w, b, conv):
 
 
 def _assert_on_card(records):
-    assert any(isinstance(r.kernel, MatmulKernel) for r in records), "no MatmulKernel program was built"
+    """The PE ran it: the conv family's program (an implicit GEMM) or the patch copy's matmul."""
+    assert any(isinstance(r.kernel, (ConvKernel, MatmulKernel)) for r in records), "no PE program was built"
     for r in records:
         assert r.artifact is not None and r.fallback_reason is None, (r.nodes, r.fallback_reason)
 
@@ -226,7 +228,8 @@ def test_the_patch_arithmetic_is_exact_on_the_cpu_in_fp64(case):
     args = [pairs(conv[k]) for k in ("stride", "padding", "dilation")]
     channels_last = case[7]
     out = convolution.conv2d(convolution.ATEN, x, w, b, *args, channels_last, conv["groups"])
-    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True], conv["groups"])
+    got = convolution.conv2d_backward(convolution.ATEN, g, x, w, *args, [True, True, True], conv["groups"],
+                                      channels_last)
     torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
     for o, r in zip(got, want):
         torch.testing.assert_close(o, r, rtol=1e-12, atol=1e-12)
@@ -248,3 +251,23 @@ def test_compiled_training_step_runs_the_backward_as_programs(case, strict):
     _assert_on_card(records)
     for got, want in ((ws.grad, wr.grad), (bs.grad, br.grad)):
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("case,convs", [(CASES[5], 2), (CASES[3], 1)], ids=["stride1_channels_last", "stride2"])
+def test_a_stride_1_grad_input_is_the_conv_familys_forward_conv(case, convs, strict):
+    """grad_input of a stride-1 conv is the full correlation of grad_output with the flipped
+    weight: the conv family's program, as the forward is (a strided one keeps col2im)."""
+    x, w, b, conv = _inputs(case)
+    torch.manual_seed(1)
+    g = torch.randn(F.conv2d(x, w, b, **conv).shape)
+
+    def grads(x, w, g):
+        xb, wb = x.detach().requires_grad_(), w.detach().requires_grad_()
+        (F.conv2d(xb, wb, None, **conv) * g).sum().backward()
+        return xb.grad, wb.grad
+
+    ref = grads(x, w, g)
+    got, records, _ = _eager(grads, x, w, g)
+    assert sum(isinstance(r.kernel, ConvKernel) for r in records) == convs
+    for r, o in zip(ref, got):
+        torch.testing.assert_close(o.cpu(), r, rtol=0, atol=2e-5 * r.abs().max().item())

@@ -786,6 +786,98 @@ def sort_reference(source, k: int, descending: bool):
     return values[..., :k], indices[..., :k]
 
 
+@dataclass(frozen=True)
+class ConvKernel:
+    """conv2d as an implicit GEMM on the PE arrays (issue 31): for every n, oc, oh, ow,
+
+        out[n, oc, oh, ow] = bias[oc] + sum_{c, kh, kw} image[n, c, oh*sh + kh*dh, ow*sw + kw*dw] * weight[oc, c, kh, kw]
+
+    summed in fp32 and rounded once to the output's dtype. No padding: every tap is inside the
+    image (the lowering pads first). Buffers, in order: image [N, C, H, W], weight [OC, C, KH, KW],
+    bias [OC] (when ``has_bias``), out [N, OC, OH, OW], each with its own strides (an NCHW or a
+    channels-last image alike; families/convolution/lowering.py says which layouts it plans).
+    Not a ``Kernel``: the loads of its patches are not affine in one m and one k index.
+    """
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    stride: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    has_bias: bool = False
+    symbolic: None = None  # (static sizes only)
+
+    @property
+    def image(self) -> Buffer:
+        return self.buffers[0]
+
+    @property
+    def weight(self) -> Buffer:
+        return self.buffers[1]
+
+    @property
+    def bias(self) -> Buffer | None:
+        return self.buffers[2] if self.has_bias else None
+
+    @property
+    def out(self) -> Buffer:
+        return self.buffers[-1]
+
+    @property
+    def ranges(self) -> tuple[int, ...]:
+        return tuple(self.out.shape)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.buffers[:-1])
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.out.name,)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name!r} has no buffer {name!r}")
+
+    def check(self) -> None:
+        """Raise ValueError naming the first malformed part."""
+        where = f"conv kernel {self.name!r}"
+        if len(self.buffers) != 3 + self.has_bias:
+            raise ValueError(f"{where}: {len(self.buffers)} buffers, expected image, weight, "
+                             f"{'bias, ' if self.has_bias else ''}out")
+        for role, b in (("image", self.image), ("weight", self.weight), ("out", self.out)):
+            if len(b.shape) != 4 or len(b.strides) != 4:
+                raise ValueError(f"{where}: {role} must be 4-D, got {b.shape}")
+        N, C, H, W = self.image.shape
+        OC, CW, KH, KW = self.weight.shape
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        if min(sh, sw, dh, dw) < 1:
+            raise ValueError(f"{where}: stride {self.stride} and dilation {self.dilation} must be positive")
+        if CW != C:
+            raise ValueError(f"{where}: weight {self.weight.shape} over {CW} channels, the image has {C}")
+        OH, OW = (H - dh * (KH - 1) - 1) // sh + 1, (W - dw * (KW - 1) - 1) // sw + 1
+        if self.out.shape != (N, OC, OH, OW):
+            raise ValueError(f"{where}: out {self.out.shape}, expected {(N, OC, OH, OW)}")
+        if self.bias is not None and (self.bias.shape != (OC,) or len(self.bias.strides) != 1):
+            raise ValueError(f"{where}: bias {self.bias.shape}, expected {(OC,)}")
+        for b in self.buffers:
+            if b.dtype not in TORCH_DTYPES:
+                raise ValueError(f"{where}: buffer {b.name!r} has unknown dtype {b.dtype!r}")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "ConvKernel", "name": self.name,
+                           "buffers": [dataclasses.asdict(b) for b in self.buffers], "stride": list(self.stride),
+                           "dilation": list(self.dilation), "has_bias": self.has_bias}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ConvKernel":
+        d = json.loads(text)
+        buffers = tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
+                        for b in d["buffers"])
+        return cls(d["name"], buffers, tuple(d["stride"]), tuple(d["dilation"]), d["has_bias"])
+
+
 def symbolic_doc(sym: SymbolicSizes) -> dict:
     """SymbolicSizes as JSON; no strides key when none is symbolic (a kernel dumps as it did before
     symbolic strides existed: the same artifact key)."""
@@ -799,12 +891,10 @@ def _symbolic_of(d: dict | None) -> SymbolicSizes | None:
                                                                           "strides")))
 
 
-def kernel_from_json(text: str) -> "Kernel | AttentionKernel | SortKernel":
+def kernel_from_json(text: str) -> "Kernel | AttentionKernel | SortKernel | ConvKernel":
     """The kernel an artifact's kernel.json holds, of whichever kind it names."""
-    kind = json.loads(text).get("kind")
-    if kind == "SortKernel":
-        return SortKernel.from_json(text)
-    return AttentionKernel.from_json(text) if kind == "AttentionKernel" else Kernel.from_json(text)
+    kinds = {"AttentionKernel": AttentionKernel, "SortKernel": SortKernel, "ConvKernel": ConvKernel}
+    return kinds.get(json.loads(text).get("kind"), Kernel).from_json(text)
 
 
 def attention_reference(q, k, v, bias=None, keep=None, *, scale: float, causal: int | None = None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from .kernel_ir import AttentionKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue, SortKernel
+from .kernel_ir import (AttentionKernel, ConvKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue,
+                        SortKernel)
 
 
 def content_name(kernel: Kernel) -> Kernel:
@@ -18,6 +19,8 @@ def content_name(kernel: Kernel) -> Kernel:
         return replace(kernel, name=f"spyre_attn_{digest}")
     if isinstance(kernel, SortKernel):
         return replace(kernel, name=f"spyre_sort_{digest}")
+    if isinstance(kernel, ConvKernel):
+        return replace(kernel, name=f"spyre_conv_{digest}")
     ops = []
     for v in kernel.values:
         name = (v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction)

@@ -60,12 +60,15 @@ MAX_INSTRUCTIONS_PER_CORE = 200_000
 
 def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulShape, tk: TileKernel,
                          tiling: MatmulTiling, placement: Placement, grid: Grid, notes: str = "",
-                         blocks: tuple[CoreShare, ...] | None = None, share: str | None = None) -> Program:
+                         blocks: tuple[CoreShare, ...] | None = None, share: str | None = None,
+                         core: type | None = None) -> Program:
     """`blocks` (default: the grid's) lets a planner time one representative core; `share` ("a"
-    or "b") all-gathers that operand over the ring between the grid's cores."""
+    or "b") all-gathers that operand over the ring between the grid's cores; `core` (a
+    MatmulCore subclass) moves an operand its own way (the conv family gathers A's patches)."""
     cores, queues = {}, []
     for block in (grid.blocks if blocks is None else blocks):
-        cores[block.core], qs = _Core(shape, tk, tiling, placement, block, share, grid.cores, grid.gk).emit()
+        cores[block.core], qs = (core or _Core)(shape, tk, tiling, placement, block, share, grid.cores,
+                                                grid.gk).emit()
         queues += qs
     return assemble(name, symbols, queues, cores, notes, check=False)
 
@@ -278,12 +281,8 @@ class _Core:
                 pe.emit(Pop(qa[pa.slot[i]][0]))
             if pb.new[i]:
                 pe.emit(Pop(qb[pb.slot[i]][0]))
-            acc = self.p.at(self.acc, slot)
-            a, b = self.p.at(self.ta, pa.slot[i]), self.p.at(self.tb, pb.slot[i])
-            pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
-                           pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
-                           pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
-                           accumulate=i != first[o]))
+            self.matmul(pe, self.p.at(self.acc, slot), self.p.at(self.ta, pa.slot[i]),
+                        self.p.at(self.tb, pb.slot[i]), mt, nt, kt, accumulate=i != first[o])
             if pa.last_use(i):
                 pe.emit(Push(qa[pa.slot[i]][1]))
             if pb.last_use(i):
@@ -322,6 +321,25 @@ class _Core:
             sfp.emit(Pop(qout[c][1]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
+    def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool) -> None:
+        """The PE's product of one k-step: the A tile [rows, k] by the B tile [k, cols] into the
+        accumulator (allocations `acc`, `a`, `b`)."""
+        pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
+                       pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
+                       pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
+                       accumulate=accumulate))
+
+    def move_rows(self, ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes=PIECE_BYTES):
+        """Rows [r0, r0 + count) of an operand tile moved in its own layout (not transposed) into
+        allocation `dst` from its row r0 on: a slot's whole tile, or a core's slice of a shared one."""
+        access = self.shape.a if which == "a" else self.shape.b
+        cols = kt[1] if which == "a" else nt[1]
+        row_stride = access.m_stride if which == "a" else access.k_stride   # device stride between tile rows
+        isz = ITEMSIZE[access.dtype]
+        origin = _element(access, bidx, mt[0], nt[0], kt[0]) + r0 * row_stride
+        rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, origin * isz, count, cols * isz,
+                        row_stride * isz, dst.row_stride, piece_bytes)
+
     def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt, after=None):
         """Move one operand tile into its slot; `after` (a list) defers the fence, the on-chip
         transpose and the push that hands the tile to the pe, for the caller to emit later."""
@@ -331,15 +349,13 @@ class _Core:
         access = s.a if which == "a" else s.b
         transposed = s.a_transposed if which == "a" else s.b_transposed
         rows, cols = (mt[1], kt[1]) if which == "a" else (kt[1], nt[1])
-        row_stride = access.m_stride if which == "a" else access.k_stride   # device stride between tile rows
-        col_stride = access.k_stride if which == "a" else access.n_stride   # ... between tile columns
+        col_stride = access.k_stride if which == "a" else access.n_stride   # device stride between tile columns
         origin = _element(access, bidx, mt[0], nt[0], kt[0])
         isz = ITEMSIZE[access.dtype]
         dst = self.p.at(name, slot)
         ls.emit(Pop(free))
         if not transposed:
-            rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
-                            dst.row_stride, self.piece_bytes)
+            self.move_rows(ls, which, dst, 0, rows, bidx, mt, nt, kt, self.piece_bytes)
         else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
             st = self.p.at(self.staging[name])
             rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
@@ -372,16 +388,12 @@ class _Core:
         from spyre_runtime.program.emitter import split_evenly
         from spyre_runtime.program.isa import Send
 
-        s, j, g = self.shape, self.core, self.group
+        j, g = self.core, self.group
         full, free = queues
         name = self.ta if which == "a" else self.tb
-        access = s.a if which == "a" else s.b
-        rows, cols = (mt[1], kt[1]) if which == "a" else (kt[1], nt[1])
-        row_stride = access.m_stride if which == "a" else access.k_stride
-        isz = ITEMSIZE[access.dtype]
+        rows = mt[1] if which == "a" else kt[1]
         dst = self.p.at(name, slot)
         pieces = split_evenly(rows, g)
-        origin = _element(access, bidx, mt[0], nt[0], kt[0])
 
         def send(to, p):
             r0, rc = pieces[p]
@@ -394,8 +406,7 @@ class _Core:
         if j < g - 1:
             ls.emit(Push(f"r{j + 1}.openL"))
         r0, rc = pieces[j]
-        rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, (origin + r0 * row_stride) * isz, rc,
-                        cols * isz, row_stride * isz, dst.row_stride)
+        self.move_rows(ls, which, dst, r0, rc, bidx, mt, nt, kt)
         ls.emit(Fence())  # the slice has landed before it is sent on
         if j < g - 1:
             ls.emit(Pop(f"r{j}.openR"))
@@ -478,6 +489,9 @@ class _Core:
             emit_elementwise(sfp, st, tile)
 
 
+MatmulCore = _Core  # (what a family building on the PE plan subclasses: load_operand, matmul)
+
+
 def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     """Whether the grid's cores can all-gather the shared operand: each fill splits into a slice
     per core (at least one row each), and every core fills the same tiles in the same order."""
@@ -489,4 +503,4 @@ def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     return min(rows) >= grid.cores
 
 
-__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "build_matmul_program", "ring_ready"]
+__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "MatmulCore", "build_matmul_program", "ring_ready", "rows_in_pieces"]
