@@ -33,8 +33,14 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr, ScratchCount
 from spyre_runtime.program.program import Queue
 
 from ...ir.errors import PlanError
+from ..matmul.codegen import rows_in_pieces
 from .codegen import NINF, _Core
 from .plan import Chunk, CoreWork, ring_groups
+
+
+# The loader's K and V loads move as transfers of about this size: as the Q tiles every core
+# loads meanwhile (a few rows of a head), so its chunks land with them, not after
+RING_PIECE_BYTES = 2048
 
 
 @dataclass(frozen=True)
@@ -137,10 +143,10 @@ class RingCore(_Core):
         ar = self.q("acc_ready", "pe", "sfp")
         of, oe = {0: self.q("o_full0", "sfp", "ls")}, {0: self.q("o_free0", "ls", "sfp")}
         # ring queues: chunks (and the group's counts) from `up`, free slots back to it
-        land = {(d, x): self.xq(x, self.core, d) for d in role.downs for x in ("k", "v", "counts")}
+        land = {(d, x): self.xq(x, self.core, d) for d in role.downs for x in ("k", "v", "start")}
         free_down = {d: self.xq("free", d, self.core) for d in role.downs}
         if not loader:
-            land_up = {x: self.xq(x, role.up, self.core) for x in ("k", "v", "counts")}
+            land_up = {x: self.xq(x, role.up, self.core) for x in ("k", "v", "start")}
             free_up = self.xq("free", self.core, role.up)
 
         # priming: one free token per buffer, from the buffer's consumer
@@ -156,35 +162,50 @@ class RingCore(_Core):
             sfp.emit(Fill(self.tile(name, None, 0, 1, 1, "int32" if name == "izero" else "fp32"), value))
 
         if self.on_chip:
-            self.counts(ls, pe, sfp, land, land_up if not loader else None)
+            self.counts(ls, pe, sfp)
 
         def transpose(ch, slot):
             return Transpose(self.tile("kt", slot, 0, s.D, ch.n), self.tile("k_rows", slot, 0, ch.n, s.D))
 
-        # ---- ls: the slots of the first chunks are free (its pe primed them): say so upstream,
-        # then this core's Q (the loader: after its first chunk's loads, all in flight together)
-        for t in slots:
-            if not loader:
+        def read(t):
+            """The loader's loads of chunk t: in pieces (the bus serves a core by the transfers
+            it has in flight, and every core's Q is in flight with the first chunks)."""
+            ch, slot = role.chunks[t], t % ns
+            ls.emit(Pop(ke[slot]), Pop(ve[slot]))
+            self.in_group(ls, t, lambda: (self.load_pieces(ls, "k_rows", s.k, s.D, ch, slot),
+                                          self.load_pieces(ls, "v", s.v, s.Dv, ch, slot)))
+
+        # ---- ls: the loader reads the chunks of every slot and its Q, in flight together (a
+        # transpose or a send waits for every load of its ls: what is not loaded now waits for
+        # this ls's work); once they land, the start (with the group's counts) travels the ring,
+        # and only then do the other cores read their Q: the bus serves the group's first chunks
+        # first, and their transposes and hops overlap the other cores' Q
+        if loader:
+            for t in slots:
+                read(t)
+            ls.emit(Pop(qe))
+            self.load_q(ls, u, 0)
+            ls.emit(Fence())
+        else:
+            ls.emit(Pop(land_up["start"]))
+        for d in role.downs:
+            if self.on_chip:
+                self.send(ls, d, "group_count", None, self.chunks * STICK)
+            ls.emit(Push(land[d, "start"]))
+        if not loader:  # the slots of the first chunks are free (its pe primed them): say so upstream
+            for t in slots:
                 ls.emit(Pop(ke[t]), Pop(ve[t]), Push(free_up))
-        if not loader:
             ls.emit(Pop(qe))
             self.load_q(ls, u, 0)
         for t, ch in enumerate(role.chunks):
             slot = t % ns
 
             if loader:
-                ls.emit(Pop(ke[slot]), Pop(ve[slot]))
-
-                def read(t=t, ch=ch, slot=slot):
-                    self.load_rows(ls, "k_rows", s.k, s.D, u, ch, slot)
-                    self.load_rows(ls, "v", s.v, s.Dv, u, ch, slot)
-                    if t == 0:
-                        ls.emit(Pop(qe))
-                        self.load_q(ls, u, 0)
-                    ls.emit(Fence())
-                    if ch.n == self.t.kv:
-                        ls.emit(transpose(ch, slot))
-                self.in_group(ls, t, read)
+                if t >= ns:
+                    read(t)
+                ls.emit(Fence())
+                if ch.n == self.t.kv:
+                    self.in_group(ls, t, lambda ch=ch, slot=slot: ls.emit(transpose(ch, slot)))
             else:
                 if t >= ns:  # (this core's pe is done with the slot's last chunk, and it went on)
                     ls.emit(Pop(ke[slot]), Pop(ve[slot]), Push(free_up))
@@ -268,6 +289,13 @@ class RingCore(_Core):
         sfp.emit(Pop(oe[0]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
+    def load_pieces(self, ls, name, acc, cols, ch: Chunk, slot) -> None:
+        isz = ITEMSIZE[acc.dtype]
+        a = self.p.at(name, slot)
+        symbol, element = acc.dev(self.unit.b, self.unit.kvh, ch.j0, 0)
+        rows_in_pieces(ls, a.offset, symbol, element * isz, ch.n, cols * isz, acc.strides[2] * isz, a.row_stride,
+                       RING_PIECE_BYTES)
+
     def _dtype(self, name):
         if name in ("group_pos", "group_max"):
             return self.s.positions.dtype
@@ -275,10 +303,10 @@ class RingCore(_Core):
             return "int32"
         return super()._dtype(name)
 
-    def counts(self, ls, pe, sfp, land, land_up) -> None:
-        """The unit's own chunk counts (as unshared) and the group's: the loader's sfp counts them
-        from the group's positions, and they travel the ring before any chunk. The ls and the pe
-        wait for both before their first guarded loop."""
+    def counts(self, ls, pe, sfp) -> None:
+        """The unit's own chunk counts (as unshared) and, on the loader, the group's: its sfp
+        counts them from the group's positions (they travel the ring with the start). The ls and
+        the pe wait for them before their first guarded loop."""
         s, role = self.s, self.role
         bounds = self.q("bounds_full", "ls", "sfp")
         own_ls, own_pe = self.q("counts_ls", "sfp", "ls"), self.q("counts_pe", "sfp", "pe")
@@ -299,12 +327,6 @@ class RingCore(_Core):
                             self.tile("group_max", None, 0, self.chunks, 1, broadcast="scalar")),
                      Push(group_ls))
             ls.emit(Pop(group_ls))
-        else:
-            ls.emit(Pop(land_up["counts"]))
-        nbytes = self.chunks * STICK
-        for d in role.downs:
-            self.send(ls, d, "group_count", None, nbytes)
-            ls.emit(Push(land[d, "counts"]))
         sfp.emit(Push(own_ls), Push(own_pe))
         ls.emit(Pop(own_ls))
         pe.emit(Pop(own_pe))
