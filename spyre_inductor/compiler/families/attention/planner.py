@@ -31,7 +31,7 @@ from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKern
 # fewest (fewer query rows per unit re-read K and V once more per extra block), at most MAX_TIMED.
 PRUNE = 1.3
 MAX_TIMED = 6
-RING_ROWS_TIMED = 2  # ring groups: per chunk length, the fewest rows per unit timed
+RING_ROWS_TIMED = 1  # ring groups: per chunk length, the fewest rows per unit timed
 
 
 def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
@@ -158,9 +158,10 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
             base.append(best)
     bare = {dataclasses.replace(b, label="") for b in base}
     # ring groups (K/V shared over the ring): for every chunk length, the groups that read the
-    # fewest bytes at the two fewest rows per unit (sharing takes away what more, smaller units
-    # cost in K/V reads; a chunk's length trades its transpose and ring hops, which every core
-    # waits for, against the pipelining of several). Each is timed whole (its cores differ).
+    # fewest bytes at the fewest rows per unit, i.e. on the most cores (sharing takes away what
+    # more, smaller units cost in K/V reads; a chunk's length trades its transpose and ring hops,
+    # which every core waits for, against the pipelining of several). Each is timed whole (its
+    # cores differ), which is why so few are.
     shared = {}
     for t in sorted((t for t in tilings if t.share > 1), key=lambda t: (moved[t], -t.share, -t.slots)):
         shared.setdefault((t.rows, t.kv), t)
