@@ -9,6 +9,12 @@ chip once, and sends K^T and V to its neighbours; every other core forwards what
 neighbour farther from the loader. K^T travels before V: the next core's QK^T starts while V is
 still on the way (V has its own "full" queue to the pe).
 
+The loader reads the chunks of all its slots and its own Q first, in small pieces; once they
+land, a **start** token travels the ring and only then do the other cores read their Q (the bus
+serves the group's first chunks before the Q wave, and their transpose and hops overlap it).
+A short last chunk travels as K rows (its K^T tile would be partly stale) and every core
+transposes it.
+
 Flow control, per chunk t in slot t % slots, between a core and the neighbour it receives from:
 ``free`` (receiver ls -> sender ls: the slot's last chunk is done with, by this core's pe and
 forwarded on) and ``k``/``v`` (sender ls -> receiver ls: landed). Every core of a group visits
@@ -17,10 +23,12 @@ receives and forwards (its pe hands the slot straight back).
 
 Positions counted on chip: each core counts its own unit's chunks as the unshared program does;
 the loader also counts the **group's** (some row of the group reaches the chunk) from the
-group's positions, and those counts travel the ring first, before any chunk: every core of a
-group wraps its ring traffic of chunk t in a loop on the group's count, and its own work on the
-chunk in a loop on its own count inside it (a row sees no chunk its group does not). A chunk no
-row of the group sees is not read at all.
+group's positions, and those counts travel the ring with the start. A count word is one core's
+(the validator matches the queue operations of loops per core and address), so every token
+between cores is exchanged for every chunk, and only the data is guarded by the group's count
+(each core's copy): the loader's loads and transpose, every send. A core's own work on a chunk
+(its pe's and sfp's, the tokens to them) sits in loops on its own count. A chunk no row of the
+group sees is not read at all, nor sent.
 """
 
 from __future__ import annotations
