@@ -248,7 +248,7 @@ class RingCore(_Core):
         # ---- pe: S_t = Q K_t^T, then P_{t-1} V_{t-1}; a slot goes back to the ls whether its chunk
         # was this core's or only handed on
         def qk(t):
-            ch, slot, b = role.chunks[t], t % ns, t % 2
+            slot, b = t % ns, t % 2
 
             def mine():
                 mc = u.chunks[t]
