@@ -69,7 +69,7 @@ def run_kernel(tmp_path, q, k, v, *, bias=None, keep=None, causal=None, empty_ro
                                p_dtype=TORCH.get(p_dtype), out_dtype=q.dtype)
     report = torch.spyre.kernel_reports()[-1]
     tiling = json.loads((artifact / "plan.json").read_text())["tiling"]
-    report.rows_per_unit, report.kv_split = tiling["rows"], tiling["kv_split"]
+    report.rows_per_unit, report.kv_split, report.share = tiling["rows"], tiling["kv_split"], tiling["share"]
     return out.cpu(), want, report
 
 
@@ -89,9 +89,10 @@ def test_kernel_matches_its_definition_fp32(tmp_path, B, H, KVH, L, S, D):
     got, want, report = run_kernel(tmp_path, q, k, v)
     torch.testing.assert_close(got, want, **FP32)
     # the output written once, q once per part of the positions (a decode's kv split), K and V
-    # once per block of query rows: no score matrix
-    blocks = -(-L // report.rows_per_unit)
-    assert report.bytes_moved == 4 * ((1 + report.kv_split) * B * H * L * D + 2 * blocks * B * KVH * S * D)
+    # once per ring group of blocks of query rows (a block alone when K/V are not shared over
+    # the ring): no score matrix
+    groups = -(-(-(-L // report.rows_per_unit)) // report.share)
+    assert report.bytes_moved == 4 * ((1 + report.kv_split) * B * H * L * D + 2 * groups * B * KVH * S * D)
 
 
 @pytest.mark.parametrize("causal", [0, 5, -3])

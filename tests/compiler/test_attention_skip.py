@@ -66,45 +66,64 @@ def _launch(fn, dev, cpu, pos, tol):
     return out, reports[-1]
 
 
-def _chunks_run(attention, pos) -> tuple[int, int]:
-    """(chunks run, chunks in the plan) for positions `pos`, from the plan: a unit of rows
-    [i0, i0 + rows) runs chunk c (c * kv first position) when c is 0 or some row's position reaches it."""
+def _readers(attention, L) -> list[tuple[int, int]]:
+    """The query rows [first, last) that read a kv head's K and V chunks together: each unit's
+    block of rows, or a ring group's blocks (plan share > 1: neighbouring cores, one reading a
+    chunk for all), the groups' sizes as even as their count allows."""
     plan = json.loads((attention.artifact / "plan.json").read_text())
-    rows, kv = plan["tiling"]["rows"], plan["tiling"]["kv"]
+    rows, share = plan["tiling"]["rows"], plan["tiling"]["share"]
+    blocks = [(i0, min(i0 + rows, L)) for i0 in range(0, L, rows)]
+    n = -(-len(blocks) // share)
+    size, extra = divmod(len(blocks), n)
+    out, start = [], 0
+    for g in range(n):
+        step = size + (g < extra)
+        out.append((blocks[start][0], blocks[start + step - 1][1]))
+        start += step
+    return out
+
+
+def _chunks_run(attention, pos) -> tuple[int, int]:
+    """(chunks read, chunks in the plan) for positions `pos`, from the plan: the readers of rows
+    [first, last) read chunk c (c * kv first position) when c is 0 or some row's position reaches it."""
+    plan = json.loads((attention.artifact / "plan.json").read_text())
+    kv = plan["tiling"]["kv"]
     S = attention.kernel.k.shape[2]
-    L = len(pos)
     run = total = 0
     for kvh in range(attention.kernel.k.shape[1]):
-        for i0 in range(0, L, rows):
-            top = int(pos[i0:i0 + rows].max())
+        for first, last in _readers(attention, len(pos)):
+            top = int(pos[first:last].max())
             for j0 in range(0, S, kv):
                 total += 1
                 run += j0 == 0 or j0 <= top
     return run, total
 
 
-@pytest.mark.parametrize("L,S", [(128, 128), (70, 200)])
-def test_a_prefill_into_a_cache_skips_the_chunks_past_every_rows_position(strict, L, S):
-    # one program, launched at the positions of a prefill at the end of the cache and at the
-    # positions of rows that all see the whole cache: the first reads only what the diagonal
-    # needs, and K and V bytes differ by exactly the chunks skipped
+@pytest.mark.parametrize("L,S,at", [(128, 128, "end"), (70, 200, "end"), (128, 128, "start"), (70, 200, "start")])
+def test_a_prefill_into_a_cache_skips_the_chunks_past_every_rows_position(strict, L, S, at):
+    # one program, launched at the positions of a prefill (at the end of the cache, or into the
+    # start of a longer one, two rows a position) and at the positions of rows that all see the
+    # whole cache: the first reads only what its rows reach (a chunk read for a block of rows,
+    # or once for a ring group's), and K and V bytes differ by exactly the chunks skipped
     fn, dev, cpu, attention = _compiled(L, S)
     assert attention.kernel.positions is not None and attention.kernel.keep is None
-    diagonal, everything = torch.arange(S - L, S), torch.full((L,), S - 1)
-    _, skipping = _launch(fn, dev, cpu, diagonal, FP32)
+    prefill = torch.arange(S - L, S) if at == "end" else torch.arange(L) // 2
+    everything = torch.full((L,), S - 1)
+    _, skipping = _launch(fn, dev, cpu, prefill, FP32)
     _, full = _launch(fn, dev, cpu, everything, FP32)
-    run, total = _chunks_run(attention, diagonal)
+    run, total = _chunks_run(attention, prefill)
     assert _chunks_run(attention, everything) == (total, total)
-    assert run < total
     plan = json.loads((attention.artifact / "plan.json").read_text())
-    kv, rows = plan["tiling"]["kv"], plan["tiling"]["rows"]
+    kv = plan["tiling"]["kv"]
+    if at == "start" or plan["tiling"]["share"] == 1:   # (a ring group's rows see every chunk at the end)
+        assert run < total
     # a skipped chunk: its K and V rows (64 features, 4 bytes; the last chunk may be short) are
     # not read (the unit's positions are read once, with the counts)
     per_position = 2 * 64 * 4
     skipped_bytes = 0
     for kvh in range(2):
-        for i0 in range(0, L, rows):
-            top = int(diagonal[i0:i0 + rows].max())
+        for first, last in _readers(attention, L):
+            top = int(prefill[first:last].max())
             for j0 in range(kv, S, kv):
                 if j0 > top:
                     skipped_bytes += min(kv, S - j0) * per_position

@@ -43,8 +43,15 @@ def build_attention_program(name: str, symbols: tuple[Symbol, ...], shape: Atten
                             notes: str = "") -> Program:
     """The program of `work`; the tiles `tk` (planner.tile_kernel) declares are read in its dtypes."""
     cores, queues = {}, []
+    if tiling.share > 1:  # (K/V chunks shared over the ring: ring.py)
+        from .ring import RingCore, roles
+
+        role = roles(work, tiling.share)
+        makers = {w.core: (lambda w=w: RingCore(shape, tk, tiling, placement, w, role[w.core])) for w in work}
+    else:
+        makers = {w.core: (lambda w=w: _Core(shape, tk, tiling, placement, w)) for w in work}
     for w in work:
-        cores[w.core], qs = _Core(shape, tk, tiling, placement, w).emit()
+        cores[w.core], qs = makers[w.core]().emit()
         queues += qs
     return assemble(name, symbols, queues, cores, notes, check=False)
 

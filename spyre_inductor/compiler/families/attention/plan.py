@@ -180,6 +180,9 @@ class AttentionTiling(Describable):
     slots: int      # K/V chunk buffers
     label: str = ""
     kv_split: int = 1  # >1: each (batch, kv head, rows) is split over this many neighbouring cores along S
+    # >1: the units of one (batch, kv head) go one each to up to this many neighbouring cores (a
+    # ring group); one of them loads each K/V chunk and hands it along the ring (ring.py)
+    share: int = 1
 
 
 @dataclass(frozen=True)
@@ -266,11 +269,12 @@ class CoreWork(Describable):
     units: tuple[WorkUnit, ...]
 
 
-def divide(units: list[WorkUnit], cores: int) -> tuple[CoreWork, ...]:
+def divide(units: list[WorkUnit], cores: int, one_each: bool = False) -> tuple[CoreWork, ...]:
     """Longest first, each unit to the least loaded core; each core's units in problem order.
-    Split units (kv_split) go one per core, the parts of a block on neighbouring cores in order
-    (part p on the core after part p - 1's: their partials travel the ring one hop)."""
-    if units and units[0].parts > 1:
+    Split units (kv_split) and the units of ring groups (`one_each`: K/V shared over the ring)
+    go one per core in problem order, the parts of a block (a group's blocks) on neighbouring
+    cores (part p on the core after part p - 1's: their partials travel the ring one hop)."""
+    if units and (units[0].parts > 1 or one_each):
         if len(units) > cores:
             return ()
         return tuple(CoreWork(c, (u,)) for c, u in enumerate(units))
@@ -322,6 +326,12 @@ def needs(shape: AttentionShape, t: AttentionTiling, units: int = 1) -> list[Nee
                 Need("mask_count", units * chunks * STICK, STICK)]
     column = G * column_bytes(R)
     out += [Need(n, column, STICK) for n in COLUMN_TILES] + [Need("empty", column, STICK)]
+    if t.share > 1:  # a ring group's chunk run counts, from its rows' positions (ring.py)
+        if shape.bounds_on_chip:
+            chunks = -(-shape.S // kv)
+            row = _row(t.share * R, shape.positions.dtype)
+            out += [Need("group_pos", row, row), Need("group_max", STICK, STICK),
+                    Need("group_count", chunks * STICK, STICK)]
     if t.kv_split > 1:  # a neighbour's partial lands here
         out += [need("acc_in", G * R, Dv, "fp32"), Need("m_in", column, STICK), Need("l_in", column, STICK)]
     out += [Need(n, STICK, STICK) for n in ("scale", "ninf", "fill", "zero", "one", "izero")]
@@ -362,11 +372,74 @@ def variants(shape: AttentionShape) -> list[AttentionTiling]:
                                          split)
                     if placement(shape, st) is not None:
                         out.append(st)
+    out += _shared(shape, out)
     if not out:
         raise Unsupported(f"attention with head dims {shape.D}/{shape.Dv} and {shape.G} heads per kv head: no "
                           f"tiling fits the {HARDWARE.scratchpad_usable_bytes} usable scratchpad bytes")
     return out
 
 
-__all__ = ["PACKED_ROWS", "column_bytes", "Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
+def shares_kv(shape: AttentionShape) -> bool:
+    """Whether units of one kv head may share K/V chunks over the ring: a prefill's many rows
+    (a decode's few split the positions instead), no mask tile loaded per chunk (each core
+    would read its own anyway), static sizes, K and V rows of whole sticks (what travels the
+    ring is whole sticks, none of them partly stale)."""
+    whole = all((n * ITEMSIZE[a.dtype]) % STICK == 0 for n, a in ((shape.D, shape.k), (shape.Dv, shape.v)))
+    return (whole and shape.L > 8 and shape.bias is None and shape.keep is None and shape.kv_size is None
+            and not any(a.heads for a in (shape.q, shape.k, shape.v, shape.out))
+            and (shape.positions is None or shape.bounds_on_chip))
+
+
+def groups(units) -> list[list[int]]:
+    """The indices of `units` (problem order) in runs of one (batch, kv head)."""
+    out, run = [], []
+    for k, u in enumerate(units):
+        if run and (units[run[0]].b, units[run[0]].kvh) != (u.b, u.kvh):
+            out.append(run)
+            run = []
+        run.append(k)
+    out.append(run)
+    return out
+
+
+def ring_groups(units, share: int) -> list[list[int]]:
+    """The ring groups of one-unit-per-core `units` (problem order, so a group is neighbouring
+    cores): each kv head's run cut into groups of at most `share` units, their sizes as even as
+    the count allows (no straggler group of one)."""
+    result = []
+    for run in groups(units):
+        n = -(-len(run) // share)
+        size, extra = divmod(len(run), n)
+        start = 0
+        for g in range(n):
+            step = size + (g < extra)
+            result.append(run[start:start + step])
+            start += step
+    return result
+
+
+def _shared(shape: AttentionShape, tilings: list[AttentionTiling]) -> list[AttentionTiling]:
+    """The ring-group variants of `tilings` (issue 31): every core one unit, the cores of a kv
+    head's units sharing its K/V chunks in groups of `share` (one device read per group)."""
+    if not shares_kv(shape):
+        return []
+    out = []
+    for t in tilings:
+        if t.kv_split > 1:
+            continue
+        blocks = -(-shape.L // t.rows)
+        if shape.B * shape.KVH * blocks > HARDWARE.cores or blocks < 2:
+            continue
+        units = work_units(shape.assumed() if shape.bounds_on_chip else shape, t)
+        if any(not u.chunks for u in units):
+            continue
+        for share in sorted({min(s, blocks) for s in (2, 4, 8, 16, 32)}):
+            st = AttentionTiling(t.rows, t.kv, t.slots, f"{t.label}, K/V shared over the ring by {share} cores",
+                                 share=share)
+            if placement(shape, st) is not None:
+                out.append(st)
+    return out
+
+
+__all__ = ["PACKED_ROWS", "groups", "ring_groups", "shares_kv", "column_bytes", "Access", "AttentionShape", "AttentionTiling", "Chunk", "CoreWork", "WorkUnit", "analyse", "divide",
            "needs", "placement", "variants", "work_units"]

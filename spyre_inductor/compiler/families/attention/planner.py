@@ -31,6 +31,7 @@ from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKern
 # fewest (fewer query rows per unit re-read K and V once more per extra block), at most MAX_TIMED.
 PRUNE = 1.3
 MAX_TIMED = 6
+RING_ROWS_TIMED = 1  # ring groups: per chunk length, the fewest rows per unit timed
 
 
 def minimum(kernel: AttentionKernel, shape: AttentionShape) -> Traffic:
@@ -61,10 +62,18 @@ def traffic(shape: AttentionShape, tiling) -> int:
 
     q, k, v, o = (ITEMSIZE[a.dtype] for a in (shape.q, shape.k, shape.v, shape.out))
     total = 0
-    for u in work_units(shape, tiling):
+    units = work_units(shape, tiling)
+    if tiling.share > 1:  # a ring group reads its longest unit's chunks once
+        from .plan import ring_groups
+
+        for members in ring_groups(units, tiling.share):
+            longest = max((units[m] for m in members), key=lambda u: len(u.chunks))
+            total += sum(c.n * (shape.D * k + shape.Dv * v) for c in longest.chunks)
+    for u in units:
         total += shape.G * u.rows * (shape.D * q + shape.Dv * o)
         for c in u.chunks:
-            total += c.n * (shape.D * k + shape.Dv * v)
+            if tiling.share == 1:
+                total += c.n * (shape.D * k + shape.Dv * v)
             if shape.positions is not None:
                 total += u.rows * ITEMSIZE[shape.positions.dtype]
             for m in (shape.bias, shape.keep):
@@ -140,34 +149,50 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
     # Timed: the tilings that move the fewest bytes, and for every rows-per-unit the best of its
     # tilings (fewer rows re-read K and V, but give more units to the cores: a small prefill
     # needs them), and the kv splits of those (decode: few rows on many cores)
-    order = sorted((t for t in tilings if t.kv_split == 1), key=lambda t: (moved[t], -(t.rows * t.kv), -t.slots))
+    order = sorted((t for t in tilings if t.kv_split == 1 and t.share == 1),
+                   key=lambda t: (moved[t], -(t.rows * t.kv), -t.slots))
     base = [t for t in order if moved[t] <= PRUNE * least][:MAX_TIMED]
     for rows in sorted({t.rows for t in order}):
         best = next(t for t in order if t.rows == rows)
         if best not in base:
             base.append(best)
     bare = {dataclasses.replace(b, label="") for b in base}
-    tilings = base + [t for t in tilings if t.kv_split > 1 and dataclasses.replace(t, kv_split=1, label="") in bare]
+    # ring groups (K/V shared over the ring): for every chunk length, the groups that read the
+    # fewest bytes at the fewest rows per unit, i.e. on the most cores (sharing takes away what
+    # more, smaller units cost in K/V reads; a chunk's length trades its transpose and ring hops,
+    # which every core waits for, against the pipelining of several). Each is timed whole (its
+    # cores differ), which is why so few are.
+    shared = {}
+    for t in sorted((t for t in tilings if t.share > 1), key=lambda t: (moved[t], -t.share, -t.slots)):
+        shared.setdefault((t.rows, t.kv), t)
+    rings = []
+    for kv in sorted({kv for _, kv in shared}):
+        rings += [shared[r, kv] for r in sorted(r for r, k in shared if k == kv)[:RING_ROWS_TIMED]]
+    tilings = base + [t for t in tilings if t.kv_split > 1
+                      and dataclasses.replace(t, kv_split=1, label="") in bare] + rings
     errors: list[str] = []
 
     def divided(tiling, n, timing=False):
         """(units, each core's work, placement, a program of some of the cores' work); `timing`:
         of the shape it is timed as (the same as the program's but where chunks are skipped on chip)."""
         units = work_units(shape, tiling, n)
-        work = divide(units, n)
+        one_each = tiling.share > 1
+        if one_each and len(units) != n:
+            return units, (), None, None  # (a ring group's units go one per core)
+        work = divide(units, n, one_each)
         place = placement(shape, tiling)
         skipped = ""
         if skips(tiling):
             guess = work_units(shape.assumed(), tiling, n)
             if timing:
-                work, place = divide(guess, n), placement(shape.assumed(), tiling)
+                work, place = divide(guess, n, one_each), placement(shape.assumed(), tiling)
                 return guess, work, place, lambda cores: build_attention_program(
                     kernel.name, symbols, shape.assumed(), tk, tiling, place, cores, "")
             # the units of the program (every chunk, each skipped on chip or not) dealt as the
             # assumed ones are (their work differs along the diagonal)
             same = {(u.b, u.kvh, u.i0, u.rows): u for u in units}
             work = tuple(type(w)(w.core, tuple(same[u.b, u.kvh, u.i0, u.rows] for u in w.units))
-                         for w in divide(guess, n))
+                         for w in divide(guess, n, one_each))
             most = max((len(w.units) for w in work), default=1)
             place = placement(shape, tiling, most)
             if place is None:
@@ -191,9 +216,10 @@ def plan_attention(kernel: AttentionKernel, *, cores: int | None = None, max_cor
             _, work, _, program = divided(tiling, n, timing=True)
             if not work:
                 return None  # (split units need a core each)
-            if tiling.kv_split == 1:  # its busiest core standing for all of them in step
+            if tiling.kv_split == 1 and tiling.share == 1:  # its busiest core standing for all of them in step
                 ns = representative_ns(program, work, check=False, load=lambda w: sum(u.work for u in w.units))
-            else:  # split units differ (the first part of each block combines and stores, the rest send)
+            else:  # split units differ (the first part of each block combines and stores, the rest
+                # send), and so do ring groups' cores (the loader reads, the others forward)
                 ns = simulated_ns(program(work), check=False)
             timed[tiling, n] = search.Candidate(f"{tiling.label} on {len(work)} core(s)", len(work), ns, (tiling, n))
         return timed[tiling, n]
