@@ -92,13 +92,24 @@ _LANDING = {1: 0, -1: 1}  # the landing tile's copy a chain running each way rou
 SPLIT_PIECE_BYTES = 2 * 1024
 
 
+# Transfers in flight at which the bus reaches its ceiling (hardware.py's bus_ceiling: 72% of it
+# from 32 on): a plan on few cores keeps that many in flight only if each core moves its tiles in
+# pieces (a 16 KiB tile as one transfer on each of 2 cores held the bus at 22%).
+BUS_IN_FLIGHT = 32
+
+
+def min_pieces(cores: int) -> int:
+    """Transfers each tile's move is cut into at least, on a plan of `cores` cores."""
+    return -(-BUS_IN_FLIGHT // max(1, cores))
+
+
 def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
-                    sp_stride: int, piece_bytes: int = PIECE_BYTES) -> None:
-    """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
-    serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
-    per = max(1, piece_bytes // max(sp_stride, 1))
-    for r0 in range(0, rows, per):
-        n = min(per, rows - r0)
+                    sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
+    """Load `rows` rows as several transfers (at least `pieces`, each at most about `piece_bytes`,
+    even): a core keeps more of them in flight, and the bus serves a core by the transfers it has
+    in flight (the one-core figures in hardware.py)."""
+    n_pieces = min(rows, max(pieces, -(-rows * max(sp_stride, 1) // piece_bytes)))
+    for r0, n in split_evenly(rows, max(1, n_pieces)):
         ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
                      dev_stride if n > 1 else 0, sp_stride))
 
@@ -151,6 +162,7 @@ class _Core:
         self.k_slices, self.k_pos = k_slices, block.core % k_slices
         self.finishes = self.k_pos == k_slices // 2  # where the chains from both ends meet
         self.piece_bytes = PIECE_BYTES if k_slices == 1 else SPLIT_PIECE_BYTES
+        self.pieces = min_pieces(group)
         self.ta, self.tb = operand_tiles(tk)
         self.staging = {t.of: t.name for t in tk.tiles if t.role is Role.STAGING}
         self.acc = tk.with_role(Role.ACCUMULATOR)[0].name
@@ -339,11 +351,11 @@ class _Core:
         ls.emit(Pop(free))
         if not transposed:
             rows_in_pieces(ls, dst.offset, access.buffer, origin * isz, rows, cols * isz, row_stride * isz,
-                            dst.row_stride, self.piece_bytes)
+                            dst.row_stride, self.piece_bytes, self.pieces)
         else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
             st = self.p.at(self.staging[name])
             rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
-                            st.row_stride, self.piece_bytes)
+                            st.row_stride, self.piece_bytes, self.pieces)
 
         def finish():
             if transposed:
@@ -395,7 +407,7 @@ class _Core:
             ls.emit(Push(f"r{j + 1}.openL"))
         r0, rc = pieces[j]
         rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, (origin + r0 * row_stride) * isz, rc,
-                        cols * isz, row_stride * isz, dst.row_stride)
+                        cols * isz, row_stride * isz, dst.row_stride, self.piece_bytes, self.pieces)
         ls.emit(Fence())  # the slice has landed before it is sent on
         if j < g - 1:
             ls.emit(Pop(f"r{j}.openR"))
@@ -432,8 +444,13 @@ class _Core:
         for name, access in self.epi.stores:
             a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
             origin = _element(access, bidx, mt[0], nt[0], 0)
-            ls.emit(Store(ls.dev(access.buffer, origin * isz), ls.sp(a.offset), mt[1], nt[1] * isz,
-                          access.m_stride * isz if mt[1] > 1 else 0, a.row_stride))
+            # in pieces of rows, as the loads: one transfer per core would hold the bus at the
+            # one-transfer ceiling while the cores store their tiles together
+            n_pieces = min(mt[1], max(self.pieces, -(-mt[1] * a.row_stride // self.piece_bytes)))
+            for r0, n in split_evenly(mt[1], n_pieces):
+                ls.emit(Store(ls.dev(access.buffer, (origin + r0 * access.m_stride) * isz),
+                              ls.sp(a.offset + r0 * a.row_stride), n, nt[1] * isz,
+                              access.m_stride * isz if n > 1 else 0, a.row_stride))
         ls.emit(Push(free))
 
     def combine_chain(self, ls, sfp, slot, rows, cols):
