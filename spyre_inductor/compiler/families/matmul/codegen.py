@@ -215,16 +215,24 @@ class _Core:
                 steps += [(o, bi, mt, nt, kt) for kt in k_tiles for o, (bi, mt, nt) in block]
             else:
                 steps += [(o, bi, mt, nt, kt) for o, (bi, mt, nt) in block for kt in k_tiles]
-        a_keys = [(_element(s.a, bidx, mt[0], 0, kt[0]), mt[1], kt[1]) for _, bidx, mt, nt, kt in steps]
+        a_keys = [(_element(s.a, bidx, mt[0], 0, ka[0]), mt[1], ka[1])
+                  for _, bidx, mt, nt, kt in steps for ka in (self.a_chunk(kt),)]
         b_keys = [(_element(s.b, bidx, 0, nt[0], kt[0]), kt[1], nt[1]) for _, bidx, mt, nt, kt in steps]
         return outputs, steps, _Pool(a_keys, t.a_slots), _Pool(b_keys, t.b_slots)
+
+    def a_chunk(self, kt) -> tuple[int, int]:
+        """The k range of the A tile holding k-step `kt` (tiling.tka: whole k-steps of the block)."""
+        (k0, kc), tka = (self.block.starts[3], self.block.counts[3]), self.t.tka
+        start = k0 + (kt[0] - k0) // tka * tka
+        return start, min(tka, k0 + kc - start)
 
     def shared_fills(self) -> list:
         """The shared operand's fills in order, each (batch, tile, k chunk, slot): every core must
         have the same, slots included (a slice lands at the sender's own slot address)."""
         outputs, steps, pa, pb = self.schedule()
         pool = pa if self.share == "a" else pb
-        return [(steps[i][1], steps[i][2 if self.share == "a" else 3], steps[i][4], pool.slot[i])
+        return [(steps[i][1], steps[i][2 if self.share == "a" else 3],
+                 self.a_chunk(steps[i][4]) if self.share == "a" else steps[i][4], pool.slot[i])
                 for i in range(len(steps)) if pool.new[i]]
 
     # ---- emission --------------------------------------------------------------------------
@@ -284,12 +292,15 @@ class _Core:
             # any of its pushes (a push waits for the unit's transfers in flight, so A's would
             # hold up the issue of B's)
             after = [] if self.k_slices > 1 else None
+            ka = self.a_chunk(kt)
             for which, pool, queues in sorted(fills, key=lambda f: f[0] == self.share):
                 if pool.new[i]:
+                    k_range = ka if which == "a" else kt
                     if self.share == which:
-                        self.ring_fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
+                        self.ring_fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, k_range)
                     else:
-                        self.load_operand(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt, after)
+                        self.load_operand(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, k_range,
+                                          after)
             for finish in after or ():
                 finish()
             if i == last[o] and self.finishes:
@@ -313,7 +324,8 @@ class _Core:
             acc = self.p.at(self.acc, slot)
             a, b = self.p.at(self.ta, pa.slot[i]), self.p.at(self.tb, pb.slot[i])
             pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
-                           pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
+                           pe.tile(a.offset + (kt[0] - ka[0]) * ITEMSIZE[self.tk.tile(self.ta).dtype],
+                                   self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
                            pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
                            accumulate=i != first[o]))
             if pa.last_use(i):

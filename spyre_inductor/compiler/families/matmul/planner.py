@@ -102,10 +102,11 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
         # (timed whole: the cores meet on the ring, so one core cannot stand for the others).
         # each is timed whole, which costs as much as the kernel is big: the first two tile
         # shapes that fit per operand shared, one for big kernels
-        per_share = 2 if minimum_traffic(kernel).total <= SMALL_BYTES else 1
+        small = minimum_traffic(kernel).total <= SMALL_BYTES
+        per_share = 2 if small else 1
         for share in ("a", "b"):
             found = 0
-            for v in (v for v in shared_variants(shape) if v[3] == share):
+            for v in (v for v in shared_variants(shape, small) if v[3] == share):
                 try:
                     r = evaluate(v, top)
                 except Unsupported as e:  # e.g. too many instructions to unroll: the next shape
