@@ -103,12 +103,23 @@ def min_pieces(cores: int) -> int:
     return -(-BUS_IN_FLIGHT // max(1, cores))
 
 
+def _count(rows: int, sp_stride: int, piece_bytes: int, pieces: int) -> int:
+    """Transfers for `rows` rows: at least `pieces` (none under MIN_PIECE_BYTES, beyond which more
+    only lengthen the program), at most about `piece_bytes` each."""
+    nbytes = rows * max(sp_stride, 1)
+    wanted = max(1, min(pieces, nbytes // MIN_PIECE_BYTES))
+    return min(rows, max(wanted, -(-nbytes // piece_bytes)))
+
+
+MIN_PIECE_BYTES = 2 * 1024
+
+
 def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
                     sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
     """Load `rows` rows as several transfers (at least `pieces`, each at most about `piece_bytes`,
     even): a core keeps more of them in flight, and the bus serves a core by the transfers it has
     in flight (the one-core figures in hardware.py)."""
-    n_pieces = min(rows, max(pieces, -(-rows * max(sp_stride, 1) // piece_bytes)))
+    n_pieces = _count(rows, sp_stride, piece_bytes, pieces)
     for r0, n in split_evenly(rows, max(1, n_pieces)):
         ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
                      dev_stride if n > 1 else 0, sp_stride))
@@ -117,7 +128,7 @@ def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int
 def rows_out_in_pieces(ls, symbol: str, dev: int, sp: int, rows: int, row_bytes: int, dev_stride: int,
                        sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
     """Store `rows` rows as several transfers (rows_in_pieces' counterpart)."""
-    n_pieces = min(rows, max(pieces, -(-rows * max(sp_stride, 1) // piece_bytes)))
+    n_pieces = _count(rows, sp_stride, piece_bytes, pieces)
     for r0, n in split_evenly(rows, max(1, n_pieces)):
         ls.emit(Store(ls.dev(symbol, dev + r0 * dev_stride), ls.sp(sp + r0 * sp_stride), n, row_bytes,
                       dev_stride if n > 1 else 0, sp_stride))
