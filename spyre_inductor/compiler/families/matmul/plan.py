@@ -28,6 +28,9 @@ fp32 partial sum of its slice and the partials are combined along the ring
 (core/combine.py: the tile kernel's Combine), the last core of the chain
 running the epilogue once on the whole sum, so the output is rounded once.
 A split block is one output tile (its accumulator is what travels).
+
+A tiles may span several k-steps (MatmulTiling.a_tk, whole k-steps, each step's columns on a
+stick of the tile): the pe reads each step's columns of the A tile it was filled into.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ A matmul with few rows (a decode projection) also tries plans that split k
 over consecutive cores (plan.split_k_variants), timed whole like the ring
 plans (the cores of a chain wait on each other), next to the plain ones:
 the timing model chooses.
+
+A small kernel's ring plans (plan.SMALL_SHARED_TARGETS) take k-steps of 64 and also try A
+tiles that span several of them (tiling.a_tk): a fill of a shared A waits for slices from the
+far end of the chain, once per A tile. One row against a transposed weight is also planned as
+dots on the sfp (family.py), and the faster of the two, timed whole, is kept.
 """
 
 from __future__ import annotations
