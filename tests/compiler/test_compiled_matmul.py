@@ -18,6 +18,7 @@ most its Lipschitz constant (1 for a bias add, 1.13 for GELU): ``EPILOGUE``.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -281,3 +282,25 @@ def test_a_compiled_matmul_of_a_spyre_and_a_cpu_tensor_raises_as_cuda_does():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two "
                                            "devices, spyre:0 and cpu!"):
         f(torch.randn(4, 3).to("spyre"), torch.randn(3, 5))
+
+
+def test_a_prefill_up_projection_with_its_silu_gate_epilogue_matches_the_cpu():
+    """The Llama demo's up projection (128 rows, x @ W.t(), silu(gate) * up): a ring plan sharing x
+    whose A tiles hold several k-steps (tiling.a_tk), and whose epilogue is run and stored in
+    pieces of rows. The matmul rounds to fp16 before the epilogue, as eager; a rounding on the
+    other side of a tie than the reference's is one ulp of it; a result among fp16's subnormals
+    rounds to half their spacing (2^-25), not half an ulp relative."""
+    torch.manual_seed(11)
+    x, w, g = (torch.randn(128, 256) / 4).half(), (torch.randn(768, 256) / 4).half(), torch.randn(128, 768).half()
+    (out,), _, records, _, code = compile_on_spyre(lambda x, w, g: F.silu(g) * F.linear(x, w), x, w, g)
+    assert_on_card(records, code)
+    [record] = matmul_records(records)
+    tiling = json.loads((record.artifact / "plan.json").read_text())["tiling"]
+    assert tiling["share"] == "a" and tiling["a_tk"] > tiling["tk"], tiling
+    mm = (x.double() @ w.double().t()).half().double()
+    gate = F.silu(g.double())
+    ref = gate * mm
+    mag = x.double().abs() @ w.double().abs().t()
+    bound = ((gamma(257) * mag + 2.0 ** -10 * mm.abs()) * gate.abs() + (UNIT[torch.float16] * (1 + 2.0 ** -10)
+             + 8 * U32) * ref.abs() + 2.0 ** -25)
+    check(out.cpu(), ref, bound, "silu(gate) * (x @ W.t())")

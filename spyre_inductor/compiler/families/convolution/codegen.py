@@ -20,7 +20,7 @@ from spyre_runtime.program.isa import Load, MatMul, Pop, Push, Store
 from spyre_runtime.program.operands import ITEMSIZE
 
 from ...ir.errors import PlanError
-from ..matmul.codegen import MatmulCore, rows_in_pieces
+from ..matmul.codegen import PIECE_BYTES, MatmulCore, rows_in_pieces
 from .lowering import PatchRuns, ShiftedWindow
 
 
@@ -31,12 +31,11 @@ class PatchCore(MatmulCore):
         super().__init__(*args)
         self.gather = gather
 
-    def move_rows(self, ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes=None):
+    def move_rows(self, ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes=PIECE_BYTES, pieces=1):
         """Rows [r0, r0 + count) of an A tile (a slot's whole tile, or this core's slice of one all
         the cores share over the ring) read from the image."""
         if which != "a":
-            return super().move_rows(ls, which, dst, r0, count, bidx, mt, nt, kt,
-                                     *(() if piece_bytes is None else (piece_bytes,)))
+            return super().move_rows(ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes, pieces)
         g = self.gather
         isz = ITEMSIZE[g.dtype]
         if isinstance(g, ShiftedWindow):
@@ -44,7 +43,7 @@ class PatchCore(MatmulCore):
                 raise PlanError("conv shifted-window plan: an A band split over the ring (its halo is not sent)")
             origin = g.offset + bidx[0] * g.n_stride + mt[0] * g.pixel_stride
             rows_in_pieces(ls, dst.offset, g.image, origin * isz, count + g.halo, g.C * isz, g.pixel_stride * isz,
-                           dst.row_stride, *(() if piece_bytes is None else (piece_bytes,)))
+                           dst.row_stride, piece_bytes, pieces)
             return None
         first, runs = kt[0] // g.R, kt[1] // g.R
         for row, rows, start in g.rows(mt[0] + r0, count):
@@ -54,7 +53,7 @@ class PatchCore(MatmulCore):
                              g.R * isz, g.ow_stride * isz if rows > 1 else 0, dst.row_stride))
         return None
 
-    def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool) -> None:
+    def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool, ka=None) -> None:
         g = self.gather
         dtype_a, dtype_b = self.tk.tile(self.ta).dtype, self.tk.tile(self.tb).dtype
         out = pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride)
@@ -69,9 +68,11 @@ class PatchCore(MatmulCore):
                                accumulate=accumulate or j > 0))
             return
         if g.Rp == g.R:  # the runs fill whole sticks: the A tile's columns are k, one product
-            return super().matmul(pe, acc, a, b, mt, nt, kt, accumulate)
+            return super().matmul(pe, acc, a, b, mt, nt, kt, accumulate, ka)
+        first = 0 if ka is None else (kt[0] - ka[0]) // g.R  # the A tile's run that k-step kt starts at
         for j in range(kt[1] // g.R):
-            pe.emit(MatMul(out, pe.tile(a.offset + j * g.Rp * ITEMSIZE[dtype_a], dtype_a, mt[1], g.R, a.row_stride),
+            pe.emit(MatMul(out, pe.tile(a.offset + (first + j) * g.Rp * ITEMSIZE[dtype_a], dtype_a, mt[1], g.R,
+                                        a.row_stride),
                            pe.tile(b.offset + j * g.R * b.row_stride, dtype_b, g.R, nt[1], b.row_stride),
                            accumulate=accumulate or j > 0))
 

@@ -95,15 +95,56 @@ _LANDING = {1: 0, -1: 1}  # the landing tile's copy a chain running each way rou
 SPLIT_PIECE_BYTES = 2 * 1024
 
 
+# Transfers in flight at which the bus reaches its ceiling (hardware.py's bus_ceiling: 72% of it
+# from 32 on): a plan on few cores keeps that many in flight only if each core moves its tiles in
+# pieces (a 16 KiB tile as one transfer on each of 2 cores held the bus at 22%).
+BUS_IN_FLIGHT = 32
+
+
+def min_pieces(cores: int) -> int:
+    """Transfers each tile's move is cut into at least, on a plan of `cores` cores."""
+    return -(-BUS_IN_FLIGHT // max(1, cores))
+
+
+def _count(rows: int, sp_stride: int, piece_bytes: int, pieces: int) -> int:
+    """Transfers for `rows` rows: at least `pieces` (none under MIN_PIECE_BYTES, beyond which more
+    only lengthen the program), at most about `piece_bytes` each."""
+    nbytes = rows * max(sp_stride, 1)
+    wanted = max(1, min(pieces, nbytes // MIN_PIECE_BYTES))
+    return min(rows, max(wanted, -(-nbytes // piece_bytes)))
+
+
+MIN_PIECE_BYTES = 2 * 1024
+
+
 def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
-                    sp_stride: int, piece_bytes: int = PIECE_BYTES) -> None:
-    """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
-    serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
-    per = max(1, piece_bytes // max(sp_stride, 1))
-    for r0 in range(0, rows, per):
-        n = min(per, rows - r0)
+                    sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
+    """Load `rows` rows as several transfers (at least `pieces`, each at most about `piece_bytes`,
+    even): a core keeps more of them in flight, and the bus serves a core by the transfers it has
+    in flight (the one-core figures in hardware.py)."""
+    n_pieces = _count(rows, sp_stride, piece_bytes, pieces)
+    for r0, n in split_evenly(rows, max(1, n_pieces)):
         ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
                      dev_stride if n > 1 else 0, sp_stride))
+
+
+def rows_out_in_pieces(ls, symbol: str, dev: int, sp: int, rows: int, row_bytes: int, dev_stride: int,
+                       sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
+    """Store `rows` rows as several transfers (rows_in_pieces' counterpart)."""
+    n_pieces = _count(rows, sp_stride, piece_bytes, pieces)
+    for r0, n in split_evenly(rows, max(1, n_pieces)):
+        ls.emit(Store(ls.dev(symbol, dev + r0 * dev_stride), ls.sp(sp + r0 * sp_stride), n, row_bytes,
+                      dev_stride if n > 1 else 0, sp_stride))
+
+
+# An output tile's epilogue runs in this many pieces of rows, each handed to the load/store unit
+# as it is done: the store of one overlaps the sfp's work on the next (an up projection's
+# silu(gate) * up is five sfp passes, 0.7 us per tile, that ran before any of its store).
+EPILOGUE_PIECES = 4
+
+
+def epilogue_pieces(rows: int) -> list[tuple[int, int]]:
+    return split_evenly(rows, min(rows, EPILOGUE_PIECES))
 
 
 class _Pool:
@@ -154,6 +195,7 @@ class _Core:
         self.k_slices, self.k_pos = k_slices, block.core % k_slices
         self.finishes = self.k_pos == k_slices // 2  # where the chains from both ends meet
         self.piece_bytes = PIECE_BYTES if k_slices == 1 else SPLIT_PIECE_BYTES
+        self.pieces = min_pieces(group)
         self.ta, self.tb = operand_tiles(tk)
         self.staging = {t.of: t.name for t in tk.tiles if t.role is Role.STAGING}
         self.acc = tk.with_role(Role.ACCUMULATOR)[0].name
@@ -187,16 +229,24 @@ class _Core:
                 steps += [(o, bi, mt, nt, kt) for kt in k_tiles for o, (bi, mt, nt) in block]
             else:
                 steps += [(o, bi, mt, nt, kt) for o, (bi, mt, nt) in block for kt in k_tiles]
-        a_keys = [(_element(s.a, bidx, mt[0], 0, kt[0]), mt[1], kt[1]) for _, bidx, mt, nt, kt in steps]
+        a_keys = [(_element(s.a, bidx, mt[0], 0, ka[0]), mt[1], ka[1])
+                  for _, bidx, mt, nt, kt in steps for ka in (self.a_chunk(kt),)]
         b_keys = [(_element(s.b, bidx, 0, nt[0], kt[0]), kt[1], nt[1]) for _, bidx, mt, nt, kt in steps]
         return outputs, steps, _Pool(a_keys, t.a_slots), _Pool(b_keys, t.b_slots)
+
+    def a_chunk(self, kt) -> tuple[int, int]:
+        """The k range of the A tile holding k-step `kt` (tiling.tka: whole k-steps of the block)."""
+        (k0, kc), tka = (self.block.starts[3], self.block.counts[3]), self.t.tka
+        start = k0 + (kt[0] - k0) // tka * tka
+        return start, min(tka, k0 + kc - start)
 
     def shared_fills(self) -> list:
         """The shared operand's fills in order, each (batch, tile, k chunk, slot): every core must
         have the same, slots included (a slice lands at the sender's own slot address)."""
         outputs, steps, pa, pb = self.schedule()
         pool = pa if self.share == "a" else pb
-        return [(steps[i][1], steps[i][2 if self.share == "a" else 3], steps[i][4], pool.slot[i])
+        return [(steps[i][1], steps[i][2 if self.share == "a" else 3],
+                 self.a_chunk(steps[i][4]) if self.share == "a" else steps[i][4], pool.slot[i])
                 for i in range(len(steps)) if pool.new[i]]
 
     # ---- emission --------------------------------------------------------------------------
@@ -219,7 +269,8 @@ class _Core:
         qb = {s: (self.q(f"b_full{s}", "ls", "pe"), self.q(f"b_free{s}", "pe", "ls")) for s in set(pb.slot)}
         qacc = [(self.q(f"acc_full{c}", "pe", "sfp"), self.q(f"acc_free{c}", "sfp", "pe")) for c in range(A)]
         qepi = [(self.q(f"epi_full{c}", "ls", "sfp"), self.q(f"epi_free{c}", "sfp", "ls")) for c in (0, 1)]
-        qout = [(self.q(f"out_full{c}", "sfp", "ls"), self.q(f"out_free{c}", "ls", "sfp")) for c in (0, 1)]
+        qout = [(self.q(f"out_full{c}", "sfp", "ls", EPILOGUE_PIECES), self.q(f"out_free{c}", "ls", "sfp"))
+                for c in (0, 1)]
         first, last = {}, {}
         for i, st in enumerate(steps):
             first.setdefault(st[0], i)
@@ -255,12 +306,15 @@ class _Core:
             # any of its pushes (a push waits for the unit's transfers in flight, so A's would
             # hold up the issue of B's)
             after = [] if self.k_slices > 1 else None
+            ka = self.a_chunk(kt)
             for which, pool, queues in sorted(fills, key=lambda f: f[0] == self.share):
                 if pool.new[i]:
+                    k_range = ka if which == "a" else kt
                     if self.share == which:
-                        self.ring_fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt)
+                        self.ring_fill(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, k_range)
                     else:
-                        self.load_operand(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, kt, after)
+                        self.load_operand(ls, queues[pool.slot[i]], which, pool.slot[i], bidx, mt, nt, k_range,
+                                          after)
             for finish in after or ():
                 finish()
             if i == last[o] and self.finishes:
@@ -282,7 +336,7 @@ class _Core:
             if pb.new[i]:
                 pe.emit(Pop(qb[pb.slot[i]][0]))
             self.matmul(pe, self.p.at(self.acc, slot), self.p.at(self.ta, pa.slot[i]),
-                        self.p.at(self.tb, pb.slot[i]), mt, nt, kt, accumulate=i != first[o])
+                        self.p.at(self.tb, pb.slot[i]), mt, nt, kt, accumulate=i != first[o], ka=ka)
             if pa.last_use(i):
                 pe.emit(Push(qa[pa.slot[i]][1]))
             if pb.last_use(i):
@@ -301,11 +355,12 @@ class _Core:
             if has_epi_loads:
                 sfp.emit(Pop(qepi[c][0]))
             sfp.emit(Pop(qout[c][1]))
-            self.steps(sfp, self.epi.steps, slot, c, rows, cols)
+            for r0, rc in epilogue_pieces(rows):  # each piece's store overlaps the next piece's epilogue
+                self.steps(sfp, self.epi.steps, slot, c, rc, cols, r0)
+                sfp.emit(Push(qout[c][0]))
             sfp.emit(Push(qacc[slot][1]))
             if has_epi_loads:
                 sfp.emit(Push(qepi[c][1]))
-            sfp.emit(Push(qout[c][0]))
         if done and self.finishes:
             r = len(done) - 1
             self.store(ls, qout[r % 2], r % 2, *outputs[done[r]])
@@ -321,15 +376,18 @@ class _Core:
             sfp.emit(Pop(qout[c][1]))
         return {"ls": ls.instrs, "pe": pe.instrs, "sfp": sfp.instrs}, self.queues
 
-    def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool) -> None:
+    def matmul(self, pe, acc, a, b, mt, nt, kt, accumulate: bool, ka=None) -> None:
         """The PE's product of one k-step: the A tile [rows, k] by the B tile [k, cols] into the
-        accumulator (allocations `acc`, `a`, `b`)."""
+        accumulator (allocations `acc`, `a`, `b`). `ka`: the k range the A tile holds (several
+        k-steps share one A tile, tiling.tka), from which k-step `kt` is an offset; None: `kt`'s."""
+        dtype_a = self.tk.tile(self.ta).dtype
+        a_col = 0 if ka is None else kt[0] - ka[0]
         pe.emit(MatMul(pe.tile(acc.offset, "fp32", mt[1], nt[1], acc.row_stride),
-                       pe.tile(a.offset, self.tk.tile(self.ta).dtype, mt[1], kt[1], a.row_stride),
+                       pe.tile(a.offset + a_col * ITEMSIZE[dtype_a], dtype_a, mt[1], kt[1], a.row_stride),
                        pe.tile(b.offset, self.tk.tile(self.tb).dtype, kt[1], nt[1], b.row_stride),
                        accumulate=accumulate))
 
-    def move_rows(self, ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes=PIECE_BYTES):
+    def move_rows(self, ls, which, dst, r0, count, bidx, mt, nt, kt, piece_bytes=PIECE_BYTES, pieces=1):
         """Rows [r0, r0 + count) of an operand tile moved in its own layout (not transposed) into
         allocation `dst` from its row r0 on: a slot's whole tile, or a core's slice of a shared one."""
         access = self.shape.a if which == "a" else self.shape.b
@@ -338,7 +396,7 @@ class _Core:
         isz = ITEMSIZE[access.dtype]
         origin = _element(access, bidx, mt[0], nt[0], kt[0]) + r0 * row_stride
         rows_in_pieces(ls, dst.offset + r0 * dst.row_stride, access.buffer, origin * isz, count, cols * isz,
-                        row_stride * isz, dst.row_stride, piece_bytes)
+                        row_stride * isz, dst.row_stride, piece_bytes, pieces)
 
     def load_operand(self, ls, queues, which, slot, bidx, mt, nt, kt, after=None):
         """Move one operand tile into its slot; `after` (a list) defers the fence, the on-chip
@@ -355,11 +413,11 @@ class _Core:
         dst = self.p.at(name, slot)
         ls.emit(Pop(free))
         if not transposed:
-            self.move_rows(ls, which, dst, 0, rows, bidx, mt, nt, kt, self.piece_bytes)
+            self.move_rows(ls, which, dst, 0, rows, bidx, mt, nt, kt, self.piece_bytes, self.pieces)
         else:  # moved as [cols, rows] (its contiguous dim along the sticks), transposed on chip
             st = self.p.at(self.staging[name])
             rows_in_pieces(ls, st.offset, access.buffer, origin * isz, cols, rows * isz, col_stride * isz,
-                            st.row_stride, self.piece_bytes)
+                            st.row_stride, self.piece_bytes, self.pieces)
 
         def finish():
             if transposed:
@@ -406,7 +464,7 @@ class _Core:
         if j < g - 1:
             ls.emit(Push(f"r{j + 1}.openL"))
         r0, rc = pieces[j]
-        self.move_rows(ls, which, dst, r0, rc, bidx, mt, nt, kt)
+        self.move_rows(ls, which, dst, r0, rc, bidx, mt, nt, kt, self.piece_bytes, self.pieces)
         ls.emit(Fence())  # the slice has landed before it is sent on
         if j < g - 1:
             ls.emit(Pop(f"r{j}.openR"))
@@ -434,17 +492,23 @@ class _Core:
             a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
             rows, cols = tile_extent(tile.space, "m", "n", {"m": mt[1], "n": nt[1]})
             origin = _element(access, bidx, mt[0], nt[0], 0)
-            ls.emit(Load(ls.sp(a.offset), ls.dev(access.buffer, origin * isz), rows, cols * isz,
-                         access.m_stride * isz if rows > 1 else 0, a.row_stride))
+            rows_in_pieces(ls, a.offset, access.buffer, origin * isz, rows, cols * isz, access.m_stride * isz,
+                           a.row_stride, self.piece_bytes, self.pieces)
 
     def store(self, ls, queues, c, bidx, mt, nt):
+        """The output tile's stores, one epilogue piece of rows at a time as the sfp hands it over."""
         full, free = queues
-        ls.emit(Pop(full))
-        for name, access in self.epi.stores:
-            a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
-            origin = _element(access, bidx, mt[0], nt[0], 0)
-            ls.emit(Store(ls.dev(access.buffer, origin * isz), ls.sp(a.offset), mt[1], nt[1] * isz,
-                          access.m_stride * isz if mt[1] > 1 else 0, a.row_stride))
+        pieces = epilogue_pieces(mt[1])
+        for p0, pc in pieces:
+            ls.emit(Pop(full))
+            for name, access in self.epi.stores:
+                a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
+                origin = _element(access, bidx, mt[0] + p0, nt[0], 0)
+                # in transfers, as the loads: one per core would hold the bus at the one-transfer
+                # ceiling while the cores store their tiles together
+                rows_out_in_pieces(ls, access.buffer, origin * isz, a.offset + p0 * a.row_stride, pc, nt[1] * isz,
+                                   access.m_stride * isz, a.row_stride, self.piece_bytes,
+                                   -(-self.pieces // len(pieces)))
         ls.emit(Push(free))
 
     def combine_chain(self, ls, sfp, slot, rows, cols):

@@ -28,6 +28,9 @@ fp32 partial sum of its slice and the partials are combined along the ring
 (core/combine.py: the tile kernel's Combine), the last core of the chain
 running the epilogue once on the whole sum, so the output is rounded once.
 A split block is one output tile (its accumulator is what travels).
+
+A tiles may span several k-steps (MatmulTiling.a_tk, whole k-steps, each step's columns on a
+stick of the tile): the pe reads each step's columns of the A tile it was filled into.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ class MatmulTiling(Describable):
     acc_copies: int = 2
     share: str | None = None   # "a" / "b": that operand is all-gathered over the ring, read once
     k_split: int = 1           # k slices per output block (plan.make_grid's gk): partials combined on the ring
+    a_tk: int = 0              # k of an A tile if not tk (a whole number of k-steps): A is filled in fewer,
+                               # larger tiles than the pe's k-steps, each used by several of them
+
+    @property
+    def tka(self) -> int:
+        return self.a_tk or self.tk
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,7 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
     fills one while the sfp drains the other), staging and temporaries one."""
     ta, tb = operand_tiles(tk_)
     size = {"m": t.tm, "n": t.tn, "k": t.tk}
+    a_size = dict(size, k=t.tka)
     # the epilogue's temporaries live from the step that writes them to the last that reads them:
     # later ones reuse the bytes of dead ones (an activation is a chain of them, each a full tile)
     live = live_ranges(tk_.phases[1].steps)
@@ -210,7 +220,7 @@ def tile_needs(tk_: TileKernel, t: MatmulTiling) -> list[Need]:
             continue
         served = tile.of or tile.name
         rows_axis, cols_axis = ("m", "k") if served == ta else ("k", "n") if served == tb else ("m", "n")
-        rows, row = tile_geometry(tile, rows_axis, cols_axis, size)
+        rows, row = tile_geometry(tile, rows_axis, cols_axis, a_size if served == ta else size)
         if tile.name in (ta, tb):
             copies = t.a_slots if tile.name == ta else t.b_slots
         elif tile.role is Role.ACCUMULATOR:
@@ -263,12 +273,22 @@ def split_k_variants(shape: MatmulShape, cores: int) -> list[tuple]:
             for gk in SPLIT_K_SLICES if gk <= min(cores, k_units) for tk in SPLIT_K_TILES]
 
 
-def shared_variants(shape: MatmulShape) -> list[tuple]:
-    """Ring plans sharing the smaller operand (the larger stays private, read once per core's slice)."""
+# A small kernel's ring plans start from short k-steps instead of the first target: what follows
+# its last load is the last k-step's matmul, the epilogue and the stores, and a kernel of a few us
+# (a 128-row prefill projection) cannot hide a 0.9 us matmul of 128 k there (0.46 us at 64). The
+# first also fills A in tiles of 256 k: each fill of a shared A waits for its slices from the far
+# end of the chain (0.25 us on 12 cores), once per A tile, not once per k-step.
+SMALL_SHARED_TARGETS = ((512, 256, 64, 256), (512, 256, 64))
+
+
+def shared_variants(shape: MatmulShape, small: bool = False) -> list[tuple]:
+    """Ring plans sharing the smaller operand (the larger stays private, read once per core's slice);
+    `small`: a small kernel's (SMALL_SHARED_TARGETS first)."""
+    targets = SMALL_SHARED_TARGETS + SHARED_TARGETS if small else SHARED_TARGETS
     a_bytes = shape.batches * shape.M * shape.K * ITEMSIZE[shape.a.dtype]
     b_bytes = (shape.batches if any(shape.b.batch_strides) else 1) * shape.K * shape.N * ITEMSIZE[shape.b.dtype]
     order = ("a", "b") if a_bytes <= b_bytes else ("b", "a")
-    return [(tgt, "streamed", "k-outer", share, 1) for share in order for tgt in SHARED_TARGETS]
+    return [(tgt, "streamed", "k-outer", share, 1) for share in order for tgt in targets]
 
 
 def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
@@ -293,7 +313,8 @@ def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
 
 
 def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
-    (tm_t, tn_t, tk_t), pool, order, share, gk = variant
+    target, pool, order, share, gk = variant
+    (tm_t, tn_t, tk_t), tka_t = target[:3], (target[3] if len(target) > 3 else 0)
     mc = max(b.counts[1] for b in grid.blocks)
     nc = max(b.counts[2] for b in grid.blocks)
     kc = max(b.counts[3] for b in grid.blocks)
@@ -305,8 +326,11 @@ def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
     if share == "b":  # the shared B tile is [tk, tn]: make it as large as the rows' tile is for A
         tn, tm = min(nc, max(g, tm_t // g * g)), min(mc, tn_t)
     ktiles = -(-kc // tk)
+    # A's tiles: whole k-steps, each k-step's columns starting on a stick of the tile
+    a_tk = min(tka_t // tk * tk, ktiles * tk) if tk * ITEMSIZE[shape.a.dtype] % STICK == 0 else 0
+    a_tk = a_tk if a_tk > tk else 0
     m_tiles, n_tiles = -(-mc // tm), -(-nc // tn)
-    a_tiles, b_tiles = m_tiles * ktiles, n_tiles * ktiles
+    a_tiles, b_tiles = m_tiles * -(-kc // (a_tk or tk)), n_tiles * ktiles
     if order == "k-outer":  # per k chunk: the A tiles of every row tile, the B tiles of every column tile
         # a shared operand's fill waits on the slowest core of the chain: one more slot lets the
         # load/store unit run a tile further ahead of the PE
@@ -315,13 +339,14 @@ def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
         b_slots = min(b_tiles, n_tiles + (ahead - 1 if share == "b" else 1))
         acc = m_tiles * n_tiles
         label = "k-outer" + (f", {share.upper()} shared over the ring" if share else "")
+        label += f", A in tiles of {a_tk} k" if a_tk else ""
     else:
         a_slots = a_tiles if pool == "A resident" else min(2, a_tiles)
         b_slots = b_tiles if pool == "B resident" else min(2, b_tiles)
         acc, label = 2, pool
         if gk > 1:
             acc, label = 1, f"k split {gk} ways, partials combined on the ring"
-    return MatmulTiling(tm, tn, tk, a_slots, b_slots, label, order, acc, share, gk)
+    return MatmulTiling(tm, tn, tk, a_slots, b_slots, label, order, acc, share, gk, a_tk)
 
 
 def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[MatmulTiling, Placement] | None:

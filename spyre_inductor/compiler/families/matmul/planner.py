@@ -11,6 +11,11 @@ A matmul with few rows (a decode projection) also tries plans that split k
 over consecutive cores (plan.split_k_variants), timed whole like the ring
 plans (the cores of a chain wait on each other), next to the plain ones:
 the timing model chooses.
+
+A small kernel's ring plans (plan.SMALL_SHARED_TARGETS) take k-steps of 64 and also try A
+tiles that span several of them (tiling.a_tk): a fill of a shared A waits for slices from the
+far end of the chain, once per A tile. One row against a transposed weight is also planned as
+dots on the sfp (family.py), and the faster of the two, timed whole, is kept.
 """
 
 from __future__ import annotations
@@ -102,10 +107,11 @@ def plan_matmul(kernel: MatmulKernel, *, cores: int | None = None, max_cores: in
         # (timed whole: the cores meet on the ring, so one core cannot stand for the others).
         # each is timed whole, which costs as much as the kernel is big: the first two tile
         # shapes that fit per operand shared, one for big kernels
-        per_share = 2 if minimum_traffic(kernel).total <= SMALL_BYTES else 1
+        small = minimum_traffic(kernel).total <= SMALL_BYTES
+        per_share = 2 if small else 1
         for share in ("a", "b"):
             found = 0
-            for v in (v for v in shared_variants(shape) if v[3] == share):
+            for v in (v for v in shared_variants(shape, small) if v[3] == share):
                 try:
                     r = evaluate(v, top)
                 except Unsupported as e:  # e.g. too many instructions to unroll: the next shape
