@@ -19,7 +19,7 @@ import torch
 from spyre_runtime.direct import run_program
 from spyre_inductor.compiler.core.keep import validated
 from spyre_inductor.compiler.core.layout import symbols_of
-from spyre_inductor.compiler.families.attention.codegen import build_attention_program
+from spyre_inductor.compiler.families.attention.program import build_attention_program
 from spyre_inductor.compiler.families.attention.plan import (AttentionTiling, CoreWork, analyse, divide, placement,
                                                              work_units)
 from spyre_inductor.compiler.families.attention.planner import tile_kernel

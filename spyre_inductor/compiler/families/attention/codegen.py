@@ -21,11 +21,11 @@ the scratchpad. The schedule is unrolled (addresses are plain offsets).
 
 from __future__ import annotations
 
-from spyre_runtime.program.emitter import Unit, assemble
+from spyre_runtime.program.emitter import Unit
 from spyre_runtime.program.isa import (Binary, Fence, Fill, Iota, Load, MatMul, Pop, Push, Reduce, Select, Send,
                                       Store, Transpose, Unary)
 from spyre_runtime.program.operands import ITEMSIZE, STICK, ScratchCount
-from spyre_runtime.program.program import Program, Queue, Symbol
+from spyre_runtime.program.program import Queue
 
 from ...ir.errors import Unsupported
 from ...core.allocate import Placement
@@ -36,24 +36,6 @@ from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit, co
 
 MAX_INSTRUCTIONS_PER_CORE = 200_000
 NINF = float("-inf")
-
-
-def build_attention_program(name: str, symbols: tuple[Symbol, ...], shape: AttentionShape, tk: TileKernel,
-                            tiling: AttentionTiling, placement: Placement, work: tuple[CoreWork, ...],
-                            notes: str = "") -> Program:
-    """The program of `work`; the tiles `tk` (planner.tile_kernel) declares are read in its dtypes."""
-    cores, queues = {}, []
-    if tiling.share > 1:  # (K/V chunks shared over the ring: ring.py)
-        from .ring import RingCore, roles
-
-        role = roles(work, tiling.share)
-        makers = {w.core: (lambda w=w: RingCore(shape, tk, tiling, placement, w, role[w.core])) for w in work}
-    else:
-        makers = {w.core: (lambda w=w: _Core(shape, tk, tiling, placement, w)) for w in work}
-    for w in work:
-        cores[w.core], qs = makers[w.core]().emit()
-        queues += qs
-    return assemble(name, symbols, queues, cores, notes, check=False)
 
 
 class _Core:
@@ -639,4 +621,4 @@ def _tile(offset, dtype, rows, cols, row_stride, broadcast="none"):
     return Tile(Addr(offset), dtype, rows, cols, row_stride, broadcast)
 
 
-__all__ = ["build_attention_program"]
+__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "NINF"]

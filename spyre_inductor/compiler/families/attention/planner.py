@@ -18,7 +18,7 @@ from ...ir.errors import Unsupported
 from ...ir.kernel_ir import AttentionKernel
 from ...core import search
 from ...core.allocate import check_placement
-from .codegen import build_attention_program
+from .program import build_attention_program
 from .plan import AttentionShape, analyse, divide, placement, variants, work_units
 from ...core.division import candidate_counts, representative_ns, simulated_ns
 from ...core.keep import kept
