@@ -20,7 +20,7 @@ from spyre_runtime.program.isa import Load, MatMul, Pop, Push, Store
 from spyre_runtime.program.operands import ITEMSIZE
 
 from ...ir.errors import PlanError
-from ..matmul.codegen import PIECE_BYTES, MatmulCore, rows_in_pieces
+from ..matmul.codegen import PIECE_BYTES, MatmulCore, epilogue_pieces, rows_in_pieces
 from .lowering import PatchRuns, ShiftedWindow
 
 
@@ -81,13 +81,14 @@ class PatchCore(MatmulCore):
         if not isinstance(g, ShiftedWindow):
             return super().store(ls, queues, c, bidx, mt, nt)
         full, free = queues
-        ls.emit(Pop(full))
-        for name, access in self.epi.stores:
-            a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
-            for row, rows, at in g.stored(mt[0], mt[1]):
-                origin = at + bidx[0] * g.out_n_stride + nt[0]
-                ls.emit(Store(ls.dev(g.out, origin * isz), ls.sp(a.offset + row * a.row_stride), rows, nt[1] * isz,
-                              g.out_ow_stride * isz if rows > 1 else 0, a.row_stride))
+        for p0, pc in epilogue_pieces(mt[1]):  # as the sfp hands each piece of rows over (the base's store)
+            ls.emit(Pop(full))
+            for name, access in self.epi.stores:
+                a, isz = self.p.at(name, c), ITEMSIZE[access.dtype]
+                for row, rows, at in g.stored(mt[0] + p0, pc):
+                    origin = at + bidx[0] * g.out_n_stride + nt[0]
+                    ls.emit(Store(ls.dev(g.out, origin * isz), ls.sp(a.offset + (p0 + row) * a.row_stride), rows,
+                                  nt[1] * isz, g.out_ow_stride * isz if rows > 1 else 0, a.row_stride))
         ls.emit(Push(free))
         return None
 
