@@ -76,7 +76,7 @@ def test_the_family_registry_lists_every_family_in_dispatch_order():
     from spyre_inductor.compiler import backend  # noqa: F401 - registers the families
     from spyre_inductor.compiler.core.family import FAMILIES
 
-    assert [f.name for f in FAMILIES] == ["attention", "indirect", "matmul", "reduction", "pointwise"]
+    assert [f.name for f in FAMILIES] == ["attention", "experts", "indirect", "matmul", "reduction", "pointwise"]
 
 
 def test_importing_the_planner_entry_does_not_load_inductors_glue():

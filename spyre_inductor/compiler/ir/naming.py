@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from .kernel_ir import AttentionKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue
+from .kernel_ir import AttentionKernel, GroupedMatmulKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue
 
 
 def content_name(kernel: Kernel) -> Kernel:
@@ -16,6 +16,8 @@ def content_name(kernel: Kernel) -> Kernel:
     digest = hashlib.sha256(replace(kernel, name="").to_json().encode()).hexdigest()[:12]
     if isinstance(kernel, AttentionKernel):
         return replace(kernel, name=f"spyre_attn_{digest}")
+    if isinstance(kernel, GroupedMatmulKernel):
+        return replace(kernel, name=f"spyre_gmm_{digest}")
     ops = []
     for v in kernel.values:
         name = (v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction)

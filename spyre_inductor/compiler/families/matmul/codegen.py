@@ -47,6 +47,7 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...core import combine
+from ...core.transfers import PIECE_BYTES, rows_in_pieces
 from ...core.allocate import Placement
 from ...core.division import CoreShare
 from ...core.codegen import emit_elementwise
@@ -83,24 +84,12 @@ def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
             + access.n_stride * n + access.k_stride * k)
 
 
-PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
 COMBINE_PIECES = 8  # a split k's partial travels the chain in at most this many pieces of rows
 _LANDING = {1: 0, -1: 1}  # the landing tile's copy a chain running each way round the ring lands in
 # A split k's operand tiles are small (a slice of k each) and loaded once: in smaller transfers,
 # so that a few cores' loads still keep the bus full (timing.py: the bus share grows with the
 # transfers in flight)
 SPLIT_PIECE_BYTES = 2 * 1024
-
-
-def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
-                    sp_stride: int, piece_bytes: int = PIECE_BYTES) -> None:
-    """Load `rows` rows as several transfers: a core keeps more of them in flight, and the bus
-    serves a core by the transfers it has in flight (the one-core figures in hardware.py)."""
-    per = max(1, piece_bytes // max(sp_stride, 1))
-    for r0 in range(0, rows, per):
-        n = min(per, rows - r0)
-        ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
-                     dev_stride if n > 1 else 0, sp_stride))
 
 
 class _Pool:

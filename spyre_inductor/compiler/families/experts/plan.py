@@ -1,0 +1,152 @@
+"""The grouped matmul's shape, its tilings and column blocks, and what its tiles need of the scratchpad.
+
+Work is split over the cores by output columns (whole sticks): every core runs every expert's
+rows over its own columns, so each expert's weights are read once in all (each core reads its
+columns of them) and no core waits on another. Within a core, a tiling is (rows, cols): a row
+tile of `rows` rows of one expert times that expert's [K, cols] weight tile, the weight tile
+resident while the expert's row tiles stream past it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.emitter import split_evenly
+from spyre_runtime.program.operands import ITEMSIZE, STICK, sticks
+
+from ...core._dump import Describable
+from ...core.allocate import Need, Placement, allocate
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import GroupedMatmulKernel
+
+
+@dataclass(frozen=True)
+class ExpertsShape(Describable):
+    """Elements and element strides of the four buffers (a [S, K], w [E, K, N], offs [E], out [S, N])."""
+
+    S: int
+    K: int
+    N: int
+    E: int
+    dtype: str          # a's and w's
+    out_dtype: str
+    offs_dtype: str
+    a: str
+    a_offset: int
+    a_row: int
+    w: str
+    w_offset: int
+    w_expert: int
+    w_k: int
+    w_n: int
+    offs: str
+    offs_offset: int
+    offs_stride: int
+    out: str
+    out_offset: int
+    out_row: int
+
+    @property
+    def transposed(self) -> bool:
+        """w's k is its contiguous dim (``weight.transpose(-2, -1)`` of an [E, N, K] parameter):
+        its tiles move as [cols, K] and are transposed on chip."""
+        return self.w_n != 1
+
+    @property
+    def granule(self) -> int:
+        """Output columns per stick of the narrower of w and out: the unit columns are split in."""
+        return STICK // max(ITEMSIZE[self.dtype], ITEMSIZE[self.out_dtype])
+
+
+def analyse(kernel: GroupedMatmulKernel) -> ExpertsShape:
+    a, w, offs, out = kernel.a, kernel.w, kernel.offs, kernel.out
+    S, K, N, E = kernel.dims
+    if a.strides[1] != 1 and K > 1:
+        raise Unsupported(f"kernel {kernel.name!r}: a's rows are not contiguous (strides {a.strides})")
+    if out.strides[1] != 1 and N > 1:
+        raise Unsupported(f"kernel {kernel.name!r}: out's rows are not contiguous (strides {out.strides})")
+    if w.strides[2] != 1 and w.strides[1] != 1:
+        raise Unsupported(f"kernel {kernel.name!r}: w {w.strides} has neither k nor n contiguous")
+    if min(S, K, N, E) < 1:
+        raise Unsupported(f"kernel {kernel.name!r}: an empty grouped matmul {kernel.dims}")
+    return ExpertsShape(S, K, N, E, a.dtype, out.dtype, offs.dtype, a.name, a.offset, a.strides[0], w.name,
+                        w.offset, w.strides[0], w.strides[1], w.strides[2] if N > 1 else 1, offs.name, offs.offset,
+                        offs.strides[0], out.name, out.offset, out.strides[0])
+
+
+@dataclass(frozen=True)
+class ExpertsTiling(Describable):
+    rows: int   # rows of one row tile
+    cols: int   # columns of one weight tile (the widest a core's block has)
+    tiles: int  # row tiles per expert at most (every row in one expert): ceil(S / rows)
+
+    @property
+    def label(self) -> str:
+        return f"{self.rows} rows x {self.cols} columns"
+
+
+@dataclass(frozen=True)
+class ColumnBlock(Describable):
+    core: int
+    n0: int
+    n: int
+
+
+def column_blocks(shape: ExpertsShape, cores: int) -> tuple[ColumnBlock, ...]:
+    """The output columns in whole sticks over at most `cores` cores (the first block the widest)."""
+    g = shape.granule
+    units = -(-shape.N // g)
+    out = []
+    for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
+        n0 = u0 * g
+        out.append(ColumnBlock(core, n0, min(n * g, shape.N - n0)))
+    return tuple(out)
+
+
+ROW_TARGETS = (128, 64, 32)
+COL_TARGETS = (256, 128, 64)
+
+
+def variants(shape: ExpertsShape, block: int) -> list[ExpertsTiling]:
+    """The (rows, cols) tilings of a core's block of `block` columns, each clipped to the kernel."""
+    g, out = shape.granule, []
+    for r in ROW_TARGETS:
+        for c in COL_TARGETS:
+            rows, cols = min(r, shape.S), min(block, max(g, c // g * g))
+            t = ExpertsTiling(rows, cols, -(-shape.S // rows))
+            if t not in out:
+                out.append(t)
+    return out
+
+
+def needs(shape: ExpertsShape, t: ExpertsTiling) -> list[Need]:
+    """Every tile for the whole program: the weight tile, the row tiles, the accumulators, the
+    outputs and the row indices double-buffered; the per-expert row ranges and the loop-count words
+    one element per stick (a count word is a [1, 1] tile of its own)."""
+    isz, osz = ITEMSIZE[shape.dtype], ITEMSIZE[shape.out_dtype]
+    w_row = sticks(t.cols * isz)
+    a_row = sticks(shape.K * isz)
+    out = [Need("w", shape.K * w_row, w_row, 2)]
+    if shape.transposed:
+        out.append(Need("w_rows", t.cols * a_row, a_row))
+    out += [Need("a", t.rows * a_row, a_row, 2),
+            Need("acc", t.rows * sticks(t.cols * 4), sticks(t.cols * 4), 2),
+            Need("o", t.rows * sticks(t.cols * osz), sticks(t.cols * osz), 2),
+            Need("index", sticks(t.rows * 4), STICK, 2),  # (a packed int32 column: codegen.index)
+            Need("zero", t.rows * sticks(t.cols * osz), sticks(t.cols * osz)),
+            Need("offs_in", shape.E * STICK, STICK)]
+    for column in ("ends", "starts", "rows_of", "last"):  # per expert, then the rows past offs[-1]
+        out.append(Need(column, (shape.E + 1) * STICK, STICK))
+    out += [Need("one", STICK, STICK), Need("tile_start", t.tiles * STICK, STICK),
+            Need("run", (shape.E + 1) * t.tiles * STICK, STICK)]
+    return out
+
+
+def place(shape: ExpertsShape, t: ExpertsTiling) -> Placement | None:
+    p = allocate(needs(shape, t), HARDWARE.scratchpad_usable_bytes)
+    return p if p.fits else None
+
+
+__all__ = ["ColumnBlock", "ExpertsShape", "ExpertsTiling", "analyse", "column_blocks", "needs", "place",
+           "variants"]

@@ -1,0 +1,108 @@
+"""The experts family end to end: the shape, its tilings and core counts timed by the timing model.
+
+Candidates (core/search.py): every tiling that fits at the most cores the output's column
+sticks can use, then the best one at fewer cores. A candidate is timed by its first core (the
+widest column block) standing for all of them in step; the timing walk runs every guarded row
+tile (a count read on chip is taken at its maximum), so candidates compare at the worst case
+of every row in one expert. The kept program records the kernel's minimum traffic: a, offs
+and out once, and the weights of as many experts as there are rows, at most all of them (what
+the worst case must read; a step whose rows chose fewer experts reads fewer, and its report
+can rate above 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spyre_runtime.hardware import HARDWARE
+from spyre_runtime.program.operands import ITEMSIZE
+
+from ...core import search
+from ...core.allocate import check_needs, check_placement
+from ...core.division import candidate_counts, representative_ns
+from ...core.keep import kept
+from ...core.layout import buffers_of, symbols_of
+from ...core.minimum import Traffic
+from ...core.plans import Division, Plans
+from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKernel, space
+from ...ir.errors import Unsupported
+from ...ir.kernel_ir import GroupedMatmulKernel
+from .codegen import build_experts_program
+from .plan import ExpertsShape, analyse, column_blocks, needs, place, variants
+
+
+def minimum(shape: ExpertsShape) -> Traffic:
+    isz, osz = ITEMSIZE[shape.dtype], ITEMSIZE[shape.out_dtype]
+    read = (shape.S * shape.K * isz + min(shape.E, shape.S) * shape.K * shape.N * isz
+            + shape.E * ITEMSIZE[shape.offs_dtype])
+    return Traffic(read, shape.S * shape.N * osz)
+
+
+def tile_kernel(shape: ExpertsShape) -> TileKernel:
+    """What the program does per row tile, for a person (the family's codegen emits it)."""
+    t = lambda name, dtype, sp, role, **kw: Tile(name, dtype, space(*sp), role, **kw)  # noqa: E731
+    tiles = [t("a", shape.dtype, ("rows", "k"), Role.INPUT), t("w", shape.dtype, ("k", "n"), Role.INPUT),
+             t("index", "int32", ("rows",), Role.TEMPORARY), t("acc", "fp32", ("rows", "n"), Role.ACCUMULATOR),
+             t("o", shape.out_dtype, ("rows", "n"), Role.OUTPUT)]
+    if shape.transposed:
+        tiles.append(t("w_rows", shape.dtype, ("k", "n"), Role.STAGING, of="w", relayout=Relayout.TRANSPOSED))
+    notes = (f"out[{shape.S}, {shape.N}] = a[{shape.S}, {shape.K}] @ w[g(s)] over {shape.E} experts, "
+             "g(s) = #{e : offs[e] <= s}; rows from offs[-1] on are zeros",
+             "offs is read on chip: each expert's row tiles run in loops counted there (an expert with no "
+             "rows loads no weights)",
+             "the rows are gathered and the outputs scattered by their indices; a tile's rows past its expert's "
+             "last repeat that row")
+    return TileKernel("experts", ("rows", "n", "k"), tuple(tiles), (),
+                      (Phase(PhaseKind.CHUNK, (Step("matmul", "matmul", "acc", ("a", "w")),),
+                             (("a", "a"), ("w", "w")), (), "one row tile of one expert"),
+                       Phase(PhaseKind.EPILOGUE, (Step("unary", "copy", "o", ("acc",)),), (), (("o", "out"),),
+                             "once per row tile")), None, notes)
+
+
+def plan_experts(kernel: GroupedMatmulKernel, *, cores: int | None = None, max_cores: int | None = None,
+                 estimate=None):
+    from ...core.compiled import COMPILER_VERSION, Compiled
+
+    shape = analyse(kernel)
+    symbols = symbols_of(kernel)
+    limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
+    units = -(-shape.N // shape.granule)
+    counts = [cores] if cores else candidate_counts(min(limit, units))
+    errors: list[str] = []
+
+    def evaluate(tiling, n):
+        blocks = column_blocks(shape, n)
+        tiling_n = tiling if tiling.cols <= blocks[0].n else dataclasses.replace(tiling, cols=blocks[0].n)
+        placement = place(shape, tiling_n)
+        if placement is None:
+            return None
+
+        def build(first):
+            return build_experts_program(kernel.name, symbols, shape, tiling_n, placement, first)
+
+        ns = estimate(build(blocks[:1])) if estimate is not None else representative_ns(build, blocks, check=False)
+        return search.Candidate(f"{len(blocks)}c, {tiling_n.label}", len(blocks), ns, (tiling_n, placement, blocks))
+
+    top_blocks = column_blocks(shape, max(counts))
+    results = search.search(variants(shape, top_blocks[0].n), counts, evaluate, errors)
+    if not results:
+        raise Unsupported(f"kernel {kernel.name!r}: no grouped matmul plan: a weight tile of {shape.K} rows does "
+                          f"not fit the {HARDWARE.scratchpad_usable_bytes} B of scratchpad with a row tile"
+                          + (f" ({'; '.join(dict.fromkeys(errors))})" if errors else ""))
+    chosen = search.choose(results)
+    tiling, placement, blocks = chosen.plan
+    check_needs("grouped matmul scratchpad plan", needs(shape, tiling), placement)
+    check_placement("grouped matmul scratchpad plan", placement.allocations,
+                    min(placement.usable, HARDWARE.scratchpad_usable_bytes))
+    notes = (f"{COMPILER_VERSION}: grouped matmul {shape.S}x{shape.K}x{shape.N} over {shape.E} experts, "
+             f"tiles {tiling.label}, {len(blocks)} core(s)")
+    program = build_experts_program(kernel.name, symbols, shape, tiling, placement, blocks, notes)
+    program = kept(kernel, program, minimum(shape))
+    division = Division(len(blocks), f"{len(blocks)} column block(s) of the output, every expert on each",
+                        tuple((r.label, r.ns) for r in results), search.reason(chosen, results), blocks, chosen.ns)
+    plans = Plans("experts", buffers_of(kernel), tile_kernel(shape), (("shape", shape), ("tiling", tiling)),
+                  placement, division)
+    return Compiled(plans, program)
+
+
+__all__ = ["minimum", "plan_experts", "tile_kernel"]
