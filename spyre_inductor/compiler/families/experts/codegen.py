@@ -34,13 +34,13 @@ from spyre_runtime.program.program import Program, Queue, Symbol
 from ...core.allocate import Placement
 from ...core.transfers import rows_in_pieces
 from ...ir.errors import Unsupported
-from .plan import ColumnBlock, ExpertsShape, ExpertsTiling
+from .plan import CoreBlock, ExpertsShape, ExpertsTiling
 
 MAX_INSTRUCTIONS_PER_CORE = 200_000
 
 
 def build_experts_program(name: str, symbols: tuple[Symbol, ...], shape: ExpertsShape, tiling: ExpertsTiling,
-                          placement: Placement, blocks: tuple[ColumnBlock, ...], notes: str = "") -> Program:
+                          placement: Placement, blocks: tuple[CoreBlock, ...], notes: str = "") -> Program:
     cores, queues = {}, []
     for block in blocks:
         cores[block.core], qs = _Core(shape, tiling, placement, block).emit()
@@ -53,7 +53,7 @@ def _tile(offset, dtype, rows, cols, row_stride, broadcast="none") -> Tile:
 
 
 class _Core:
-    def __init__(self, shape: ExpertsShape, tiling: ExpertsTiling, placement: Placement, block: ColumnBlock):
+    def __init__(self, shape: ExpertsShape, tiling: ExpertsTiling, placement: Placement, block: CoreBlock):
         self.s, self.t, self.p, self.block = shape, tiling, placement, block
         self.core = block.core
         self.queues: list[Queue] = []
@@ -61,7 +61,8 @@ class _Core:
         # (expert, column tile); expert E is the rows past offs[-1] (zeros, no weights)
         cols = [(n0, min(tiling.cols, block.n0 + block.n - n0)) for n0 in range(block.n0, block.n0 + block.n, tiling.cols)]
         self.groups = [(e, nt) for e in range(shape.E + 1) for nt in cols]
-        self.items = [(g, t) for g in range(len(self.groups)) for t in range(tiling.tiles)]
+        self.row_tiles = list(range(block.row_group, tiling.tiles, block.row_groups))  # this core's
+        self.items = [(g, t) for g in range(len(self.groups)) for t in self.row_tiles]
         self.position = {item: i for i, item in enumerate(self.items)}
         experts = [g for g, (e, _) in enumerate(self.groups) if e < shape.E]
         self.w_copy = {g: k % 2 for k, g in enumerate(experts)}  # the weight tile's copy per expert group
@@ -183,7 +184,7 @@ class _Core:
                 else:
                     self.scatter(ls, "zero", None, g, c)
                     ls.emit(Push(self.qs[f"idx_free{c}"]))
-            if tt == 0 and g in self.next_expert:
+            if tt == self.row_tiles[0] and g in self.next_expert:
                 self.load_w(ls, self.next_expert[g])  # the next expert's weights while these rows run
             if previous is not None:
                 self.store(ls, *previous)
@@ -200,7 +201,7 @@ class _Core:
         isz = ITEMSIZE[s.dtype]
         dst = self.p.at("w", c)
         origin = (s.w_offset + e * s.w_expert + n0 * s.w_n) * isz
-        with self.guard(ls, g, 0):
+        with self.guard(ls, g, self.row_tiles[0]):  # (no row tile of this core: no weights)
             ls.emit(Pop(self.qs[f"w_free{c}"]))
             if not s.transposed:
                 rows_in_pieces(ls, dst.offset, s.w, origin, s.K, cols * isz, s.w_k * isz, dst.row_stride)
@@ -247,9 +248,9 @@ class _Core:
                 continue
             cw = self.w_copy[g]
             w = self.p.at("w", cw)
-            with self.guard(pe, g, 0):
+            with self.guard(pe, g, self.row_tiles[0]):
                 pe.emit(Pop(self.qs[f"w_full{cw}"]))
-            for tt in range(t.tiles):
+            for tt in self.row_tiles:
                 c = self.position[(g, tt)] % 2
                 a, acc = self.p.at("a", c), self.p.at("acc", c)
                 with self.guard(pe, g, tt):
@@ -258,7 +259,7 @@ class _Core:
                                    _tile(a.offset, s.dtype, t.rows, s.K, a.row_stride),
                                    _tile(w.offset, s.dtype, s.K, cols, w.row_stride), accumulate=False),
                             Push(self.qs[f"a_free{c}"]), Push(self.qs[f"acc_full{c}"]))
-            with self.guard(pe, g, 0):
+            with self.guard(pe, g, self.row_tiles[0]):
                 pe.emit(Push(self.qs[f"w_free{cw}"]))
 
     # ---- sfp --------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 Work is split over the cores by output columns (whole sticks): every core runs every expert's
 rows over its own columns, so each expert's weights are read once in all (each core reads its
-columns of them) and no core waits on another. Within a core, a tiling is (rows, cols): a row
+columns of them) and no core waits on another. When there are fewer column sticks than cores
+(or rows enough to share), a column block's row tiles are also dealt over a few cores (row
+groups): those read the block's weights once each, the timing model weighs that against the
+rows (a, re-read once per column block) they share. Within a core, a tiling is (rows, cols): a row
 tile of `rows` rows of one expert times that expert's [K, cols] weight tile, the weight tile
 resident while the expert's row tiles stream past it.
 """
@@ -87,31 +90,46 @@ class ExpertsTiling(Describable):
 
 
 @dataclass(frozen=True)
-class ColumnBlock(Describable):
+class CoreBlock(Describable):
+    """A core's share: output columns [n0, n0 + n) of every expert's row tiles t with
+    t % row_groups == row_group (row tiles dealt round-robin, so the first group has the most)."""
+
     core: int
     n0: int
     n: int
+    row_group: int = 0
+    row_groups: int = 1
 
 
-def column_blocks(shape: ExpertsShape, cores: int) -> tuple[ColumnBlock, ...]:
-    """The output columns in whole sticks over at most `cores` cores (the first block the widest)."""
+def core_blocks(shape: ExpertsShape, cores: int, row_groups: int = 1) -> tuple[CoreBlock, ...]:
+    """The output columns in whole sticks over cores // row_groups column blocks (the first the
+    widest), each block's row tiles dealt over `row_groups` cores."""
     g = shape.granule
     units = -(-shape.N // g)
     out = []
-    for core, (u0, n) in enumerate(split_evenly(units, min(cores, units))):
+    for b, (u0, n) in enumerate(split_evenly(units, min(max(1, cores // row_groups), units))):
         n0 = u0 * g
-        out.append(ColumnBlock(core, n0, min(n * g, shape.N - n0)))
+        for r in range(row_groups):
+            out.append(CoreBlock(len(out), n0, min(n * g, shape.N - n0), r, row_groups))
     return tuple(out)
 
 
-ROW_TARGETS = (128, 64, 32)
+ROW_GROUPS = (1, 2, 4, 8)
+
+
+ROW_TARGETS = (128, 64, 32, 16, 8)
 COL_TARGETS = (256, 128, 64)
 
 
 def variants(shape: ExpertsShape, block: int) -> list[ExpertsTiling]:
-    """The (rows, cols) tilings of a core's block of `block` columns, each clipped to the kernel."""
+    """The (rows, cols) tilings of a core's block of `block` columns, each clipped to the kernel.
+
+    A row tile holds at most the rows an expert has when the routing is even (S / E, in passes of
+    8 rows): a larger one would run mostly its expert's last row again, and the timing walk, which
+    takes every count at its maximum (all rows in one expert), would not see that."""
     g, out = shape.granule, []
-    for r in ROW_TARGETS:
+    even = max(8, -(-shape.S // shape.E // 8) * 8)
+    for r in ([r for r in ROW_TARGETS if r <= even] or [min(ROW_TARGETS)])[:2]:  # (smaller: more to time)
         for c in COL_TARGETS:
             rows, cols = min(r, shape.S), min(block, max(g, c // g * g))
             t = ExpertsTiling(rows, cols, -(-shape.S // rows))
@@ -148,5 +166,5 @@ def place(shape: ExpertsShape, t: ExpertsTiling) -> Placement | None:
     return p if p.fits else None
 
 
-__all__ = ["ColumnBlock", "ExpertsShape", "ExpertsTiling", "analyse", "column_blocks", "needs", "place",
+__all__ = ["CoreBlock", "ROW_GROUPS", "ExpertsShape", "ExpertsTiling", "analyse", "core_blocks", "needs", "place",
            "variants"]

@@ -28,7 +28,7 @@ from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKern
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import GroupedMatmulKernel
 from .codegen import build_experts_program
-from .plan import ExpertsShape, analyse, column_blocks, needs, place, variants
+from .plan import ROW_GROUPS, ExpertsShape, analyse, core_blocks, needs, place, variants
 
 
 def minimum(shape: ExpertsShape) -> Traffic:
@@ -67,11 +67,14 @@ def plan_experts(kernel: GroupedMatmulKernel, *, cores: int | None = None, max_c
     symbols = symbols_of(kernel)
     limit = min(max_cores or HARDWARE.cores, HARDWARE.cores)
     units = -(-shape.N // shape.granule)
-    counts = [cores] if cores else candidate_counts(min(limit, units))
+    counts = [cores] if cores else candidate_counts(min(limit, units * max(ROW_GROUPS)))
     errors: list[str] = []
 
-    def evaluate(tiling, n):
-        blocks = column_blocks(shape, n)
+    def evaluate(variant, n):
+        tiling, groups = variant
+        if n % groups or groups > tiling.tiles:
+            return None
+        blocks = core_blocks(shape, n, groups)
         tiling_n = tiling if tiling.cols <= blocks[0].n else dataclasses.replace(tiling, cols=blocks[0].n)
         placement = place(shape, tiling_n)
         if placement is None:
@@ -81,10 +84,14 @@ def plan_experts(kernel: GroupedMatmulKernel, *, cores: int | None = None, max_c
             return build_experts_program(kernel.name, symbols, shape, tiling_n, placement, first)
 
         ns = estimate(build(blocks[:1])) if estimate is not None else representative_ns(build, blocks, check=False)
-        return search.Candidate(f"{len(blocks)}c, {tiling_n.label}", len(blocks), ns, (tiling_n, placement, blocks))
+        label = f"{len(blocks)}c ({len(blocks) // groups} column x {groups} row block(s)), {tiling_n.label}"
+        return search.Candidate(label, len(blocks), ns, (tiling_n, placement, blocks))
 
-    top_blocks = column_blocks(shape, max(counts))
-    results = search.search(variants(shape, top_blocks[0].n), counts, evaluate, errors)
+    top = max(counts)
+    widest = core_blocks(shape, top)[0].n
+    # row groups when the column sticks leave cores idle (more rows than columns to share)
+    tried = [(t, r) for t in variants(shape, widest) for r in ROW_GROUPS if r == 1 or units < top]
+    results = search.search(tried, counts, evaluate, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no grouped matmul plan: a weight tile of {shape.K} rows does "
                           f"not fit the {HARDWARE.scratchpad_usable_bytes} B of scratchpad with a row tile"
@@ -98,7 +105,9 @@ def plan_experts(kernel: GroupedMatmulKernel, *, cores: int | None = None, max_c
              f"tiles {tiling.label}, {len(blocks)} core(s)")
     program = build_experts_program(kernel.name, symbols, shape, tiling, placement, blocks, notes)
     program = kept(kernel, program, minimum(shape))
-    division = Division(len(blocks), f"{len(blocks)} column block(s) of the output, every expert on each",
+    groups = blocks[0].row_groups
+    division = Division(len(blocks), f"{len(blocks) // groups} column block(s) of the output, every expert on each, "
+                        f"its row tiles dealt over {groups} core(s)",
                         tuple((r.label, r.ns) for r in results), search.reason(chosen, results), blocks, chosen.ns)
     plans = Plans("experts", buffers_of(kernel), tile_kernel(shape), (("shape", shape), ("tiling", tiling)),
                   placement, division)
