@@ -108,10 +108,11 @@ def test_a_malformed_kernel_is_refused_by_name():
 
 
 def test_a_narrow_output_deals_its_row_tiles_over_row_groups(tmp_path):
-    """64 fp32 columns are two sticks: the timing model deals each column block's row tiles over
-    two cores (row tiles t % 2), every row still through its own expert's weights."""
-    a, w = _ints(32, 128, seed=8), _ints(4, 128, 64, seed=9)
-    offs = _offs((9, 7, 0, 16))
+    """64 fp32 columns are two sticks, 128 rows over two experts: the timing model deals each
+    column block's row tiles over two cores (row tiles t % 2), every row still through its own
+    expert's weights."""
+    a, w = _ints(128, 128, seed=8), _ints(2, 128, 64, seed=9)
+    offs = _offs((75, 53))
     shares = plan_kernel(_kernel(a, w, offs)).plans.division.shares
     assert {(b.n0, b.row_group, b.row_groups) for b in shares} == {(0, 0, 2), (0, 1, 2), (32, 0, 2), (32, 1, 2)}
     out, _ = run_kernel(tmp_path, a, w, offs)

@@ -40,10 +40,14 @@ MAX_INSTRUCTIONS_PER_CORE = 200_000
 
 
 def build_experts_program(name: str, symbols: tuple[Symbol, ...], shape: ExpertsShape, tiling: ExpertsTiling,
-                          placement: Placement, blocks: tuple[CoreBlock, ...], notes: str = "") -> Program:
+                          placement: Placement, blocks: tuple[CoreBlock, ...], notes: str = "",
+                          routing: tuple[int, ...] | None = None) -> Program:
+    """`routing` (rows per expert) leaves out the row tiles that routing skips: a planner's
+    estimate at a routing it assumes (the timing walk runs every counted loop at its maximum, all
+    rows in one expert); the program launched has every row tile, each counted on chip."""
     cores, queues = {}, []
     for block in blocks:
-        cores[block.core], qs = _Core(shape, tiling, placement, block).emit()
+        cores[block.core], qs = _Core(shape, tiling, placement, block, routing).emit()
         queues += qs
     return assemble(name, symbols, queues, cores, notes, check=False)
 
@@ -53,7 +57,8 @@ def _tile(offset, dtype, rows, cols, row_stride, broadcast="none") -> Tile:
 
 
 class _Core:
-    def __init__(self, shape: ExpertsShape, tiling: ExpertsTiling, placement: Placement, block: CoreBlock):
+    def __init__(self, shape: ExpertsShape, tiling: ExpertsTiling, placement: Placement, block: CoreBlock,
+                 routing: tuple[int, ...] | None = None):
         self.s, self.t, self.p, self.block = shape, tiling, placement, block
         self.core = block.core
         self.queues: list[Queue] = []
@@ -62,9 +67,13 @@ class _Core:
         cols = [(n0, min(tiling.cols, block.n0 + block.n - n0)) for n0 in range(block.n0, block.n0 + block.n, tiling.cols)]
         self.groups = [(e, nt) for e in range(shape.E + 1) for nt in cols]
         self.row_tiles = list(range(block.row_group, tiling.tiles, block.row_groups))  # this core's
-        self.items = [(g, t) for g in range(len(self.groups)) for t in self.row_tiles]
+        if routing is not None:
+            rows = list(routing) + [shape.S - sum(routing)]
+        self.tiles_of = {g: [t for t in self.row_tiles if routing is None or t * tiling.rows < rows[e]]
+                         for g, (e, _) in enumerate(self.groups)}
+        self.items = [(g, t) for g in range(len(self.groups)) for t in self.tiles_of[g]]
         self.position = {item: i for i, item in enumerate(self.items)}
-        experts = [g for g, (e, _) in enumerate(self.groups) if e < shape.E]
+        experts = [g for g, (e, _) in enumerate(self.groups) if e < shape.E and self.tiles_of[g]]
         self.w_copy = {g: k % 2 for k, g in enumerate(experts)}  # the weight tile's copy per expert group
         self.next_expert = {g: experts[k + 1] for k, g in enumerate(experts[:-1])}
 
@@ -184,7 +193,7 @@ class _Core:
                 else:
                     self.scatter(ls, "zero", None, g, c)
                     ls.emit(Push(self.qs[f"idx_free{c}"]))
-            if tt == self.row_tiles[0] and g in self.next_expert:
+            if tt == self.tiles_of[g][0] and g in self.next_expert:
                 self.load_w(ls, self.next_expert[g])  # the next expert's weights while these rows run
             if previous is not None:
                 self.store(ls, *previous)
@@ -244,13 +253,13 @@ class _Core:
         s, t = self.s, self.t
         isz = ITEMSIZE[s.dtype]
         for g, (e, (n0, cols)) in enumerate(self.groups):
-            if e == s.E:
+            if e == s.E or not self.tiles_of[g]:
                 continue
             cw = self.w_copy[g]
             w = self.p.at("w", cw)
             with self.guard(pe, g, self.row_tiles[0]):
                 pe.emit(Pop(self.qs[f"w_full{cw}"]))
-            for tt in self.row_tiles:
+            for tt in self.tiles_of[g]:
                 c = self.position[(g, tt)] % 2
                 a, acc = self.p.at("a", c), self.p.at("acc", c)
                 with self.guard(pe, g, tt):

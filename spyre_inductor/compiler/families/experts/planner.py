@@ -1,10 +1,10 @@
 """The experts family end to end: the shape, its tilings and core counts timed by the timing model.
 
-Candidates (core/search.py): every tiling that fits at the most cores the output's column
-sticks can use, then the best one at fewer cores. A candidate is timed by its first core (the
-widest column block) standing for all of them in step; the timing walk runs every guarded row
-tile (a count read on chip is taken at its maximum), so candidates compare at the worst case
-of every row in one expert. The kept program records the kernel's minimum traffic: a, offs
+Candidates (core/search.py): every tiling (and row groups, when the column sticks leave cores
+idle) that fits at the most cores, then the best one at fewer cores. A candidate is timed by its
+first core (the widest column block, the first row group) standing for all of them in step, at
+an even routing (even_routing): its program without the row tiles that routing skips, since the
+timing walk would take every count read on chip at its maximum (every row in one expert). The kept program records the kernel's minimum traffic: a, offs
 and out once, and the weights of as many experts as there are rows, at most all of them (what
 the worst case must read; a step whose rows chose fewer experts reads fewer, and its report
 can rate above 1).
@@ -36,6 +36,14 @@ def minimum(shape: ExpertsShape) -> Traffic:
     read = (shape.S * shape.K * isz + min(shape.E, shape.S) * shape.K * shape.N * isz
             + shape.E * ITEMSIZE[shape.offs_dtype])
     return Traffic(read, shape.S * shape.N * osz)
+
+
+def even_routing(shape: ExpertsShape) -> tuple[int, ...]:
+    """Rows per expert when the rows are spread evenly (what candidates are timed at): the timing
+    walk would run every counted row tile, as if every row went to one expert, and a decode
+    step's two rows reach two experts, not all of them."""
+    per, extra = divmod(shape.S, shape.E)
+    return tuple(per + (e < extra) for e in range(shape.E))
 
 
 def tile_kernel(shape: ExpertsShape) -> TileKernel:
@@ -80,8 +88,9 @@ def plan_experts(kernel: GroupedMatmulKernel, *, cores: int | None = None, max_c
         if placement is None:
             return None
 
-        def build(first):
-            return build_experts_program(kernel.name, symbols, shape, tiling_n, placement, first)
+        def build(first):  # (timed at an even routing: see even_routing)
+            return build_experts_program(kernel.name, symbols, shape, tiling_n, placement, first,
+                                         routing=even_routing(shape))
 
         ns = estimate(build(blocks[:1])) if estimate is not None else representative_ns(build, blocks, check=False)
         label = f"{len(blocks)}c ({len(blocks) // groups} column x {groups} row block(s)), {tiling_n.label}"
