@@ -28,7 +28,7 @@ from __future__ import annotations
 from spyre_runtime.program.emitter import Unit, assemble
 from spyre_runtime.program.isa import (Binary, Fence, Fill, Gather, Iota, Load, MatMul, Pop, Push, Scatter,
                                       Transpose, Unary)
-from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr, RowIndex, ScratchCount, Tile, sticks
+from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr, RowIndex, ScratchCount, Tile
 from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...core.allocate import Placement
@@ -64,7 +64,8 @@ class _Core:
         self.queues: list[Queue] = []
         # the column tiles of this core's block, then per (group, row tile) one item: a group is
         # (expert, column tile); expert E is the rows past offs[-1] (zeros, no weights)
-        cols = [(n0, min(tiling.cols, block.n0 + block.n - n0)) for n0 in range(block.n0, block.n0 + block.n, tiling.cols)]
+        end = block.n0 + block.n
+        cols = [(n0, min(tiling.cols, end - n0)) for n0 in range(block.n0, end, tiling.cols)]
         self.groups = [(e, nt) for e in range(shape.E + 1) for nt in cols]
         self.row_tiles = list(range(block.row_group, tiling.tiles, block.row_groups))  # this core's
         if routing is not None:
@@ -109,7 +110,6 @@ class _Core:
     # ---- emission ---------------------------------------------------------------------------
 
     def emit(self):
-        s, t = self.s, self.t
         n_items = len(self.items)
         if n_items * 12 > MAX_INSTRUCTIONS_PER_CORE:
             raise Unsupported(f"grouped matmul plan with {n_items} row tiles on core {self.core}: too many to unroll")
@@ -251,7 +251,6 @@ class _Core:
 
     def pe_stream(self, pe):
         s, t = self.s, self.t
-        isz = ITEMSIZE[s.dtype]
         for g, (e, (n0, cols)) in enumerate(self.groups):
             if e == s.E or not self.tiles_of[g]:
                 continue

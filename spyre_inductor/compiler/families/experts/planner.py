@@ -4,10 +4,10 @@ Candidates (core/search.py): every tiling (and row groups, when the column stick
 idle) that fits at the most cores, then the best one at fewer cores. A candidate is timed by its
 first core (the widest column block, the first row group) standing for all of them in step, at
 an even routing (even_routing): its program without the row tiles that routing skips, since the
-timing walk would take every count read on chip at its maximum (every row in one expert). The kept program records the kernel's minimum traffic: a, offs
-and out once, and the weights of as many experts as there are rows, at most all of them (what
-the worst case must read; a step whose rows chose fewer experts reads fewer, and its report
-can rate above 1).
+timing walk would take every count read on chip at its maximum (every row in one expert).
+The kept program records the kernel's minimum traffic: a, offs and out once, and the weights
+of as many experts as there are rows, at most all of them (what the worst case must read; a
+step whose rows chose fewer experts reads fewer, and its report can rate above 1).
 """
 
 from __future__ import annotations
