@@ -117,3 +117,15 @@ def test_a_narrow_output_deals_its_row_tiles_over_row_groups(tmp_path):
     assert {(b.n0, b.row_group, b.row_groups) for b in shares} == {(0, 0, 2), (0, 1, 2), (32, 0, 2), (32, 1, 2)}
     out, _ = run_kernel(tmp_path, a, w, offs)
     assert torch.equal(out, grouped_mm_reference(a, w, offs))
+
+
+def test_a_k_too_long_for_a_resident_weight_tile_streams_the_weights_in_chunks(tmp_path):
+    """[K, cols] weights that do not fit beside a row tile (K = 8192 fp32, k contiguous) move as
+    [k, cols] chunks per row tile, the chunks' products summed in the fp32 accumulator."""
+    a = _ints(6, 8192, seed=10)
+    w = _ints(3, 32, 8192, seed=11).transpose(1, 2)
+    offs = _offs((2, 0, 4))
+    tiling = plan_kernel(_kernel(a, w, offs)).plans.stage("tiling")
+    assert 0 < tiling.k < 8192
+    out, _ = run_kernel(tmp_path, a, w, offs)
+    assert torch.equal(out, grouped_mm_reference(a, w, offs))

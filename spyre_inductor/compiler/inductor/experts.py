@@ -22,9 +22,8 @@ the input's dtype.
 ``offs[-1]``, which the CPU leaves uninitialized, are zeros here. It is one program of the experts
 family (experts_node.py, families/experts/): offs read on chip, each expert's rows only through
 its own weights, an expert with no rows skipped. Where that family does not plan it (symbolic
-sizes; a [K, columns] weight tile that does not fit the scratchpad) it is computed densely:
-every expert's product ``a @ w[e]`` as one batched matmul on the PE arrays (a native-matmul
-reduction), then a reduction over e keeps, for each row, its expert's product (``where``, so a
+sizes) it is computed densely: every expert's product ``a @ w[e]`` as one batched matmul on the
+PE arrays (a native-matmul reduction), then a reduction over e keeps, for each row, its expert's product (``where``, so a
 NaN in another expert's product does not leak): E times the work.
 """
 

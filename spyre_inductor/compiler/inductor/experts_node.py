@@ -5,9 +5,8 @@ experts.py's lowerings of ``aten._grouped_mm`` and ``transformers::grouped_mm_fa
 here first: a and offs are realized (a's rows contiguous), w keeps its layout when its k or n
 dim is contiguous (Mixtral's ``weight.transpose(-2, -1)`` is read where it lies, transposed on
 chip), the GroupedMatmulKernel is built from their fixed layouts and compiled right away. A
-kernel the family does not plan (symbolic sizes, a weight tile that does not fit the
-scratchpad) returns None and experts.py lowers it densely instead (spyre programs either way).
-The node is an ExternKernelOut whose code is the prepared program's launch.
+kernel the family does not plan (symbolic sizes) returns None and experts.py lowers it densely
+instead (spyre programs either way). The node is an ExternKernelOut whose code is the prepared program's launch.
 """
 
 from __future__ import annotations

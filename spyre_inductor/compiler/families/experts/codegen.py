@@ -75,6 +75,11 @@ class _Core:
         self.items = [(g, t) for g in range(len(self.groups)) for t in self.tiles_of[g]]
         self.position = {item: i for i, item in enumerate(self.items)}
         experts = [g for g, (e, _) in enumerate(self.groups) if e < shape.E and self.tiles_of[g]]
+        self.experts = experts
+        # a K too long for a resident [K, cols] weight tile: [k, cols] chunks streamed per row tile
+        k = tiling.k or shape.K
+        self.chunks = [(k0, min(k, shape.K - k0)) for k0 in range(0, shape.K, k)]
+        self.streamed = len(self.chunks) > 1
         self.w_copy = {g: k % 2 for k, g in enumerate(experts)}  # the weight tile's copy per expert group
         self.next_expert = {g: experts[k + 1] for k, g in enumerate(experts[:-1])}
 
@@ -180,9 +185,8 @@ class _Core:
     # ---- ls ---------------------------------------------------------------------------------------
 
     def ls_stream(self, ls):
-        first = next((g for g in range(len(self.groups)) if self.is_expert(g)), None)
-        if first is not None:
-            self.load_w(ls, first)
+        if self.experts and not self.streamed:
+            self.load_w(ls, self.experts[0])
         previous = None  # the last expert item whose output is not stored yet
         for i, (g, tt) in enumerate(self.items):
             c = i % 2
@@ -190,10 +194,13 @@ class _Core:
                 ls.emit(Pop(self.qs[f"idx_full{c}"]))
                 if self.is_expert(g):
                     self.gather(ls, c)
+                    if self.streamed:
+                        for j in range(len(self.chunks)):
+                            self.load_w_chunk(ls, g, i, j)
                 else:
                     self.scatter(ls, "zero", None, g, c)
                     ls.emit(Push(self.qs[f"idx_free{c}"]))
-            if tt == self.tiles_of[g][0] and g in self.next_expert:
+            if not self.streamed and tt == self.tiles_of[g][0] and g in self.next_expert:
                 self.load_w(ls, self.next_expert[g])  # the next expert's weights while these rows run
             if previous is not None:
                 self.store(ls, *previous)
@@ -221,6 +228,30 @@ class _Core:
                         Transpose(_tile(dst.offset, s.dtype, s.K, cols, dst.row_stride),
                                   _tile(st.offset, s.dtype, cols, s.K, st.row_stride)))
             ls.emit(Push(self.qs[f"w_full{c}"]))
+
+    def chunk_copy(self, i: int, j: int) -> int:
+        """The weight slot of chunk j of item i (chunks alternate over the whole schedule)."""
+        return (self.position[self.items[i]] * len(self.chunks) + j) % 2
+
+    def load_w_chunk(self, ls, g, i, j):
+        """Rows [k0, k0 + k) of the expert's [K, cols] weight tile into a slot (inside item i's guard)."""
+        s = self.s
+        e, (n0, cols) = self.groups[g]
+        k0, k = self.chunks[j]
+        c = self.chunk_copy(i, j)
+        isz = ITEMSIZE[s.dtype]
+        dst = self.p.at("w", c)
+        origin = (s.w_offset + e * s.w_expert + n0 * s.w_n + k0 * s.w_k) * isz
+        ls.emit(Pop(self.qs[f"w_free{c}"]))
+        if not s.transposed:
+            rows_in_pieces(ls, dst.offset, s.w, origin, k, cols * isz, s.w_k * isz, dst.row_stride)
+        else:
+            st = self.p.at("w_rows")
+            rows_in_pieces(ls, st.offset, s.w, origin, cols, k * isz, s.w_n * isz, st.row_stride)
+            ls.emit(Fence(),
+                    Transpose(_tile(dst.offset, s.dtype, k, cols, dst.row_stride),
+                              _tile(st.offset, s.dtype, cols, k, st.row_stride)))
+        ls.emit(Push(self.qs[f"w_full{c}"]))
 
     def gather(self, ls, c):
         s, t = self.s, self.t
@@ -254,21 +285,31 @@ class _Core:
         for g, (e, (n0, cols)) in enumerate(self.groups):
             if e == s.E or not self.tiles_of[g]:
                 continue
-            cw = self.w_copy[g]
-            w = self.p.at("w", cw)
-            with self.guard(pe, g, self.row_tiles[0]):
-                pe.emit(Pop(self.qs[f"w_full{cw}"]))
+            cw = None if self.streamed else self.w_copy[g]
+            if cw is not None:
+                with self.guard(pe, g, self.row_tiles[0]):
+                    pe.emit(Pop(self.qs[f"w_full{cw}"]))
             for tt in self.tiles_of[g]:
-                c = self.position[(g, tt)] % 2
+                i = self.position[(g, tt)]
+                c = i % 2
                 a, acc = self.p.at("a", c), self.p.at("acc", c)
+                isz = ITEMSIZE[s.dtype]
                 with self.guard(pe, g, tt):
-                    pe.emit(Pop(self.qs[f"a_full{c}"]), Pop(self.qs[f"acc_free{c}"]),
-                            MatMul(_tile(acc.offset, "fp32", t.rows, cols, acc.row_stride),
-                                   _tile(a.offset, s.dtype, t.rows, s.K, a.row_stride),
-                                   _tile(w.offset, s.dtype, s.K, cols, w.row_stride), accumulate=False),
-                            Push(self.qs[f"a_free{c}"]), Push(self.qs[f"acc_full{c}"]))
-            with self.guard(pe, g, self.row_tiles[0]):
-                pe.emit(Push(self.qs[f"w_free{cw}"]))
+                    pe.emit(Pop(self.qs[f"a_full{c}"]), Pop(self.qs[f"acc_free{c}"]))
+                    for j, (k0, k) in enumerate(self.chunks):
+                        wc = cw if cw is not None else self.chunk_copy(i, j)
+                        w = self.p.at("w", wc)
+                        if cw is None:
+                            pe.emit(Pop(self.qs[f"w_full{wc}"]))
+                        pe.emit(MatMul(_tile(acc.offset, "fp32", t.rows, cols, acc.row_stride),
+                                       _tile(a.offset + k0 * isz, s.dtype, t.rows, k, a.row_stride),
+                                       _tile(w.offset, s.dtype, k, cols, w.row_stride), accumulate=j > 0))
+                        if cw is None:
+                            pe.emit(Push(self.qs[f"w_free{wc}"]))
+                    pe.emit(Push(self.qs[f"a_free{c}"]), Push(self.qs[f"acc_full{c}"]))
+            if cw is not None:
+                with self.guard(pe, g, self.row_tiles[0]):
+                    pe.emit(Push(self.qs[f"w_free{cw}"]))
 
     # ---- sfp --------------------------------------------------------------------------------------
 

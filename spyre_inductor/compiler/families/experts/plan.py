@@ -83,10 +83,13 @@ class ExpertsTiling(Describable):
     rows: int   # rows of one row tile
     cols: int   # columns of one weight tile (the widest a core's block has)
     tiles: int  # row tiles per expert at most (every row in one expert): ceil(S / rows)
+    k: int = 0  # rows of a weight chunk: 0 keeps [K, cols] resident per expert; fewer than K
+    #             streams [k, cols] chunks per row tile (a K too long to keep a tile resident)
 
     @property
     def label(self) -> str:
-        return f"{self.rows} rows x {self.cols} columns"
+        return f"{self.rows} rows x {self.cols} columns" + (f", weights streamed in {self.k}-row chunks"
+                                                            if self.k else "")
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,24 @@ def variants(shape: ExpertsShape, block: int) -> list[ExpertsTiling]:
     return out
 
 
+K_CHUNKS = (1024, 512, 256)
+
+
+def streamed_variants(shape: ExpertsShape, block: int) -> list[ExpertsTiling]:
+    """variants() with the weights streamed in k chunks (whole sticks of k), tried when no
+    resident weight tile fits: a row tile of fewer rows, since it holds all of K."""
+    per_stick = STICK // ITEMSIZE[shape.dtype]
+    out = []
+    for t in variants(shape, block):
+        for k in K_CHUNKS:
+            if k < shape.K and k % per_stick == 0:
+                for rows in dict.fromkeys((t.rows, min(t.rows, 16))):
+                    v = ExpertsTiling(rows, t.cols, -(-shape.S // rows), k)
+                    if v not in out:
+                        out.append(v)
+    return out
+
+
 def needs(shape: ExpertsShape, t: ExpertsTiling) -> list[Need]:
     """Every tile for the whole program: the weight tile, the row tiles, the accumulators, the
     outputs and the row indices double-buffered; the per-expert row ranges and the loop-count words
@@ -145,9 +166,10 @@ def needs(shape: ExpertsShape, t: ExpertsTiling) -> list[Need]:
     isz, osz = ITEMSIZE[shape.dtype], ITEMSIZE[shape.out_dtype]
     w_row = sticks(t.cols * isz)
     a_row = sticks(shape.K * isz)
-    out = [Need("w", shape.K * w_row, w_row, 2)]
+    k = t.k or shape.K
+    out = [Need("w", k * w_row, w_row, 2)]
     if shape.transposed:
-        out.append(Need("w_rows", t.cols * a_row, a_row))
+        out.append(Need("w_rows", t.cols * sticks(k * isz), sticks(k * isz)))
     out += [Need("a", t.rows * a_row, a_row, 2),
             Need("acc", t.rows * sticks(t.cols * 4), sticks(t.cols * 4), 2),
             Need("o", t.rows * sticks(t.cols * osz), sticks(t.cols * osz), 2),
@@ -167,4 +189,5 @@ def place(shape: ExpertsShape, t: ExpertsTiling) -> Placement | None:
 
 
 __all__ = ["CoreBlock", "ROW_GROUPS", "ExpertsShape", "ExpertsTiling", "analyse", "core_blocks", "needs", "place",
+           "streamed_variants",
            "variants"]

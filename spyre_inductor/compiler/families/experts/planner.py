@@ -28,7 +28,7 @@ from ...core.tiles import Phase, PhaseKind, Relayout, Role, Step, Tile, TileKern
 from ...ir.errors import Unsupported
 from ...ir.kernel_ir import GroupedMatmulKernel
 from .codegen import build_experts_program
-from .plan import ROW_GROUPS, ExpertsShape, analyse, core_blocks, needs, place, variants
+from .plan import ROW_GROUPS, ExpertsShape, analyse, core_blocks, needs, place, streamed_variants, variants
 
 
 def minimum(shape: ExpertsShape) -> Traffic:
@@ -101,6 +101,9 @@ def plan_experts(kernel: GroupedMatmulKernel, *, cores: int | None = None, max_c
     # row groups when the column sticks leave cores idle (more rows than columns to share)
     tried = [(t, r) for t in variants(shape, widest) for r in ROW_GROUPS if r == 1 or units < top]
     results = search.search(tried, counts, evaluate, errors)
+    if not results:  # no [K, cols] weight tile fits beside a row tile: stream the weights in k chunks
+        tried = [(t, r) for t in streamed_variants(shape, widest) for r in ROW_GROUPS if r == 1 or units < top]
+        results = search.search(tried, counts, evaluate, errors)
     if not results:
         raise Unsupported(f"kernel {kernel.name!r}: no grouped matmul plan: a weight tile of {shape.K} rows does "
                           f"not fit the {HARDWARE.scratchpad_usable_bytes} B of scratchpad with a row tile"
