@@ -91,6 +91,14 @@ def _cases():
         compiled(cache, g(1, 4, 40, 64), g(1, 2, 160, 64, seed=1), g(1, 2, 160, 64, seed=2),
                  torch.arange(120, 160).to(dev))
 
+    def experts():  # a grouped matmul: offs read on chip, each expert's rows through its weights (issue 31)
+        def grouped(a, w, offs):
+            return torch.nn.functional.grouped_mm(a, w.transpose(1, 2), offs=offs)
+
+        w = g(4, 128, 64, dtype=torch.bfloat16, seed=1)
+        compiled(grouped, g(24, 64, dtype=torch.bfloat16), w, torch.tensor([5, 5, 17, 24], dtype=torch.int32).to(dev))
+        compiled(grouped, g(2, 64, dtype=torch.bfloat16), w, torch.tensor([0, 1, 1, 2], dtype=torch.int32).to(dev))
+
     def random_numbers():
         torch.manual_seed(0)
         compiled(lambda x: x + torch.rand_like(x), g(16, 64))
@@ -117,7 +125,7 @@ def _cases():
 
     return [("pointwise", pointwise), ("pieces", pieces), ("gathers_scatters", gathers_scatters),
             ("reductions_scans", reductions_scans), ("matmul", matmul), ("attention", attention),
-            ("random_numbers", random_numbers), ("symbolic_sizes", symbolic_sizes), ("eager", eager)]
+            ("experts", experts), ("random_numbers", random_numbers), ("symbolic_sizes", symbolic_sizes), ("eager", eager)]
 
 
 def _artifacts(root: Path) -> set[Path]:

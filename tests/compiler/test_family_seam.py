@@ -95,7 +95,8 @@ def test_a_family_is_registered_once_by_name():
 
 def test_a_kernel_no_family_claims_is_refused_naming_the_families(monkeypatch):
     monkeypatch.setattr(registry, "FAMILIES", [f for f in FAMILIES if f.name != "pointwise"])
-    with pytest.raises(Unsupported, match=r"no kernel family claims kernel .*registered: \['attention', 'sort', 'indirect'"):
+    with pytest.raises(Unsupported,
+                       match=r"no kernel family claims kernel .*registered: \['attention', 'sort', 'experts', 'indirect'"):
         registry.family_of(binary_kernel("add", (8, 64)))
 
 

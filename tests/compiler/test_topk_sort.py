@@ -383,14 +383,14 @@ def test_eager_grouped_mm_against_the_cpu():
     torch.testing.assert_close(got.cpu(), torch.nn.functional.grouped_mm(a, w, offs=offs), rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_grouped_mm_is_a_pe_program_and_a_select():
+def test_compiled_grouped_mm_is_one_experts_program():
     # torch.compile takes _grouped_mm in bf16 only (its meta function's rule off the CPU)
     a, w, offs = (t.to(torch.bfloat16) if t.is_floating_point() else t for t in _grouped_case())
     out, _, records, warned, _ = compile_on_spyre(lambda a, w, o: torch.nn.functional.grouped_mm(a, w, offs=o),
                                                   a, w, offs)
     assert not warned
     _all_on_card(records)
-    assert "MatmulKernel" in [type(r.kernel).__name__ for r in records]
+    assert [type(r.kernel).__name__ for r in records] == ["GroupedMatmulKernel"]
     # both accumulate in fp32 and round once to bf16; the sums' order differs
     torch.testing.assert_close(out[0].cpu(), torch.nn.functional.grouped_mm(a, w, offs=offs))
 

@@ -19,12 +19,12 @@ the input's dtype.
 
 ``grouped_mm(a (S, K), w (E, K, N), offs (E,))``: row s belongs to expert
 ``g(s) = #{e : offs[e] <= s}`` (rows ``offs[e-1] .. offs[e]-1`` to expert e); rows past
-``offs[-1]``, which the CPU leaves uninitialized, are zeros here. It is computed densely: every
-expert's product ``a @ w[e]`` as one batched matmul on the PE arrays (a native-matmul reduction),
-then a reduction over e keeps, for each row, its expert's product (``where``, so a NaN in another
-expert's product does not leak). The matmul is E times the work of a true grouped matmul, whose
-row ranges are data: each expert's weights are read once either way, which is what decode is
-bound by; a grouped matmul that skips empty experts is a kernel family of its own, not done yet.
+``offs[-1]``, which the CPU leaves uninitialized, are zeros here. It is one program of the experts
+family (experts_node.py, families/experts/): offs read on chip, each expert's rows only through
+its own weights, an expert with no rows skipped. Where that family does not plan it (symbolic
+sizes) it is computed densely: every expert's product ``a @ w[e]`` as one batched matmul on the
+PE arrays (a native-matmul reduction), then a reduction over e keeps, for each row, its expert's product (``where``, so a
+NaN in another expert's product does not leak): E times the work.
 """
 
 from __future__ import annotations
@@ -76,6 +76,16 @@ def _spyre_histc(inductor_histc):
 
 def grouped_mm(a, w, offs, bias=None, out_dtype=None):
     """a (S, K) x w (E, K, N) by offs (E,): row s through expert g(s), as documented above."""
+    from .experts_node import lower_grouped_mm
+
+    planned = lower_grouped_mm(a, w, offs, out_dtype or a.get_dtype())
+    if planned is not None:
+        return planned
+    return dense_grouped_mm(a, w, offs, out_dtype)
+
+
+def dense_grouped_mm(a, w, offs, out_dtype=None):
+    """Every expert's product and a select (what the experts family does not plan)."""
     S, K = a.get_size()
     E, _, N = w.get_size()
     dtype = out_dtype or a.get_dtype()

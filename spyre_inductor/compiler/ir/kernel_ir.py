@@ -878,6 +878,106 @@ class ConvKernel:
         return cls(d["name"], buffers, tuple(d["stride"]), tuple(d["dilation"]), d["has_bias"])
 
 
+@dataclass(frozen=True)
+class GroupedMatmulKernel:
+    """A grouped matmul (mixture-of-experts routing, issue 31): for every row s of a [S, K],
+
+        out[s, :] = a[s, :] @ w[g(s)],   g(s) = #{e : offs[e] <= s}
+
+    with w [E, K, N] and offs [E] the cumulative row ends of the experts (rows offs[e-1] ..
+    offs[e]-1 are expert e's; offs is data, read on chip). Rows from offs[-1] on, which
+    ``aten._grouped_mm`` leaves uninitialized, are zeros. The products accumulate in fp32 and
+    are rounded once to out's dtype.
+
+    Buffers, in order: a [S, K], w [E, K, N], offs [E] (int32 or int64), out [S, N].
+    Not a ``Kernel``: which rows meet which weights is data, not a loop nest.
+    """
+
+    name: str
+    buffers: tuple[Buffer, ...]
+
+    @property
+    def a(self) -> Buffer:
+        return self.buffers[0]
+
+    @property
+    def w(self) -> Buffer:
+        return self.buffers[1]
+
+    @property
+    def offs(self) -> Buffer:
+        return self.buffers[2]
+
+    @property
+    def out(self) -> Buffer:
+        return self.buffers[3]
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        """(S, K, N, E)."""
+        (S, K), (E, _, N) = self.a.shape, self.w.shape
+        return S, K, N, E
+
+    @property
+    def ranges(self) -> tuple[int, ...]:
+        return tuple(self.out.shape)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.buffers[:-1])
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.out.name,)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name!r} has no buffer {name!r}")
+
+    def check(self) -> None:
+        """Raise ValueError naming the first malformed part."""
+        where = f"grouped matmul kernel {self.name!r}"
+        if len(self.buffers) != 4:
+            raise ValueError(f"{where}: {len(self.buffers)} buffers, expected a, w, offs and out")
+        for role, b, rank in (("a", self.a, 2), ("w", self.w, 3), ("offs", self.offs, 1), ("out", self.out, 2)):
+            if len(b.shape) != rank or len(b.strides) != rank:
+                raise ValueError(f"{where}: {role} must be {rank}-D, got shape {b.shape} strides {b.strides}")
+            if b.dtype not in TORCH_DTYPES:
+                raise ValueError(f"{where}: buffer {b.name!r} has unknown dtype {b.dtype!r}")
+        S, K, N, E = self.dims
+        if self.w.shape[1] != K or self.offs.shape != (E,) or self.out.shape != (S, N):
+            raise ValueError(f"{where}: a {self.a.shape}, w {self.w.shape}, offs {self.offs.shape} and out "
+                             f"{self.out.shape} do not match (a [S, K], w [E, K, N], offs [E], out [S, N])")
+        if self.offs.dtype not in ("int32", "int64"):
+            raise ValueError(f"{where}: offs of dtype {self.offs.dtype} (int32 or int64)")
+        if self.a.dtype != self.w.dtype or self.a.dtype not in ("fp16", "bf16", "fp32"):
+            raise ValueError(f"{where}: a {self.a.dtype} and w {self.w.dtype} (one float dtype)")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "GroupedMatmulKernel", "name": self.name,
+                           "buffers": [dataclasses.asdict(b) for b in self.buffers]}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "GroupedMatmulKernel":
+        d = json.loads(text)
+        return cls(d["name"], tuple(Buffer(b["name"], b["dtype"], tuple(b["shape"]), tuple(b["strides"]), b["offset"])
+                                    for b in d["buffers"]))
+
+
+def grouped_mm_reference(a, w, offs, out_dtype=None):
+    """GroupedMatmulKernel's semantics on torch tensors (any device): each expert's rows times its
+    weights in fp32, rounded once; rows from offs[-1] on are zeros."""
+    out = torch.zeros(a.shape[0], w.shape[2], dtype=out_dtype or a.dtype, device=a.device)
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        if end > start:
+            out[start:end] = (a[start:end].float() @ w[e].float()).to(out.dtype)
+        start = max(start, end)
+    return out
+
+
 def symbolic_doc(sym: SymbolicSizes) -> dict:
     """SymbolicSizes as JSON; no strides key when none is symbolic (a kernel dumps as it did before
     symbolic strides existed: the same artifact key)."""
@@ -891,9 +991,10 @@ def _symbolic_of(d: dict | None) -> SymbolicSizes | None:
                                                                           "strides")))
 
 
-def kernel_from_json(text: str) -> "Kernel | AttentionKernel | SortKernel | ConvKernel":
+def kernel_from_json(text: str) -> "Kernel | AttentionKernel | SortKernel | ConvKernel | GroupedMatmulKernel":
     """The kernel an artifact's kernel.json holds, of whichever kind it names."""
-    kinds = {"AttentionKernel": AttentionKernel, "SortKernel": SortKernel, "ConvKernel": ConvKernel}
+    kinds = {"AttentionKernel": AttentionKernel, "SortKernel": SortKernel, "ConvKernel": ConvKernel,
+             "GroupedMatmulKernel": GroupedMatmulKernel}
     return kinds.get(json.loads(text).get("kind"), Kernel).from_json(text)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from .kernel_ir import (AttentionKernel, ConvKernel, Kernel, Load, MatmulKernel, Op, Reduction, Scan, SizeValue,
-                        SortKernel)
+from .kernel_ir import (AttentionKernel, ConvKernel, GroupedMatmulKernel, Kernel, Load, MatmulKernel, Op, Reduction,
+                        Scan, SizeValue, SortKernel)
 
 
 def content_name(kernel: Kernel) -> Kernel:
@@ -21,6 +21,8 @@ def content_name(kernel: Kernel) -> Kernel:
         return replace(kernel, name=f"spyre_sort_{digest}")
     if isinstance(kernel, ConvKernel):
         return replace(kernel, name=f"spyre_conv_{digest}")
+    if isinstance(kernel, GroupedMatmulKernel):
+        return replace(kernel, name=f"spyre_gmm_{digest}")
     ops = []
     for v in kernel.values:
         name = (v.name if isinstance(v, Op) else v.op if isinstance(v, Reduction)

@@ -30,7 +30,7 @@ from spyre_runtime.program.program import Queue
 from ...ir.errors import Unsupported
 from ...core.allocate import Placement
 from ...core.tiles import TileKernel
-from ..matmul.codegen import PIECE_BYTES, rows_in_pieces
+from ...core.transfers import PIECE_BYTES, rows_in_pieces
 from ...ir.errors import PlanError
 from .plan import AttentionShape, AttentionTiling, Chunk, CoreWork, WorkUnit, column_bytes
 

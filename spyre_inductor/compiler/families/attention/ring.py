@@ -41,7 +41,7 @@ from spyre_runtime.program.operands import ITEMSIZE, STICK, Addr, ScratchCount
 from spyre_runtime.program.program import Queue
 
 from ...ir.errors import PlanError
-from ..matmul.codegen import rows_in_pieces
+from ...core.transfers import rows_in_pieces
 from .codegen import NINF, _Core
 from .plan import Chunk, CoreWork, ring_groups
 

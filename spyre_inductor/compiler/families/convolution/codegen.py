@@ -20,7 +20,8 @@ from spyre_runtime.program.isa import Load, MatMul, Pop, Push, Store
 from spyre_runtime.program.operands import ITEMSIZE
 
 from ...ir.errors import PlanError
-from ..matmul.codegen import PIECE_BYTES, MatmulCore, epilogue_pieces, rows_in_pieces
+from ...core.transfers import PIECE_BYTES, rows_in_pieces
+from ..matmul.codegen import MatmulCore, epilogue_pieces
 from .lowering import PatchRuns, ShiftedWindow
 
 

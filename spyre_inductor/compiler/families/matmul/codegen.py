@@ -42,11 +42,12 @@ from __future__ import annotations
 import itertools
 
 from spyre_runtime.program.emitter import Unit, assemble, split_evenly
-from spyre_runtime.program.isa import Fence, Fill, Load, MatMul, Pop, Push, Store, Transpose
+from spyre_runtime.program.isa import Fence, Fill, MatMul, Pop, Push, Transpose
 from spyre_runtime.program.operands import ITEMSIZE, STICK
 from spyre_runtime.program.program import Program, Queue, Symbol
 
 from ...core import combine
+from ...core.transfers import PIECE_BYTES, min_pieces, rows_in_pieces, rows_out_in_pieces
 from ...core.allocate import Placement
 from ...core.division import CoreShare
 from ...core.codegen import emit_elementwise
@@ -86,55 +87,12 @@ def _element(access: MAccess, bidx, m: int, n: int, k: int) -> int:
             + access.n_stride * n + access.k_stride * k)
 
 
-PIECE_BYTES = 32 * 1024  # an operand tile moves as transfers of about this size
 COMBINE_PIECES = 8  # a split k's partial travels the chain in at most this many pieces of rows
 _LANDING = {1: 0, -1: 1}  # the landing tile's copy a chain running each way round the ring lands in
 # A split k's operand tiles are small (a slice of k each) and loaded once: in smaller transfers,
 # so that a few cores' loads still keep the bus full (timing.py: the bus share grows with the
 # transfers in flight)
 SPLIT_PIECE_BYTES = 2 * 1024
-
-
-# Transfers in flight at which the bus reaches its ceiling (hardware.py's bus_ceiling: 72% of it
-# from 32 on): a plan on few cores keeps that many in flight only if each core moves its tiles in
-# pieces (a 16 KiB tile as one transfer on each of 2 cores held the bus at 22%).
-BUS_IN_FLIGHT = 32
-
-
-def min_pieces(cores: int) -> int:
-    """Transfers each tile's move is cut into at least, on a plan of `cores` cores."""
-    return -(-BUS_IN_FLIGHT // max(1, cores))
-
-
-def _count(rows: int, sp_stride: int, piece_bytes: int, pieces: int) -> int:
-    """Transfers for `rows` rows: at least `pieces` (none under MIN_PIECE_BYTES, beyond which more
-    only lengthen the program), at most about `piece_bytes` each."""
-    nbytes = rows * max(sp_stride, 1)
-    wanted = max(1, min(pieces, nbytes // MIN_PIECE_BYTES))
-    return min(rows, max(wanted, -(-nbytes // piece_bytes)))
-
-
-MIN_PIECE_BYTES = 2 * 1024
-
-
-def rows_in_pieces(ls, sp: int, symbol: str, dev: int, rows: int, row_bytes: int, dev_stride: int,
-                    sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
-    """Load `rows` rows as several transfers (at least `pieces`, each at most about `piece_bytes`,
-    even): a core keeps more of them in flight, and the bus serves a core by the transfers it has
-    in flight (the one-core figures in hardware.py)."""
-    n_pieces = _count(rows, sp_stride, piece_bytes, pieces)
-    for r0, n in split_evenly(rows, max(1, n_pieces)):
-        ls.emit(Load(ls.sp(sp + r0 * sp_stride), ls.dev(symbol, dev + r0 * dev_stride), n, row_bytes,
-                     dev_stride if n > 1 else 0, sp_stride))
-
-
-def rows_out_in_pieces(ls, symbol: str, dev: int, sp: int, rows: int, row_bytes: int, dev_stride: int,
-                       sp_stride: int, piece_bytes: int = PIECE_BYTES, pieces: int = 1) -> None:
-    """Store `rows` rows as several transfers (rows_in_pieces' counterpart)."""
-    n_pieces = _count(rows, sp_stride, piece_bytes, pieces)
-    for r0, n in split_evenly(rows, max(1, n_pieces)):
-        ls.emit(Store(ls.dev(symbol, dev + r0 * dev_stride), ls.sp(sp + r0 * sp_stride), n, row_bytes,
-                      dev_stride if n > 1 else 0, sp_stride))
 
 
 # An output tile's epilogue runs in this many pieces of rows, each handed to the load/store unit
@@ -567,4 +525,5 @@ def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     return min(rows) >= grid.cores
 
 
-__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "MatmulCore", "build_matmul_program", "ring_ready", "rows_in_pieces"]
+__all__ = ["MAX_INSTRUCTIONS_PER_CORE", "MatmulCore", "build_matmul_program", "epilogue_pieces", "ring_ready",
+           "rows_in_pieces"]
