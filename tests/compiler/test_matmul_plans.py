@@ -96,6 +96,20 @@ def test_a_plan_that_would_reread_an_operand_shares_it_over_the_ring():
     assert report.refetch <= 1.02 and report.ring_bytes > 0
 
 
+def test_a_small_x_at_w_t_shares_w_in_groups_each_core_transposing_its_slices():
+    # 128x256x128 (a Llama prefill projection): sharing x over the ring could use only N/64 = 2
+    # cores, each transposing all of its W; groups of cores sharing W's columns spread the transposes
+    compiled = plan_kernel(matmul_kernel(128, 256, 128, transposed_b=True))
+    grid, tiling = compiled.plans.stage("grid"), compiled.plans.stage("tiling")
+    assert tiling.share == "b" and grid.gn == 2 and grid.ring == grid.gm == 4, compiled.plans.division.reason
+    program = compiled.program
+    moved = sum(ins.rows * -(-ins.row_bytes // 128) * 128 for ins in loads_from(program, "w"))
+    assert moved == 256 * 128 * 2, "each group reads its columns of W once"
+    transposing = {c.core for c in program.cores for _, instrs in c.units for i in instrs if isinstance(i, Transpose)}
+    assert len(transposing) == grid.cores, "every core transposes its own slices of W"
+    assert estimate(program).simulated_ns < 2_700
+
+
 def test_a_placement_missing_or_shrinking_a_tile_is_a_plan_error():
     compiled = plan_kernel(matmul_kernel(64, 128, 64))
     plans = compiled.plans

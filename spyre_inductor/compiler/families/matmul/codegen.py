@@ -69,7 +69,7 @@ def build_matmul_program(name: str, symbols: tuple[Symbol, ...], shape: MatmulSh
     cores, queues = {}, []
     for block in (grid.blocks if blocks is None else blocks):
         cores[block.core], qs = (core or _Core)(shape, tk, tiling, placement, block, share, grid.cores,
-                                                grid.gk).emit()
+                                                grid.gk, grid.ring).emit()
         queues += qs
     return assemble(name, symbols, queues, cores, notes, check=False)
 
@@ -145,10 +145,14 @@ class _Pool:
 
 class _Core:
     def __init__(self, shape, tk, tiling, placement, block: CoreShare, share: str | None = None, group: int = 1,
-                 k_slices: int = 1):
+                 k_slices: int = 1, ring: int = 0):
         self.shape, self.tk, self.t, self.p, self.block = shape, tk, tiling, placement, block
         self.core = block.core
         self.share, self.group = share, group
+        # the chain of cores a shared operand is all-gathered over: `ring` consecutive cores (a grid
+        # of groups, each sharing its own tiles), all `group` of them by default
+        self.ring = ring or group
+        self.ring_pos, self.ring_base = block.core % self.ring, block.core - block.core % self.ring
         # a split k: this core's place in its block's chain (grid blocks are k slices innermost)
         self.k_slices, self.k_pos = k_slices, block.core % k_slices
         self.finishes = self.k_pos == k_slices // 2  # where the chains from both ends meet
@@ -225,6 +229,7 @@ class _Core:
         A = self.t.acc_copies
         qa = {s: (self.q(f"a_full{s}", "ls", "pe"), self.q(f"a_free{s}", "pe", "ls")) for s in set(pa.slot)}
         qb = {s: (self.q(f"b_full{s}", "ls", "pe"), self.q(f"b_free{s}", "pe", "ls")) for s in set(pb.slot)}
+        self._qb = qb
         qacc = [(self.q(f"acc_full{c}", "pe", "sfp"), self.q(f"acc_free{c}", "sfp", "pe")) for c in range(A)]
         qepi = [(self.q(f"epi_full{c}", "ls", "sfp"), self.q(f"epi_free{c}", "sfp", "ls")) for c in (0, 1)]
         qout = [(self.q(f"out_full{c}", "sfp", "ls", EPILOGUE_PIECES), self.q(f"out_free{c}", "ls", "sfp"))
@@ -394,55 +399,127 @@ class _Core:
     def ring_queues(self) -> None:
         """The queues this core consumes: slices arriving from each side, and each neighbour's
         word that its slot is open for this core's sends."""
-        j, g = self.core, self.group
+        j, g, base = self.ring_pos, self.ring, self.ring_base
         for side, nb in (("L", j - 1), ("R", j + 1)):
             if 0 <= nb < g:
                 for kind in ("from", "open"):
-                    self.queues.append(Queue(f"r{j}.{kind}{side}", (nb, "ls"), (j, "ls"), depth=g))
+                    self.queues.append(Queue(f"r{base + j}.{kind}{side}", (base + nb, "ls"), (base + j, "ls"),
+                                             depth=g))
+
+    def ring_pieces(self, which, rows: int, fill: int, fills: int) -> list[tuple[int, int, int]]:
+        """(owner core, first row, rows) of each slice of a shared tile's fill, by owner.
+
+        Owners are positions in the chain. A tile in its own layout: one slice of rows per core, the
+        j-th core the j-th. A transposed B
+        (a weight W of x @ W.t(), [N, K] in device memory): a slice is whole sticks of k, which the
+        owner loads as W's rows (contiguous) and transposes on chip before sending it on, so no
+        core transposes more than its slices (the load/store unit cannot overlap a transpose with
+        its transfers); with fewer slices than cores the owners are spread over the chain and
+        rotate from fill to fill, so consecutive fills' transposes run on different cores."""
+        g = self.ring
+        if not (which == "b" and self.shape.b_transposed):
+            return [(j, r0, rc) for j, (r0, rc) in enumerate(split_evenly(rows, g))]
+        unit = STICK // ITEMSIZE[self.shape.b.dtype]
+        units = -(-rows // unit)
+        n = min(g, units)
+        step = max(1, g // (n * max(1, fills)))
+        owned = {}
+        for p, (u0, uc) in enumerate(split_evenly(units, n)):
+            owner = (p * g // n + fill * step * n) % g if n < g else p
+            owned[owner] = (u0 * unit, min(uc * unit, rows - u0 * unit))
+        if len(owned) != n:
+            from ...ir.errors import PlanError
+
+            raise PlanError(f"matmul shared B: {n} slices of fill {fill} on {len(owned)} owners of {g} cores")
+        return sorted((o, r0, rc) for o, (r0, rc) in owned.items())
 
     def ring_fill(self, ls, queues, which, slot, bidx, mt, nt, kt):
-        from spyre_runtime.program.emitter import split_evenly
         from spyre_runtime.program.isa import Send
 
-        j, g = self.core, self.group
+        j, g, base = self.ring_pos, self.ring, self.ring_base  # queues and sends name cores base + position
         full, free = queues
         name = self.ta if which == "a" else self.tb
         rows = mt[1] if which == "a" else kt[1]
         dst = self.p.at(name, slot)
-        pieces = split_evenly(rows, g)
+        fill = getattr(self, "_fills_done", 0)
+        self._fills_done = fill + 1
+        if not hasattr(self, "_fills"):
+            self._fills = len(self.shared_fills())
+        pieces = {o: (r0, rc) for o, r0, rc in self.ring_pieces(which, rows, fill, self._fills)}
+        opened = set()
+        transposed = which == "b" and self.shape.b_transposed
+        if transposed and fill == 0:
+            self.preload_transposed_slices(ls)
 
         def send(to, p):
+            side = "R" if to > j else "L"
+            if side not in opened:  # the neighbour's slot is open for this fill
+                ls.emit(Pop(f"r{base + j}.open{side}"))
+                opened.add(side)
             r0, rc = pieces[p]
             at = ls.sp(dst.offset + r0 * dst.row_stride)
-            ls.emit(Send(to, at, at, rc * dst.row_stride))
+            ls.emit(Send(base + to, at, at, rc * dst.row_stride))
+            ls.emit(Push(f"r{base + to}.from{'L' if to > j else 'R'}"))
 
-        ls.emit(Pop(free))
+        preloaded = fill in getattr(self, "_preloaded", ())
+        if not preloaded:
+            ls.emit(Pop(free))
         if j > 0:
-            ls.emit(Push(f"r{j - 1}.openR"))
+            ls.emit(Push(f"r{base + j - 1}.openR"))
         if j < g - 1:
-            ls.emit(Push(f"r{j + 1}.openL"))
-        r0, rc = pieces[j]
-        self.move_rows(ls, which, dst, r0, rc, bidx, mt, nt, kt, self.piece_bytes, self.pieces)
-        ls.emit(Fence())  # the slice has landed before it is sent on
-        if j < g - 1:
-            ls.emit(Pop(f"r{j}.openR"))
-            send(j + 1, j)
-            ls.emit(Push(f"r{j + 1}.fromL"))
-        if j > 0:
-            ls.emit(Pop(f"r{j}.openL"))
-            send(j - 1, j)
-            ls.emit(Push(f"r{j - 1}.fromR"))
-        for p in range(j - 1, -1, -1):  # slices from the left, nearest first
-            ls.emit(Pop(f"r{j}.fromL"))
+            ls.emit(Push(f"r{base + j + 1}.openL"))
+        if j in pieces:
+            r0, rc = pieces[j]
+            if transposed:
+                if not preloaded:
+                    self.load_transposed_slice(ls, dst, r0, rc, bidx, nt, kt)
+            else:
+                self.move_rows(ls, which, dst, r0, rc, bidx, mt, nt, kt, self.piece_bytes, self.pieces)
+                ls.emit(Fence())  # the slice has landed before it is sent on
+            if j < g - 1:
+                send(j + 1, j)
+            if j > 0:
+                send(j - 1, j)
+        for p in sorted((o for o in pieces if o < j), reverse=True):  # slices from the left, nearest first
+            ls.emit(Pop(f"r{base + j}.fromL"))
             if j < g - 1:
                 send(j + 1, p)
-                ls.emit(Push(f"r{j + 1}.fromL"))
-        for p in range(j + 1, g):  # slices from the right, nearest first
-            ls.emit(Pop(f"r{j}.fromR"))
+        for p in sorted(o for o in pieces if o > j):  # slices from the right, nearest first
+            ls.emit(Pop(f"r{base + j}.fromR"))
             if j > 0:
                 send(j - 1, p)
-                ls.emit(Push(f"r{j - 1}.fromR"))
+        for side, nb in (("R", j + 1), ("L", j - 1)):  # a neighbour this fill sent nothing to
+            if 0 <= nb < g and side not in opened:
+                ls.emit(Pop(f"r{base + j}.open{side}"))
         ls.emit(Push(full))
+
+    def preload_transposed_slices(self, ls) -> None:
+        """When the B pool holds every fill of a shared transposed B (a slot each), this core loads
+        and transposes its slices of all of them before it forwards any: otherwise its transpose
+        for one fill waits, in the load/store unit's order, for the previous fill's slices to pass
+        through, and the owners' transposes run one after the other down the chain."""
+        fills = self.shared_fills()
+        if len({f[3] for f in fills}) != len(fills):
+            return
+        self._preloaded = set()
+        for f, (bidx, nt, kt, slot) in enumerate(fills):
+            mine = [(r0, rc) for o, r0, rc in self.ring_pieces("b", kt[1], f, len(fills)) if o == self.ring_pos]
+            if mine:
+                ls.emit(Pop(self._qb[slot][1]))
+                self.load_transposed_slice(ls, self.p.at(self.tb, slot), *mine[0], bidx, nt, kt)
+                self._preloaded.add(f)
+
+    def load_transposed_slice(self, ls, dst, r0, rc, bidx, nt, kt):
+        """Rows [r0, r0 + rc) of a transposed B's tile [tk, tn] (k from kt[0] + r0): moved as W's
+        rows [tn, rc] into the staging tile and transposed on chip into the slot's rows."""
+        access, isz = self.shape.b, ITEMSIZE[self.shape.b.dtype]
+        st = self.p.at(self.staging[self.tb])
+        origin = _element(access, bidx, 0, nt[0], kt[0] + r0)
+        rows_in_pieces(ls, st.offset, access.buffer, origin * isz, nt[1], rc * isz, access.n_stride * isz,
+                       st.row_stride, self.piece_bytes, self.pieces)
+        ls.emit(Fence(),
+                Transpose(ls.tile(dst.offset + r0 * dst.row_stride, access.dtype, rc, nt[1], dst.row_stride),
+                          ls.tile(st.offset, access.dtype, nt[1], rc, st.row_stride)))
 
     def epilogue_loads(self, ls, c, bidx, mt, nt):
         for name, access in self.epi.loads:
@@ -517,10 +594,15 @@ MatmulCore = _Core  # (what a family building on the PE plan subclasses: load_op
 def ring_ready(shape, tk, tiling, placement, grid) -> bool:
     """Whether the grid's cores can all-gather the shared operand: each fill splits into a slice
     per core (at least one row each), and every core fills the same tiles in the same order."""
-    cores = [_Core(shape, tk, tiling, placement, b, tiling.share, grid.cores) for b in grid.blocks]
+    cores = [_Core(shape, tk, tiling, placement, b, tiling.share, grid.cores, ring=grid.ring) for b in grid.blocks]
     fills = [c.shared_fills() for c in cores]
-    if any(f != fills[0] for f in fills[1:]) or not fills[0]:
+    chains: dict[int, list] = {}  # every core of a chain fills the same tiles
+    for c, f in zip(cores, fills):
+        chains.setdefault(c.ring_base, []).append(f)
+    if any(f != fs[0] for fs in chains.values() for f in fs[1:]) or not all(fills):
         return False
+    if tiling.share == "b" and shape.b_transposed:  # slices of whole sticks of k, as many as there are
+        return True
     rows = [(mt[1] if tiling.share == "a" else kt[1]) for _, mt, kt, _ in fills[0]]
     return min(rows) >= grid.cores
 

@@ -81,6 +81,8 @@ class Grid(Describable):
     gn: int
     blocks: tuple[CoreShare, ...]  # one core's block over (flat batch index, m, n, k)
     gk: int = 1                    # k slices per output block, on consecutive cores (a combine chain)
+    ring: int = 0                  # a shared operand's chain: this many consecutive cores share its tiles
+                                   # (0: all of them)
 
     @property
     def cores(self) -> int:
@@ -129,6 +131,23 @@ def make_grid(shape: MatmulShape, gb: int, gm: int, gn: int, gk: int = 1) -> Gri
                     blocks += [CoreShare(len(blocks) + i, (b0, m0, n0, k0), (bc, mc, nc, kc))
                                for i, (k0, kc) in enumerate(k_slices)]
     return Grid(gb, gm, gn, tuple(blocks), gk)
+
+
+def group_grid(shape: MatmulShape, gm: int, gn: int) -> Grid:
+    """`gn` groups of columns, each of `gm` consecutive cores splitting the rows: a B shared within
+    each group over its chain (a core needs only its group's columns of B, 1/gn of it, and its
+    rows of A; A is read once per group)."""
+    g = n_granule(shape)
+    n_units = -(-shape.N // g)
+    blocks = []
+    for u0, un in split_evenly(n_units, gn):
+        n0 = u0 * g
+        nc = min(un * g, shape.N - n0)
+        blocks += [CoreShare(len(blocks) + i, (0, m0, n0, 0), (shape.batches, mc, nc, shape.K))
+                   for i, (m0, mc) in enumerate(split_evenly(shape.M, gm))]
+    if any(b.counts[1] < 1 or b.counts[2] < 1 for b in blocks) or len(blocks) != gm * gn:
+        raise PlanError(f"matmul group grid {gm}x{gn} of {shape.M}x{shape.N}: an empty block")
+    return Grid(1, gm, gn, tuple(blocks), 1, gm)
 
 
 def _span(access, block: CoreShare, shape: MatmulShape, m: bool, n: bool, k: bool) -> int:
@@ -291,6 +310,12 @@ def shared_variants(shape: MatmulShape, small: bool = False) -> list[tuple]:
     return [(tgt, "streamed", "k-outer", share, 1) for share in order for tgt in targets]
 
 
+# A transposed B shared over chains: rows per core (the PE fill is 0.86 at 32 rows, and a chain of
+# fewer, longer blocks forwards more of B through each core's load/store unit: 128x256x128 on 16
+# chains of 8 rows 2.85 us, on 8 of 16 rows 2.65, on 4 of 32 rows 2.45)
+SHARED_B_ROWS = 32
+
+
 def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
     """The grid of a variant at `cores`: a shared operand needs every core on the same tiles of
     it (A: split the columns only; B: the rows only); otherwise the fewest bytes."""
@@ -304,11 +329,22 @@ def grid_for(shape: MatmulShape, cores: int, variant) -> Grid | None:
         return make_grid(shape, base.gb, base.gm, base.gn, gk)
     if share is None:
         return best_grid(shape, cores)
-    if cores < 2 or (share == "a" and shape.a_transposed) or (share == "b" and shape.b_transposed):
+    # a transposed B is shared too: each slice is transposed by the core that loads it and sent on
+    # transposed (codegen.ring_pieces); a transposed A is not
+    if cores < 2 or (share == "a" and shape.a_transposed):
         return None
     if share == "a":
         units = -(-shape.N // n_granule(shape))
         return make_grid(shape, 1, 1, min(cores, units)) if units >= 2 else None
+    if shape.b_transposed:  # B shared within groups of cores, each core transposing its slices of it
+        # (x @ W.t(): on one chain of all the cores, 4 rows each, W passed through every core: 9.5 us
+        # for 128x256x128); the rest of the cores take further groups of columns
+        units = -(-shape.N // n_granule(shape))
+        gm = max(2, min(cores, shape.M // SHARED_B_ROWS))
+        gn = min(units, cores // gm)
+        if gn < 1 or shape.batches > 1 or shape.M < 2:
+            return None
+        return group_grid(shape, gm, gn)
     return make_grid(shape, 1, min(cores, shape.M), 1) if shape.M >= 2 else None
 
 
@@ -337,6 +373,8 @@ def tiling_for(shape: MatmulShape, grid: Grid, variant) -> MatmulTiling:
         ahead = 3 if share else 2
         a_slots = min(a_tiles, ahead if share != "b" else 2)
         b_slots = min(b_tiles, n_tiles + (ahead - 1 if share == "b" else 1))
+        if share == "b" and shape.b_transposed:  # a slot per fill: each core transposes its slices up front
+            b_slots = b_tiles
         acc = m_tiles * n_tiles
         label = "k-outer" + (f", {share.upper()} shared over the ring" if share else "")
         label += f", A in tiles of {a_tk} k" if a_tk else ""
@@ -357,5 +395,5 @@ def fitting(tk_: TileKernel, shape: MatmulShape, grid: Grid, variant) -> tuple[M
 
 
 __all__ = ["Grid", "MatmulTiling", "SPLIT_K_ROWS", "best_grid", "fitting", "grid_bytes", "grids", "make_grid",
-           "grid_for", "k_granule", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem",
+           "grid_for", "group_grid", "k_granule", "n_granule", "operand_tiles", "place", "shared_variants", "span_problem",
            "split_k_variants", "tile_needs", "tiling_for", "variants"]
