@@ -30,7 +30,7 @@ from ...core.scratchpad import plan_scratchpad
 from ...core.tiles import PhaseKind
 from ...core.tiling import BUFFER_CHOICES, ROW_STICKS, TARGETS, plan_tiling
 from ...core.verify import verify
-from ...ir.errors import Unsupported
+from ...ir.errors import PlanError, Unsupported
 from ...ir.kernel_ir import IndirectKernel, Kernel
 from ...symbolic.planning import program_with_sizes
 from . import pieces
@@ -71,6 +71,14 @@ def plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
         else:
             check_bounds(kernel)
         return _plan_whole(kernel, cores, max_cores, estimate)
+    parts = pieces.unmasked_part(kernel)
+    if parts is not None:  # the stores no mask reaches: one piece over the whole space, uncut
+        free, masked = parts
+        cut = pieces.split(masked)
+        if cut is None:
+            raise PlanError(f"kernel {kernel.name!r}: its masked stores no longer cut once the unmasked ones "
+                            f"are apart")
+        cut += (pieces.Piece((0,) * len(kernel.ranges), tuple(kernel.ranges), free),)
     units = []  # (pieces, the kernel planned for them, its plan): a stacked group or one piece
     for group in _shape_groups(cut):
         for piece in group:
