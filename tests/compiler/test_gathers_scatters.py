@@ -317,3 +317,38 @@ def test_a_gather_feeding_a_reduction_is_a_program_of_its_own(fn):
     out, _, records, warned, _ = compile_on_spyre(fn, x, t)
     assert not warned and len(records) >= 2 and all(r.artifact is not None for r in records)
     torch.testing.assert_close(out[0].cpu(), fn(x, t), rtol=1e-5, atol=1e-6)
+
+
+def test_a_kv_cache_copy_fused_with_a_rotary_embedding_moves_its_rows_once():
+    # Llama's prefill fuses k's rotary embedding, its cache write and v's cache write into one
+    # kernel. rotate_half's mask cuts the head dim (64 fp16: one stick) into two half-stick
+    # pieces; v's copy depends on no mask and is planned whole, so its rows move as whole sticks
+    # once instead of as two half sticks, each charged a whole stick. Values exact in fp16
+    # (quarters times halves, two products summed), so the fused fp32 arithmetic rounds nowhere.
+    def fn(k, v, cos, sin, pos, k_cache, v_cache):
+        rotated = k * cos + torch.cat((-k[..., 32:], k[..., :32]), -1) * sin
+        k_cache.index_copy_(2, pos, rotated)
+        v_cache.index_copy_(2, pos, v)
+        return k_cache, v_cache
+
+    g = _gen(3)
+    # a prefill's 128 rows: with a decode step's few rows the extra plan costs more than it saves
+    # and the planner keeps the cut of everything
+    k, v = (torch.randint(-8, 8, (1, 2, 128, 64), generator=g).half() / 4 for _ in range(2))
+    cos, sin = (torch.randint(-2, 3, (128, 64), generator=g).half() / 2 for _ in range(2))
+    pos = torch.randperm(128, generator=g)
+    caches = [torch.randn(1, 2, 128, 64, generator=g).half() for _ in range(2)]
+    records = _run(fn, k, v, cos, sin, pos, *caches)
+    assert len(records) == 1
+    args = [a.to("spyre") for a in (k, v, cos, sin, pos, *caches)]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    compiled(*args)
+    torch.spyre.synchronize()
+    torch.spyre.reset_kernel_reports()
+    compiled(*args)
+    torch.spyre.synchronize()
+    (report,) = torch.spyre.kernel_reports()
+    rows, stick = 2 * 128, 128
+    # k's two half-stick stores per row take a stick each, v's one: three sticks, not four
+    assert report.bytes_written == 3 * rows * stick

@@ -132,6 +132,25 @@ def cut_points(kernel: PointwiseKernel) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(sorted(c)) for c in cuts)
 
 
+def unmasked_part(kernel: PointwiseKernel) -> tuple[PointwiseKernel, PointwiseKernel] | None:
+    """(the stores no index mask reaches, the rest) as two kernels, or None when there is no
+    such split. A fused rotary embedding and KV-cache write (``k_cache.index_copy_(2, pos,
+    rotary(k))`` beside ``v_cache.index_copy_(2, pos, v)``) is one kernel, and cutting it at
+    rotate_half's mask would cut v's copy too: its rows would move as two half-stick pieces,
+    each charged a whole stick (twice the bytes, read and written). A store whose values
+    depend on no cut mask gains nothing from the cut: planned whole, its rows move once."""
+    def cut_by(stores) -> bool:
+        values, kept = _live(kernel.values, stores)
+        return any(cut_points(Kernel.of(kernel.name, kernel.ranges, kernel.buffers, values, kept)))
+
+    free = tuple(s for s in kernel.stores if not cut_by((s,)))
+    masked = tuple(s for s in kernel.stores if s not in free)
+    if not free or not masked:
+        return None
+    return tuple(Kernel.of(kernel.name, kernel.ranges, kernel.buffers, *_live(kernel.values, stores))
+                 for stores in (free, masked))
+
+
 def split(kernel: PointwiseKernel) -> tuple[Piece, ...] | None:
     """The kernel's pieces, or None when no mask cuts it (plan it whole)."""
     cuts = cut_points(kernel)
@@ -282,4 +301,5 @@ def in_sequence(name: str, symbols, programs, notes: str = "") -> Program:
     return Program(name, tuple(symbols), cores, tuple(queues), notes=notes)
 
 
-__all__ = ["Piece", "PiecesPlan", "box_kernel", "check_independent", "cut_points", "in_sequence", "split", "stacked"]
+__all__ = ["Piece", "PiecesPlan", "box_kernel", "check_independent", "cut_points", "in_sequence", "split", "stacked",
+           "unmasked_part"]

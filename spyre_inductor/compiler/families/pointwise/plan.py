@@ -30,7 +30,7 @@ from ...core.scratchpad import plan_scratchpad
 from ...core.tiles import PhaseKind
 from ...core.tiling import BUFFER_CHOICES, ROW_STICKS, TARGETS, plan_tiling
 from ...core.verify import verify
-from ...ir.errors import Unsupported
+from ...ir.errors import PlanError, Unsupported
 from ...ir.kernel_ir import IndirectKernel, Kernel
 from ...symbolic.planning import program_with_sizes
 from . import pieces
@@ -71,6 +71,24 @@ def plan_pointwise(kernel: Kernel, cores, max_cores, estimate) -> Compiled:
         else:
             check_bounds(kernel)
         return _plan_whole(kernel, cores, max_cores, estimate)
+    together = _plan_cut(kernel, cut, cores, max_cores, estimate)
+    parts = pieces.unmasked_part(kernel)
+    if parts is None:
+        return together
+    # the stores no mask reaches as one piece over the whole space, uncut: fewer bytes when the
+    # cut splits sticks (a prefill's v copy), but one more plan in sequence, so it is timed against
+    # the cut of everything and kept only when faster (a decode step's few rows are not)
+    free, masked = parts
+    rest = pieces.split(masked)
+    if rest is None:
+        raise PlanError(f"kernel {kernel.name!r}: its masked stores no longer cut once the unmasked ones are apart")
+    rest += (pieces.Piece((0,) * len(kernel.ranges), tuple(kernel.ranges), free),)
+    apart = _plan_cut(kernel, rest, cores, max_cores, estimate)
+    return apart if apart.plans.division.ns < together.plans.division.ns * (1 - TIE) else together
+
+
+def _plan_cut(kernel: Kernel, cut, cores, max_cores, estimate) -> Compiled:
+    """The pieces `cut` planned (stacked where they share a shape) into one program."""
     units = []  # (pieces, the kernel planned for them, its plan): a stacked group or one piece
     for group in _shape_groups(cut):
         for piece in group:
