@@ -11,6 +11,7 @@ prints the summary.
 """
 
 import pytest
+import torch
 
 from spyre_inductor.testing import eager_opinfo as E
 
@@ -36,6 +37,19 @@ def test_an_xfail_holds_only_for_the_failure_it_lists():
     assert both.fails_as_listed(through_cpu) and both.fails_as_listed(wrong) and not both.fails_as_listed(broken)
     with pytest.raises(ValueError, match="kind must be"):
         E.Xfail("a typo", "mismatches")
+
+
+def test_a_result_off_the_cpus_passes_only_as_close_to_the_exact_answer_as_the_cpu():
+    exact = torch.tensor([1.0, -2.0, 0.5, float("nan")], dtype=torch.float64)
+    cpu = torch.tensor([1.0 + 3e-5, -2.0, 0.5, float("nan")])  # the CPU's own rounding: 3e-5 off
+    ours = torch.tensor([1.0 - 2e-5, -2.0, 0.5, float("nan")])  # 5e-5 from the CPU's: assert_close fails
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(ours, cpu, equal_nan=True)
+    assert E.as_close_as_cpu(ours, cpu, exact)
+    assert not E.as_close_as_cpu(torch.tensor([1.0 - 5e-5, -2.0, 0.5, float("nan")]), cpu, exact)  # further
+    assert not E.as_close_as_cpu(torch.tensor([1.0, -2.0, 0.5, 0.0]), cpu, exact)  # a NaN lost
+    assert not E.as_close_as_cpu(ours.half(), cpu, exact)  # in another dtype than the CPU's: no
+    assert not E.as_close_as_cpu(ours[:3], cpu, exact)
 
 
 def _grade(op, dtype, samples):
