@@ -380,6 +380,52 @@ def test_the_matmuls_of_several_cores_run_as_one_operation_each_with_one_product
     assert sizes == ([4, 4] if spaced == (0, 1, 2, 3) else [3, 1, 3, 1])
 
 
+def _row_reductions(op, dtype, cols, cores=4, rows=3, accumulate=False):
+    """Core c reduces its rows x cols tile of x (op over each row) into a column, once, or twice
+    into one accumulating column with `accumulate`; its results as fp32 (int64 for argmax/argmin)."""
+    size = {"fp32": 4, "fp16": 2}[dtype]
+    out_dtype = "int64" if op in isa.INDEX_REDUCE else "fp32"
+    stride = -(-cols * size // 128) * 128 + 128  # (rows a stick apart beyond their bytes: strided views)
+    syms = (Symbol("x", "input", dtype, (cores * 2 * rows, cols), (cols, 1)),
+            Symbol("out", "output", out_dtype, (cores * rows, 2), (2, 1)))
+    cps, queues = [], []
+    for c in range(cores):
+        src = lambda k: Tile(Addr(k * rows * stride), dtype, rows, cols, stride)  # noqa: E731
+        dst = Tile(Addr(8192), out_dtype, rows, 1, 128)
+        queues += [Queue(f"f{c}", (c, "ls"), (c, "sfp"), 1), Queue(f"d{c}", (c, "sfp"), (c, "ls"), 1)]
+        ls = (isa.Load(Addr(0), DevAddr("x", c * 2 * rows * cols * size), 2 * rows, cols * size, cols * size, stride),
+              isa.Push(f"f{c}"), isa.Pop(f"d{c}"),
+              isa.Store(DevAddr("out", c * rows * 2 * 8 // (2 if out_dtype == "fp32" else 1)), Addr(8192), rows,
+                        8 if out_dtype == "int64" else 4, 16 if out_dtype == "int64" else 8, 128))
+        sfp = [isa.Pop(f"f{c}"), isa.Reduce(op, dst, src(0))]
+        if accumulate:
+            sfp.append(isa.Reduce(op, dst, src(1), accumulate=True))
+        sfp.append(isa.Push(f"d{c}"))
+        cps.append(CoreProgram(c, (("ls", ls), ("sfp", tuple(sfp)))))
+    return Program(f"reduce_{op}", syms, tuple(cps), tuple(queues))
+
+
+@pytest.mark.parametrize("op,accumulate", [("sum", False), ("sum", True), ("prod", False), ("max", False),
+                                           ("max", True), ("argmax", False), ("argmin", False)])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("cols", [5, 64, 100])  # (below, at and past a vector's width, with a tail)
+def test_the_row_reductions_of_several_cores_run_as_one_operation_with_each_cores_bits(op, accumulate, dtype, cols):
+    program = _row_reductions(op, dtype, cols, accumulate=accumulate)
+    inputs = _inputs(program)
+    x = inputs["x"].view(-1)
+    x[::7] = float("nan") if op != "prod" else 1.5  # NaNs propagate with the very bits one core's loop gives
+    x[3::11] = float("inf")
+    general = _buffers(program, inputs)
+    Machine(program, general, S).run()
+    fast = _buffers(program, inputs)
+    bound = BoundRun(Schedule(program, S), program, fast, ScratchBank(S, 32))
+    bound.run()
+    assert torch.equal(general["out"], fast["out"])
+    sizes = [len(group) for _, group in bound.ops if isinstance(group[0][3], isa.Reduce)]
+    # combining by elementwise max takes one core at a time (its NaN bits differ batched)
+    assert sizes == ([4, 1, 1, 1, 1] if (op, accumulate) == ("max", True) else [4] * (1 + accumulate))
+
+
 def test_the_schedule_walk_raises_the_interpreters_deadlock():
     syms = (Symbol("x", "input", "fp32", (32,), (1,)),)
     program = Program("dead", syms, (CoreProgram(0, (("ls", (isa.Pop("out"), isa.Push("in"))),

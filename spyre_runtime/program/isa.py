@@ -600,18 +600,18 @@ def _integer_division(op, quotient: bool):
 for _name, _quotient in (("floordiv", True), ("truncdiv", True), ("fmod", False), ("remainder", False)):
     BINARY[_name] = _integer_division(BINARY[_name], _quotient)
 REDUCE = {
-    "sum": lambda x: x.sum(dim=1, keepdim=True),
-    "max": lambda x: x.amax(dim=1, keepdim=True),
-    "min": lambda x: x.amin(dim=1, keepdim=True),
-    "prod": lambda x: x.prod(dim=1, keepdim=True),
+    "sum": lambda x: x.sum(dim=-1, keepdim=True),
+    "max": lambda x: x.amax(dim=-1, keepdim=True),
+    "min": lambda x: x.amin(dim=-1, keepdim=True),
+    "prod": lambda x: x.prod(dim=-1, keepdim=True),
     # Added for reductions (issue 8). argmax/argmin: the index of each row's first maximum
     # (minimum) within the tile row, NaN counting as the maximum (minimum) as in PyTorch; the
     # destination is an integer tile; they do not accumulate (a planner combines (value, index)
     # pairs itself, with compares and selects). any/all: on bool tiles.
-    "argmax": lambda x: x.argmax(dim=1, keepdim=True),
-    "argmin": lambda x: x.argmin(dim=1, keepdim=True),
-    "any": lambda x: x.to(torch.bool).any(dim=1, keepdim=True),
-    "all": lambda x: x.to(torch.bool).all(dim=1, keepdim=True),
+    "argmax": lambda x: x.argmax(dim=-1, keepdim=True),
+    "argmin": lambda x: x.argmin(dim=-1, keepdim=True),
+    "any": lambda x: x.to(torch.bool).any(dim=-1, keepdim=True),
+    "all": lambda x: x.to(torch.bool).all(dim=-1, keepdim=True),
 }
 COMBINE = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul,
            "any": torch.logical_or, "all": torch.logical_and}
@@ -799,16 +799,22 @@ class Reduce(Instruction):
 
     @classmethod
     def bind(cls, b, group):
-        if len(group) != 1:
-            return None  # one per core: a batched reduction may sum in another order
-        (core, i, idx), = group
-        dst, src = b.tile([(core, i.dst, idx)]), b.tile([(core, i.src, idx)])
+        # One operation over every core's tiles: torch reduces each row by the same loop
+        # whatever the rows around it, so a batched reduction gives each core's very bits
+        # (checked, NaN bits included, over strides, tails and dtypes: tests/test_fast_runs.py).
+        first = group[0][1]
+        key = (first.op, first.dst.shape_key, first.src.shape_key, first.accumulate)
+        if any((i.op, i.dst.shape_key, i.src.shape_key, i.accumulate) != key for _, i, _ in group) or \
+                (len(group) > 1 and first.accumulate and first.op in ("max", "min")):
+            return None  # (combining by elementwise max/min: another NaN's bits, see EXACT_UNARY)
+        dst = b.tile([(c, i.dst, idx) for c, i, idx in group])
+        src = b.tile([(c, i.src, idx) for c, i, idx in group])
         if dst is None or src is None:
             return None
-        dst, fn, read = dst[0], REDUCE[i.op], b.reader(src[0], i.src)
-        if not i.accumulate:
+        fn, read = REDUCE[first.op], b.reader(src, first.src)
+        if not first.accumulate:
             return lambda: dst.copy_(fn(read()))
-        combine, read_dst = COMBINE[i.op], b.reader(dst, i.dst)
+        combine, read_dst = COMBINE[first.op], b.reader(dst, first.dst)
         return lambda: dst.copy_(combine(read_dst(), fn(read())))
 
     def cost(self, t, core, idx):
