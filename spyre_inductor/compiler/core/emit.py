@@ -10,6 +10,8 @@
     summary.txt           a person's view of the plan (templates/summary.txt.j2, any family)
     call.py               the wrapper's call (names its own directory: artifacts are
                           written in a staging directory, then renamed into place)
+    sources.txt           the aten ops of the graphs whose kernels compiled to it, a line each
+                          (note_source; not part of what the artifact is keyed on)
 
 The JSON and text files are rendered through the jinja2 templates next to
 this package (templates/); launch_spec.json is written last, so a
@@ -132,3 +134,21 @@ def write_artifact(directory: Path, kernel: Kernel, plans: Plans, program: Progr
     json.loads(spec)
     (directory / "launch_spec.json").write_text(spec)
     return directory
+
+
+SOURCES = "sources.txt"
+
+
+def note_source(directory: Path, ops: str) -> None:
+    """Add `ops` (a scheduler node's aten ops) to the artifact's sources.txt unless it is there:
+    one content-addressed artifact serves every graph whose kernel compiles to the same program,
+    so what it came from is a list that grows, written beside what the artifact is keyed on.
+    Best effort: a read-only cache loses only this note."""
+    f = Path(directory) / SOURCES
+    try:
+        if f.exists() and ops in f.read_text().splitlines():
+            return
+        with open(f, "a") as out:  # (one short append: whole even with another process appending)
+            out.write(ops.replace("\n", " ") + "\n")
+    except OSError:
+        pass

@@ -37,6 +37,7 @@ from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
 from .. import families  # noqa: F401 - registers every kernel family: fusion asks them all
+from ..core.emit import note_source
 from ..core.family import fusion_vetoed
 from ..symbolic import capture as symbolic_capture
 from .capture import Capture, capture
@@ -78,13 +79,15 @@ def record_kernels():
 
 
 def _record(nodes, kernel, artifact, reason) -> None:
-    if _recorders:
+    if _recorders or artifact is not None:
         record(tuple(n.get_name() for n in nodes), origin_ops(nodes), kernel, artifact, reason)
 
 
 def record(names: tuple[str, ...], ops: str, kernel, artifact, reason) -> None:
     """One KernelRecord for every active recorder (a kernel that is not a scheduler node's:
     the fused attention, attention_node.py)."""
+    if artifact is not None:
+        note_source(artifact, ops)  # (what `spyre-inspect list` shows it came from)
     entry = KernelRecord(tuple(names), ops, kernel, artifact, reason)
     for records in _recorders:
         records.append(entry)

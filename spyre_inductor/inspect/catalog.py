@@ -1,0 +1,93 @@
+"""The compiled kernels of a directory, and naming one of them.
+
+A kernel's artifact directory (compiler/core/emit.py) is complete once it has launch_spec.json;
+anything else under the directory is skipped. The default directory is where this process's
+compiler writes (Inductor's cache dir, per compiler version), so `spyre-inspect list` after a run
+shows that run's kernels, newest first.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from spyre_inductor.compiler.core.emit import SOURCES
+
+
+class KernelNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class KernelArtifact:
+    path: Path
+    name: str
+    compiler: str
+    mtime: float
+
+    @cached_property
+    def plan(self) -> dict:
+        return json.loads((self.path / "plan.json").read_text())
+
+    @property
+    def family(self) -> str:
+        return self.plan.get("family", "?")
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        f = self.path / SOURCES
+        return tuple(line for line in f.read_text().splitlines() if line) if f.exists() else ()
+
+    def program(self):
+        from spyre_runtime.program.program import Program
+
+        return Program.load(self.path / "program.json")
+
+    def text(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+
+def default_directory() -> Path:
+    from spyre_inductor.compiler.inductor.scheduling import artifact_root
+
+    return artifact_root()
+
+
+def kernels(directory: str | Path | None = None) -> list[KernelArtifact]:
+    """Every complete kernel artifact under `directory`, newest first."""
+    root = Path(directory) if directory is not None else default_directory()
+    if not root.is_dir():
+        raise FileNotFoundError(f"spyre-inspect: {str(root)!r} is not a directory")
+    found = []
+    for spec in root.rglob("launch_spec.json"):
+        try:
+            meta = json.loads(spec.read_text())
+        except (OSError, ValueError):
+            continue  # (one being written, or damaged: not a kernel to show)
+        found.append(KernelArtifact(spec.parent, meta["kernel"], meta.get("compiler", "?"), spec.stat().st_mtime))
+    return sorted(found, key=lambda k: (-k.mtime, k.name))
+
+
+def find_kernel(query: str, directory: str | Path | None = None) -> KernelArtifact:
+    """The kernel `query` names: an artifact directory, a kernel name, or a unique prefix of one."""
+    path = Path(query)
+    if (path / "launch_spec.json").exists():
+        meta = json.loads((path / "launch_spec.json").read_text())
+        return KernelArtifact(path, meta["kernel"], meta.get("compiler", "?"), (path / "launch_spec.json").stat().st_mtime)
+    everything = kernels(directory)
+    exact = [k for k in everything if k.name == query]
+    if exact:
+        return exact[0]  # (the same kernel compiled again lands in another directory: the newest)
+    names = sorted({k.name for k in everything if k.name.startswith(query)})
+    if len(names) == 1:
+        return next(k for k in everything if k.name == names[0])
+    where = directory if directory is not None else default_directory()
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise KernelNotFound(f"{query!r} is a prefix of {len(names)} kernels in {where}: {shown}")
+    close = difflib.get_close_matches(query, sorted({k.name for k in everything}), n=5, cutoff=0.5)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    raise KernelNotFound(f"no kernel named {query!r} in {where} ({len(everything)} kernels){hint}")
