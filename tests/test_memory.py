@@ -144,3 +144,18 @@ def test_empty_cache_keeps_live_tensors():
     x = torch.arange(8.0, device="spyre")
     torch.spyre.empty_cache()
     assert torch.equal(x.cpu(), torch.arange(8.0))
+
+
+def test_memory_summary_is_cudas_table_of_memory_stats_with_spyres_regions():
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="spyre")
+    from spyre_inductor.device.memory import _size
+
+    text = torch.spyre.memory_summary()
+    stats = torch.spyre.memory_stats()
+    row = next(line for line in text.splitlines() if line.startswith("| Allocated memory"))
+    assert row.split("|")[2].strip() == _size(stats["allocated_bytes.all.current"]).strip()
+    assert stats["allocated_bytes.all.current"] >= x.nbytes
+    assert "from small pool" in text and f"Regions: {stats['regions.current']} of {stats['regions.budget']}" in text
+    short = torch.spyre.memory_summary(abbreviated=True)
+    assert "from small pool" not in short and "| Allocations " in short
+    del x

@@ -22,6 +22,7 @@ from .memory import (  # noqa: F401
     memory_allocated,
     memory_reserved,
     memory_stats,
+    memory_summary,
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
 )

@@ -116,3 +116,58 @@ def empty_cache() -> None:
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free bytes, total bytes) of a device's memory."""
     return torch.accelerator.get_memory_info(device_index(device))
+
+
+_SUMMARY_ROWS = (  # (label, memory_stats key prefix, bytes?) in torch.cuda.memory_summary's order
+    ("Allocated memory", "allocated_bytes", True),
+    ("Active memory", "active_bytes", True),
+    ("Requested memory", "requested_bytes", True),
+    ("Reserved memory", "reserved_bytes", True),
+    ("Non-releasable memory", "inactive_split_bytes", True),
+    ("Allocations", "allocation", False),
+    ("Active allocs", "active", False),
+    ("Reserved segments", "segment", False),
+    ("Non-releasable allocs", "inactive_split", False),
+)
+
+
+def _size(n: float) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B  " else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of memory_stats(), as torch.cuda.memory_summary() prints for CUDA (its rows
+    and columns: current, peak, total allocated, total freed; per pool unless `abbreviated`),
+    then what only spyre has: its regions and the host staging pool."""
+    index = device_index(device)
+    stats = memory_stats(index)
+    columns = ("Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")
+    line = "|" + "=" * 87 + "|"
+    out = [line, f"|{'spyre memory summary, device ' + str(index):^87}|", line,
+           f"|        Metric          | {columns[0]:>13} | {columns[1]:>13} | {columns[2]:>13} | {columns[3]:>13} |",
+           "|" + "-" * 87 + "|"]
+    pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
+    for label, key, is_bytes in _SUMMARY_ROWS:
+        for pool in pools:
+            values = [stats.get(f"{key}.{pool}.{field}") for field in ("current", "peak", "allocated", "freed")]
+            if values[0] is None:
+                continue
+            name = label if pool == "all" else f"  from {pool.split('_')[0]} pool"
+            cells = [(_size(v) if is_bytes else str(v)) for v in values]
+            out.append(f"| {name:<22} | {cells[0]:>13} | {cells[1]:>13} | {cells[2]:>13} | {cells[3]:>13} |")
+        out.append("|" + "-" * 87 + "|")
+    spyre = [
+        f"Regions: {stats['regions.current']} of {stats['regions.budget']} (each at least "
+        f"{_size(stats['regions.min_bytes'])}), mode {stats['mode']}",
+        f"Free in regions: {_size(stats['regions.free_bytes'])}, largest free block "
+        f"{_size(stats['regions.largest_free_block'])}, fragmentation {stats['fragmentation']:.3f}",
+        f"Host staging: {stats['host_staging.buffers']} pinned buffer(s), {_size(stats['host_staging.bytes'])}",
+        f"Device allocs/frees: {stats.get('num_device_alloc', 0)}/{stats.get('num_device_free', 0)}, "
+        f"OOMs {stats.get('num_ooms', 0)}, alloc retries {stats.get('num_alloc_retries', 0)}",
+    ]
+    out += [f"| {s:<85} |" for s in spyre] + [line]
+    return "\n".join(out) + "\n"
