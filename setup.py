@@ -8,7 +8,7 @@ from setuptools import setup
 # torch autoloads installed device backends on import, and an editable
 # install of this package would load its stale (or missing) extension.
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 csrc = Path("spyre_runtime") / "csrc"
 
@@ -17,6 +17,8 @@ setup(
         CppExtension(
             "spyre_runtime._C",
             sources=sorted(str(p) for p in csrc.glob("*.cpp")),
+            # Kineto's headers (shipped with torch, not on the default path): profiler.cpp's plugin
+            include_dirs=[str(Path(include_paths()[0]) / "kineto")],
             extra_compile_args=["-O2", "-std=c++17", "-Wno-unused-parameter"],
         )
     ],

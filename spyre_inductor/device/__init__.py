@@ -19,7 +19,7 @@ def register() -> None:
     from spyre_runtime import _C
     from spyre_runtime.hardware import HARDWARE, device_count_from_env, mode_from_env, region_handles
 
-    from . import api, asserts, autocast, copies, fallback, queues, random_ops, routes
+    from . import api, asserts, autocast, copies, fallback, profiler, queues, random_ops, routes
 
     mode = mode_from_env()
     _C.configure(device_count_from_env(), HARDWARE.device_memory_bytes, region_handles(mode), mode)
@@ -34,6 +34,7 @@ def register() -> None:
     copies.install()
     asserts.install()  # torch._assert_async: a check in stream order
     fallback.install()
+    profiler.install()  # torch.profiler's spyre activities (a Kineto plugin)
     routes.install()  # meta kernels of the convolutions PyTorch hands a device
     random_ops.install()  # random fills in spyre programs (issue 19)
     autocast.install()  # cast rules for torch.autocast("spyre") (issue 19)

@@ -26,6 +26,12 @@ namespace spyre::bridge {
 void set_runtime(py::object runtime);
 }
 
+namespace spyre::profiler {
+void set_hooks(py::object start, py::object stop, py::object collect);
+uint64_t current_correlation();
+void register_profiler();
+}
+
 namespace {
 
 // The calling thread's intra-op thread counts set to (omp, mkl): OpenMP's, and MKL's
@@ -72,6 +78,11 @@ PYBIND11_MODULE(_C, m) {
   // torch.accelerator.synchronize(i) (and so torch.spyre.synchronize()) returns
   // without waiting, dropping work already enqueued and its errors.
   torch::utils::set_requires_device_init(c10::DeviceType::PrivateUse1, false);
+  spyre::profiler::register_profiler();  // torch.profiler's PrivateUse1 activities (profiler.cpp)
+  m.def("set_profiler_hooks", &spyre::profiler::set_hooks, py::arg("start"), py::arg("stop"), py::arg("collect"),
+        "The Python side of the Kineto plugin: start and stop recording, and the operations recorded");
+  m.def("profiler_correlation", &spyre::profiler::current_correlation,
+        "The correlation id of the CPU op this thread is in while torch.profiler records (0: none)");
   m.def("configure", &spyre::configure, py::arg("num_devices"), py::arg("capacity_bytes"),
         py::arg("region_handles"), py::arg("mode"),
         "Set the device count, per-device memory and region handle budget before first use.");

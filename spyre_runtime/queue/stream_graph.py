@@ -47,6 +47,11 @@ RECENT = 16
 _KNOWN_PIPELINES = frozenset(("compute", "h2d", "d2h", "d2d", "host", "control"))
 
 
+# While torch.profiler records spyre activity: () -> the correlation id of the CPU op the calling
+# thread is in, kept on each ticket enqueued (device/profiler.py); None otherwise (no cost).
+correlation_source = None
+
+
 class Stream:
     __slots__ = ("id", "priority", "last", "pending", "writers", "recent", "error", "error_seq")
 
@@ -135,6 +140,8 @@ class StreamGraph:
         sim_floor). `pending_error`: it completes, failed with that, once ready."""
         stream = self.stream(stream_id)
         ticket = Ticket(op, stream, seq, inline, self.device)
+        if correlation_source is not None:  # (torch.profiler records: the CPU op enqueuing it)
+            ticket.correlation = correlation_source()
         if claimant is not None:
             ticket.claimant = claimant
         if pending_error is not None:

@@ -22,6 +22,7 @@ import queue as queue_module
 import threading
 from typing import Callable
 
+from . import stream_graph
 from .stream_graph import StreamGraph
 from .tickets import FAILED_SUBMISSION, Ticket
 from .workers import Workers
@@ -164,7 +165,10 @@ class Submission:
                 self._on_enqueued(sid, seq)
             # What the host had observed when it handed the launch over: its operations start no
             # earlier, and no later for being enqueued after a later observation.
-            self.submitted.append((record, streams, first, self.graph.sim_floor))
+            # (and, while torch.profiler records, the CPU op handing it over: the thread that
+            # enqueues it later may be another's, in another op)
+            source = stream_graph.correlation_source
+            self.submitted.append((record, streams, first, self.graph.sim_floor, source() if source else 0))
         if self._doorbell_idle:
             self._ring()
 
@@ -193,7 +197,7 @@ class Submission:
         tickets: list[Ticket] = []
         claimed: list[Ticket] = []
         outer = self._batch, self._claim  # an enqueue_runs call that found it handed over meanwhile
-        record, streams, first, floor = self.submitted[0]
+        record, streams, first, floor, correlation = self.submitted[0]
         try:
             with self._submit_lock:  # taken here: an interrupt before this leaves it to the next drain
                 self.submitted.popleft()
@@ -211,6 +215,8 @@ class Submission:
                     ticket = self.enqueue_locked(sid, op, False, checked=True, seq=first + k, requires=needs,
                                                  floor=floor)
                     self._batch[id(op)] = ticket
+                    if correlation:
+                        ticket.correlation = correlation
                     tickets.append(ticket)
             if len(tickets) != len(streams):
                 raise RuntimeError(f"spyre:{self.device}: a submission declared {len(streams)} operations "

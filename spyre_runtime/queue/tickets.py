@@ -68,6 +68,7 @@ class Ticket:
     deadline: float | None = None
     ready_sim = sim_start = sim_end = 0.0
     host_start = host_end = 0
+    correlation = 0  # the CPU op that enqueued it, while torch.profiler records (stream_graph)
     prefetch_on_ready = False
     requires: tuple[Ticket, ...] = ()
     claimant: list | None = None  # enqueue_runs(run_ready=True): the caller runs it once ready
