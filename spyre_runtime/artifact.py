@@ -15,6 +15,7 @@ are plain numbers here, and the program format is the one Program.dump writes.
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from pathlib import Path
 
@@ -91,3 +92,26 @@ def check_artifact_files(artifact_dir) -> dict:
         raise ArtifactError(f"{plan_path}: execution plan format {found!r}; this runtime reads format "
                             f"{LAUNCH_FORMAT}")
     return spec
+
+
+ARTIFACTS_ENV = "SPYRE_ARTIFACTS"
+
+
+def collect(artifact_dir, into) -> Path | None:
+    """A copy of the artifact directory `artifact_dir` as `into`/<its kernel's name>, unless one
+    is there already (SPYRE_ARTIFACTS, TORCH_COMPILE_DEBUG's directory): a run's kernels under
+    names a person can read, for `spyre-inspect`. Best effort: a copy that fails costs only the
+    copy. Returns where it is, or None."""
+    import shutil
+
+    src = Path(artifact_dir)
+    try:
+        name = json.loads((src / "launch_spec.json").read_text())["kernel"]
+        dest = Path(into) / name
+        if not (dest / "launch_spec.json").exists():
+            staging = Path(into) / f".{name}.{os.getpid()}.partial"
+            shutil.copytree(src, staging, dirs_exist_ok=True)
+            os.replace(staging, dest) if not dest.exists() else shutil.rmtree(staging, ignore_errors=True)
+        return dest
+    except (OSError, ValueError, KeyError):
+        return None

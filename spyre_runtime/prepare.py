@@ -20,6 +20,7 @@ keeps the plan's memory for every stream its launches read it on
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import _C
-from .artifact import ArtifactError, check_artifact_files, json_file
+from .artifact import ARTIFACTS_ENV, ArtifactError, check_artifact_files, collect, json_file
 from .binding import ArgSpec, ArgTable
 from .device.programs import ProgramExecutor
 from .program.operands import DTYPES, sticks
@@ -217,6 +218,9 @@ def prepare_kernel(artifact_dir, device: int | None = None) -> JobPlan:
     An artifact that cannot be used raises ArtifactError (a ValueError) naming the file and what
     is wrong, before anything is allocated."""
     root = Path(artifact_dir)
+    collect_into = os.environ.get(ARTIFACTS_ENV)
+    if collect_into:  # a run's kernels by name (spyre-inspect list $SPYRE_ARTIFACTS)
+        collect(root, collect_into)
     if device is not None and (not isinstance(device, int) or isinstance(device, bool)
                                or not 0 <= device < _C.device_count()):
         raise ValueError(f"prepare_kernel: device must be a spyre device index in 0..{_C.device_count() - 1}, "

@@ -30,6 +30,11 @@ def register() -> None:
         )
     if not hasattr(torch, "spyre"):
         torch._register_device_module("spyre", api)
+    # TORCH_LOGS="spyre" (plans and fallbacks, INFO) or "+spyre" (DEBUG): registered before torch
+    # reads TORCH_LOGS (autoload runs first in torch/__init__)
+    from torch._logging._internal import register_log
+
+    register_log("spyre", ["spyre_inductor", "spyre_runtime"])
     queues.install()
     copies.install()
     asserts.install()  # torch._assert_async: a check in stream order

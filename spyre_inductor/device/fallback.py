@@ -26,6 +26,7 @@ Later issues replace the fallback op by op with compile-backed kernels.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -40,6 +41,8 @@ from torch.utils._pytree import tree_leaves
 from spyre_runtime import _C
 
 from . import queues, random
+
+log = logging.getLogger(__name__)  # TORCH_LOGS="+spyre"
 
 
 class SpyreFallbackWarning(UserWarning):
@@ -253,6 +256,7 @@ def _announce(plan: _OpPlan, reason: str | None = None, stacklevel: int = 3) -> 
     # `reason`: why an op that has a compile-backed kernel (spyre_inductor/eager) still runs here.
     if formatting_a_tensor():
         return  # (formatting a tensor: not the user's op, neither forbidden nor warned about)
+    log.debug("eager CPU fallback: %s (%s)", plan.name, reason or "no spyre kernel")
     if strict():
         if _inside_inductor_constant_folding():
             return  # compile-time work of Inductor's, not the user's op: not forbidden

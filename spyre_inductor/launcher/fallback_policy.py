@@ -14,6 +14,7 @@ the eager fallback's record of the ops already warned about (fallback.first_warn
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 # One reading of SPYRE_STRICT, one record of the ops and kernels warned about.
@@ -26,6 +27,8 @@ from spyre_inductor.device.fallback import (
 )
 
 from .nesting import eager_op
+
+log = logging.getLogger(__name__)  # TORCH_LOGS="spyre"
 
 
 class SpyreStrictError(NotImplementedError):
@@ -55,6 +58,7 @@ def _operators(ops: str) -> list[str]:
 
 def refuse_in_strict_mode(ops: str, reason: str) -> None:
     """In strict mode, raise: compiled code would run `ops` (an origin_ops() label) on the CPU."""
+    log.info("CPU fallback in a compiled graph: %s (%s)%s", ops, reason, ": refused, SPYRE_STRICT=1" if strict() else "")
     if strict():
         raise SpyreStrictError(
             f"spyre: {ops} cannot be compiled for spyre ({reason}) and SPYRE_STRICT=1 forbids "

@@ -152,3 +152,33 @@ def note_source(directory: Path, ops: str) -> None:
             out.write(ops.replace("\n", " ") + "\n")
     except OSError:
         pass
+
+
+BRIEF_LISTING_LINES = 16
+
+
+def brief(directory: Path) -> list[str]:
+    """A kernel artifact in a few lines: its summary's first line, its division and why, and the
+    head of its first core's program (what TORCH_LOGS=output_code shows beside the wrapper, as
+    Inductor shows a Triton kernel's source; `spyre-inspect show|plan` has the rest)."""
+    directory = Path(directory)
+    try:
+        summary = (directory / "summary.txt").read_text().splitlines()
+        division = json.loads((directory / "plan.json").read_text()).get("division") or {}
+        listing = (directory / "listing.txt").read_text()
+    except (OSError, ValueError):
+        return [f"(artifact {directory} unreadable)"]
+    lines = summary[:1]
+    if division:
+        lines.append(f"division: {division.get('cores', '?')} core(s), {division.get('split', '')}")
+        if division.get("reason"):
+            lines.append(f"  kept: {division['reason']}")
+    body = listing.partition("\ncore ")[2]
+    if body:
+        core = ("core " + body).split("\ncore ")[0].splitlines()
+        lines.append(f"program, {core[0].strip()} of {listing.count(chr(10) + 'core ')}:")
+        lines += core[1:1 + BRIEF_LISTING_LINES]
+        if len(core) > 1 + BRIEF_LISTING_LINES:
+            lines.append(f"  ... {len(core) - 1 - BRIEF_LISTING_LINES} more line(s): spyre-inspect show "
+                         f"{summary[0].split()[1] if summary and len(summary[0].split()) > 1 else directory}")
+    return lines

@@ -24,6 +24,7 @@ device's kernels or its CPU fallback.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,8 +37,10 @@ from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
+from spyre_runtime.artifact import collect
+
 from .. import families  # noqa: F401 - registers every kernel family: fusion asks them all
-from ..core.emit import note_source
+from ..core.emit import brief, note_source
 from ..core.family import fusion_vetoed
 from ..symbolic import capture as symbolic_capture
 from .capture import Capture, capture
@@ -48,6 +51,8 @@ from ..ir.errors import NotCapturable
 from ..ir.kernel_ir import Kernel
 from .version import compiler_version
 from ..ir.naming import content_name, positional_names
+
+log = logging.getLogger(__name__)  # TORCH_LOGS="spyre": each kernel planned; "+spyre": more
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,10 @@ def record(names: tuple[str, ...], ops: str, kernel, artifact, reason) -> None:
     the fused attention, attention_node.py)."""
     if artifact is not None:
         note_source(artifact, ops)  # (what `spyre-inspect list` shows it came from)
+        if log.isEnabledFor(logging.INFO):
+            log.info("planned for %s: %s", ops, "\n  ".join(brief(artifact)[:3]))
+        if torch._inductor.config.trace.enabled and getattr(V.debug, "_path", None):
+            collect(artifact, V.debug.filename("spyre"))  # TORCH_COMPILE_DEBUG: beside Inductor's own
     entry = KernelRecord(tuple(names), ops, kernel, artifact, reason)
     for records in _recorders:
         records.append(entry)

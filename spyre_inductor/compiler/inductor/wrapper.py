@@ -41,6 +41,8 @@ from torch._inductor.codegen.wrapper import (
 from torch._inductor.utils import IndentedBuffer
 from torch._inductor.virtualized import V
 
+from ..core.emit import brief
+
 LAUNCH_IMPORT = "from spyre_runtime.launch import launch_jobplan"
 PREPARE_IMPORT = "from spyre_runtime.prepare import prepare_kernel"
 BUCKETED_IMPORT = "from spyre_inductor.launcher.bucketed import launch_bucketed, prepare_bucketed"
@@ -94,6 +96,9 @@ class SpyreWrapperMixin:
             prepare = "prepare_bucketed" if bucketed else "prepare_kernel"
             hooks = ", hooks=BUCKETS" if bucketed else ""
             template = f", exact={doc!r}" if doc is not None else ""
+            # (the plan's brief and its program's head, as Inductor shows a Triton kernel's source:
+            # TORCH_LOGS=output_code prints them with the wrapper)
+            comment = "\n".join([comment] + [f"#   {line}" for line in brief(artifact_dir)])
             root.define_kernel(name, f"{prepare}({artifact_dir!r}, device={device_index}{hooks}{template})",
                                metadata=comment, gpu=False)
         return name
