@@ -166,9 +166,14 @@ def kernel_reports():
 
     Only a window of the most recent launches is kept (1024 by default; older reports
     are dropped so a long run does not grow without bound): see
-    set_kernel_report_window()."""
+    set_kernel_report_window().
+
+    A report exists once its program has run: this waits for every device's work enqueued so
+    far (as synchronize() does), so what was launched before the call is in the list."""
     from spyre_runtime.program.run import kernel_reports as reports
 
+    for device in range(device_count()):
+        synchronize(device)
     return reports()
 
 

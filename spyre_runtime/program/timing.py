@@ -209,6 +209,11 @@ class Report:
                 "minimum_bytes": self.minimum_bytes, "refetch": self.refetch, "flops": self.flops,
                 "cores_used": self.cores_used, "utilization": self.utilization(), "bottleneck": self.bottleneck}
 
+    def __repr__(self) -> str:
+        # (not the dataclass's: that one prints every unit's busy time and the whole hardware config)
+        return (f"Report({self.name!r}, {self.simulated_us:.3g} us simulated, roofline {self.roofline_us:.3g} us, "
+                f"efficiency {self.efficiency:.2f}, {self.cores_used} cores, {self.bottleneck})")
+
     def describe(self) -> str:
         """One line: time, roofline, efficiency, bytes moved against the minimum, bottleneck."""
         against = "the minimum bytes" if self.minimum_bytes is not None else "the bytes moved; minimum unknown"
