@@ -63,11 +63,14 @@ def kernels(directory: str | Path | None = None) -> list[KernelArtifact]:
         raise FileNotFoundError(f"spyre-inspect: {str(root)!r} is not a directory")
     found = []
     for spec in root.rglob("launch_spec.json"):
+        if spec.parent.name.startswith("."):
+            continue  # (a compile's staging directory, renamed into place once whole)
         try:
             meta = json.loads(spec.read_text())
+            mtime = spec.stat().st_mtime
         except (OSError, ValueError):
-            continue  # (one being written, or damaged: not a kernel to show)
-        found.append(KernelArtifact(spec.parent, meta["kernel"], meta.get("compiler", "?"), spec.stat().st_mtime))
+            continue  # (renamed away meanwhile, or damaged: not a kernel to show)
+        found.append(KernelArtifact(spec.parent, meta["kernel"], meta.get("compiler", "?"), mtime))
     return sorted(found, key=lambda k: (-k.mtime, k.name))
 
 

@@ -3,6 +3,10 @@
     spyre-inspect list [DIR] [--all | --last N]   one row per kernel, newest first
     spyre-inspect show KERNEL [--core N] [--unit ls|pe|sfp]
     spyre-inspect plan KERNEL [--svg FILE]       why the program is what it is
+    spyre-inspect diff A B                        what changed between two kernels
+    spyre-inspect trace SCRIPT [ARGS] [-o FILE]  run a script, write its Chrome/Perfetto trace
+    spyre-inspect report SCRIPT|TRACE [--html F] a per-kernel perf report of a run
+    spyre-inspect clean [--all] [--dry-run]       remove artifacts nothing will load again
 
 KERNEL is a kernel's name, a unique prefix of one, or its artifact directory; DIR (or --dir)
 defaults to where this process's compiler writes its artifacts (Inductor's cache dir).
@@ -11,6 +15,8 @@ defaults to where this process's compiler writes its artifacts (Inductor's cache
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import re
 import sys
 from pathlib import Path
@@ -107,6 +113,85 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_diff(args) -> int:
+    a, b = find_kernel(args.a, args.dir), find_kernel(args.b, args.dir)
+    print(f"--- {a.name} ({a.family}, {a.path})\n+++ {b.name} ({b.family}, {b.path})")
+    ca, cb = cost_of(a.program()), cost_of(b.program())
+    print(f"cost: {ca.simulated_us:.3g} -> {cb.simulated_us:.3g} us simulated, efficiency {ca.efficiency:.3f} -> "
+          f"{cb.efficiency:.3f}, cores {ca.cores} -> {cb.cores}, {ca.bound} -> {cb.bound}")
+    for title, name in (("plan", "summary.txt"), ("program", "listing.txt")):
+        lines = list(difflib.unified_diff(a.text(name).splitlines(), b.text(name).splitlines(), a.name, b.name,
+                                          n=1, lineterm=""))[2:]
+        changed = sum(1 for line in lines if line[:1] in "+-")
+        print(f"\n{title}: {'the same' if not changed else f'{changed} line(s) differ'}")
+        shown = lines if args.full else lines[:args.lines]
+        print("\n".join(shown))
+        if len(shown) < len(lines):
+            print(f"... {len(lines) - len(shown)} more diff line(s): --full")
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from .trace import record, run_script, write
+
+    trace = record(lambda: run_script(args.script, args.args))
+    path = write(trace, args.output)
+    print(f"trace: {path} ({len(trace['spyreKernels'])} launches, {len(trace['traceEvents'])} events; open it in "
+          f"https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _pictures(names, directory) -> dict:
+    out = {}
+    for name in names:
+        try:
+            k = find_kernel(name, directory)
+        except (KernelNotFound, FileNotFoundError):
+            continue
+        out[name] = plan_svg(k.name, k.plan)
+    return out
+
+
+def cmd_report(args) -> int:
+    from . import report
+    from .trace import record, run_script, write
+
+    if args.target.endswith(".json"):
+        if args.args:  # (options after a trace file: nothing of it is a script's argument)
+            parser().parse_args(["report", *args.args, args.target], namespace=args)
+        trace = report.load(args.target)
+    else:
+        trace = record(lambda: run_script(args.target, args.args))
+        if args.trace:
+            write(trace, args.trace)
+    rows = trace["spyreKernels"]
+    kernels, summary = report.lines(rows)
+    print(report.text(kernels, summary, top=args.top))
+    if args.html:
+        directory = args.dir or os.environ.get("SPYRE_ARTIFACTS")
+        pictures = _pictures([k.name for k in kernels[:5]], directory)
+        Path(args.html).write_text(report.html_page(kernels, summary, rows, pictures, f"spyre report: {args.target}"))
+        print(f"html: {args.html}")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from spyre_inductor.compiler.inductor.version import compiler_version
+
+    from .clean import candidates, remove
+
+    found = candidates(Path(cache_dir()), compiler_version(), args.older_than * 3600, everything=args.all)
+    total = sum(r.nbytes for r in found)
+    for r in found:
+        print(f"{'would remove' if args.dry_run else 'remove'} {r.path} ({r.nbytes / 1e6:.1f} MB): {r.why}")
+    freed = total if args.dry_run else remove(found)
+    print(f"{len(found)} director{'y' if len(found) == 1 else 'ies'}, {freed / 1e6:.1f} MB "
+          f"{'would be ' if args.dry_run else ''}freed")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spyre-inspect", description="Read and picture the programs spyre compiled.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -121,16 +206,38 @@ def parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="why a kernel's program is what it is")
     plan.add_argument("kernel")
     plan.add_argument("--svg", metavar="FILE", help="write the scratchpad map and division as an SVG picture")
-    for s in (show, plan):
-        s.add_argument("--dir", default=None, help="where to look for KERNEL (default: this compiler's cache)")
+    diff = sub.add_parser("diff", help="what changed between two kernels' plans and programs")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.add_argument("--full", action="store_true", help="the whole diff")
+    diff.add_argument("--lines", type=int, default=60, help="diff lines shown per part (default 60)")
+    trace = sub.add_parser("trace", help="run a script and write its trace (Chrome trace / Perfetto JSON)")
+    trace.add_argument("-o", "--output", default="spyre_trace.json")
+    trace.add_argument("script")
+    trace.add_argument("args", nargs=argparse.REMAINDER)
+    rep = sub.add_parser("report", help="a per-kernel perf report of a script's run or a trace")
+    rep.add_argument("--html", metavar="FILE", help="also as one self-contained HTML page")
+    rep.add_argument("--trace", metavar="FILE", help="keep the trace of the run too")
+    rep.add_argument("--top", type=int, default=None, help="only the N kernels with the most device time")
+    rep.add_argument("target", help="a Python script to run (options go before it: what follows is its argv), "
+                                    "or a trace written by `spyre-inspect trace`")
+    rep.add_argument("args", nargs=argparse.REMAINDER)
+    clean = sub.add_parser("clean", help="remove artifacts nothing will load again")
+    clean.add_argument("--all", action="store_true", help="also this version's artifacts and Inductor's caches")
+    clean.add_argument("--dry-run", action="store_true")
+    clean.add_argument("--older-than", type=float, default=1.0, metavar="HOURS",
+                       help="per-compile directories older than this (default 1 hour)")
+    for s in (show, plan, diff, rep):
+        s.add_argument("--dir", default=None, help="where to look for kernels (default: this compiler's cache)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "show": cmd_show, "plan": cmd_plan}[args.command](args)
-    except (KernelNotFound, FileNotFoundError) as e:
+        return {"list": cmd_list, "show": cmd_show, "plan": cmd_plan, "diff": cmd_diff, "trace": cmd_trace,
+                "report": cmd_report, "clean": cmd_clean}[args.command](args)
+    except (KernelNotFound, FileNotFoundError, ValueError) as e:
         print(f"spyre-inspect {args.command}: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # (piped into head: the reader has what it wanted)
