@@ -8,10 +8,13 @@ device itself: tensors, a model in eager mode, streams and events with the simul
 hand-written program, and the device's memory statistics.
 """
 
+import argparse
 import dataclasses
 import os
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -22,8 +25,33 @@ warnings.filterwarnings("ignore", message=".*has no spyre kernel yet")
 warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
 
 
+OPTIONS = argparse.Namespace(layers=2, d=256, prefill=128, steps=4, out="spyre-demo", quick=False)
+
+
 def section(title: str) -> None:
     print(f"\n== {title}")
+
+
+class Progress:
+    """A progress bar on stderr for the steps of anything that takes more than a few seconds."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.done, self.start = label, total, 0, time.perf_counter()
+        self._draw()
+
+    def step(self, note: str = "") -> None:
+        self.done += 1
+        self._draw(note)
+        if self.done == self.total:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    def _draw(self, note: str = "") -> None:
+        width = 24
+        filled = width * self.done // max(self.total, 1)
+        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {self.label} "
+                         f"{time.perf_counter() - self.start:5.1f} s {note[:40]:40s}")
+        sys.stderr.flush()
 
 
 def swiglu_residual(x, gate, up):
@@ -136,21 +164,24 @@ def compiled_llama_strict() -> None:
     from spyre_inductor.compiler.inductor.scheduling import record_kernels
     from spyre_inductor.testing.models import build, fp32_copy, llama_config
 
-    cfg = llama_config(attention="sdpa")
+    prefill_len, steps = OPTIONS.prefill, OPTIONS.steps
+    cache_len = max(256, prefill_len + steps)
+    cfg = llama_config(attention="sdpa", n_layers=OPTIONS.layers, d=OPTIONS.d)
     section(f"torch.compile under SPYRE_STRICT=1: a Llama-style decoder ({cfg.n_layers} layers, d {cfg.d}, "
             f"{cfg.n_heads} heads over {cfg.n_kv_heads} KV heads, RMSNorm, rotary, fused SDPA, SwiGLU, LM head "
-            f"over {cfg.vocab} tokens), fp16: a prefill of 128 tokens, then greedy decode steps into a KV cache "
-            f"of 256 updated in place, every op in spyre programs")
+            f"over {cfg.vocab} tokens), fp16: a prefill of {OPTIONS.prefill} tokens, then {OPTIONS.steps} greedy decode "
+            f"steps into a KV cache of {cache_len} updated in place, every op in spyre programs")
     model = build(cfg, dtype=torch.float16)
     ref = fp32_copy(model)  # the same (fp16-rounded) weights, in fp32
-    ids = torch.randint(0, cfg.vocab, (1, 128), generator=torch.Generator().manual_seed(0))
-    caches = model.new_caches(1, 256, device="spyre")
-    ref_caches = ref.new_caches(1, 256)
-    steps, tokens, ref_tokens, errors = 4, [], [], []
+    ids = torch.randint(0, cfg.vocab, (1, prefill_len), generator=torch.Generator().manual_seed(0))
+    caches = model.new_caches(1, cache_len, device="spyre")
+    ref_caches = ref.new_caches(1, cache_len)
+    tokens, ref_tokens, errors = [], [], []
+    bar = Progress("prefill and decode (the first two compile)", steps + 1)
     with strict_mode(True):  # a CPU fallback anywhere in the graph would raise
         compiled = torch.compile(model.to("spyre"), dynamic=False)  # prefill and decode: one graph each
         with torch.no_grad(), record_kernels() as records, torch._inductor.config.patch(force_disable_caches=True):
-            x, pos = ids, torch.arange(128)
+            x, pos = ids, torch.arange(prefill_len)
             for step in range(steps + 1):
                 torch.spyre.synchronize()
                 torch.spyre.reset_kernel_reports()
@@ -165,16 +196,17 @@ def compiled_llama_strict() -> None:
                     prefill = reports
                 elif step == 1:
                     decode = reports
-                x, pos = torch.tensor([[tokens[-1]]]), torch.tensor([128 + step])
+                x, pos = torch.tensor([[tokens[-1]]]), torch.tensor([prefill_len + step])
+                bar.step("prefill" if step == 0 else f"decode {step}")
     compiled_programs = len([r for r in records if r.artifact is not None])
     print(f"  {compiled_programs} kernels compiled for the two graphs, no CPU fallback; greedy tokens {tokens} "
           f"({'the same as' if tokens == ref_tokens else 'NOT the same as'} the fp32 CPU model's {ref_tokens})")
     print(f"  max |logits spyre fp16 - cpu fp32| per call: {', '.join(f'{e:.3g}' for e in errors)}")
-    print(f"  prefill (128 tokens): {len(prefill)} programs per call of the {cfg.n_layers} layers (programs per "
+    print(f"  prefill ({prefill_len} tokens): {len(prefill)} programs per call of the {cfg.n_layers} layers (programs per "
           f"decoder layer: benchmarks/models.py)")
     total = _kernel_table(prefill)
     print(f"    prefill: {total:.1f} us simulated")
-    print(f"  decode step (1 token against the cache of 256): {len(decode)} programs")
+    print(f"  decode step (1 token against the cache of {cache_len}): {len(decode)} programs")
     total = _kernel_table(decode)
     print(f"    decode step: {total:.1f} us simulated")
     # Host time: each kernel was prepared once; a step only launches (benchmarks/launch.py has the rest).
@@ -183,8 +215,52 @@ def compiled_llama_strict() -> None:
     with torch.no_grad():
         host = _best_ms(lambda: (compiled(*args), torch.spyre.synchronize()))
         cpu = _best_ms(lambda: ref(*ref_args))
-    print(f"    host time per decode step, call to synchronize: {host:.1f} ms on spyre (28 launches and the "
-          f"simulator running them), {cpu:.1f} ms for the fp32 model in CPU eager ({host / cpu:.1f}x)")
+    print(f"    host time per decode step, call to synchronize: {host:.1f} ms on spyre ({len(decode)} launches and "
+          f"the simulator running them), {cpu:.1f} ms for the fp32 model in CPU eager ({host / cpu:.1f}x)")
+    inspect_run(lambda: _prefill_and_decode(compiled, ids, caches, prefill_len, steps, tokens), records)
+
+
+def _prefill_and_decode(compiled, ids, caches, prefill_len, steps, tokens) -> None:
+    with torch.no_grad():
+        compiled(ids.to("spyre"), torch.arange(prefill_len).to("spyre"), *caches)
+        for step in range(steps):
+            compiled(torch.tensor([[tokens[step]]]).to("spyre"), torch.tensor([prefill_len + step]).to("spyre"),
+                     *caches)
+        torch.spyre.synchronize()
+
+
+def inspect_run(run, records) -> None:
+    """The run again, traced: the perf report's table, and the trace and HTML report written out
+    (spyre-inspect trace/report do the same for any script)."""
+    from spyre_inductor.inspect import report as perf
+    from spyre_inductor.inspect.catalog import find_kernel
+    from spyre_inductor.inspect.svg import plan_svg
+    from spyre_inductor.inspect.trace import record, write
+
+    section("what was generated, and where the time goes: the prefill and decode steps traced "
+            "(spyre-inspect report)")
+    with strict_mode(True):
+        trace = record(run)
+    rows = trace["spyreKernels"]
+    kernels, summary = perf.lines(rows)
+    print("  " + perf.text(kernels, summary, top=12).replace("\n", "\n  "))
+    out = Path(OPTIONS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trace_path = write(trace, out / "trace.json")
+    artifacts = {r.kernel.name: r.artifact for r in records if r.artifact is not None and r.kernel is not None}
+    pictures = {}
+    for k in kernels[:5]:
+        if k.name in artifacts:
+            artifact = find_kernel(str(artifacts[k.name]))
+            pictures[k.name] = plan_svg(artifact.name, artifact.plan)
+            (out / f"{k.name}.svg").write_text(pictures[k.name])
+    html_path = out / "report.html"
+    html_path.write_text(perf.html_page(kernels, summary, rows, pictures, "spyre demo: Llama-style prefill and decode"))
+    attention = next((k.name for k in kernels if k.name.startswith("spyre_attn")), kernels[0].name)
+    print(f"  written to {out.resolve()}/: trace.json (open in https://ui.perfetto.dev), report.html, and the "
+          f"plans of the top kernels as SVG")
+    print(f"  next: spyre-inspect show {attention} --core 0 --unit pe; spyre-inspect plan {attention} --svg "
+          f"plan.svg; spyre-inspect list")
 
 
 def transformers_models_strict() -> None:
@@ -196,7 +272,9 @@ def transformers_models_strict() -> None:
     section("transformers' own model classes under SPYRE_STRICT=1 (tiny configs, random weights): "
             "model.to('spyre'), torch.compile(forward), generate() with the model's own cache")
     kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False)
-    for name in ("llama", "qwen3", "mixtral"):
+    names = ("llama", "qwen3", "mixtral")
+    bar = Progress("transformers models (compile and generate)", len(names))
+    for name in names:
         model, inputs = hf_models.build(name)
         ids = inputs["input_ids"][:, :8]
         with torch.no_grad():
@@ -206,6 +284,7 @@ def transformers_models_strict() -> None:
             with strict_mode(True):
                 out = model.generate(ids.to("spyre"), **kw).cpu()
             seconds = time.perf_counter() - start
+        bar.step(name)
         same = "the same as" if torch.equal(out, ref) else "NOT the same as"
         print(f"  {type(model).__name__}: 16 greedy tokens {out[0, 8:].tolist()}, {same} the CPU model's "
               f"({seconds:.1f} s with its compiles)")
@@ -346,7 +425,23 @@ def positions_and_pooling(hidden, mask):
     return positions, pooled
 
 
-def main() -> None:
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="What the spyre device does today: a Llama-style model compiled "
+                                "under SPYRE_STRICT=1, traced and reported, then the rest of the device.")
+    p.add_argument("--layers", type=int, default=OPTIONS.layers, help="decoder layers (default 2)")
+    p.add_argument("--d", type=int, default=OPTIONS.d, help="model width, a multiple of 64 (default 256)")
+    p.add_argument("--prefill", type=int, default=OPTIONS.prefill, help="prefill tokens (default 128)")
+    p.add_argument("--steps", type=int, default=OPTIONS.steps, help="greedy decode steps (default 4)")
+    p.add_argument("--out", default=OPTIONS.out, help="where the trace, report and plans go (default spyre-demo/)")
+    p.add_argument("--quick", action="store_true", help="the Llama-style model and its report only")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    global OPTIONS
+    OPTIONS = parse(argv)
+    if OPTIONS.d % 64 or OPTIONS.d < 64:
+        raise SystemExit(f"demo: --d must be a positive multiple of 64 (the head size), got {OPTIONS.d}")
     section("device")
     props = torch.spyre.get_device_properties()
     print(f"torch {torch.__version__}; accelerator: {torch.accelerator.current_accelerator()}; "
@@ -355,6 +450,8 @@ def main() -> None:
           f"{props.stick_bytes}-byte sticks, {props.total_memory / 2**30:.0f} GiB device memory")
 
     compiled_llama_strict()
+    if OPTIONS.quick:
+        return
     transformers_models_strict()
     with torch._inductor.config.patch(fx_graph_cache=False):  # (its counts are of kernels compiled: on every run)
         dynamic_sizes_strict()
@@ -400,8 +497,8 @@ def main() -> None:
     side = torch.spyre.Stream(priority=-1)
     start, end = torch.spyre.Event(enable_timing=True), torch.spyre.Event(enable_timing=True)
     chunks = [torch.randn(512, 512).pin_memory() for _ in range(4)]
-    os.makedirs("artifacts", exist_ok=True)
-    with torch.spyre.timeline("artifacts/timeline.json") as tl:
+    os.makedirs(OPTIONS.out, exist_ok=True)
+    with torch.spyre.timeline(os.path.join(OPTIONS.out, "timeline.json")) as tl:
         start.record()
         outs = []
         for i, chunk in enumerate(chunks):
@@ -416,7 +513,7 @@ def main() -> None:
           f"{start.elapsed_time(end):.3f} ms simulated device time")
     busy = {p: tl.busy_ns(p) / 1e3 for p in ("h2d", "host")}
     print(f"  simulated busy: h2d {busy['h2d']:.1f} us, host (fallback ops) {busy['host']:.1f} us; "
-          f"trace with {len(tl.tickets)} operations in artifacts/timeline.json (open in Perfetto)")
+          f"trace with {len(tl.tickets)} operations in {OPTIONS.out}/timeline.json (open in Perfetto)")
 
     section("a hand-written dataflow program on the simulated cores")
     from spyre_runtime.direct import run_program
@@ -452,6 +549,7 @@ def main() -> None:
     print(f"  free {free / 2**30:.2f} GiB of {total / 2**30:.0f} GiB; "
           f"{stats['regions.current']} of {stats['regions.budget']} region handles in use ({stats['mode']} mode)")
     print(f"  the model's first weight lives at {torch.spyre.describe(model_s[0].weight)}")
+    print("  " + torch.spyre.memory_summary(abbreviated=True).splitlines()[5])
     try:
         torch.empty(2**60, dtype=torch.uint8, device="spyre")
     except torch.OutOfMemoryError as e:
