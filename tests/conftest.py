@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 os.environ.setdefault("SPYRE_NUM_DEVICES", "3")
 
@@ -78,3 +79,27 @@ def pytest_collection_modifyitems(config, items):
             continue
         if "_more_samples_" in item.name or not item.name.endswith(_FAST_OPINFO_SUFFIXES):
             item.add_marker(pytest.mark.slow)
+
+
+# Inductor keeps a cache directory per compile when its caches are off (force_disable_caches:
+# compile_fx.with_fresh_cache_if_config), on purpose, and many tests compile so; ours hold our
+# artifacts too. The ones this session made go when it ends (spyre-inspect clean does the same
+# for any run), so a day of test runs does not leave thousands of them behind.
+_SESSION_START = time.time()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import shutil
+    from pathlib import Path
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    root = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+    for d in root.glob("tmp*"):
+        try:
+            if d.is_dir() and (d / "spyre").is_dir() and d.stat().st_mtime >= _SESSION_START - 1:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass

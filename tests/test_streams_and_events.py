@@ -267,9 +267,12 @@ def test_timeline_has_a_track_per_pipeline_and_stream(tmp_path):
         (a + 1).cpu()
     trace = json.loads(path.read_text())["traceEvents"]
     names = {ev["args"]["name"] for ev in trace if ev["ph"] == "M" and ev["name"] == "thread_name"}
-    assert {"pipeline compute", "pipeline h2d", "pipeline d2h", "pipeline host"} <= names
+    assert {"pipeline compute", "pipeline h2d", "pipeline d2h", "pipeline host (host wall time)"} <= names
     assert f"stream {s.stream_id}" in names and "stream 0" in names
     slices = [ev["name"] for ev in trace if ev["ph"] == "X"]
     # a + 1: a compiled eager op (spyre_inductor/eager), its program on the compute pipeline
     assert "h2d 4096 B" in slices and any(n.startswith("spyre_pw_add_") for n in slices)
     assert any(ev["ph"] == "s" for ev in trace) and any(ev["ph"] == "f" for ev in trace)
+    # two clocks, labelled: what the card runs lasts its simulated time, a host operation its wall time
+    clocks = {ev["cat"]: ev["args"]["duration clock"] for ev in trace if ev["ph"] == "X"}
+    assert clocks["compute"] == "simulated" and clocks["h2d"] == "simulated"

@@ -64,7 +64,8 @@ def activities(timeline, offset_ns: int) -> list[tuple]:
         out.append((t.name, kind, device, _TRACK[t.pipeline], start, start + int(round(simulated)), t.correlation,
                     {"pipeline": t.pipeline, "stream": str(t.stream.id), "simulated start us": f"{t.sim_start / 1e3:.3f}",
                      "simulated us": f"{simulated / 1e3:.3f}", "host us": f"{(t.host_end - t.host_start) / 1e3:.1f}",
-                     "status": "failed" if t.error else ("skipped" if t.skipped else "ok")}))
+                     "status": "failed" if t.error else ("skipped" if t.skipped else "ok"),
+                     "duration clock": "host wall time" if t.wall_clock else "simulated"}))
     return out
 
 

@@ -69,6 +69,7 @@ class Ticket:
     ready_sim = sim_start = sim_end = 0.0
     host_start = host_end = 0
     correlation = 0  # the CPU op that enqueued it, while torch.profiler records (stream_graph)
+    wall_clock = False  # it lasts its host wall time on the timeline (an unpriced host callback)
     prefetch_on_ready = False
     requires: tuple[Ticket, ...] = ()
     claimant: list | None = None  # enqueue_runs(run_ready=True): the caller runs it once ready

@@ -3,7 +3,10 @@
 One process per device; one track per pipeline and one per stream; flow
 arrows for event waits and derived (footprint) edges. Times are simulated
 device time (microseconds in the file); host wall times are in each slice's
-args.
+args. An operation the card does not run (a host callback: an eager op's CPU
+fallback, a launch's address patch) has no simulated cost unless it declares
+one: it lasts its host wall time there, on the track named for that clock, and
+its args say which clock its duration is on.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ class Timeline:
         for d in devices:
             events.append(_meta("process_name", d, 0, {"name": f"spyre:{d}"}))
             for name, tid in _PIPELINE_TID.items():
-                events.append(_meta("thread_name", d, tid, {"name": f"pipeline {name}"}))
+                label = f"pipeline {name}" + (" (host wall time)" if name == "host" else "")
+                events.append(_meta("thread_name", d, tid, {"name": label}))
         streams = sorted({(d, t.stream.id) for d, t in self.tickets})
         for d, sid in streams:
             events.append(_meta("thread_name", d, _STREAM_TID0 + sid, {"name": f"stream {sid}"}))
@@ -65,6 +69,7 @@ class Timeline:
                 "stream": t.stream.id,
                 "host_us": (t.host_end - t.host_start) / 1e3,
                 "status": "failed" if t.error else ("skipped" if t.skipped else "ok"),
+                "duration clock": "host wall time" if t.wall_clock else "simulated",
             }
             for tid in (_PIPELINE_TID.get(t.pipeline), _STREAM_TID0 + t.stream.id):
                 if tid is None:  # control operations appear on their stream only

@@ -230,6 +230,7 @@ class Workers:
         t.host_end = time.perf_counter_ns()
         if cost is None:
             cost = float(t.host_end - t.host_start)
+            t.wall_clock = True  # (its length on the timeline is the host's, not the card's)
         return cost, error
 
     def execute_direct(self, op):
