@@ -1,9 +1,9 @@
 """The compiled kernels of a directory, and naming one of them.
 
 A kernel's artifact directory (compiler/core/emit.py) is complete once it has launch_spec.json;
-anything else under the directory is skipped. The default directory is where this process's
-compiler writes (Inductor's cache dir, per compiler version), so `spyre-inspect list` after a run
-shows that run's kernels, newest first.
+anything else under the directory is skipped. By default the directories are where this
+compiler version writes (Inductor's cache dir, and the per-compile ones Inductor makes with its
+caches off), so `spyre-inspect list` after a run shows that run's kernels, newest first.
 """
 
 from __future__ import annotations
@@ -56,11 +56,34 @@ def default_directory() -> Path:
     return artifact_root()
 
 
+def default_roots() -> list[Path]:
+    """Where this compiler version's artifacts are: its root in Inductor's cache, and the same
+    under each per-compile cache directory Inductor made with its caches off (a compile with
+    force_disable_caches, as the demo and the benchmarks run, writes there)."""
+    main = default_directory()
+    cache_root, tail = main.parents[1], main.relative_to(main.parents[1])
+    return [main] + sorted(d / tail for d in cache_root.glob("tmp*") if (d / tail).is_dir())
+
+
 def kernels(directory: str | Path | None = None) -> list[KernelArtifact]:
-    """Every complete kernel artifact under `directory`, newest first."""
-    root = Path(directory) if directory is not None else default_directory()
-    if not root.is_dir():
-        raise FileNotFoundError(f"spyre-inspect: {str(root)!r} is not a directory")
+    """Every complete kernel artifact under `directory` (default: default_roots()), newest first;
+    a kernel compiled again into another directory is listed once, its newest."""
+    roots = [Path(directory)] if directory is not None else default_roots()
+    for root in roots[:1]:
+        if not root.is_dir():
+            if directory is None:
+                return []
+            raise FileNotFoundError(f"spyre-inspect: {str(root)!r} is not a directory")
+    found = []
+    for root in roots:
+        found += _scan(root)
+    newest: dict = {}
+    for k in sorted(found, key=lambda k: -k.mtime):
+        newest.setdefault(k.name, k)
+    return sorted(newest.values(), key=lambda k: (-k.mtime, k.name))
+
+
+def _scan(root: Path) -> list[KernelArtifact]:
     found = []
     for spec in root.rglob("launch_spec.json"):
         if spec.parent.name.startswith("."):
@@ -71,7 +94,7 @@ def kernels(directory: str | Path | None = None) -> list[KernelArtifact]:
         except (OSError, ValueError):
             continue  # (renamed away meanwhile, or damaged: not a kernel to show)
         found.append(KernelArtifact(spec.parent, meta["kernel"], meta.get("compiler", "?"), mtime))
-    return sorted(found, key=lambda k: (-k.mtime, k.name))
+    return found
 
 
 def find_kernel(query: str, directory: str | Path | None = None) -> KernelArtifact:
@@ -83,7 +106,7 @@ def find_kernel(query: str, directory: str | Path | None = None) -> KernelArtifa
     everything = kernels(directory)
     exact = [k for k in everything if k.name == query]
     if exact:
-        return exact[0]  # (the same kernel compiled again lands in another directory: the newest)
+        return exact[0]
     names = sorted({k.name for k in everything if k.name.startswith(query)})
     if len(names) == 1:
         return next(k for k in everything if k.name == names[0])
