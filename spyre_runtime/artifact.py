@@ -15,8 +15,8 @@ are plain numbers here, and the program format is the one Program.dump writes.
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 from pathlib import Path
 
 # 2: the launch spec records the size, sha256 (and the program's format) of the files it names
@@ -103,15 +103,23 @@ def collect(artifact_dir, into) -> Path | None:
     names a person can read, for `spyre-inspect`. Best effort: a copy that fails costs only the
     copy. Returns where it is, or None."""
     import shutil
+    import tempfile
 
     src = Path(artifact_dir)
     try:
         name = json.loads((src / "launch_spec.json").read_text())["kernel"]
         dest = Path(into) / name
-        if not (dest / "launch_spec.json").exists():
-            staging = Path(into) / f".{name}.{os.getpid()}.partial"
+        if (dest / "launch_spec.json").exists():
+            return dest
+        Path(into).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=into))  # (one per copy: threads, processes)
+        try:
             shutil.copytree(src, staging, dirs_exist_ok=True)
-            os.replace(staging, dest) if not dest.exists() else shutil.rmtree(staging, ignore_errors=True)
-        return dest
+            os.rename(staging, dest)  # atomic; fails if another copy got there first, which is as good
+        except OSError:
+            pass
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return dest if (dest / "launch_spec.json").exists() else None
     except (OSError, ValueError, KeyError):
         return None

@@ -11,9 +11,20 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 os.environ.setdefault("SPYRE_NUM_DEVICES", "3")
+
+# The session's own Inductor cache (unless the caller chose one), removed when it ends: with its
+# caches off Inductor keeps a directory per compile there (compile_fx.with_fresh_cache_if_config,
+# on purpose), and many tests compile so; ours hold our artifacts too. A day of test runs then
+# leaves nothing behind, and a session never removes another's (spyre-inspect clean tidies any
+# other run's).
+_SESSION_CACHE = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="spyre-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _SESSION_CACHE
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -81,25 +92,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-# Inductor keeps a cache directory per compile when its caches are off (force_disable_caches:
-# compile_fx.with_fresh_cache_if_config), on purpose, and many tests compile so; ours hold our
-# artifacts too. The ones this session made go when it ends (spyre-inspect clean does the same
-# for any run), so a day of test runs does not leave thousands of them behind.
-_SESSION_START = time.time()
-
 
 def pytest_sessionfinish(session, exitstatus):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    import shutil
-    from pathlib import Path
+    if _SESSION_CACHE is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import shutil
 
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    root = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
-    for d in root.glob("tmp*"):
-        try:
-            if d.is_dir() and (d / "spyre").is_dir() and d.stat().st_mtime >= _SESSION_START - 1:
-                shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            pass
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

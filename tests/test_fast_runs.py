@@ -415,6 +415,9 @@ def test_the_row_reductions_of_several_cores_run_as_one_operation_with_each_core
     x = inputs["x"].view(-1)
     x[::7] = float("nan") if op != "prod" else 1.5  # NaNs propagate with the very bits one core's loop gives
     x[3::11] = float("inf")
+    x[5::13] = -float("inf")
+    if op != "prod":
+        x[2::17] = -float("nan")  # (another NaN's bits: which one a row keeps must not change)
     general = _buffers(program, inputs)
     Machine(program, general, S).run()
     fast = _buffers(program, inputs)
@@ -692,3 +695,11 @@ def test_a_binding_is_bound_once_whichever_correction_area_its_launch_patched():
     assert torch.equal(args[2].cpu(), a * b + 1)
     new = set(bound) - before
     assert new and len({key[:-1] for key in new}) == 1, new  # (a key's last item: the bank)
+
+
+def test_a_batched_program_runs_on_one_intra_op_thread():
+    # (the batched reductions' bits are each core's only on one thread: isa.Reduce.bind)
+    from spyre_runtime.device.programs import ONE_THREAD_STEP_BYTES
+    from spyre_runtime.program.schedule import BATCH_STEP_BYTES
+
+    assert BATCH_STEP_BYTES <= ONE_THREAD_STEP_BYTES

@@ -126,6 +126,8 @@ def test_clean_removes_only_what_nothing_loads_again(tmp_path):
     (root / "spyre" / "v-now" / "kept").mkdir(parents=True)
     (root / "spyre" / "v-old" / "a").mkdir(parents=True)
     (root / "spyre" / "v-old" / "a" / "program.json").write_text("x" * 100)
+    _aged(root / "spyre" / "v-old", 2)  # another checkout's compiler, unused for two hours
+    _mk(root / "spyre" / "v-other" / "b")  # another checkout's, in use a minute ago: kept
     _aged(_mk(root / "spyre" / "v-now" / ".tmp-half"), 2)
     _mk(root / "tmpold" / "spyre")
     _aged(root / "tmpold", 2)  # (the per-compile directory's own time is what counts)
@@ -138,7 +140,7 @@ def test_clean_removes_only_what_nothing_loads_again(tmp_path):
     assert everything == found | {"spyre/v-now", "fxgraph"}
     freed = clean.remove(clean.candidates(root, "v-now", 3600))
     assert freed >= 100 and not (root / "spyre" / "v-old").exists() and (root / "spyre" / "v-now" / "kept").exists()
-    assert (root / "tmpnew").exists() and (root / "tmpforeign").exists()
+    assert (root / "tmpnew").exists() and (root / "tmpforeign").exists() and (root / "spyre" / "v-other").exists()
 
 
 def _mk(path: Path) -> Path:

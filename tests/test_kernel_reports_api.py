@@ -20,7 +20,9 @@ def test_a_report_prints_as_one_short_line():
     x = torch.randn(1000, device="spyre")
     torch.spyre.reset_kernel_reports()
     (x + 1).sum()
-    for r in torch.spyre.kernel_reports():
+    reports = torch.spyre.kernel_reports()
+    assert reports
+    for r in reports:
         text = repr(r)
         assert text.startswith(f"Report({r.name!r}, ") and "\n" not in text and len(text) < 200
         assert "us simulated" in text and "efficiency" in text and "hardware" not in text.lower()

@@ -442,6 +442,11 @@ def main(argv=None) -> None:
     OPTIONS = parse(argv)
     if OPTIONS.d % 64 or OPTIONS.d < 64:
         raise SystemExit(f"demo: --d must be a positive multiple of 64 (the head size), got {OPTIONS.d}")
+    if OPTIONS.steps < 1 or OPTIONS.prefill < 1 or OPTIONS.layers < 1:
+        raise SystemExit("demo: --layers, --prefill and --steps must be at least 1")
+    if OPTIONS.prefill + OPTIONS.steps > 1024:
+        raise SystemExit(f"demo: --prefill + --steps must fit the model's 1024 positions, got "
+                         f"{OPTIONS.prefill + OPTIONS.steps}")
     section("device")
     props = torch.spyre.get_device_properties()
     print(f"torch {torch.__version__}; accelerator: {torch.accelerator.current_accelerator()}; "

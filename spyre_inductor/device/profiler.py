@@ -29,20 +29,24 @@ _session: dict = {}
 
 
 def _start() -> None:
+    _stop()  # (a session that was never stopped lets go of the queues first)
+    _session["records"] = None
     timeline = queues.timeline()
     timeline.__enter__()
     # perf_counter_ns (the tickets' host clock) -> the wall clock Kineto's events are on
-    _session.update(timeline=timeline, offset=time.time_ns() - time.perf_counter_ns(), records=None)
+    _session.update(timeline=timeline, offset=time.time_ns() - time.perf_counter_ns())
     stream_graph.correlation_source = _C.profiler_correlation
 
 
 def _stop() -> None:
     stream_graph.correlation_source = None
-    timeline = _session.get("timeline")
-    if timeline is not None:
+    timeline = _session.pop("timeline", None)
+    if timeline is None:
+        return
+    try:
         timeline.__exit__(None, None, None)  # (synchronizes: what was enqueued is in the trace)
+    finally:  # (the recorders are detached whatever happens: they would grow with every operation)
         _session["records"] = activities(timeline, _session["offset"])
-        _session["timeline"] = None
 
 
 def _collect() -> list:

@@ -91,9 +91,9 @@ def _scan(root: Path) -> list[KernelArtifact]:
         try:
             meta = json.loads(spec.read_text())
             mtime = spec.stat().st_mtime
-        except (OSError, ValueError):
+            found.append(KernelArtifact(spec.parent, meta["kernel"], meta.get("compiler", "?"), mtime))
+        except (OSError, ValueError, KeyError, TypeError):
             continue  # (renamed away meanwhile, or damaged: not a kernel to show)
-        found.append(KernelArtifact(spec.parent, meta["kernel"], meta.get("compiler", "?"), mtime))
     return found
 
 

@@ -6,10 +6,11 @@ compile gets a temporary cache directory of its own under the cache root (Induct
 with_fresh_cache_if_config), kept on purpose because its modules must outlive the compile; our
 artifacts land in it with Inductor's own files.
 
-Removed by default: artifact roots of other compiler versions (the version is in Inductor's
-FX-graph cache key, so no cached graph refers to them), our half-written staging directories,
-and Inductor's per-compile temporary directories holding spyre artifacts, once older than
---older-than hours (a process loads them when it compiles, not later). `--all` also removes this
+Removed by default, once untouched for --older-than hours: artifact roots of other compiler
+versions (the version is in Inductor's FX-graph cache key: only that version's cached graphs
+refer to them, and another checkout sharing the cache may still use them, hence the age), our
+half-written staging directories, and Inductor's per-compile temporary directories holding
+spyre artifacts (a process loads them when it compiles, not later). `--all` also removes this
 version's artifacts together with Inductor's FX-graph and AOT caches that refer to them.
 """
 
@@ -29,7 +30,14 @@ class Removal:
 
 
 def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:  # (removed meanwhile)
+            pass
+    return total
 
 
 def candidates(cache_root: Path, version: str, older_than_s: float, everything: bool = False) -> list[Removal]:
@@ -38,8 +46,10 @@ def candidates(cache_root: Path, version: str, older_than_s: float, everything: 
     spyre_root = cache_root / "spyre"
     if spyre_root.is_dir():
         for d in spyre_root.iterdir():
-            if d.is_dir() and d.name != version:
-                out.append(Removal(d, _size(d), "another compiler version's artifacts"))
+            # (its time changes with each artifact renamed into it: another checkout's compiler,
+            # sharing this cache, may still be writing and loading its own)
+            if d.is_dir() and d.name != version and now - d.stat().st_mtime > older_than_s:
+                out.append(Removal(d, _size(d), "another compiler version's artifacts, unused for a while"))
         current = spyre_root / version
         if current.is_dir():
             for d in current.iterdir():

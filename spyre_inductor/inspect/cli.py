@@ -24,25 +24,9 @@ from pathlib import Path
 from .catalog import KernelNotFound, find_kernel, kernels
 from .cost import cost_of
 from .svg import chosen, plan_svg
+from .table import fmt, table
 
 UNITS = ("ls", "pe", "sfp")
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    cells = [header] + [[_fmt(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
 
 
 def cmd_list(args) -> int:
@@ -54,7 +38,7 @@ def cmd_list(args) -> int:
         ops = ", ".join(k.sources) or "-"
         rows.append([k.name, k.family, ops if len(ops) <= 48 else ops[:45] + "...", c.cores, c.simulated_us,
                      c.roofline_us, c.efficiency, c.bound, c.bytes_over_minimum])
-    print(_table(["kernel", "family", "aten ops", "cores", "simulated us", "roofline us", "efficiency",
+    print(table(["kernel", "family", "aten ops", "cores", "simulated us", "roofline us", "efficiency",
                   "bound", "bytes/min"], rows))
     more = len(found) - len(shown)
     print(f"\n{len(shown)} of {len(found)} kernels in {args.dir or 'the artifact cache'}"
@@ -105,7 +89,7 @@ def cmd_plan(args) -> int:
             print(f"  kept: {division['reason']}")
     c = cost_of(k.program())
     print(f"\ncost: {c.simulated_us:.3g} us simulated on {c.cores} core(s), roofline {c.roofline_us:.3g} us, "
-          f"efficiency {c.efficiency:.3f}, {c.bound}-bound, bytes over minimum {_fmt(c.bytes_over_minimum)}")
+          f"efficiency {c.efficiency:.3f}, {c.bound}-bound, bytes over minimum {fmt(c.bytes_over_minimum)}")
     print(f"artifact: {k.path}")
     if args.svg:
         Path(args.svg).write_text(plan_svg(k.name, k.plan))

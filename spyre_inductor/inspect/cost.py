@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# the kind of work that kept the card busy at least this share of the time names the bound
-BOUND_SHARE = 0.6
-
 
 @dataclass(frozen=True)
 class Cost:
@@ -26,15 +23,16 @@ class Cost:
 
 
 def bound_of(report) -> str:
-    """memory, pe, sfp or ring: the work that kept the card busy >= BOUND_SHARE of the time
-    (the busiest core's pe or sfp unit for compute); latency when none did."""
-    busy = {"memory": report.memory_ns}
-    for (core, unit), ns in report.unit_busy_ns.items():
+    """The report's bottleneck (memory, compute, ring or latency: Report.bottleneck), with compute
+    named by the unit that kept a core busiest: pe (the matrix arrays) or sfp."""
+    kind = report.bottleneck
+    if kind != "compute":
+        return kind
+    busiest = {}
+    for (_, unit), ns in report.unit_busy_ns.items():
         if unit in ("pe", "sfp"):
-            busy[unit] = max(busy.get(unit, 0.0), ns)
-    busy["ring"] = max(report.ring_ns.values(), default=0.0)
-    kind, ns = max(busy.items(), key=lambda kv: kv[1])
-    return kind if report.simulated_ns and ns >= BOUND_SHARE * report.simulated_ns else "latency"
+            busiest[unit] = max(busiest.get(unit, 0.0), ns)
+    return max(busiest, key=busiest.get) if busiest else kind
 
 
 def cost_of(program, hardware=None) -> Cost:

@@ -14,6 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from .table import fmt, table as text_table
+
 
 @dataclass(frozen=True)
 class KernelLine:
@@ -78,10 +80,8 @@ def _cells(k: KernelLine) -> list:
 
 
 def text(kernels: list[KernelLine], summary: Summary, top: int | None = None) -> str:
-    from .cli import _table
-
     shown = kernels if top is None else kernels[:top]
-    table = _table(HEADER, [_cells(k) for k in shown])
+    table = text_table(HEADER, [_cells(k) for k in shown])
     more = f" ({len(kernels) - len(shown)} more kernels)" if len(shown) < len(kernels) else ""
     return (f"{table}\n\n{summary.launches} launches of {summary.kernels} kernels{more}: {summary.device_us:.1f} us "
             f"of device time (simulated) over a span of {summary.span_us:.1f} us, compute pipeline idle "
@@ -126,10 +126,8 @@ def timeline_svg(rows: list[dict], width: int = 960) -> str:
 
 def html_page(kernels: list[KernelLine], summary: Summary, rows: list[dict], pictures: dict[str, str],
               title: str) -> str:
-    from .cli import _fmt
-
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in _cells(k)) + "</tr>" for k in kernels)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in _cells(k)) + "</tr>" for k in kernels)
     plans = "".join(f"<h3>{html.escape(name)}</h3>\n{svg}" for name, svg in pictures.items())
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>

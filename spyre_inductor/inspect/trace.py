@@ -100,8 +100,10 @@ def build(timeline, reports) -> dict:
             tid = core * len(UNITS) + (UNITS.index(unit) if unit in UNITS else 0)
             events.append({"name": opcode, "ph": "X", "pid": pid, "tid": tid, "cat": r.name,
                            "ts": (t.sim_start + start) / 1e3, "dur": (end - start) / 1e3})
+    from spyre_runtime.hardware import HARDWARE
+
     for device in named:
-        for core in range(64):
+        for core in range(HARDWARE.cores):
             for i, unit in enumerate(UNITS):
                 events.append({"name": "thread_name", "ph": "M", "pid": CORES_PID0 + device,
                                "tid": core * len(UNITS) + i, "args": {"name": f"core {core} {unit}"}})

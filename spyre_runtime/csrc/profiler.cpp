@@ -49,16 +49,12 @@ const std::set<ActivityType>& kinds() {
 class Session : public libkineto::IActivityProfilerSession {
  public:
   void start() override {
-    py::gil_scoped_acquire gil;
-    py::object f = hook(0);
-    if (!f.is_none()) f();
+    call(0, "start");
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
   void stop() override {
-    py::gil_scoped_acquire gil;
-    py::object f = hook(1);
-    if (!f.is_none()) f();
+    call(1, "stop");
     status_ = libkineto::TraceStatus::PROCESSING;
   }
 
@@ -74,6 +70,7 @@ class Session : public libkineto::IActivityProfilerSession {
       py::gil_scoped_acquire gil;
       py::object f = hook(2);
       if (f.is_none()) return;
+      auto& buffer = *buffer_;
       try {
         // each: (name, kind, device, track, start_ns, end_ns, correlation, {key: value})
         for (py::handle item : f()) {
@@ -82,8 +79,8 @@ class Session : public libkineto::IActivityProfilerSession {
           ActivityType type = kind == "kernel"   ? ActivityType::CONCURRENT_KERNEL
                               : kind == "memcpy" ? ActivityType::GPU_MEMCPY
                                                  : ActivityType::PRIVATEUSE1_RUNTIME;
-          buffer_.emplace_activity(buffer_.span, type, t[0].cast<std::string>());
-          auto& a = *buffer_.activities.back();
+          buffer.emplace_activity(buffer.span, type, t[0].cast<std::string>());
+          auto& a = *buffer.activities.back();
           a.device = t[2].cast<int32_t>();
           a.resource = t[3].cast<int32_t>();
           a.startTime = t[4].cast<int64_t>();
@@ -97,11 +94,11 @@ class Session : public libkineto::IActivityProfilerSession {
             if (key == "pipeline") tracks_[{a.device, a.resource}] = "pipeline " + value;
           }
         }
-      } catch (const std::exception& e) {
+      } catch (const std::exception& e) {  // (py::error_already_set among them: Kineto sees none)
         errors_.push_back(std::string("spyre profiler: ") + e.what());
       }
     }
-    for (auto& a : buffer_.activities) logger.handleGenericActivity(*a);
+    for (auto& a : buffer_->activities) logger.handleGenericActivity(*a);
   }
 
   std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
@@ -117,8 +114,12 @@ class Session : public libkineto::IActivityProfilerSession {
     return out;
   }
 
+  // The buffer itself, not a move of it: each activity points at its span, which must live as
+  // long as Kineto keeps the activities (the session may go first).
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override {
-    return std::make_unique<libkineto::CpuTraceBuffer>(std::move(buffer_));
+    auto out = std::move(buffer_);
+    buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
+    return out;
   }
 
   void pushCorrelationId(uint64_t id) override { correlation_stack.push_back(id); }
@@ -131,7 +132,17 @@ class Session : public libkineto::IActivityProfilerSession {
   }
 
  private:
-  libkineto::CpuTraceBuffer buffer_;
+  void call(int k, const char* what) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object f = hook(k);
+      if (!f.is_none()) f();
+    } catch (const std::exception& e) {
+      errors_.push_back(std::string("spyre profiler ") + what + ": " + e.what());
+    }
+  }
+
+  std::unique_ptr<libkineto::CpuTraceBuffer> buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
   std::vector<std::string> errors_;
   std::map<std::pair<int64_t, int64_t>, std::string> tracks_;  // (device, track) -> its pipeline
 };

@@ -802,6 +802,9 @@ class Reduce(Instruction):
         # One operation over every core's tiles: torch reduces each row by the same loop
         # whatever the rows around it, so a batched reduction gives each core's very bits
         # (checked, NaN bits included, over strides, tails and dtypes: tests/test_fast_runs.py).
+        # On ONE intra-op thread: a row of one output alone may be split over threads, summed in
+        # another order. Batched runs are (schedule.BATCH_STEP_BYTES is below
+        # device/programs.ONE_THREAD_STEP_BYTES: a batched program runs on one thread).
         first = group[0][1]
         key = (first.op, first.dst.shape_key, first.src.shape_key, first.accumulate)
         if any((i.op, i.dst.shape_key, i.src.shape_key, i.accumulate) != key for _, i, _ in group) or \

@@ -140,8 +140,9 @@ class StreamGraph:
         sim_floor). `pending_error`: it completes, failed with that, once ready."""
         stream = self.stream(stream_id)
         ticket = Ticket(op, stream, seq, inline, self.device)
-        if correlation_source is not None:  # (torch.profiler records: the CPU op enqueuing it)
-            ticket.correlation = correlation_source()
+        source = correlation_source  # (read once: a profile may stop on another thread meanwhile)
+        if source is not None:  # torch.profiler records: the CPU op enqueuing it
+            ticket.correlation = source()
         if claimant is not None:
             ticket.claimant = claimant
         if pending_error is not None:
