@@ -45,8 +45,7 @@ FULL = [
     ("eager", [], "eager ops compiled once and launched"),
     ("eager_cache", [], "the eager program cache"),
 ]
-QUICK = [("queue_layer", [], FULL[3][2]), ("launch_cost", [], FULL[1][2]), ("allocator", [], FULL[4][2]),
-         ("simulator", [], FULL[5][2])]
+QUICK = [("queue_layer", [], FULL[3][2]), ("launch_cost", [], FULL[1][2])]
 
 
 def machine() -> str:
