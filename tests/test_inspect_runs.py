@@ -87,8 +87,9 @@ def test_report_tables_each_kernel_and_sums_to_the_runs_device_time(traced, caps
 
 def test_report_runs_a_script_itself(traced, capsys):
     root, _, _ = traced
-    assert main(["report", "--top", "1", str(root / "script.py"), "2"]) == 0  # (options before SCRIPT: the rest is its argv)
+    assert main(["report", "--top", "1", "--steps", "2", str(root / "script.py"), "2"]) == 0  # (options before SCRIPT)
     out = capsys.readouterr().out
+    assert "; per step of 2: " in out and " launches, " in out
     assert "ran 2" in out and "more kernels)" in out
     assert len([line for line in out.splitlines() if line.startswith("spyre_")]) == 1
 

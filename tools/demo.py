@@ -243,7 +243,7 @@ def inspect_run(run, records) -> None:
         trace = record(run)
     rows = trace["spyreKernels"]
     kernels, summary = perf.lines(rows)
-    print("  " + perf.text(kernels, summary, top=12).replace("\n", "\n  "))
+    print("  " + perf.text(kernels, summary, top=12, steps=1 + OPTIONS.steps).replace("\n", "\n  "))
     out = Path(OPTIONS.out)
     out.mkdir(parents=True, exist_ok=True)
     trace_path = write(trace, out / "trace.json")

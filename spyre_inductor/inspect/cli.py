@@ -150,7 +150,7 @@ def cmd_report(args) -> int:
             write(trace, args.trace)
     rows = trace["spyreKernels"]
     kernels, summary = report.lines(rows)
-    print(report.text(kernels, summary, top=args.top))
+    print(report.text(kernels, summary, top=args.top, steps=args.steps))
     if args.html:
         directory = args.dir or os.environ.get("SPYRE_ARTIFACTS")
         pictures = _pictures([k.name for k in kernels[:5]], directory)
@@ -203,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--html", metavar="FILE", help="also as one self-contained HTML page")
     rep.add_argument("--trace", metavar="FILE", help="keep the trace of the run too")
     rep.add_argument("--top", type=int, default=None, help="only the N kernels with the most device time")
+    rep.add_argument("--steps", type=int, default=None, help="the run was N steps (of a model): per-step figures")
     rep.add_argument("target", help="a Python script to run (options go before it: what follows is its argv), "
                                     "or a trace written by `spyre-inspect trace`")
     rep.add_argument("args", nargs=argparse.REMAINDER)

@@ -79,13 +79,16 @@ def _cells(k: KernelLine) -> list:
             k.efficiency, k.bound]
 
 
-def text(kernels: list[KernelLine], summary: Summary, top: int | None = None) -> str:
+def text(kernels: list[KernelLine], summary: Summary, top: int | None = None, steps: int | None = None) -> str:
     shown = kernels if top is None else kernels[:top]
     table = text_table(HEADER, [_cells(k) for k in shown])
     more = f" ({len(kernels) - len(shown)} more kernels)" if len(shown) < len(kernels) else ""
+    per_step = (f"; per step of {steps}: {summary.launches / steps:.1f} launches, {summary.device_us / steps:.1f} us "
+                f"device, {summary.host_ms / steps:.2f} ms host") if steps else ""
     return (f"{table}\n\n{summary.launches} launches of {summary.kernels} kernels{more}: {summary.device_us:.1f} us "
             f"of device time (simulated) over a span of {summary.span_us:.1f} us, compute pipeline idle "
-            f"{summary.idle_fraction:.0%} of it; the simulator took {summary.host_ms:.1f} ms of host time to run them")
+            f"{summary.idle_fraction:.0%} of it; the simulator took {summary.host_ms:.1f} ms of host time to run "
+            f"them{per_step}")
 
 
 def load(path) -> dict:
