@@ -107,9 +107,22 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 15 sequences in the default tier (each example empties the cache and collects garbage: about 4 s
+# apiece late in a full session), 60 more in the slow one.
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps)
 def test_random_alloc_free_sequences_keep_every_invariant(sequence):
+    _keeps_every_invariant(sequence)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps)
+def test_many_random_alloc_free_sequences_keep_every_invariant(sequence):
+    _keeps_every_invariant(sequence)
+
+
+def _keeps_every_invariant(sequence):
     gc.collect()
     torch.spyre.empty_cache()
     d = torch.device("spyre", DEVICE)
