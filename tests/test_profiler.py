@@ -15,6 +15,15 @@ from torch.profiler import ProfilerActivity, profile
 from spyre_runtime.queue import stream_graph
 
 
+@pytest.fixture(autouse=True)
+def strict():
+    """Every profiled op here runs as a spyre program: a CPU fallback raises instead of being profiled."""
+    from spyre_inductor.device.fallback import strict_mode
+
+    with strict_mode(True):
+        yield
+
+
 def _device_events(prof):
     return [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
 
