@@ -59,6 +59,13 @@ class HardwareConfig:
     host_link_gbps: float = _figure(
         25.0, "E: host<->card transfers over PCIe Gen4 x16 (~32 GB/s nominal); an estimate, no measurement yet"
     )
+    card_link_gbps: float = _figure(
+        25.0, "E: card-to-card bytes per ns per direction: PCIe peer-to-peer through the drawer's switch, the same "
+              "Gen4 x16 lanes as the host link (~32 GB/s nominal); an estimate, no measurement yet "
+              "(SPYRE_LINK_GBPS overrides it)")
+    card_link_latency_us: float = _figure(
+        5.0, "E: per message on the card-to-card link: a DMA descriptor and a PCIe round trip through the "
+             "switch; an estimate, no measurement yet (SPYRE_LINK_LATENCY_US overrides it)")
     burst_sticks: int = _figure(32, "E: bursts of at most 32 words (4 KB)")
     region_handles_pf: int = _figure(256, "E: region handles per card when dedicated (PF mode)")
     region_handles_vf: int = _figure(16, "E: region handles per card when shared (VF mode)")
@@ -147,8 +154,23 @@ def region_handles(mode: str, hardware: HardwareConfig = HARDWARE) -> int:
 
 
 def device_count_from_env() -> int:
-    """SPYRE_NUM_DEVICES: how many simulated cards (default 1)."""
-    return _number_from_env("SPYRE_NUM_DEVICES", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
+    """SPYRE_NUM_DEVICES: how many simulated cards. By default 1, or under torchrun (which sets
+    LOCAL_WORLD_SIZE) one per local process, as a host with that many cards would show each of
+    them: rank LOCAL_RANK then takes spyre:LOCAL_RANK."""
+    default = _number_from_env("LOCAL_WORLD_SIZE", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
+    return _number_from_env("SPYRE_NUM_DEVICES", default, int, lambda v: 1 <= v <= 64,
+                            "an integer between 1 and 64")
+
+
+def link_from_env(hardware: HardwareConfig = HARDWARE) -> HardwareConfig:
+    """The hardware with the card-to-card link's figures SPYRE_LINK_GBPS and SPYRE_LINK_LATENCY_US
+    (each process of a distributed run reads its own environment, so torchrun passes them on)."""
+    positive = lambda v: 0 < v < float("inf")  # noqa: E731
+    gbps = _number_from_env("SPYRE_LINK_GBPS", hardware.card_link_gbps, float, positive,
+                            "a positive, finite number of GB/s")
+    latency = _number_from_env("SPYRE_LINK_LATENCY_US", hardware.card_link_latency_us, float, positive,
+                               "a positive, finite number of microseconds")
+    return dataclasses.replace(hardware, card_link_gbps=gbps, card_link_latency_us=latency)
 
 
 def preparation_streams_from_env() -> int:

@@ -43,6 +43,9 @@ def register() -> None:
     routes.install()  # meta kernels of the convolutions PyTorch hands a device
     random_ops.install()  # random fills in spyre programs (issue 19)
     autocast.install()  # cast rules for torch.autocast("spyre") (issue 19)
+    from spyre_inductor import distributed
+
+    distributed.register()  # the c10d backend "spyre" (torch.distributed)
     from spyre_inductor import eager  # compile-backed eager kernels (no Inductor import until a first call)
 
     eager.install()

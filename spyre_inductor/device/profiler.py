@@ -22,7 +22,7 @@ from spyre_runtime.queue.workers import PIPELINES
 
 from . import queues
 
-_KIND = {"compute": "kernel", "h2d": "memcpy", "d2h": "memcpy", "d2d": "memcpy", "host": "runtime"}
+_KIND = {"compute": "kernel", "h2d": "memcpy", "d2h": "memcpy", "d2d": "memcpy", "host": "runtime", "link": "kernel"}
 _TRACK = {name: k for k, name in enumerate(PIPELINES)}
 
 _session: dict = {}

@@ -11,6 +11,7 @@ from .operations import (
     Compute,
     DataMovement,
     DeviceAddress,
+    Exchange,
     Executor,
     Footprint,
     HostAddress,
@@ -30,7 +31,7 @@ from .timeline import Timeline
 from .workers import in_host_operation
 
 __all__ = [
-    "Barrier", "Compute", "DataMovement", "DeviceAddress", "DeviceQueue", "Executor", "Footprint", "HostAddress",
+    "Barrier", "Compute", "DataMovement", "DeviceAddress", "DeviceQueue", "Exchange", "Executor", "Footprint", "HostAddress",
     "HostCallback", "NO_FOOTPRINT", "Range", "Runtime", "Signal", "SoftSignal", "StagingBuffer",
     "StagingPool", "StreamError", "Ticket", "Timeline", "Transfer", "TransferKind", "Wait", "WaitTimeout",
     "in_host_operation",

@@ -7,6 +7,8 @@ program and never asks what runs:
 
 * a Compute carries an ``Executor``; the queue calls its ``prefetch``,
   ``run`` and ``cost_ns`` and nothing else;
+* an Exchange (work on the card's link to other cards: a collective, a send
+  or a receive) carries an ``Executor`` too, run on the link pipeline;
 * each device queue is handed a ``DataMovement`` engine (the device's, e.g.
   spyre_runtime.device.SimulatedDataMovement), which performs and prices
   every Transfer.
@@ -223,6 +225,28 @@ class Compute:
                             f"prefetch; spyre_runtime.queue.Executor), got {type(self.executor).__name__}")
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """Run an executor with its bindings on the device's link pipeline: work that moves bytes
+    between this card and others (a collective, a send, a receive).
+
+    Like a Compute, it is opaque here: the queue calls the executor's ``run`` and ``cost_ns``
+    (never ``prefetch``: no program is fetched). It has a pipeline of its own, so it runs while
+    the compute pipeline runs; its ``run`` may block until the other cards take part.
+    """
+
+    executor: Executor
+    bindings: Any
+    footprint: Footprint = NO_FOOTPRINT
+    name: str = "exchange"
+    pipeline = "link"
+
+    def __post_init__(self):
+        if not isinstance(self.executor, Executor):
+            raise TypeError(f"Exchange {self.name!r}: the executor must be an Executor (run, cost_ns; "
+                            f"spyre_runtime.queue.Executor), got {type(self.executor).__name__}")
+
+
 class _Control:
     """Control operations order the stream; they touch no memory and take no pipeline time."""
 
@@ -274,4 +298,4 @@ class Barrier(_Control):
     requires: tuple = field(default=(), compare=False)
 
 
-Operation = HostCallback | Transfer | Compute | Signal | Wait | Barrier
+Operation = HostCallback | Transfer | Compute | Exchange | Signal | Wait | Barrier

@@ -44,7 +44,7 @@ from .tickets import Finished, StreamError, Ticket, WaitTimeout, root_of, stream
 # Finished operations per stream that later ones still order against in
 # simulated time (see StreamGraph._follow_finished).
 RECENT = 16
-_KNOWN_PIPELINES = frozenset(("compute", "h2d", "d2h", "d2d", "host", "control"))
+_KNOWN_PIPELINES = frozenset(("compute", "h2d", "d2h", "d2d", "host", "link", "control"))
 
 
 # While torch.profiler records spyre activity: () -> the correlation id of the CPU op the calling
@@ -125,7 +125,7 @@ class StreamGraph:
     def check_operation(self, op) -> None:
         if getattr(op, "pipeline", None) not in _KNOWN_PIPELINES:
             raise TypeError(f"spyre:{self.device}: cannot enqueue {type(op).__name__}; operations are "
-                            f"HostCallback, Transfer, Compute, Signal, Wait or Barrier")
+                            f"HostCallback, Transfer, Compute, Exchange, Signal, Wait or Barrier")
 
     # ---- adding -------------------------------------------------------------
 

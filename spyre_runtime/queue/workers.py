@@ -2,8 +2,9 @@
 
 A ready operation runs on its pipeline. There is ONE compute pipeline (ready
 computes go by stream priority, then enqueue order) and separate h2d, d2h,
-d2d and host pipelines, each with its own worker, so a transfer runs while a
-compute runs. Control operations (Signal, Wait, Barrier) complete as soon as
+d2d, host and link pipelines, each with its own worker, so a transfer runs while a
+compute runs. (An Exchange on the link pipeline may block until other cards take
+part: no waiting thread runs one itself, so only its worker is held.) Control operations (Signal, Wait, Barrier) complete as soon as
 they are ready (stream_graph.py).
 
 What runs is not this module's business: a Compute runs its Executor (its
@@ -33,11 +34,11 @@ import heapq
 import threading
 import time
 
-from .operations import Compute, Transfer
+from .operations import Compute, Exchange, Transfer
 from .stream_graph import Stream, StreamGraph
 from .tickets import Ticket
 
-PIPELINES = ("compute", "h2d", "d2h", "d2d", "host")
+PIPELINES = ("compute", "h2d", "d2h", "d2d", "host", "link")
 # A thread that waits for the device runs ready device work itself instead of sleeping
 # until a worker has run it: a launch followed by a synchronize then runs on the caller's
 # thread, with no handoff to a worker and back. Only computes and transfers are taken
@@ -218,7 +219,7 @@ class Workers:
             if isinstance(op, Transfer):
                 self.data_movement.run(op)
                 cost = float(self.data_movement.cost_ns(op))
-            elif isinstance(op, Compute):
+            elif isinstance(op, (Compute, Exchange)):
                 op.executor.run(op.bindings)
                 cost = float(op.executor.cost_ns(op.bindings))
             else:  # HostCallback: it holds the stream for as long as it takes, unless priced
