@@ -74,6 +74,7 @@ class SpyreProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._label = name or "?"
+        self._name, self._desc = name, ""
         self.timeout = timeout
         self.link = LinkCosts.of(link_from_env())
         self._order = threading.Lock()
@@ -86,6 +87,24 @@ class SpyreProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "spyre"
+
+    # c10d's ProcessGroup reads its name and description from its backends, and a Python
+    # process group has none: they are kept here.
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+        super()._set_group_desc(desc)
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     def _where(self, collective: str) -> str:
         return f"spyre: {collective} on rank {self.rank()} of {self.size()} (group {self._label})"
