@@ -78,7 +78,7 @@ class SpyreProcessGroup(dist.ProcessGroup):
         self.timeout = timeout
         self.link = LinkCosts.of(link_from_env())
         self._order = threading.Lock()
-        self._last = None  # (device, stream, signal) of the group's latest collective
+        self._last = None  # (device, stream, signal, ticket) of the group's latest collective on a card
         self._sends: _queue.Queue = _queue.Queue()
         self._send_error: BaseException | None = None
         self._reaper: threading.Thread | None = None
@@ -256,7 +256,8 @@ class SpyreProcessGroup(dist.ProcessGroup):
         tensors = [t for c in calls for t in c.reads + c.writes]
         if device == -1:
             device = self._device(collective, tensors)
-        if device is None:  # CPU tensors (or a barrier before any spyre work): gloo, here and now
+        if device is None:  # CPU tensors (or a barrier before any spyre work): gloo, here and now,
+            self._after_queued()  # once the group's collectives queued on a card have reached gloo
             for call in calls:
                 self._execute(call, on_host=True)
             return DoneWork([t for c in calls for t in c.writes])
@@ -270,11 +271,16 @@ class SpyreProcessGroup(dist.ProcessGroup):
         signal = SoftSignal()
         with self._order:  # the group's collectives reach gloo in the order they were called
             ops = [exchange, Signal(signal)]
-            if self._last is not None and self._last[:2] != (device, sid) and not self._last[2].fired:
+            if self._last is not None and self._last[:2] != (device, sid) and not self._last[3].done:
                 ops.insert(0, Wait(self._last[2]))
             tickets = q.enqueue_many(sid, ops)
-            self._last = (device, sid, signal)
+            self._last = (device, sid, signal, tickets[-2])
         return SpyreWork(device, sid, tickets[-2], signal, writes)
+
+    def _after_queued(self) -> None:
+        last = self._last
+        if last is not None and not last[3].done:
+            queues.queue(last[0]).wait(last[3], outcome=False)
 
     def _execute(self, call, on_host: bool = False) -> None:
         """Run `call` (on the link pipeline, or on this thread for CPU tensors)."""
