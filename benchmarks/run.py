@@ -42,6 +42,7 @@ FULL = [
     ("data_movement", [], "copies, gathers and scatters"),
     ("models", ["--quick"], "Llama-style prefill/decode per step; compile time against Inductor CPU"),
     ("dynamic_sizes", [], "symbolic sizes: one compile for many shapes"),
+    ("distributed", [], "torch.distributed: all_reduce on the card link; tensor-parallel decode at 1, 2, 4 ranks"),
     ("eager", [], "eager ops compiled once and launched"),
     ("eager_cache", [], "the eager program cache"),
 ]

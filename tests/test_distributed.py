@@ -363,9 +363,10 @@ def test_torchrun_gives_each_process_its_card(tmp_path):
         dist.destroy_process_group()
     """))
     env = {k: v for k, v in os.environ.items() if k != "SPYRE_NUM_DEVICES"}
+    from spyre_inductor.testing.distributed import free_port
+
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(__import__("spyre_inductor.testing.distributed", fromlist=["x"])
-                                              .free_port()), str(script)],
+                        "--master-port", str(free_port()), str(script)],
                        capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 0 on spyre:0 spyre:spyre [3.0, 3.0, 3.0, 3.0]" in r.stdout
@@ -392,3 +393,16 @@ def test_link_figures_are_overridable_from_the_environment(monkeypatch):
     monkeypatch.setenv("SPYRE_LINK_LATENCY_US", "2")
     hw = link_from_env()
     assert (hw.card_link_gbps, hw.card_link_latency_us) == (50.0, 2.0)
+
+
+def test_the_readme_tensor_parallel_example_runs_under_torchrun():
+    from spyre_inductor.testing.distributed import free_port
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "SPYRE_NUM_DEVICES"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(free_port()), os.path.join(root, "examples", "tensor_parallel_llama.py"), "--tokens", "3"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 ranks, tokens" in r.stdout and "the same as the unsplit model's" in r.stdout
+    assert "communication" in r.stdout
