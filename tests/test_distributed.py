@@ -238,6 +238,24 @@ def _dead_rank(rank, world):
         return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}
 
 
+def _hung_rank(rank, world):
+    import time
+
+    import torch.distributed as dist
+
+    d = torch.device("spyre", rank)
+    if rank == 1:
+        time.sleep(12)  # alive, but never joins the collective
+        return None
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device=d))
+        torch.spyre.synchronize()
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}
+
+
 def _compiled_functional(rank, world):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
@@ -336,6 +354,12 @@ def test_a_dead_rank_makes_the_others_fail_not_hang():
     assert out[0]["seconds"] < 30
 
 
+def test_a_rank_that_never_joins_times_out_after_the_group_timeout():
+    out = run_ranks(_hung_rank, 2, group_timeout=4, timeout=120)
+    assert "all_reduce on rank 0 of 2" in out[0]["error"] and "Timed out" in out[0]["error"]
+    assert 3 < out[0]["seconds"] < 12
+
+
 def test_functional_collectives_compile_and_run_in_order_under_strict():
     for out in run_ranks(_compiled_functional, 2):
         assert out["err"] < 1e-4
@@ -354,9 +378,8 @@ def test_torchrun_gives_each_process_its_card(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import os, torch, torch.distributed as dist
-        dist.init_process_group()
+        dist.init_process_group()  # makes spyre:LOCAL_RANK current
         rank = int(os.environ["LOCAL_RANK"])
-        torch.spyre.set_device(rank)
         x = torch.full((4,), float(rank + 1), device="spyre")
         dist.all_reduce(x)
         print(f"rank {rank} on {x.device} {dist.get_backend_config()} {x.cpu().tolist()}")

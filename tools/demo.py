@@ -2,7 +2,7 @@
 
 A Llama-style decoder compiled under SPYRE_STRICT=1 (a prefill and greedy decode steps, every op
 in spyre programs, fused attention included, checked against the fp32 CPU model, with per-kernel
-tables); a transformer MLP and a model piece (one fused dataflow program, its kernel report and
+tables); the same model split over two processes by tensor parallelism; a transformer MLP and a model piece (one fused dataflow program, its kernel report and
 listing) and a small model (what compiles, what still runs on the CPU inside the graph); the
 device itself: tensors, a model in eager mode, streams and events with the simulated timeline, a
 hand-written program, and the device's memory statistics.
@@ -425,6 +425,25 @@ def positions_and_pooling(hidden, mask):
     return positions, pooled
 
 
+def tensor_parallel_across_processes() -> None:
+    section("beyond one card: the Llama split over 2 processes (torchrun, DTensor tensor parallelism, the spyre "
+            "c10d backend), compiled under SPYRE_STRICT=1")
+    import subprocess
+
+    from spyre_inductor.testing.distributed import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "SPYRE_NUM_DEVICES"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(free_port()), str(root / "examples" / "tensor_parallel_llama.py"), "--tokens", "4"]
+    print("  .venv/bin/torchrun --nproc-per-node 2 examples/tensor_parallel_llama.py --tokens 4")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    for line in done.stdout.splitlines():
+        print(f"  {line}")
+    if done.returncode != 0:
+        raise SystemExit(f"demo: the tensor-parallel run failed:\n{done.stderr[-3000:]}")
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="What the spyre device does today: a Llama-style model compiled "
                                 "under SPYRE_STRICT=1, traced and reported, then the rest of the device.")
@@ -458,6 +477,7 @@ def main(argv=None) -> None:
     if OPTIONS.quick:
         return
     transformers_models_strict()
+    tensor_parallel_across_processes()
     with torch._inductor.config.patch(fx_graph_cache=False):  # (its counts are of kernels compiled: on every run)
         dynamic_sizes_strict()
     compiled_mlp_strict()
