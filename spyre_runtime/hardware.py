@@ -157,9 +157,9 @@ def device_count_from_env() -> int:
     """SPYRE_NUM_DEVICES: how many simulated cards. By default 1, or under torchrun (which sets
     LOCAL_WORLD_SIZE) one per local process, as a host with that many cards would show each of
     them: rank LOCAL_RANK then takes spyre:LOCAL_RANK."""
-    default = _number_from_env("LOCAL_WORLD_SIZE", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
-    return _number_from_env("SPYRE_NUM_DEVICES", default, int, lambda v: 1 <= v <= 64,
-                            "an integer between 1 and 64")
+    if "SPYRE_NUM_DEVICES" in os.environ:
+        return _number_from_env("SPYRE_NUM_DEVICES", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
+    return _number_from_env("LOCAL_WORLD_SIZE", 1, int, lambda v: 1 <= v <= 64, "an integer between 1 and 64")
 
 
 def link_from_env(hardware: HardwareConfig = HARDWARE) -> HardwareConfig:

@@ -74,6 +74,8 @@ def _every_collective(rank, world):
         dist.reduce(cpu, dst=0)
         dist.reduce(dev, dst=0)
         same(f"reduce {dtype}", dev, cpu)
+        if rank != 0:  # as NCCL: only the root's tensor changes
+            same(f"reduce leaves rank {rank}'s tensor {dtype}", dev, x)
         outs_c = [torch.empty_like(x) for _ in range(world)]
         outs_d = [torch.empty_like(x, device=d) for _ in range(world)]
         dist.all_gather(outs_c, x)
@@ -168,6 +170,19 @@ def _work_and_streams(rank, world):
     compute = [t for dev, t in tl.tickets if t.pipeline == "compute"]
     out["link ops"] = [t.name for t in link]
     out["link sim us"] = (link[0].sim_end - link[0].sim_start) / 1e3
+    # wait() alone orders the current stream after the collective: an op that touches nothing the
+    # collective does starts, in simulated time, after it ends
+    other = torch.randn(64, 64, device=d)
+    torch.spyre.synchronize()
+    with torch.spyre.timeline() as tl2:
+        with torch.spyre.stream(comm):
+            w2 = dist.all_reduce(big, async_op=True)
+        w2.wait()
+        other = other * 3
+    torch.spyre.synchronize()
+    link2 = [t for _, t in tl2.tickets if t.pipeline == "link"][0]
+    after = [t for _, t in tl2.tickets if t.pipeline in ("compute", "d2d", "host") and t.stream.id != comm.stream_id]
+    out["after wait starts after the link"] = bool(after) and all(t.sim_start >= link2.sim_end for t in after)
     out["overlap"] = any(c.sim_start < link[0].sim_end and link[0].sim_start < c.sim_end for c in compute)
     out["tracks"] = {e["args"]["name"] for e in tl.trace()["traceEvents"] if e.get("ph") == "M"}
     return out
@@ -256,6 +271,30 @@ def _hung_rank(rank, world):
         return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}
 
 
+def _two_groups_on_two_streams(rank, world):
+    import time
+
+    import torch.distributed as dist
+
+    from spyre_inductor.device import queues
+    from spyre_runtime.queue import HostCallback
+
+    d = torch.device("spyre", rank)
+    other = dist.new_group([0, 1])
+    s1, s2 = torch.spyre.Stream(d), torch.spyre.Stream(d)
+    x, y = torch.ones(4, device=d), torch.full((4,), 2.0, device=d)
+    torch.spyre.synchronize()
+    start = time.monotonic()
+    with torch.spyre.stream(s1):
+        if rank == 0:  # rank 0's first collective is held back: its second group's is ready first
+            queues.queue(rank).enqueue(s1.stream_id, HostCallback(lambda: time.sleep(2), name="slow"))
+        dist.all_reduce(x)
+    with torch.spyre.stream(s2):
+        dist.all_reduce(y, group=other)
+    torch.spyre.synchronize()
+    return x.cpu().tolist(), y.cpu().tolist(), time.monotonic() - start
+
+
 def _compiled_functional(rank, world):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
@@ -329,6 +368,8 @@ def test_work_waits_in_stream_order_and_the_link_overlaps_compute():
     assert out["type"] == "SpyreWork"
     assert out["value after wait"] == 2 * (1 << 16)
     assert out["future"] == [2.0, 2.0]
+    assert out["completed"]
+    assert out["after wait starts after the link"]
     assert out["link ops"] == ["all_reduce 4194304 B over 2 ranks"]
     # 4 MiB all_reduce over 2 cards on the default link: 2 steps of (5 us + 2 MiB / 25 GB/s)
     assert out["link sim us"] == pytest.approx(2 * (5 + 2 * 2**20 / 25e3), rel=1e-6)
@@ -345,6 +386,14 @@ def test_bad_input_names_the_collective_the_rank_and_the_mismatch():
     assert e0["premul"].startswith("NotImplementedError") and "reduce op" in e0["premul"]
     assert e0["anysource"].startswith("NotImplementedError") and "any source" in e0["anysource"]
     assert e0["after"] == e1["after"] == [2.0, 2.0]
+
+
+def test_two_groups_do_not_wait_behind_each_other_on_the_link():
+    # each group's collectives have a link worker of their own: rank 1 runs the second group's
+    # first, rank 0 the first group's, and neither blocks the other
+    for x, y, seconds in run_ranks(_two_groups_on_two_streams, 2, group_timeout=20, timeout=120):
+        assert x == [2.0] * 4 and y == [4.0] * 4
+        assert seconds < 15
 
 
 def test_a_dead_rank_makes_the_others_fail_not_hang():

@@ -60,12 +60,13 @@ def activities(timeline, offset_ns: int) -> list[tuple]:
     operation that ran on a pipeline (control operations take no time on the card)."""
     out = []
     for device, t in timeline.tickets:
-        kind = _KIND.get(t.pipeline)
+        pipeline = t.pipeline.split(":")[0]  # (the link's lanes are on its track)
+        kind = _KIND.get(pipeline)
         if kind is None or not t.host_start:
             continue
         start = t.host_start + offset_ns
         simulated = max(t.sim_end - t.sim_start, 0.0)
-        out.append((t.name, kind, device, _TRACK[t.pipeline], start, start + int(round(simulated)), t.correlation,
+        out.append((t.name, kind, device, _TRACK[pipeline], start, start + int(round(simulated)), t.correlation,
                     {"pipeline": t.pipeline, "stream": str(t.stream.id), "simulated start us": f"{t.sim_start / 1e3:.3f}",
                      "simulated us": f"{simulated / 1e3:.3f}", "host us": f"{(t.host_end - t.host_start) / 1e3:.1f}",
                      "status": "failed" if t.error else ("skipped" if t.skipped else "ok"),

@@ -61,6 +61,8 @@ def _gloo_op(name: str):
 
 
 def _average(t: torch.Tensor, size: int) -> None:
+    if t.dtype == torch.bool:
+        raise NotImplementedError("spyre: all_reduce with ReduceOp.AVG is not defined for bool tensors")
     # gloo has no average: a sum, then a division (truncating for integers, as NCCL's average)
     if t.is_floating_point():
         t.div_(size)
@@ -98,11 +100,12 @@ def broadcast(t: torch.Tensor, root: int) -> Call:
 
 def reduce(t: torch.Tensor, op: str, root: int, rank: int, size: int) -> Call:
     def host(gloo, h):
-        x = h(t)
+        # gloo uses the other ranks' buffers as scratch: they reduce a copy, their tensor keeps its values
+        x = h(t) if rank == root else h(t).clone()
         _done(gloo.reduce([x], _opts(dist.ReduceOptions, reduceOp=_gloo_op(op), rootRank=root)))
         if op == "avg" and rank == root:
             _average(x, size)
-    return Call("reduce", "pipeline", _nbytes([t]), (t,), (t,),
+    return Call("reduce", "pipeline", _nbytes([t]), (t,), (t,) if rank == root else (),
                 (("elements", t.numel()), ("dtype", _dtype_code(t)), ("reduce op", _op_code(op)), ("root", root)),
                 host)
 
@@ -154,8 +157,9 @@ def all_to_all_single(out: torch.Tensor, t: torch.Tensor, out_splits: list, in_s
     rows_out = out.shape[0] if out.dim() else 1
     ins = list(in_splits) or [rows_in // size] * size
     outs = list(out_splits) or [rows_out // size] * size
+    row = t[0].numel() if t.dim() and t.shape[0] else t.numel()
     return Call("all_to_all_single", "ring_gather", max(_nbytes([t]), _nbytes([out])), (t,), (out,),
-                (("dtype", _dtype_code(t)),), host, splits=(tuple(ins), tuple(outs)))
+                (("dtype", _dtype_code(t)), ("elements per row", row)), host, splits=(tuple(ins), tuple(outs)))
 
 
 def all_to_all(outputs: list, inputs: list) -> Call:

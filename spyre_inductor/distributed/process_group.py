@@ -79,6 +79,12 @@ class SpyreProcessGroup(dist.ProcessGroup):
         self.link = LinkCosts.of(link_from_env())
         self._order = threading.Lock()
         self._last = None  # (device, stream, signal, ticket) of the group's latest collective on a card
+        # Each group's collectives block a link worker of their own: another group's, which the
+        # other cards may take part in first, never waits behind them (the default group's lane
+        # is the link itself). Receives wait for their sender on one more.
+        self.lane = "link" if name in ("0", "") else f"link:{name}"
+        self.receive_lane = f"link:{name or '0'} receives"
+        self._sends_in_order: dict = {}  # (peer, tag) -> (device, stream, signal, ticket) of the last send
         self._sends: _queue.Queue = _queue.Queue()
         self._send_error: BaseException | None = None
         self._reaper: threading.Thread | None = None
@@ -143,8 +149,12 @@ class SpyreProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = C.reduce_op_name(_reduce_op(opts))
         self._check_count("reduce_scatter", outputs, input_lists)
-        for ins in input_lists:
+        for out, ins in zip(outputs, input_lists):
             self._check_len("reduce_scatter", "input_list", ins, self.size())
+            for i in ins:
+                if i.numel() != out.numel() or i.dtype != out.dtype:
+                    raise ValueError(f"{self._where('reduce_scatter')}: every input must be the output's size and "
+                                     f"dtype ({out.numel()} {out.dtype}), got {i.numel()} {i.dtype}")
         return self._submit("reduce_scatter", [C.reduce_scatter(o, i, op, self.size())
                                                for o, i in zip(outputs, input_lists)])
 
@@ -162,6 +172,14 @@ class SpyreProcessGroup(dist.ProcessGroup):
                                                       for o, i in zip(outputs, inputs)])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        for what, t, splits in (("output", output, output_split_sizes), ("input", input, input_split_sizes)):
+            rows = t.shape[0] if t.dim() else 1
+            if splits and (len(splits) != self.size() or sum(splits) != rows):
+                raise ValueError(f"{self._where('all_to_all_single')}: {what}_split_sizes {list(splits)} must have "
+                                 f"{self.size()} entries summing to the {what}'s {rows} rows")
+            if not splits and rows % self.size():
+                raise ValueError(f"{self._where('all_to_all_single')}: the {what}'s {rows} rows do not divide "
+                                 f"evenly over {self.size()} ranks; pass split sizes")
         return self._submit("all_to_all_single", [C.all_to_all_single(output, input, output_split_sizes,
                                                                       input_split_sizes, self.size())])
 
@@ -198,6 +216,7 @@ class SpyreProcessGroup(dist.ProcessGroup):
         return work
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        self._after_queued()
         return self._gloo.monitored_barrier(timeout or self.timeout, wait_all_ranks)
 
     def send(self, tensors, dst: int, tag: int = 0):
@@ -213,11 +232,17 @@ class SpyreProcessGroup(dist.ProcessGroup):
             self._start_reaper()
 
         step = Exchange(_Step(hand_over, nbytes, self.link), None, queues.footprint(reads=(t,)),
-                        name=f"send {nbytes} B to rank {dst}")
+                        name=f"send {nbytes} B to rank {dst}", pipeline=self.lane)
         sid = queues.current_stream(device)
         sig = SoftSignal()
-        tickets = queues.queue(device).enqueue_many(sid, [step, Signal(sig)])
-        return SpyreWork(device, sid, tickets[0], sig, [t])
+        with self._order:  # sends to one peer with one tag reach gloo in call order (it pairs them so)
+            ops = [step, Signal(sig)]
+            last = self._sends_in_order.get((dst, tag))
+            if last is not None and last[:2] != (device, sid) and not last[3].done:
+                ops.insert(0, Wait(last[2]))
+            tickets = queues.queue(device).enqueue_many(sid, ops)
+            self._sends_in_order[(dst, tag)] = (device, sid, sig, tickets[-2])
+        return SpyreWork(device, sid, tickets[-2], sig, [t])
 
     def recv(self, tensors, src: int, tag: int = 0):
         (t,) = _list(tensors)
@@ -240,7 +265,7 @@ class SpyreProcessGroup(dist.ProcessGroup):
             sid = queues.current_stream(device)
             sig = SoftSignal()
             step = Exchange(_Step(land, nbytes, self.link), None, queues.footprint(writes=(t,)),
-                            name=f"recv {nbytes} B from rank {src}")
+                            name=f"recv {nbytes} B from rank {src}", pipeline=self.receive_lane)
             tickets = queues.queue(device).enqueue_many(sid, [step, Signal(sig)])
             return tickets[0], sig
 
@@ -267,7 +292,7 @@ class SpyreProcessGroup(dist.ProcessGroup):
         writes = [t for c in calls for t in c.writes]
         nbytes = sum(c.nbytes for c in calls)
         exchange = Exchange(_Run(self, calls), None, queues.footprint(reads=reads, writes=writes),
-                            name=f"{collective} {nbytes} B over {self.size()} ranks")
+                            name=f"{collective} {nbytes} B over {self.size()} ranks", pipeline=self.lane)
         signal = SoftSignal()
         with self._order:  # the group's collectives reach gloo in the order they were called
             ops = [exchange, Signal(signal)]
@@ -302,9 +327,10 @@ class SpyreProcessGroup(dist.ProcessGroup):
             raise
         except Exception as e:
             raise dist.DistBackendError(f"{self._where(call.collective)} failed: {e}") from e
-        for alias, dense in held.values():
-            if dense is not alias:
-                alias.copy_(dense)
+        for t in call.writes:  # what was copied to be dense goes back; what was only read does not
+            entry = held.pop(id(t), None)
+            if entry is not None and entry[1] is not entry[0]:
+                entry[0].copy_(entry[1])
 
     # ---- checks -----------------------------------------------------------------
 

@@ -35,6 +35,7 @@ class SpyreWork(dist.Work):
         with self._lock:
             landing, self._landing = self._landing, None
         if landing is not None:
+            self.stream = queues.current_stream(self.device)
             self.ticket, self.signal = landing()
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
@@ -42,10 +43,10 @@ class SpyreWork(dist.Work):
         seconds = timeout.total_seconds() if timeout is not None else 0.0
         if seconds > 0:
             return self._wait_host(seconds)
-        if self.ticket.done and self.ticket.error is not None:
+        if self.ticket.done and (self.ticket.error is not None or self.ticket.skipped):
             raise self.exception()
         current = queues.current_stream(self.device)
-        if current != self.stream and not self.ticket.done:
+        if current != self.stream:  # (a signal that fired still orders the stream's simulated time)
             queues.queue(self.device).enqueue(current, Wait(self.signal))
         return True
 
@@ -70,6 +71,8 @@ class SpyreWork(dist.Work):
         return self.is_completed() and self.ticket.error is None and not self.ticket.skipped
 
     def exception(self):
+        if self.ticket is None:  # an irecv not waited for yet
+            return None
         t = self.ticket
         if t.error is not None:
             return t.error

@@ -232,16 +232,21 @@ class Exchange:
 
     Like a Compute, it is opaque here: the queue calls the executor's ``run`` and ``cost_ns``
     (never ``prefetch``: no program is fetched). It has a pipeline of its own, so it runs while
-    the compute pipeline runs; its ``run`` may block until the other cards take part.
+    the compute pipeline runs; its ``run`` may block until the other cards take part. So that
+    one blocked exchange does not hold up another that the other cards take part in first,
+    `pipeline` may name a lane of the link, "link:<lane>" (one worker each, made on first use;
+    the timeline shows them all on the link's track).
     """
 
     executor: Executor
     bindings: Any
     footprint: Footprint = NO_FOOTPRINT
     name: str = "exchange"
-    pipeline = "link"
+    pipeline: str = "link"
 
     def __post_init__(self):
+        if self.pipeline != "link" and not self.pipeline.startswith("link:"):
+            raise ValueError(f"Exchange {self.name!r}: its pipeline is 'link' or 'link:<lane>', got {self.pipeline!r}")
         if not isinstance(self.executor, Executor):
             raise TypeError(f"Exchange {self.name!r}: the executor must be an Executor (run, cost_ns; "
                             f"spyre_runtime.queue.Executor), got {type(self.executor).__name__}")

@@ -36,7 +36,7 @@ import time
 from typing import Callable
 
 from . import signals
-from .operations import Barrier, Compute, HostCallback, Signal, Transfer, Wait
+from .operations import Barrier, Compute, Exchange, HostCallback, Signal, Transfer, Wait
 from .poison import Poison
 from .signals import SoftSignal
 from .tickets import Finished, StreamError, Ticket, WaitTimeout, root_of, stream_error
@@ -123,7 +123,8 @@ class StreamGraph:
         return stream
 
     def check_operation(self, op) -> None:
-        if getattr(op, "pipeline", None) not in _KNOWN_PIPELINES:
+        pipeline = getattr(op, "pipeline", None)
+        if pipeline not in _KNOWN_PIPELINES and not (type(op) is Exchange and pipeline.startswith("link:")):
             raise TypeError(f"spyre:{self.device}: cannot enqueue {type(op).__name__}; operations are "
                             f"HostCallback, Transfer, Compute, Exchange, Signal, Wait or Barrier")
 

@@ -71,7 +71,7 @@ class Timeline:
                 "status": "failed" if t.error else ("skipped" if t.skipped else "ok"),
                 "duration clock": "host wall time" if t.wall_clock else "simulated",
             }
-            for tid in (_PIPELINE_TID.get(t.pipeline), _STREAM_TID0 + t.stream.id):
+            for tid in (_PIPELINE_TID.get(t.pipeline.split(":")[0]), _STREAM_TID0 + t.stream.id):
                 if tid is None:  # control operations appear on their stream only
                     continue
                 events.append({
@@ -94,7 +94,8 @@ class Timeline:
         return max(e for _, e in spans) - min(s for s, _ in spans) if spans else 0.0
 
     def busy_ns(self, pipeline: str, device: int = 0) -> float:
-        return sum(t.sim_end - t.sim_start for d, t in self.tickets if d == device and t.pipeline == pipeline)
+        return sum(t.sim_end - t.sim_start for d, t in self.tickets
+                   if d == device and (t.pipeline == pipeline or t.pipeline.startswith(pipeline + ":")))
 
 
 def _meta(kind: str, pid: int, tid: int, args: dict) -> dict:

@@ -149,7 +149,9 @@ class Workers:
 
     def push(self, t: Ticket) -> None:
         """Hand a ready ticket to its pipeline's worker (or to the thread waiting for it)."""
-        pipe = self.pipelines[t.pipeline]
+        pipe = self.pipelines.get(t.pipeline)
+        if pipe is None:  # a lane of the link ("link:<lane>", operations.Exchange), on first use
+            pipe = self.pipelines[t.pipeline] = Pipeline(t.pipeline, self.lock)
         key = t.priority if t.pipeline == "compute" else 0
         heapq.heappush(pipe.heap, (key, t.seq, t))
         if self.wake_later is not None:
