@@ -19,8 +19,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 
-def _figure(value, source: str):
-    return field(default=value, metadata={"source": source})
+def _figure(value, source: str, programs: bool = True):
+    """`programs`: whether a compiled program may depend on it (artifact keys include only those)."""
+    return field(default=value, metadata={"source": source, "programs": programs})
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,10 @@ class HardwareConfig:
     card_link_gbps: float = _figure(
         25.0, "E: card-to-card bytes per ns per direction: PCIe peer-to-peer through the drawer's switch, the same "
               "Gen4 x16 lanes as the host link (~32 GB/s nominal); an estimate, no measurement yet "
-              "(SPYRE_LINK_GBPS overrides it)")
+              "(SPYRE_LINK_GBPS overrides it)", programs=False)
     card_link_latency_us: float = _figure(
         5.0, "E: per message on the card-to-card link: a DMA descriptor and a PCIe round trip through the "
-             "switch; an estimate, no measurement yet (SPYRE_LINK_LATENCY_US overrides it)")
+             "switch; an estimate, no measurement yet (SPYRE_LINK_LATENCY_US overrides it)", programs=False)
     burst_sticks: int = _figure(32, "E: bursts of at most 32 words (4 KB)")
     region_handles_pf: int = _figure(256, "E: region handles per card when dedicated (PF mode)")
     region_handles_vf: int = _figure(16, "E: region handles per card when shared (VF mode)")
@@ -91,6 +92,10 @@ class HardwareConfig:
     @property
     def scratchpad_usable_bytes(self) -> int:
         return self.scratchpad_bytes - self.scratchpad_reserved_bytes
+
+    def program_figures(self) -> dict:
+        """The figures a compiled program may depend on (the card-to-card link prices collectives only)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("programs", True)}
 
     def sources(self) -> dict[str, str]:
         """Each figure's provenance, for documentation and reports."""

@@ -16,7 +16,6 @@ a directory found corrupt is rebuilt (compile_kernel).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
 import os
@@ -55,10 +54,8 @@ def plan_kernel(kernel: Kernel, *, cores: int | None = None, max_cores: int | No
 def artifact_key(kernel: Kernel, cores: int | None = None, max_cores: int | None = None) -> str:
     ir = json.loads(kernel.to_json())
     ir.pop("name")  # identical kernels under different names share an artifact
-    # (the card-to-card link prices collectives only: no program depends on it)
-    hardware = {k: v for k, v in dataclasses.asdict(HARDWARE).items() if not k.startswith("card_link")}
     text = json.dumps({"ir": ir, "compiler": COMPILER_VERSION, "cores": cores, "max_cores": max_cores,
-                       "hardware": hardware}, sort_keys=True)
+                       "hardware": HARDWARE.program_figures()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -60,9 +60,12 @@ def _gloo_op(name: str):
     return ReduceOp.SUM if name == "avg" else {v: k for k, v in _REDUCE_OPS.items()}[name]
 
 
+def _check_average(collective: str, op: str, t: torch.Tensor) -> None:
+    if op == "avg" and t.dtype == torch.bool:  # refused at the call, not when the link runs it
+        raise NotImplementedError(f"spyre: {collective} with ReduceOp.AVG is not defined for bool tensors")
+
+
 def _average(t: torch.Tensor, size: int) -> None:
-    if t.dtype == torch.bool:
-        raise NotImplementedError("spyre: all_reduce with ReduceOp.AVG is not defined for bool tensors")
     # gloo has no average: a sum, then a division (truncating for integers, as NCCL's average)
     if t.is_floating_point():
         t.div_(size)
@@ -82,6 +85,7 @@ def _done(work) -> None:
 
 
 def all_reduce(t: torch.Tensor, op: str, size: int) -> Call:
+    _check_average("all_reduce", op, t)
     def host(gloo, h):
         x = h(t)
         _done(gloo.allreduce([x], _opts(dist.AllreduceOptions, reduceOp=_gloo_op(op))))
@@ -99,6 +103,7 @@ def broadcast(t: torch.Tensor, root: int) -> Call:
 
 
 def reduce(t: torch.Tensor, op: str, root: int, rank: int, size: int) -> Call:
+    _check_average("reduce", op, t)
     def host(gloo, h):
         # gloo uses the other ranks' buffers as scratch: they reduce a copy, their tensor keeps its values
         x = h(t) if rank == root else h(t).clone()
@@ -125,6 +130,7 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor) -> Call:
 
 
 def reduce_scatter(out: torch.Tensor, inputs: list, op: str, size: int) -> Call:
+    _check_average("reduce_scatter", op, out)
     def host(gloo, h):
         # gloo has no reduce_scatter of a list: the whole reduction, then this rank's piece
         whole = torch.cat([h(i).reshape(-1) for i in inputs])
@@ -139,6 +145,7 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op: str, size: int) -> Call:
 
 
 def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: str, size: int) -> Call:
+    _check_average("reduce_scatter_tensor", op, t)
     def host(gloo, h):
         x = h(t).clone()  # reduced in place, the input keeps its values
         _done(gloo.allreduce([x], _opts(dist.AllreduceOptions, reduceOp=_gloo_op(op))))
