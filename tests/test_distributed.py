@@ -7,7 +7,6 @@ in time, each rank on its own card) and runs many checks per spawn: a rank start
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
